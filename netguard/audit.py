@@ -1,0 +1,78 @@
+"""The egress audit log: one JSON object per line, appended and flushed as it happens.
+
+The schema lives here and nowhere else. Two events:
+  decision  one per allow/deny decision (exactly one; tests count them)
+  close     when an allowed connection or request ends: bytes and duration
+Writes are single `write()` calls on an O_APPEND descriptor so several writers
+(one proxy serving several sandboxes, the launcher) interleave whole lines, and
+a crash loses nothing that was already decided.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Literal
+
+Kind = Literal["connect", "http", "tls", "tcp", "dns", "packet", "policy"]
+
+DECISION_FIELDS = ("ts", "task", "event", "id", "kind", "action", "host", "port", "ip", "method", "url", "qtype", "rule", "reason")
+CLOSE_FIELDS = ("ts", "task", "event", "id", "kind", "host", "port", "ip", "bytes_up", "bytes_down", "duration_ms")
+
+
+def now_rfc3339() -> str:
+    """UTC with milliseconds and a Z, so logs from different machines sort and compare as text."""
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def decision_record(task: str, id: str, kind: Kind, action: str, host: str | None, port: int | None, *,
+                    ip: str | None = None, method: str | None = None, url: str | None = None,
+                    qtype: str | None = None, rule: str | None = None, reason: str = "") -> dict[str, Any]:
+    return {"ts": now_rfc3339(), "task": task, "event": "decision", "id": id, "kind": kind, "action": action,
+            "host": host, "port": port, "ip": ip, "method": method, "url": url, "qtype": qtype,
+            "rule": rule, "reason": reason}
+
+
+def close_record(task: str, id: str, kind: Kind, host: str | None, port: int | None, ip: str | None,
+                 bytes_up: int, bytes_down: int, duration_ms: int) -> dict[str, Any]:
+    return {"ts": now_rfc3339(), "task": task, "event": "close", "id": id, "kind": kind, "host": host,
+            "port": port, "ip": ip, "bytes_up": bytes_up, "bytes_down": bytes_down, "duration_ms": duration_ms}
+
+
+class AuditLog:
+    """Append-only JSON-lines sink; `None` path keeps records in memory only (for `sandgate proxy` without a log)."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self.counts: dict[str, int] = {"allow": 0, "deny": 0}
+        self._fd: int | None = None
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            # 0600: the log names every host a task reached, which can itself be sensitive.
+            self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+
+    def write(self, record: dict[str, Any]) -> None:
+        if record.get("event") == "decision":
+            self.counts[record["action"]] = self.counts.get(record["action"], 0) + 1
+        if self._fd is None:
+            return
+        line = (json.dumps(record, separators=(",", ":"), ensure_ascii=False) + "\n").encode()
+        os.write(self._fd, line)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """Records of a log; a truncated last line (writer killed mid-write) is skipped, not an error."""
+    out: list[dict[str, Any]] = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if not line.endswith("\n"):
+                break
+            out.append(json.loads(line))
+    return out

@@ -1,0 +1,230 @@
+"""The `network:` section of a sandgate policy: which destinations a task may reach.
+
+Pure: takes already-loaded YAML values (plain dicts/lists, optionally carrying
+`.line`/`.lines` attributes from the launcher's loader) and returns immutable
+rules. Every rule remembers where it came from (`origin`, "FILE:LINE") so a
+decision in the audit log can be traced back to the exact line that allowed it.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from netguard import hosts
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+RuleKind = Literal["host", "wildcard", "cidr"]
+
+#: An allow/ask entry without `ports:` means web traffic only; a deny entry without ports means every port.
+DEFAULT_ALLOW_PORTS: frozenset[int] = frozenset({80, 443})
+
+SECTION_KEYS = ("allow", "deny", "ask", "resolver")
+ENTRY_KEYS = ("host", "cidr", "ports")
+
+
+class PolicyError(ValueError):
+    """A user mistake in a policy; `line` (1-based, or None) points at it for the one-line error."""
+
+    def __init__(self, message: str, line: int | None = None) -> None:
+        super().__init__(message)
+        self.line = line
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One destination pattern. `ports is None` means any port."""
+
+    kind: RuleKind
+    value: str | Network  # exact name, wildcard suffix (without "*."), or network
+    ports: frozenset[int] | None
+    origin: str
+
+    def describe(self) -> str:
+        pat = f"*.{self.value}" if self.kind == "wildcard" else str(self.value)
+        return pat if self.ports is None else f"{pat}:{','.join(map(str, sorted(self.ports)))}"
+
+
+@dataclass(frozen=True)
+class NetworkPolicy:
+    allow: tuple[Rule, ...] = ()
+    deny: tuple[Rule, ...] = ()
+    ask: tuple[Rule, ...] = ()
+    resolver: tuple[str, int] | None = None
+    resolver_origin: str | None = field(default=None, compare=False)
+
+
+def line_of(container: Any, key: Any) -> int | None:
+    """Line of `container[key]` when the loader recorded it; plain dicts (tests, CLI) have none."""
+    lines = getattr(container, "lines", None)
+    if lines is not None and key in lines:
+        return lines[key]
+    return getattr(container, "line", None)
+
+
+def _origin(source: str, line: int | None) -> str:
+    return f"{source}:{line}" if line is not None else source
+
+
+def parse_network(section: Any, source: str) -> NetworkPolicy:
+    """Validate one file's `network:` mapping; `source` names the file in rule origins."""
+    if section is None:
+        return NetworkPolicy()
+    if not isinstance(section, dict):
+        raise PolicyError("'network' must be a mapping with allow/deny/ask/resolver", getattr(section, "line", None))
+    for key in section:
+        if key not in SECTION_KEYS:
+            raise PolicyError(
+                f"unknown key 'network.{key}' (expected one of: {', '.join(SECTION_KEYS)})", line_of(section, key)
+            )
+    lists: dict[str, tuple[Rule, ...]] = {}
+    for name in ("allow", "deny", "ask"):
+        entries = section.get(name)
+        if entries is None:
+            lists[name] = ()
+            continue
+        if not isinstance(entries, list):
+            raise PolicyError(f"'network.{name}' must be a list", line_of(section, name))
+        default_ports = None if name == "deny" else DEFAULT_ALLOW_PORTS
+        lists[name] = tuple(
+            parse_entry(entry, source, line_of(entries, i) or line_of(section, name), default_ports)
+            for i, entry in enumerate(entries)
+        )
+    resolver = None
+    resolver_origin = None
+    if section.get("resolver") is not None:
+        resolver = parse_resolver(section["resolver"], line_of(section, "resolver"))
+        resolver_origin = _origin(source, line_of(section, "resolver"))
+    return NetworkPolicy(lists["allow"], lists["deny"], lists["ask"], resolver, resolver_origin)
+
+
+def parse_entry(entry: Any, source: str, line: int | None, default_ports: frozenset[int] | None) -> Rule:
+    """One allow/deny/ask item: "host", "*.suffix", "1.2.3.0/24", or a mapping with host|cidr and ports."""
+    ports: frozenset[int] | None = default_ports
+    if isinstance(entry, str):
+        target, is_cidr = entry, False
+    elif isinstance(entry, dict):
+        for key in entry:
+            if key not in ENTRY_KEYS:
+                raise PolicyError(f"unknown key '{key}' in entry (expected host or cidr, and ports)", line_of(entry, key))
+        if ("host" in entry) == ("cidr" in entry):
+            raise PolicyError("an entry needs exactly one of 'host' or 'cidr'", line)
+        is_cidr = "cidr" in entry
+        target = entry["cidr"] if is_cidr else entry["host"]
+        if not isinstance(target, str):
+            raise PolicyError(f"'{'cidr' if is_cidr else 'host'}' must be a string, not {_typename(target)}", line)
+        if "ports" in entry:
+            ports = parse_ports(entry["ports"], line_of(entry, "ports"))
+    else:
+        raise PolicyError(f"an entry must be a host string or a mapping, not {_typename(entry)}", line)
+    origin = _origin(source, line)
+    if is_cidr or "/" in target:
+        return Rule("cidr", parse_cidr(target, line), ports, origin)
+    return parse_host_pattern(target, ports, origin, line)
+
+
+def parse_host_pattern(text: str, ports: frozenset[int] | None, origin: str, line: int | None) -> Rule:
+    """A name, a `*.suffix` wildcard, or an IP literal (kept as a /32 or /128 network)."""
+    if text.strip() in ("*", "*.", "**", ""):
+        raise PolicyError(f"'{text}' would match every host; list the hosts instead", line)
+    wildcard = text.startswith("*.")
+    body = text[2:] if wildcard else text
+    if "*" in body:
+        raise PolicyError(f"'{text}': '*' is only allowed as the whole first label ('*.example.org')", line)
+    if wildcard and (body == "" or body.startswith(".")):
+        raise PolicyError(f"'{text}': empty label after '*.'", line)
+    try:
+        value = hosts.normalise(body)
+    except hosts.HostError as e:
+        raise PolicyError(f"invalid host '{text}': {e}", line) from None
+    if not isinstance(value, str):
+        if wildcard:
+            raise PolicyError(f"'{text}': a wildcard cannot cover an IP address; use a cidr entry", line)
+        return Rule("cidr", ipaddress.ip_network(value), ports, origin)
+    return Rule("wildcard" if wildcard else "host", value, ports, origin)
+
+
+def parse_cidr(text: str, line: int | None) -> Network:
+    try:
+        net = ipaddress.ip_network(text.strip(), strict=True)
+    except ValueError as e:
+        raise PolicyError(f"invalid cidr '{text}': {e}", line) from None
+    if isinstance(net, ipaddress.IPv6Network) and net.network_address.ipv4_mapped is not None:
+        # Rules match normalised addresses, and hosts.normalise turns ::ffff:a.b.c.d into a.b.c.d.
+        raise PolicyError(f"cidr '{text}': write IPv4-mapped ranges as plain IPv4", line)
+    if net.prefixlen == 0:
+        raise PolicyError(f"cidr '{text}' covers every address; list the ranges instead", line)
+    return net
+
+
+def parse_ports(value: Any, line: int | None) -> frozenset[int]:
+    if isinstance(value, bool) or not isinstance(value, (list, int)):
+        raise PolicyError(f"'ports' must be a list of port numbers, not {_typename(value)}", line)
+    items = value if isinstance(value, list) else [value]
+    if not items:
+        raise PolicyError("'ports' is empty; leave it out for the default or list at least one port", line)
+    ports: set[int] = set()
+    for i, p in enumerate(items):
+        if isinstance(p, bool) or not isinstance(p, int) or not 1 <= p <= 65535:
+            raise PolicyError(f"invalid port {p!r}: ports are whole numbers from 1 to 65535", line_of(items, i) or line)
+        ports.add(p)
+    return frozenset(ports)
+
+
+def parse_resolver(value: Any, line: int | None) -> tuple[str, int]:
+    """`host:port` or `[v6]:port` of the upstream DNS server; must be an IP so it needs no resolver itself."""
+    if not isinstance(value, str):
+        raise PolicyError(f"'resolver' must be a string 'IP:PORT', not {_typename(value)}", line)
+    text = value.strip()
+    port = 53
+    if text.startswith("["):
+        addr, _, rest = text[1:].partition("]")
+        if rest:
+            if not rest.startswith(":"):
+                raise PolicyError(f"invalid resolver '{value}': expected '[IPv6]:PORT'", line)
+            port = _port(rest[1:], value, line)
+    elif text.count(":") == 1:
+        addr, _, p = text.partition(":")
+        port = _port(p, value, line)
+    else:
+        addr = text
+    try:
+        ip = ipaddress.ip_address(addr)
+    except ValueError:
+        raise PolicyError(f"invalid resolver '{value}': must be an IP address with optional port", line) from None
+    return str(ip), port
+
+
+def _port(text: str, whole: str, line: int | None) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 65535:
+        raise PolicyError(f"invalid port in '{whole}': ports are whole numbers from 1 to 65535", line)
+    return int(text)
+
+
+def merge(policies: list[NetworkPolicy]) -> NetworkPolicy:
+    """Union of several files' sections; a second, different resolver is a conflict, not a silent override."""
+    resolver: tuple[str, int] | None = None
+    resolver_origin: str | None = None
+    for p in policies:
+        if p.resolver is not None:
+            if resolver is not None and p.resolver != resolver:
+                raise PolicyError(
+                    f"two different resolvers: {resolver[0]}:{resolver[1]} ({resolver_origin}) and "
+                    f"{p.resolver[0]}:{p.resolver[1]} ({p.resolver_origin}); keep one"
+                )
+            resolver, resolver_origin = p.resolver, p.resolver_origin
+    return NetworkPolicy(
+        allow=tuple(r for p in policies for r in p.allow),
+        deny=tuple(r for p in policies for r in p.deny),
+        ask=tuple(r for p in policies for r in p.ask),
+        resolver=resolver,
+        resolver_origin=resolver_origin,
+    )
+
+
+def _typename(v: Any) -> str:
+    for t, name in ((bool, "a boolean"), (dict, "a mapping"), (list, "a list"), (str, "a string"), ((int, float), "a number")):
+        if isinstance(v, t):
+            return name
+    return "null" if v is None else type(v).__name__

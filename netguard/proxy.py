@@ -1,0 +1,471 @@
+"""The egress proxy: one mitmproxy addon that is the single decision point for a sandbox's traffic.
+
+Three kinds of listener per sandbox, each bound to that sandbox's policy by its port:
+  regular      explicit proxy (HTTP_PROXY): CONNECT host:port and absolute-URI plain HTTP
+  transparent  nftables-redirected TCP: decided by TLS SNI or HTTP Host, never by the original IP
+  dns          the sandbox's only resolver: answers allowed names, REFUSED for the rest
+
+Why every decision ends in `server_connect`: mitmproxy calls that hook before *any*
+upstream connection, whatever layer asked for it. We resolve the allowed name
+ourselves, veto loopback/private/metadata answers (rebinding, SSRF) and then pin
+the connection to the checked address, so the name that was judged is the only
+thing that can be reached. TLS is never intercepted: after the decision the bytes
+are relayed untouched. No mitmproxy addon but ours and the listener runs, so no
+flow is stored, no CA is offered to clients and bodies are streamed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import socket
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import dns.asyncquery
+import dns.asyncresolver
+import dns.exception
+import dns.flags
+import dns.message
+import dns.rdatatype
+import dns.resolver
+from mitmproxy import connection, http, tcp
+from mitmproxy import dns as mdns
+from mitmproxy.addons.proxyserver import Proxyserver
+from mitmproxy.master import Master
+from mitmproxy.net.dns import response_codes
+from mitmproxy.net.tls import starts_like_tls_record
+from mitmproxy.options import Options
+from mitmproxy.proxy import layer, layers, server_hooks
+from mitmproxy.proxy.layers import modes
+from mitmproxy.proxy.layers.http import HTTPMode
+from mitmproxy.proxy.layers.tls import parse_client_hello
+from mitmproxy.proxy.mode_specs import RegularMode
+
+from netguard import hosts, rules
+from netguard.audit import AuditLog, Kind, close_record, decision_record
+
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+RESOLVE_TIMEOUT = 5.0
+logger = logging.getLogger("sandgate.proxy")
+
+
+class ProxyError(Exception):
+    """The proxy could not start (port in use, bad listener): reported as one line by the launcher."""
+
+
+@dataclass
+class Binding:
+    """One sandbox as the proxy sees it: its task id, compiled policy and audit log."""
+
+    task: str
+    rules: rules.Ruleset
+    audit: AuditLog
+    _resolver: dns.asyncresolver.Resolver | None = field(default=None, init=False, repr=False)
+
+    def resolver(self) -> dns.asyncresolver.Resolver | None:
+        """A resolver pinned to the policy's `resolver:`; None means the system's (getaddrinfo)."""
+        target = self.rules.policy.resolver
+        if target is None:
+            return None
+        if self._resolver is None:
+            r = dns.asyncresolver.Resolver(configure=False)
+            r.nameservers = [target[0]]
+            r.port = target[1]
+            r.lifetime = RESOLVE_TIMEOUT
+            self._resolver = r
+        return self._resolver
+
+
+@dataclass
+class Verdict:
+    decision: rules.Decision
+    id: str
+    host: str
+    port: int | None
+    ip: str | None = None
+
+    @property
+    def allowed(self) -> bool:
+        return self.decision.allowed and (self.ip is not None or self.port is None)
+
+
+@dataclass
+class _Conn:
+    """What the proxy knows about one client connection."""
+
+    binding: Binding
+    kind: Kind = "tcp"
+    pins: dict[tuple[str, int], Verdict] = field(default_factory=dict)
+    last: Verdict | None = None
+
+
+class _Counter:
+    """Stream callback for HTTP bodies: counts bytes without keeping them (stream_large_bodies)."""
+
+    __slots__ = ("n",)
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def __call__(self, data: bytes) -> bytes:
+        self.n += len(data)
+        return data
+
+
+def _norm_key(host: str, port: int) -> tuple[str, int]:
+    try:
+        return str(hosts.normalise(host)), port
+    except hosts.HostError:
+        return host, port
+
+
+class Gate:
+    """The mitmproxy addon. One instance serves every sandbox of the process; state is per connection."""
+
+    def __init__(self, bindings: dict[int, Binding]) -> None:
+        self.bindings = bindings
+        self._conns: dict[str, _Conn] = {}
+
+    # ---- bookkeeping ------------------------------------------------------------------
+
+    def _conn(self, client: connection.Client) -> _Conn | None:
+        st = self._conns.get(client.id)
+        if st is None:
+            port = client.proxy_mode.listen_port()
+            binding = self.bindings.get(port) if port is not None else None
+            if binding is None:
+                return None  # a listener without a policy: refuse (fail closed)
+            st = self._conns[client.id] = _Conn(binding)
+        return st
+
+    def client_connected(self, client: connection.Client) -> None:
+        if self._conn(client) is None:
+            client.error = "sandgate: no policy for this listener"
+
+    def client_disconnected(self, client: connection.Client) -> None:
+        self._conns.pop(client.id, None)
+
+    # ---- the decision -----------------------------------------------------------------
+
+    async def _authorize(self, st: _Conn, kind: Kind, host: str, port: int, *,
+                         method: str | None = None, url: str | None = None) -> Verdict:
+        """Decide, resolve, veto special addresses, write exactly one audit record; pin if allowed."""
+        key = _norm_key(host, port)
+        b = st.binding
+        d = rules.decide(b.rules, host, port)
+        v = Verdict(d, uuid.uuid4().hex[:12], key[0], port)
+        if d.allowed:
+            pinned = st.pins.get(key)
+            if pinned is not None:
+                v.ip = pinned.ip
+            else:
+                dest = hosts.normalise(host)
+                if isinstance(dest, str):
+                    v.decision, v.ip = await self._resolve_checked(b, dest, port, d)
+                else:
+                    v.ip = str(dest)  # an address allowed by a cidr rule: nothing to resolve
+        if d.action == "ask":
+            v.decision = rules.Decision("deny", d.rule, d.reason + " (approvals are not available; denied)")
+        b.audit.write(decision_record(
+            b.task, v.id, kind, "allow" if v.allowed else "deny", v.host, port, ip=v.ip if v.allowed else None,
+            method=method, url=url, rule=v.decision.rule, reason=v.decision.reason))
+        if v.allowed:
+            st.pins[key] = v
+            st.last = v
+        return v
+
+    async def _resolve_checked(self, b: Binding, name: str, port: int,
+                               d: rules.Decision) -> tuple[rules.Decision, str | None]:
+        try:
+            addrs = await _resolve(b, name, port)
+        except (OSError, dns.exception.DNSException) as e:
+            return rules.Decision("deny", d.rule, f"cannot resolve {name}: {e or type(e).__name__}"), None
+        if not addrs:
+            return rules.Decision("deny", d.rule, f"cannot resolve {name}: no address"), None
+        vetoes = []
+        for a in addrs:
+            veto = rules.check_address(b.rules, a, port)
+            if veto is None:
+                return d, str(a)
+            vetoes.append(veto)
+        return vetoes[0], None
+
+    # ---- layers: what each listener speaks ----------------------------------------------
+
+    def next_layer(self, nextlayer: layer.NextLayer) -> None:
+        """Our own protocol detection; mitmproxy's default one (which can intercept TLS) is not loaded."""
+        if nextlayer.layer is not None:
+            return
+        ctx = nextlayer.context
+        st = self._conn(ctx.client)
+        if st is None:
+            return
+        if len(ctx.layers) == 1 and isinstance(ctx.layers[0], modes.HttpProxy):
+            nextlayer.layer = layers.HttpLayer(ctx, HTTPMode.regular)
+            return
+        if isinstance(ctx.client.proxy_mode, RegularMode):
+            # Inside a CONNECT tunnel that was already allowed: relay bytes, never parse or intercept.
+            nextlayer.layer = layers.TCPLayer(ctx)
+            return
+        # Transparent: the original destination (an IP) is only a fallback for raw TCP.
+        assert ctx.server.address is not None
+        dst_ip, dst_port = ctx.server.address[0], ctx.server.address[1]
+        data = nextlayer.data_client()
+        if not data:
+            if rules.decide(st.binding.rules, dst_ip, dst_port).allowed:
+                st.kind = "tcp"  # a cidr-allowed address: server-speaks-first protocols must not wait
+                nextlayer.layer = layers.TCPLayer(ctx)
+            return  # wait for the first bytes (SNI or Host header)
+        if starts_like_tls_record(data):
+            try:
+                hello = parse_client_hello(data)
+            except ValueError:
+                hello = None
+            else:
+                if hello is None:
+                    return  # ClientHello split over several segments
+            st.kind = "tls"
+            if hello is not None and hello.sni:
+                # Re-target to the *name*: a client sending SNI allowed.test to a blocked IP reaches allowed.test.
+                ctx.server.address = (hello.sni, dst_port)
+            nextlayer.layer = layers.TCPLayer(ctx)
+        elif data[:3].isalpha() and b" " in data.split(b"\n", 1)[0]:
+            st.kind = "http"
+            nextlayer.layer = layers.HttpLayer(ctx, HTTPMode.transparent)
+        else:
+            st.kind = "tcp"
+            nextlayer.layer = layers.TCPLayer(ctx)
+
+    # ---- explicit proxy and plain HTTP --------------------------------------------------
+
+    async def http_connect(self, flow: http.HTTPFlow) -> None:
+        st = self._conn(flow.client_conn)
+        assert st is not None
+        st.kind = "connect"
+        v = await self._authorize(st, "connect", flow.request.host, flow.request.port)
+        if not v.allowed:
+            flow.response = _refusal(v)
+
+    async def requestheaders(self, flow: http.HTTPFlow) -> None:
+        st = self._conn(flow.client_conn)
+        assert st is not None
+        req = flow.request
+        if not isinstance(flow.client_conn.proxy_mode, RegularMode):
+            # Transparent: the Host header names the destination; the original IP is not trusted.
+            name = (req.host_header or "").strip()
+            if name:
+                name = name.rsplit(":", 1)[0] if not name.endswith("]") and name.count(":") == 1 else name
+                name = name.strip("[]")
+                try:
+                    req.host = str(hosts.normalise(name))
+                except hosts.HostError:
+                    req.host = name
+        v = await self._authorize(st, "http", req.host, req.port, method=req.method, url=req.pretty_url)
+        if not v.allowed:
+            flow.response = _refusal(v)
+            return
+        flow.metadata["sandgate"] = (v, time.monotonic(), _Counter(), _Counter())
+        req.stream = flow.metadata["sandgate"][2]
+
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        if (meta := flow.metadata.get("sandgate")) and flow.response is not None:
+            flow.response.stream = meta[3]
+
+    def response(self, flow: http.HTTPFlow) -> None:
+        self._http_closed(flow)
+
+    def error(self, flow: http.HTTPFlow) -> None:
+        self._http_closed(flow)
+
+    def _http_closed(self, flow: http.HTTPFlow) -> None:
+        meta = flow.metadata.pop("sandgate", None)
+        st = self._conns.get(flow.client_conn.id)
+        if meta is None or st is None:
+            return
+        v, t0, up, down = meta
+        st.binding.audit.write(close_record(
+            st.binding.task, v.id, "http", v.host, v.port, v.ip, up.n, down.n, int((time.monotonic() - t0) * 1000)))
+
+    # ---- every upstream connection ------------------------------------------------------
+
+    async def server_connect(self, data: server_hooks.ServerConnectionHookData) -> None:
+        st = self._conn(data.client)
+        if st is None or data.server.address is None:
+            data.server.error = "sandgate: no policy"
+            return
+        host, port = data.server.address[0], data.server.address[1]
+        v = st.pins.get(_norm_key(host, port))
+        if v is None:
+            # Nothing decided this destination yet (transparent TLS/raw TCP): decide now.
+            v = await self._authorize(st, st.kind, host, port)
+            if not v.allowed:
+                data.server.error = f"sandgate: {v.decision.reason}"
+                return
+        assert v.ip is not None
+        data.server.address = (v.ip, port)  # pin: the checked address, not a second lookup
+
+    # ---- raw TCP relays: count bytes, keep nothing --------------------------------------
+
+    def tcp_start(self, flow: tcp.TCPFlow) -> None:
+        flow.metadata["sandgate"] = [time.monotonic(), 0, 0]
+
+    def tcp_message(self, flow: tcp.TCPFlow) -> None:
+        meta = flow.metadata["sandgate"]
+        msg = flow.messages[-1]
+        meta[1 if msg.from_client else 2] += len(msg.content)
+        flow.messages.clear()  # a 1 GB download must not sit in the flow
+
+    def tcp_end(self, flow: tcp.TCPFlow) -> None:
+        self._tcp_closed(flow)
+
+    def tcp_error(self, flow: tcp.TCPFlow) -> None:
+        self._tcp_closed(flow)
+
+    def _tcp_closed(self, flow: tcp.TCPFlow) -> None:
+        meta = flow.metadata.pop("sandgate", None)
+        st = self._conns.get(flow.client_conn.id)
+        if meta is None or st is None or st.last is None or flow.server_conn.timestamp_start is None:
+            return  # refused before connecting: the deny record says it all
+        v = st.last
+        st.binding.audit.write(close_record(
+            st.binding.task, v.id, st.kind, v.host, v.port, v.ip, meta[1], meta[2],
+            int((time.monotonic() - meta[0]) * 1000)))
+
+    # ---- DNS ------------------------------------------------------------------------------
+
+    async def dns_request(self, flow: mdns.DNSFlow) -> None:
+        """Only allowed names are ever forwarded: a denied name (even TXT/ANY exfiltration) never leaves."""
+        st = self._conn(flow.client_conn)
+        assert st is not None
+        b = st.binding
+        questions = flow.request.questions
+        ok = bool(questions)
+        for q in questions:
+            d = rules.decide(b.rules, q.name, None)
+            allowed = d.allowed
+            b.audit.write(decision_record(
+                b.task, uuid.uuid4().hex[:12], "dns", "allow" if allowed else "deny", _dns_name(q.name), None,
+                qtype=dns.rdatatype.to_text(q.type) if q.type in dns.rdatatype.RdataType else str(q.type),
+                rule=d.rule, reason=d.reason if d.action != "ask" else d.reason + " (approvals are not available; denied)"))
+            ok = ok and allowed
+        if not ok:
+            flow.response = flow.request.fail(response_codes.REFUSED)
+            return
+        try:
+            flow.response = await _forward_dns(b, flow.request.packed)
+        except (OSError, dns.exception.DNSException, ValueError) as e:
+            logger.info("dns forward failed: %s", e)
+            flow.response = flow.request.fail(response_codes.SERVFAIL)
+
+
+def _dns_name(name: str) -> str:
+    try:
+        return str(hosts.normalise(name))
+    except hosts.HostError:
+        return name
+
+
+def _refusal(v: Verdict) -> http.Response:
+    rule = f" [{v.decision.rule}]" if v.decision.rule else ""
+    body = f"sandgate: blocked {v.host}:{v.port}: {v.decision.reason}{rule}\n"
+    return http.Response.make(403, body, {"Content-Type": "text/plain; charset=utf-8", "Connection": "close",
+                                          "X-Sandgate": "blocked"})
+
+
+async def _resolve(b: Binding, name: str, port: int) -> list[Address]:
+    """All addresses of `name`, IPv4 first, via the policy's resolver or the system's."""
+    r = b.resolver()
+    found: list[Address] = []
+    if r is None:
+        infos = await asyncio.wait_for(
+            asyncio.get_running_loop().getaddrinfo(name, port, type=socket.SOCK_STREAM), RESOLVE_TIMEOUT)
+        for info in infos:
+            a = ipaddress.ip_address(str(info[4][0]).split("%")[0])
+            if a not in found:
+                found.append(a)
+    else:
+        for rdtype in ("A", "AAAA"):
+            try:
+                answer = await r.resolve(name, rdtype, search=False)
+            except (dns.resolver.NXDOMAIN, dns.resolver.NoAnswer):
+                continue
+            found.extend(ipaddress.ip_address(rr.address) for rr in answer)
+    found.sort(key=lambda a: a.version)
+    return found
+
+
+async def _forward_dns(b: Binding, wire: bytes) -> mdns.DNSMessage:
+    """Send an allowed query to the upstream resolver unchanged; TCP when the UDP answer is truncated."""
+    target = b.rules.policy.resolver
+    if target is None:
+        system = dns.resolver.Resolver()
+        target = (system.nameservers[0], system.port)
+    query = dns.message.from_wire(wire)
+    resp = await dns.asyncquery.udp(query, target[0], port=target[1], timeout=RESOLVE_TIMEOUT)
+    if resp.flags & dns.flags.TC:
+        resp = await dns.asyncquery.tcp(query, target[0], port=target[1], timeout=RESOLVE_TIMEOUT)
+    return mdns.DNSMessage.unpack(resp.to_wire())
+
+
+@dataclass(frozen=True)
+class Listeners:
+    """The listen specs of one sandbox; every port maps to the same Binding."""
+
+    regular: tuple[str, int] | None = None
+    transparent: tuple[str, int] | None = None
+    dns: tuple[str, int] | None = None
+
+    def modes(self) -> list[tuple[str, int]]:
+        out = []
+        for name in ("regular", "transparent", "dns"):
+            addr = getattr(self, name)
+            if addr is not None:
+                out.append((f"{name}@{_fmt(addr)}", addr[1]))
+        return out
+
+
+def _fmt(addr: tuple[str, int]) -> str:
+    host = f"[{addr[0]}]" if ":" in addr[0] else addr[0]
+    return f"{host}:{addr[1]}"
+
+
+async def serve(sandboxes: list[tuple[Listeners, Binding]], confdir: Path,
+                ready: Callable[[], None] | None = None, stop: asyncio.Event | None = None) -> None:
+    """Run the proxy until `stop` is set. Raises ProxyError if a listener cannot be opened."""
+    bindings: dict[int, Binding] = {}
+    specs: list[str] = []
+    for listeners, binding in sandboxes:
+        for spec, port in listeners.modes():
+            if port in bindings:
+                raise ProxyError(f"port {port} is used by two listeners")
+            bindings[port] = binding
+            specs.append(spec)
+    opts = Options(
+        mode=specs,
+        confdir=str(confdir),  # mitmproxy writes its CA here; kept out of the user's home
+    )
+    master = Master(opts)
+    proxyserver = Proxyserver()
+    master.addons.add(proxyserver, Gate(bindings))
+    opts.update(
+        connection_strategy="lazy",  # decide on the name (SNI/Host) before any upstream connection exists
+        stream_large_bodies="64k",  # bodies pass through, never buffered whole
+        store_streamed_bodies=False,
+    )
+    if not await proxyserver.setup_servers():
+        await master.done()
+        raise ProxyError(f"cannot listen on {', '.join(specs)} (address in use or not available?)")
+    await master.running()
+    if ready is not None:
+        ready()
+    try:
+        await (stop or master.should_exit).wait()
+    finally:
+        master.should_exit.set()
+        await proxyserver.servers.update([])
+        await master.done()
