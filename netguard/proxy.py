@@ -119,7 +119,7 @@ class _Counter:
 
 def _norm_key(host: str, port: int) -> tuple[str, int]:
     try:
-        return str(hosts.normalise(host)), port
+        return str(rules.normalise(host)), port
     except hosts.HostError:
         return host, port
 
@@ -164,7 +164,7 @@ class Gate:
             if pinned is not None:
                 v.ip = pinned.ip
             else:
-                dest = hosts.normalise(host)
+                dest = rules.normalise(host)
                 if isinstance(dest, str):
                     v.decision, v.ip = await self._resolve_checked(b, dest, port, d)
                 else:
