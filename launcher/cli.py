@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ipaddress
 import os
 import shutil
 import signal
@@ -88,9 +89,13 @@ def cmd_proxy(args: argparse.Namespace) -> int:
             loop.add_signal_handler(sig, stop.set)
 
         def ready() -> None:
-            where = ", ".join(spec for spec, _ in listeners.modes())
-            print(f"sandgate: proxy ready on {where}; policy: {', '.join(pol.sources)}; audit: {audit_path}",
-                  file=sys.stderr, flush=True)
+            if args.ready_fd is not None:  # the launcher waits on this pipe
+                os.write(args.ready_fd, b"ready\n")
+                os.close(args.ready_fd)
+            if not args.quiet:
+                where = ", ".join(spec for spec, _ in listeners.modes())
+                print(f"sandgate: proxy ready on {where}; policy: {', '.join(pol.sources)}; audit: {audit_path}",
+                      file=sys.stderr, flush=True)
 
         await proxy.serve([(listeners, binding)], confdir, ready=ready, stop=stop)
 
@@ -104,6 +109,56 @@ def cmd_proxy(args: argparse.Namespace) -> int:
     if not args.quiet:
         c = audit.counts
         print(f"sandgate: {c.get('allow', 0)} allowed, {c.get('deny', 0)} denied -> {audit_path}", file=sys.stderr)
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from launcher import run
+    from netguard import netns, nft
+
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if not cmd:
+        raise UsageError("no command given: sandgate run [options] -- CMD [ARGS...]")
+    _policy_from_args(args)  # validate here: a policy error must stop us before anything is created
+    policy_args = [*(a for p in args.policy for a in ("--policy", str(Path(p).resolve()))),
+                   *(a for x in args.allow for a in ("--allow", x)), *(a for x in args.deny for a in ("--deny", x))]
+    if not args.policy and not args.allow and Path(".sandgate.yaml").exists():
+        policy_args = ["--policy", str(Path(".sandgate.yaml").resolve()), *policy_args]
+    if args.net_range is not None:
+        try:
+            net = ipaddress.ip_network(args.net_range)
+            if net.version != 4 or net.prefixlen > 30:
+                raise ValueError
+        except ValueError:
+            raise UsageError(f"invalid --net-range '{args.net_range}': give an IPv4 range of /30 or larger") from None
+    if shutil.which("nft") is None:
+        raise UsageError("nft not found; install nftables (apt-get install nftables)")
+    opts = run.RunOptions(
+        policy_args=policy_args, cmd=cmd,
+        audit_path=Path(args.audit_log) if args.audit_log else default_audit_path(),
+        user=run.resolve_user(args.user), quiet=args.quiet,
+        net_range=args.net_range or netns.DEFAULT_RANGE,
+    )
+    try:
+        return run.run(opts)
+    except (run.RunError, nft.NftError, netns.NetnsError) as e:
+        raise UsageError(str(e)) from None
+
+
+def cmd_cleanup(args: argparse.Namespace) -> int:
+    from launcher import run
+    from netguard import nft
+
+    if os.geteuid() != 0:
+        raise UsageError("sandgate cleanup needs root (it removes firewall tables and links)")
+    try:
+        removed = run.cleanup_stale()
+    except nft.NftError as e:
+        raise UsageError(str(e)) from None
+    for item in removed:
+        print(f"sandgate: removed {item}", file=sys.stderr)
+    if not removed:
+        print("sandgate: nothing to clean up", file=sys.stderr)
     return 0
 
 
@@ -127,8 +182,23 @@ def build_parser() -> argparse.ArgumentParser:
     px.add_argument("--dns", metavar="HOST:PORT", help="also answer DNS here (allowed names only)")
     px.add_argument("--audit-log", metavar="PATH", help="JSON-lines audit log (default .sandgate/audit-<time>.jsonl)")
     px.add_argument("--task", metavar="ID", help="task id written in every audit record (default: random)")
-    px.add_argument("-q", "--quiet", action="store_true", help="no summary line at exit")
+    px.add_argument("-q", "--quiet", action="store_true", help="no ready/summary lines")
+    px.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)  # used by `sandgate run`
     px.set_defaults(func=cmd_proxy)
+
+    rn = sub.add_parser("run", help="run CMD in a sandbox whose only way out is the allowlisting proxy",
+                        usage="sandgate run [options] -- CMD [ARGS...]")
+    _policy_args(rn)
+    rn.add_argument("--audit-log", metavar="PATH", help="JSON-lines audit log (default .sandgate/audit-<time>.jsonl)")
+    rn.add_argument("--user", metavar="USER", help="run CMD as USER (default: the sudo caller, else root)")
+    rn.add_argument("--net-range", metavar="CIDR", default=None,
+                    help="private range to take the sandbox's /30 link from (default 10.237.0.0/16)")
+    rn.add_argument("-q", "--quiet", action="store_true", help="no summary line at exit")
+    rn.add_argument("cmd", nargs=argparse.REMAINDER, metavar="CMD")
+    rn.set_defaults(func=cmd_run)
+
+    cl = sub.add_parser("cleanup", help="remove namespaces, firewall tables and links left by killed runs")
+    cl.set_defaults(func=cmd_cleanup)
 
     al = sub.add_parser("allowlists", help="list the bundled allowlists")
     al.set_defaults(func=cmd_allowlists)
@@ -150,6 +220,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _fail(f"{e}")
     except UsageError as e:
         _fail(str(e))
+
     except KeyboardInterrupt:
         return 130
 

@@ -18,7 +18,8 @@ from typing import Any, Literal
 
 Kind = Literal["connect", "http", "tls", "tcp", "dns", "packet", "policy"]
 
-DECISION_FIELDS = ("ts", "task", "event", "id", "kind", "action", "host", "port", "ip", "method", "url", "qtype", "rule", "reason")
+DECISION_FIELDS = ("ts", "task", "event", "id", "kind", "action", "host", "port", "ip", "proto", "method", "url",
+                   "qtype", "rule", "reason")
 CLOSE_FIELDS = ("ts", "task", "event", "id", "kind", "host", "port", "ip", "bytes_up", "bytes_down", "duration_ms")
 
 
@@ -28,11 +29,12 @@ def now_rfc3339() -> str:
 
 
 def decision_record(task: str, id: str, kind: Kind, action: str, host: str | None, port: int | None, *,
-                    ip: str | None = None, method: str | None = None, url: str | None = None,
+                    ip: str | None = None, proto: str | None = None, method: str | None = None, url: str | None = None,
                     qtype: str | None = None, rule: str | None = None, reason: str = "") -> dict[str, Any]:
-    return {"ts": now_rfc3339(), "task": task, "event": "decision", "id": id, "kind": kind, "action": action,
-            "host": host, "port": port, "ip": ip, "method": method, "url": url, "qtype": qtype,
-            "rule": rule, "reason": reason}
+    record = {"ts": now_rfc3339(), "task": task, "event": "decision", "id": id, "kind": kind, "action": action,
+              "host": host, "port": port, "ip": ip, "proto": proto, "method": method, "url": url, "qtype": qtype,
+              "rule": rule, "reason": reason}
+    return record
 
 
 def close_record(task: str, id: str, kind: Kind, host: str | None, port: int | None, ip: str | None,
@@ -50,8 +52,9 @@ class AuditLog:
         self._fd: int | None = None
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
-            # 0600: the log names every host a task reached, which can itself be sensitive.
-            self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            # 0644 and owned by whoever runs sandgate (root for `run`): the user may read it, the
+            # sandboxed task (running as the user) cannot rewrite its own record.
+            self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
 
     def write(self, record: dict[str, Any]) -> None:
         if record.get("event") == "decision":

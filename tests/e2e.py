@@ -1,0 +1,107 @@
+"""Helpers for end-to-end tests: the real sandgate CLI started inside a test World, and curl."""
+
+from __future__ import annotations
+
+import json
+import select
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .world import World, _NetnsRunner
+
+REPO = Path(__file__).resolve().parent.parent
+SANDGATE = [sys.executable, "-m", "launcher.cli"]
+
+
+class Proxy:
+    """`sandgate proxy` running inside the world; stopped (by PID) when the test is done."""
+
+    def __init__(self, world: World, policy: Path, *, listen: str = "127.0.0.1:3128",
+                 transparent: str | None = None, dns: str | None = None, extra: list[str] | None = None) -> None:
+        self.audit = world.tmp / f"audit-{policy.stem}-{time.monotonic_ns()}.jsonl"
+        args = [*SANDGATE, "proxy", "--policy", str(policy), "--listen", listen, "--audit-log", str(self.audit),
+                "--task", "test"]
+        if transparent:
+            args += ["--transparent", transparent]
+        if dns:
+            args += ["--dns", dns]
+        args += extra or []
+        self.listen = listen
+        self.proc = world.popen(args, stderr=subprocess.PIPE, cwd=REPO, env=env())
+        deadline = time.monotonic() + 30
+        line = b""
+        assert self.proc.stderr is not None
+        while b"proxy ready" not in line:
+            left = deadline - time.monotonic()
+            if left <= 0 or self.proc.poll() is not None:
+                raise RuntimeError(f"proxy did not start: {line!r} {self.proc.stderr.read() if self.proc.poll() is not None else ''}")
+            r, _, _ = select.select([self.proc.stderr], [], [], left)
+            if r:
+                line = self.proc.stderr.readline()
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.listen}"
+
+    def records(self, event: str | None = "decision") -> list[dict[str, Any]]:
+        if not self.audit.exists():
+            return []
+        out = []
+        for line in self.audit.read_text().splitlines():
+            rec = json.loads(line)  # every line must parse: a malformed line fails the test here
+            if event is None or rec["event"] == event:
+                out.append(rec)
+        return out
+
+    def wait_record(self, pred: Any, event: str = "decision", timeout: float = 5.0) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            for r in self.records(event):
+                if pred(r):
+                    return r
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no matching {event} record; have {self.records(None)}")
+            time.sleep(0.05)
+
+    def peak_rss_kib(self) -> int:
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+        raise AssertionError("no VmHWM")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def env() -> dict[str, str]:
+    return {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "PYTHONPATH": str(REPO), "LANG": "C.UTF-8"}
+
+
+@dataclass
+class Curl:
+    code: int  # curl's exit status
+    status: int  # HTTP status, 0 when none
+    body: str
+    stderr: str
+
+
+def curl(where: _NetnsRunner, url: str, *args: str, timeout: float = 15) -> Curl:
+    r = where.run(["curl", "-sS", "-m", "10", "-o", "-", "-w", "\n%{http_code}", *args, url], timeout=timeout)
+    body, _, status = r.stdout.rpartition("\n")
+    return Curl(r.returncode, int(status or 0), body.rstrip("\n"), r.stderr)
+
+
+def write_policy(world: World, text: str, name: str = "policy") -> Path:
+    p = world.tmp / f"{name}.yaml"
+    p.write_text(text)
+    return p
