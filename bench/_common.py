@@ -1,0 +1,320 @@
+"""Shared helpers for the sandgate benchmarks: free ports, local test servers, the proxy subprocess.
+
+Everything here talks to 127.0.0.1 only. Processes are started as subprocesses whose Popen
+objects are kept, and stopped (SIGTERM, then SIGKILL after a grace period) by the context
+managers that started them; temp dirs are removed on exit.
+
+The local servers run in their own Python process (``python _common.py --serve ...``) so that
+a Python benchmark client does not share a GIL with them:
+
+  GET /big?bytes=N  -> N bytes (Content-Length N), streamed in 256 KiB chunks of one
+                       preallocated buffer, so memory stays flat whatever N is;
+  GET /small        -> b"ok\\n".
+
+Both a plain HTTP and an HTTPS listener (trustme CA, certificate for 127.0.0.1) are served.
+Every response carries ``Connection: close``: each request gets its own connection.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import tempfile
+import threading
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Iterator
+from urllib.parse import parse_qs, urlsplit
+
+LOOPBACK = "127.0.0.1"
+REPO = Path(__file__).resolve().parent.parent
+VENV_BIN = REPO / ".venv" / "bin"
+PYTHON = str(VENV_BIN / "python")
+SANDGATE = str(VENV_BIN / "sandgate")
+READY_TIMEOUT = 20.0
+CHUNK = 256 * 1024
+MiB = 1024 * 1024
+
+# Proxy variables in the environment would send "direct" measurements through some other proxy.
+_PROXY_ENV = ("http_proxy", "https_proxy", "all_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY")
+
+
+def clean_env() -> dict[str, str]:
+    """os.environ without proxy variables, for curl and friends."""
+    return {k: v for k, v in os.environ.items() if k not in _PROXY_ENV}
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (bind to port 0, read it back, release)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((LOOPBACK, 0))
+        return s.getsockname()[1]
+
+
+def _stop(proc: subprocess.Popen, grace: float = 10.0) -> None:
+    """Stop one process we started: SIGTERM, wait, SIGKILL if it will not go."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=grace)
+
+
+def _wait_for_line(proc: subprocess.Popen, stream, marker: str, timeout: float, what: str) -> list[str]:
+    """Read `stream` (in a daemon thread, which keeps draining it afterwards) until a line contains `marker`."""
+    seen: list[str] = []
+    ready = threading.Event()
+
+    def pump() -> None:
+        for raw in stream:
+            line = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
+            if len(seen) < 200:
+                seen.append(line.rstrip("\n"))
+            if marker in line:
+                ready.set()
+        ready.set()  # EOF: the process died; the caller notices below
+
+    threading.Thread(target=pump, daemon=True, name=f"{what}-output").start()
+    if not ready.wait(timeout) or proc.poll() is not None:
+        tail = "\n  ".join(seen[-20:]) or "(no output)"
+        raise RuntimeError(f"{what} did not become ready within {timeout:.0f}s (exit code {proc.poll()}):\n  {tail}")
+    return seen
+
+
+# --- certificates --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Certs:
+    ca_pem: Path  # trust anchor for clients (curl --cacert, ssl.create_default_context(cafile=...))
+    cert_pem: Path  # server certificate chain for 127.0.0.1
+    key_pem: Path
+
+
+def make_certs(directory: Path) -> Certs:
+    import trustme
+
+    ca = trustme.CA()
+    leaf = ca.issue_cert(LOOPBACK)
+    certs = Certs(directory / "ca.pem", directory / "server-chain.pem", directory / "server-key.pem")
+    ca.cert_pem.write_to_path(str(certs.ca_pem))
+    leaf.private_key_pem.write_to_path(str(certs.key_pem))
+    with open(certs.cert_pem, "wb") as f:
+        for blob in leaf.cert_chain_pems:
+            f.write(blob.bytes())
+    return certs
+
+
+def client_context(certs: Certs) -> ssl.SSLContext:
+    """A verifying client context trusting only the benchmark CA."""
+    return ssl.create_default_context(cafile=str(certs.ca_pem))
+
+
+# --- servers -------------------------------------------------------------------------------------
+
+_BUFFER = memoryview(bytes(CHUNK))
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "sandgate-bench"
+    sys_version = ""
+
+    def setup(self) -> None:
+        # TLS handshake in the handler thread, not in the accepting thread (see _TLSServer).
+        if isinstance(self.request, ssl.SSLSocket):
+            self.request.do_handshake()
+        super().setup()
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server naming)
+        url = urlsplit(self.path)
+        if url.path == "/small":
+            body = b"ok\n"
+            self._head(len(body))
+            self.wfile.write(body)
+        elif url.path == "/big":
+            try:
+                n = int(parse_qs(url.query).get("bytes", ["0"])[0])
+                if n < 0:
+                    raise ValueError
+            except ValueError:
+                self.send_error(400, "bytes must be a non-negative integer")
+                return
+            self._head(n)
+            while n > 0:
+                k = min(n, CHUNK)
+                self.wfile.write(_BUFFER[:k])
+                n -= k
+        else:
+            self.send_error(404)
+
+    def _head(self, length: int) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Content-Length", str(length))
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.close_connection = True
+
+    def log_message(self, format: str, *args: object) -> None:  # quiet
+        pass
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 128
+
+    def handle_error(self, request, client_address) -> None:  # a client hanging up mid-transfer is not news
+        exc = sys.exc_info()[1]
+        if not isinstance(exc, (ConnectionError, ssl.SSLError, TimeoutError)):
+            super().handle_error(request, client_address)
+
+
+class _TLSServer(_Server):
+    def __init__(self, addr: tuple[str, int], ctx: ssl.SSLContext) -> None:
+        super().__init__(addr, _Handler)
+        self.ctx = ctx
+
+    def get_request(self):
+        sock, addr = self.socket.accept()
+        return self.ctx.wrap_socket(sock, server_side=True, do_handshake_on_connect=False), addr
+
+
+def _serve_forever(http_port: int, https_port: int, cert: str, key: str) -> None:
+    """Body of the server subprocess: both listeners until SIGTERM."""
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(cert, key)
+    servers = [_Server((LOOPBACK, http_port), _Handler), _TLSServer((LOOPBACK, https_port), ctx)]
+    threads = [threading.Thread(target=s.serve_forever, daemon=True) for s in servers]
+    for t in threads:
+        t.start()
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    print("bench-servers: ready", flush=True)
+    while not stop.wait(3600):
+        pass
+    for s in servers:
+        s.shutdown()
+        s.server_close()
+
+
+@dataclass
+class Servers:
+    http_port: int
+    https_port: int
+    certs: Certs
+    proc: subprocess.Popen
+
+    def url(self, scheme: str, path: str) -> str:
+        port = self.http_port if scheme == "http" else self.https_port
+        return f"{scheme}://{LOOPBACK}:{port}{path}"
+
+
+@contextlib.contextmanager
+def local_servers() -> Iterator[Servers]:
+    """Start the HTTP + HTTPS test servers in a subprocess; yields their ports and the CA to trust."""
+    tmp = Path(tempfile.mkdtemp(prefix="sandgate-bench-certs-"))
+    proc = None
+    try:
+        certs = make_certs(tmp)
+        http_port, https_port = free_port(), free_port()
+        while https_port == http_port:
+            https_port = free_port()
+        proc = subprocess.Popen(
+            [PYTHON, str(Path(__file__).resolve()), "--serve", str(http_port), str(https_port),
+             str(certs.cert_pem), str(certs.key_pem)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        )
+        _wait_for_line(proc, proc.stdout, "bench-servers: ready", READY_TIMEOUT, "local test servers")
+        yield Servers(http_port, https_port, certs, proc)
+    finally:
+        if proc is not None:
+            _stop(proc)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+# --- the proxy -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Proxy:
+    port: int
+    proc: subprocess.Popen
+    audit_log: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://{LOOPBACK}:{self.port}"
+
+    def memory_kib(self) -> dict[str, int]:
+        """VmRSS / VmHWM (peak RSS) of the proxy process, in KiB, from /proc/<pid>/status."""
+        out: dict[str, int] = {}
+        with open(f"/proc/{self.proc.pid}/status") as f:
+            for line in f:
+                key, _, rest = line.partition(":")
+                if key in ("VmRSS", "VmHWM"):
+                    out[key] = int(rest.split()[0])
+        return out
+
+    def reset_peak(self) -> bool:
+        """Reset VmHWM to the current RSS (Linux >= 4.0: write 5 to clear_refs); False if not permitted."""
+        try:
+            with open(f"/proc/{self.proc.pid}/clear_refs", "w") as f:
+                f.write("5")
+            return True
+        except OSError:
+            return False
+
+
+def policy_yaml(ports: list[int]) -> str:
+    """An allow-only policy for 127.0.0.1 on exactly `ports` (loopback needs an explicit cidr rule)."""
+    return (
+        "version: 1\n"
+        "network:\n"
+        "  allow:\n"
+        f"    - cidr: {LOOPBACK}/32\n"
+        f"      ports: [{', '.join(map(str, ports))}]\n"
+    )
+
+
+@contextlib.contextmanager
+def sandgate_proxy(allowed_ports: list[int]) -> Iterator[Proxy]:
+    """Run `sandgate proxy` on a free loopback port with a generated policy; stopped and cleaned up on exit."""
+    tmp = Path(tempfile.mkdtemp(prefix="sandgate-bench-proxy-"))
+    proc = None
+    try:
+        policy = tmp / "policy.yaml"
+        policy.write_text(policy_yaml(allowed_ports))
+        audit = tmp / "audit.jsonl"
+        port = free_port()
+        proc = subprocess.Popen(
+            [SANDGATE, "proxy", "--policy", str(policy), "--listen", f"{LOOPBACK}:{port}",
+             "--audit-log", str(audit), "-q"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=tmp,
+            env=clean_env(),
+        )
+        _wait_for_line(proc, proc.stderr, "sandgate: proxy ready on", READY_TIMEOUT, "sandgate proxy")
+        yield Proxy(port, proc, audit)
+    finally:
+        if proc is not None:
+            _stop(proc)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description="internal: run the benchmark's local HTTP/HTTPS servers")
+    ap.add_argument("--serve", nargs=4, metavar=("HTTP_PORT", "HTTPS_PORT", "CERT", "KEY"), required=True)
+    a = ap.parse_args()
+    _serve_forever(int(a.serve[0]), int(a.serve[1]), a.serve[2], a.serve[3])

@@ -1,0 +1,40 @@
+"""Process-level hygiene for the sandbox's processes: parent-death signals, signal dispositions.
+
+Each call defends one thing; later additions (no_new_privs, seccomp, fd hygiene) live here too.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+
+_libc = ctypes.CDLL(None, use_errno=True)
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(expected_parent: int | None) -> None:
+    """SIGKILL this process when its parent dies, so a SIGKILLed sandgate leaves no sandbox behind.
+
+    Checked against the parent we expect: if it already died before the prctl took effect,
+    we were re-parented and must exit now instead of running unsupervised. The first process
+    of a new pid namespace sees its parent as pid 0 and passes None (it checks its pipe instead).
+    """
+    if _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, f"prctl(PR_SET_PDEATHSIG): {os.strerror(e)}")
+    if expected_parent is not None and os.getppid() != expected_parent:
+        os._exit(125)
+
+
+def reset_signals() -> None:
+    """Default dispositions and an empty mask before exec: ignored signals survive exec otherwise,
+    and a command that cannot be interrupted by Ctrl-C is not 'as if it ran bare'."""
+    for sig in signal.valid_signals():
+        if sig in (signal.SIGKILL, signal.SIGSTOP):
+            continue
+        try:
+            signal.signal(sig, signal.SIG_DFL)
+        except (OSError, ValueError):
+            pass
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])

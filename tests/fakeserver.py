@@ -1,0 +1,429 @@
+"""Fake internet host for sandgate e2e tests: one server process per (kind, ip, port).
+
+Started by tests/world.py INSIDE a test network namespace:
+
+    ip netns exec NS python tests/fakeserver.py KIND --ip IP --port PORT --log LOGFILE [...]
+
+Every thing the server sees is appended to LOGFILE as one JSON line, written with a single
+O_APPEND write() so readers never see interleaved records. That log is the canary evidence
+tests use to prove a blocked action never reached its target (and a permitted one did), so
+we log *before* answering: once a client has an answer, its record is on disk.
+
+Kinds and records (every record also has "server" (--name) and "t" (unix time)):
+  http/https  {"kind":"connect","peer","tls"}                    each accepted TCP connection
+              {"kind":"tls","peer","sni","ok","error"}           https: each TLS handshake
+              {"kind":"http"|"https","method","path","host","peer","body_len"(,"sni")}
+  dns         {"kind":"dns","proto":"udp"|"tcp","qname","qtype","peer"} every query, even malformed
+  udp         {"kind":"udp","peer","data"}                        every datagram (echoed back)
+  tcp         {"kind":"tcp","peer","data"}                        every connection ("tcp-canary\n" reply)
+
+Prints "ready\n" on stdout once listening. Only stdlib + dnspython (tests pass trustme PEMs in).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import signal
+import socket
+import socketserver
+import ssl
+import sys
+import threading
+import time
+import urllib.parse
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import dns.flags
+import dns.message
+import dns.rcode
+import dns.rdatatype
+import dns.rrset
+
+CHUNK = 64 * 1024
+DNS_TTL = 1  # short so tests that change a record (rebinding) are not defeated by caches
+DATA_LIMIT = 100
+
+
+def fmt_peer(addr: Any) -> str:
+    """"ip:port" string; the tests compare peers as plain strings."""
+    return f"{addr[0]}:{addr[1]}"
+
+
+class JsonLog:
+    """Append-only JSON-lines log; one write() per record so a crash leaves at most a partial last line."""
+
+    def __init__(self, path: str, server: str) -> None:
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self.server = server
+        self.lock = threading.Lock()
+
+    def write(self, record: dict[str, Any]) -> None:
+        record = {**record, "server": self.server, "t": time.time()}
+        line = (json.dumps(record, ensure_ascii=False) + "\n").encode()
+        with self.lock:
+            os.write(self.fd, line)
+
+
+# ---------------------------------------------------------------- http / https
+
+
+class FakeHTTPServer(ThreadingHTTPServer):
+    """Threaded HTTP/1.1 server; TLS (if any) is done per connection in the worker thread."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, addr: tuple[str, int], log: JsonLog, name: str, ctx: ssl.SSLContext | None) -> None:
+        self.log = log
+        self.name = name
+        self.ctx = ctx
+        super().__init__(addr, HTTPHandler)
+
+    def server_bind(self) -> None:
+        """Skip HTTPServer's socket.getfqdn(): its PTR lookup would pollute the fake DNS's canary log."""
+        socketserver.TCPServer.server_bind(self)
+        host, port = self.server_address[:2]
+        self.server_name = str(host)
+        self.server_port = int(port)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """Clients hanging up mid-stream (e.g. /big aborted by a proxy) are normal here, not errors."""
+        exc = sys.exc_info()[1]
+        if isinstance(exc, (ConnectionError, ssl.SSLError, TimeoutError, OSError)):
+            return
+        super().handle_error(request, client_address)
+
+
+class HTTPHandler(BaseHTTPRequestHandler):
+    """Routes: /big?bytes=N streams N bytes of b"x"; /echo-host returns Host; anything else says hello."""
+
+    protocol_version = "HTTP/1.1"
+    server: FakeHTTPServer
+    sni: str | None = None
+
+    def setup(self) -> None:
+        srv = self.server
+        peer = fmt_peer(self.client_address)
+        srv.log.write({"kind": "connect", "peer": peer, "tls": srv.ctx is not None})
+        if srv.ctx is not None:
+            # Handshake here (worker thread), not in accept(), so one stalled client cannot block the server.
+            tls = srv.ctx.wrap_socket(self.request, server_side=True, do_handshake_on_connect=False)
+            tls.settimeout(10)
+            try:
+                tls.do_handshake()
+            except (ssl.SSLError, OSError) as exc:
+                srv.log.write({"kind": "tls", "peer": peer, "sni": getattr(tls, "sandgate_sni", None),
+                               "ok": False, "error": str(exc)})
+                raise
+            tls.settimeout(None)
+            self.sni = getattr(tls, "sandgate_sni", None)
+            srv.log.write({"kind": "tls", "peer": peer, "sni": self.sni, "ok": True, "error": None})
+            self.request = tls
+        super().setup()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Silence the default stderr access log; the JSON log is the record."""
+
+    def handle_any(self) -> None:
+        srv = self.server
+        body_len = self._drain_body()
+        record: dict[str, Any] = {
+            "kind": "https" if srv.ctx is not None else "http",
+            "method": self.command,
+            "path": self.path,
+            "host": self.headers.get("Host"),
+            "peer": fmt_peer(self.client_address),
+            "body_len": body_len,
+        }
+        if srv.ctx is not None:
+            record["sni"] = self.sni
+        srv.log.write(record)
+
+        if self.command == "CONNECT":
+            self._reply(405, b"CONNECT not supported by fake host\n")
+            self.close_connection = True
+            return
+        url = urllib.parse.urlsplit(self.path)
+        if url.path == "/big":
+            try:
+                size = int(urllib.parse.parse_qs(url.query).get("bytes", ["0"])[0])
+            except ValueError:
+                size = -1
+            if size < 0:
+                self._reply(400, b"bad bytes\n")
+                return
+            self._stream(size)
+        elif url.path == "/echo-host":
+            self._reply(200, (self.headers.get("Host") or "").encode())
+        else:
+            self._reply(200, f"hello from {srv.name}\n".encode())
+
+    do_GET = do_HEAD = do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = do_CONNECT = handle_any
+
+    def _drain_body(self) -> int:
+        """Read and discard a Content-Length body so keep-alive stays in sync; chunked bodies close the connection."""
+        if self.headers.get("Transfer-Encoding"):
+            self.close_connection = True
+            return -1
+        try:
+            left = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            self.close_connection = True
+            return -1
+        total = left
+        while left > 0:
+            got = self.rfile.read(min(left, CHUNK))
+            if not got:
+                break
+            left -= len(got)
+        return total - left
+
+    def _reply(self, status: int, body: bytes) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def _stream(self, size: int) -> None:
+        """Stream without building `size` bytes in memory (sizes up to 1 GB are used for limit tests)."""
+        self.send_response(200)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Content-Length", str(size))
+        self.end_headers()
+        if self.command == "HEAD":
+            return
+        chunk = b"x" * CHUNK
+        left = size
+        while left > 0:
+            n = min(left, CHUNK)
+            self.wfile.write(chunk if n == CHUNK else chunk[:n])
+            left -= n
+
+
+def make_tls_context(cert: str, key: str) -> ssl.SSLContext:
+    """Server context that records the client's SNI on the SSLSocket (the callback gets the socket)."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(cert, key)
+
+    def remember_sni(sock: Any, server_name: str | None, _ctx: ssl.SSLContext) -> None:
+        sock.sandgate_sni = server_name
+
+    ctx.sni_callback = remember_sni
+    return ctx
+
+
+# ---------------------------------------------------------------- dns
+
+
+class DNSAnswerer:
+    """Answers from a JSON {name: ipv4 | [ipv4...]} file re-read per query, so World.add_host needs no reload signal."""
+
+    def __init__(self, records_path: str, log: JsonLog) -> None:
+        self.records_path = records_path
+        self.log = log
+        self.records: dict[str, Any] = {}
+
+    def load(self) -> dict[str, Any]:
+        try:
+            self.records = json.loads(Path(self.records_path).read_text())
+        except (OSError, ValueError):
+            pass  # World replaces the file atomically; keep the last good copy if something odd happens
+        return self.records
+
+    def answer(self, wire: bytes, proto: str, peer: str) -> bytes | None:
+        try:
+            query = dns.message.from_wire(wire)
+        except Exception as exc:  # malformed packets are evidence too
+            self.log.write({"kind": "dns", "proto": proto, "qname": None, "qtype": None, "peer": peer,
+                            "error": f"{type(exc).__name__}: {exc}"})
+            return None
+        if not query.question:
+            self.log.write({"kind": "dns", "proto": proto, "qname": None, "qtype": None, "peer": peer})
+            resp = dns.message.make_response(query)
+            resp.set_rcode(dns.rcode.FORMERR)
+            return resp.to_wire()
+        q = query.question[0]
+        qname = q.name.to_text(omit_final_dot=True).lower()
+        self.log.write({"kind": "dns", "proto": proto, "qname": qname,
+                        "qtype": dns.rdatatype.to_text(q.rdtype), "peer": peer})
+        resp = dns.message.make_response(query)
+        resp.flags |= dns.flags.AA
+        value = self.load().get(qname)
+        if value is None:
+            resp.set_rcode(dns.rcode.NXDOMAIN)
+        elif q.rdtype == dns.rdatatype.A:
+            ips = [value] if isinstance(value, str) else list(value)
+            resp.answer.append(dns.rrset.from_text(q.name, DNS_TTL, "IN", "A", *ips))
+        elif q.rdtype == dns.rdatatype.TXT:
+            resp.answer.append(dns.rrset.from_text(q.name, DNS_TTL, "IN", "TXT", '"canary"'))
+        # any other type for a known name (AAAA included): NOERROR with an empty answer
+        return resp.to_wire()
+
+
+def serve_dns(ip: str, port: int, answerer: DNSAnswerer) -> list[socketserver.BaseServer]:
+    """UDP and TCP on the same port, each in its own thread."""
+
+    class UDPHandler(socketserver.BaseRequestHandler):
+        def handle(self) -> None:
+            data, sock = self.request
+            reply = answerer.answer(data, "udp", fmt_peer(self.client_address))
+            if reply is not None:
+                sock.sendto(reply, self.client_address)
+
+    class TCPHandler(socketserver.BaseRequestHandler):
+        def handle(self) -> None:
+            conn: socket.socket = self.request
+            conn.settimeout(10)
+            peer = fmt_peer(self.client_address)
+            try:
+                while True:
+                    head = _recv_exact(conn, 2)
+                    if head is None:
+                        return
+                    msg = _recv_exact(conn, int.from_bytes(head, "big"))
+                    if msg is None:
+                        return
+                    reply = answerer.answer(msg, "tcp", peer)
+                    if reply is None:
+                        return
+                    conn.sendall(len(reply).to_bytes(2, "big") + reply)
+            except OSError:
+                return
+
+    class UDPServer(socketserver.ThreadingUDPServer):
+        daemon_threads = True
+        allow_reuse_address = True
+
+    class TCPServer(socketserver.ThreadingTCPServer):
+        daemon_threads = True
+        allow_reuse_address = True
+
+    servers: list[socketserver.BaseServer] = [UDPServer((ip, port), UDPHandler), TCPServer((ip, port), TCPHandler)]
+    return servers
+
+
+def _recv_exact(conn: socket.socket, n: int) -> bytes | None:
+    buf = b""
+    while len(buf) < n:
+        got = conn.recv(n - len(buf))
+        if not got:
+            return None
+        buf += got
+    return buf
+
+
+# ---------------------------------------------------------------- raw udp / tcp
+
+
+def serve_udp(ip: str, port: int, log: JsonLog) -> socketserver.BaseServer:
+    """Log every datagram and echo it, so a client can tell 'reached' from 'dropped'."""
+
+    class Handler(socketserver.BaseRequestHandler):
+        def handle(self) -> None:
+            data, sock = self.request
+            log.write({"kind": "udp", "peer": fmt_peer(self.client_address),
+                       "data": data[:DATA_LIMIT].decode("latin-1")})
+            sock.sendto(data, self.client_address)
+
+    class Server(socketserver.ThreadingUDPServer):
+        daemon_threads = True
+        allow_reuse_address = True
+
+    return Server((ip, port), Handler)
+
+
+def serve_tcp(ip: str, port: int, log: JsonLog) -> socketserver.BaseServer:
+    """Log each connection with the first bytes seen within 1 s, answer b"tcp-canary\\n", close cleanly."""
+
+    class Handler(socketserver.BaseRequestHandler):
+        def handle(self) -> None:
+            conn: socket.socket = self.request
+            conn.settimeout(1.0)
+            try:
+                data = conn.recv(4096)
+            except (TimeoutError, OSError):
+                data = b""
+            log.write({"kind": "tcp", "peer": fmt_peer(self.client_address),
+                       "data": data[:DATA_LIMIT].decode("latin-1")})
+            try:
+                conn.sendall(b"tcp-canary\n")
+                # Half-close and drain: closing with unread input sends RST, which can destroy the reply in flight.
+                conn.shutdown(socket.SHUT_WR)
+                deadline = time.monotonic() + 1.0
+                while time.monotonic() < deadline and conn.recv(4096):
+                    pass
+            except (TimeoutError, OSError):
+                pass
+
+    class Server(socketserver.ThreadingTCPServer):
+        daemon_threads = True
+        allow_reuse_address = True
+
+    return Server((ip, port), Handler)
+
+
+# ---------------------------------------------------------------- main
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Ask the kernel to SIGKILL us when the test process dies, so a `kill -9`'d pytest leaves no servers."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent_pid:  # parent already gone before prctl took effect
+        os._exit(1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("kind", choices=["http", "https", "dns", "udp", "tcp"])
+    ap.add_argument("--ip", required=True)
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--log", required=True)
+    ap.add_argument("--name", default="")
+    ap.add_argument("--cert")
+    ap.add_argument("--key")
+    ap.add_argument("--records")
+    ap.add_argument("--parent-pid", type=int)
+    args = ap.parse_args(argv)
+
+    if args.parent_pid:
+        die_with_parent(args.parent_pid)
+    name = args.name or args.ip
+    log = JsonLog(args.log, name)
+    servers: list[socketserver.BaseServer]
+    if args.kind in ("http", "https"):
+        ctx = None
+        if args.kind == "https":
+            if not (args.cert and args.key):
+                ap.error("https needs --cert and --key")
+            ctx = make_tls_context(args.cert, args.key)
+        servers = [FakeHTTPServer((args.ip, args.port), log, name, ctx)]
+    elif args.kind == "dns":
+        if not args.records:
+            ap.error("dns needs --records")
+        servers = serve_dns(args.ip, args.port, DNSAnswerer(args.records, log))
+    elif args.kind == "udp":
+        servers = [serve_udp(args.ip, args.port, log)]
+    else:
+        servers = [serve_tcp(args.ip, args.port, log)]
+
+    for srv in servers:
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+    sys.stdout.write("ready\n")
+    sys.stdout.flush()
+    threading.Event().wait()  # until SIGTERM/SIGKILL from the World
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,341 @@
+"""Tests of the e2e harness itself: if these fail, no sandgate boundary test can be trusted.
+
+Each check that something is blocked is paired with a positive control proving the same probe
+would have seen it get through.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from .world import NETNS_ETC, World, cleanup_stale
+
+PY = sys.executable
+
+# Probes run inside a namespace with `python -c SCRIPT args...`; each prints one line.
+TCP_PROBE = r"""
+import socket, sys, time
+ip, port, timeout, payload = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
+t = time.monotonic()
+try:
+    s = socket.create_connection((ip, port), timeout=timeout)
+    s.sendall(payload.encode())
+    print("reply", s.recv(100).decode("latin-1").strip())
+except OSError as e:
+    print("error", type(e).__name__, e.errno, round(time.monotonic() - t, 3))
+"""
+
+UDP_PROBE = r"""
+import socket, sys
+ip, port, timeout, payload = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.settimeout(timeout)
+s.sendto(payload.encode(), (ip, port))
+try:
+    print("reply", s.recv(100).decode())
+except OSError as e:
+    print("error", type(e).__name__)
+"""
+
+DNS_PROBE = r"""
+import json, sys
+import dns.message, dns.query, dns.rcode, dns.resolver
+server, proto, name, rdtype = sys.argv[1:5]
+if server == "resolv.conf":  # whatever /etc/resolv.conf (bind-mounted by ip netns exec) says
+    server = dns.resolver.Resolver().nameservers[0]
+q = dns.message.make_query(name, rdtype)
+try:
+    r = (dns.query.udp if proto == "udp" else dns.query.tcp)(q, server, port=53, timeout=2)
+except Exception as e:
+    print(json.dumps({"server": server, "error": type(e).__name__}))
+else:
+    print(json.dumps({"server": server, "rcode": dns.rcode.to_text(r.rcode()),
+                      "answers": [rd.to_text() for rrset in r.answer for rd in rrset]}))
+"""
+
+# A transparent-proxy stand-in: reports the original destination the kernel recorded before redirect.
+ORIG_DST_LISTENER = r"""
+import json, socket, struct, sys
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", int(sys.argv[1])))
+s.listen()
+print("listening", flush=True)
+s.settimeout(10)
+c, peer = s.accept()
+raw = c.getsockopt(socket.SOL_IP, 80, 16)  # SO_ORIGINAL_DST -> struct sockaddr_in
+port, = struct.unpack_from("!H", raw, 2)
+c.settimeout(2)
+data = c.recv(100)
+c.sendall(b"redirected\n")
+c.close()
+print(json.dumps({"peer": peer[0], "orig": f"{socket.inet_ntoa(raw[4:8])}:{port}",
+                  "data": data.decode("latin-1")}), flush=True)
+"""
+
+
+def probe(runner: World | object, script: str, *args: object, timeout: float = 15) -> str:
+    res = runner.run([PY, "-c", script, *map(str, args)], timeout=timeout)  # type: ignore[attr-defined]
+    assert res.returncode == 0, res.stderr
+    return res.stdout.strip()
+
+
+def dns_probe(runner: World | object, server: str, proto: str, name: str, rdtype: str) -> dict:
+    return json.loads(probe(runner, DNS_PROBE, server, proto, name, rdtype))
+
+
+def host_snapshot() -> dict[str, str]:
+    """Read-only view of the host namespace; the world must never change it."""
+    def out(*cmd: str) -> str:
+        return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+
+    links = sorted(line.split(":")[1].strip().split("@")[0] for line in out("ip", "-o", "link").splitlines())
+    return {"links": "\n".join(links), "routes": out("ip", "route"), "nft": out("nft", "list", "tables")}
+
+
+def gone(pid: int) -> bool:
+    """Dead or a zombie waiting for its (non-us) parent."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return True
+    return state == "Z"
+
+
+# ---------------------------------------------------------------- inside the world
+
+
+def test_http_through_fake_dns(world: World) -> None:
+    world.add_host("a.test", "198.51.100.10")
+    srv = world.serve("http", "198.51.100.10", 80, name="a")
+
+    res = world.run(["curl", "-sS", "--max-time", "5", "http://a.test/"])
+    assert (res.returncode, res.stdout) == (0, "hello from a\n"), res.stderr
+    res = world.run(["curl", "-sS", "--max-time", "5", "-H", "Host: other.example", "http://a.test/echo-host"])
+    assert res.stdout == "other.example"
+    res = world.run(["curl", "-sS", "--max-time", "10", "-o", "/dev/null", "-w", "%{http_code} %{size_download}",
+                     "http://a.test/big?bytes=20000000"])
+    assert res.stdout == "200 20000000", res.stderr
+
+    reqs = srv.log_records("http")
+    assert [(r["method"], r["path"], r["host"]) for r in reqs] == [
+        ("GET", "/", "a.test"), ("GET", "/echo-host", "other.example"), ("GET", "/big?bytes=20000000", "a.test")]
+    assert all(r["server"] == "a" and r["peer"].startswith("198.51.100.10:") for r in reqs)
+    assert len(srv.log_records("connect")) == 3
+    assert world.dns is not None
+    queries = {(r["qname"], r["qtype"]) for r in world.dns.log_records("dns")}
+    assert ("a.test", "A") in queries
+    assert all(r["qtype"] != "PTR" for r in world.dns.log_records()), "servers must not do reverse lookups"
+
+
+def test_https_with_world_ca_logs_sni(world: World) -> None:
+    world.add_host("b.test", "198.51.100.11")
+    srv = world.serve("https", "198.51.100.11", 443, name="b.test")
+
+    res = world.run(["curl", "-sS", "--max-time", "5", "--cacert", str(world.ca_pem), "https://b.test/"])
+    assert (res.returncode, res.stdout) == (0, "hello from b.test\n"), res.stderr
+    tls = srv.log_records("tls")
+    assert [(r["sni"], r["ok"]) for r in tls] == [("b.test", True)]
+    assert [(r["sni"], r["host"], r["path"]) for r in srv.log_records("https")] == [("b.test", "b.test", "/")]
+
+    # Without the world CA the handshake fails, and the attempt is still on record.
+    res = world.run(["curl", "-sS", "--max-time", "5", "https://b.test/"])
+    assert res.returncode != 0
+    failed = srv.wait_for(lambda r: not r["ok"], kind="tls")
+    assert failed["sni"] == "b.test"
+    assert len(srv.log_records("https")) == 1
+
+
+def test_dns_answers_and_logs_udp_and_tcp(world: World) -> None:
+    world.add_host("a.test", "198.51.100.10")
+    world.add_host("meta.test", "169.254.169.254")  # DNS-only: the world must not hold it
+    assert world.dns is not None
+
+    got = dns_probe(world, "resolv.conf", "udp", "a.test", "A")
+    assert got == {"server": "198.51.100.53", "rcode": "NOERROR", "answers": ["198.51.100.10"]}
+    assert dns_probe(world, "198.51.100.53", "tcp", "A.Test", "A")["answers"] == ["198.51.100.10"]
+    assert dns_probe(world, "198.51.100.53", "udp", "a.test", "AAAA") == {
+        "server": "198.51.100.53", "rcode": "NOERROR", "answers": []}
+    assert dns_probe(world, "198.51.100.53", "udp", "a.test", "TXT")["answers"] == ['"canary"']
+    assert dns_probe(world, "198.51.100.53", "tcp", "nope.test", "A")["rcode"] == "NXDOMAIN"
+    assert dns_probe(world, "198.51.100.53", "udp", "meta.test", "A")["answers"] == ["169.254.169.254"]
+    world.add_host("a.test", "198.51.100.12")  # re-pointing takes effect on the next query
+    assert dns_probe(world, "198.51.100.53", "udp", "a.test", "A")["answers"] == ["198.51.100.12"]
+
+    seen = [(r["proto"], r["qname"], r["qtype"]) for r in world.dns.log_records("dns")]
+    assert seen == [("udp", "a.test", "A"), ("tcp", "a.test", "A"), ("udp", "a.test", "AAAA"),
+                    ("udp", "a.test", "TXT"), ("tcp", "nope.test", "A"), ("udp", "meta.test", "A"),
+                    ("udp", "a.test", "A")]
+    addrs = world.run(["ip", "-o", "-4", "addr", "show", "dev", "sgw0"]).stdout
+    assert "169.254.169.254" not in addrs and "198.51.100.10/32" in addrs
+
+
+def test_udp_and_tcp_canaries(world: World) -> None:
+    udp = world.serve("udp", "198.51.100.30", 5000)
+    tcp = world.serve("tcp", "198.51.100.31", 7000)
+
+    assert probe(world, UDP_PROBE, "198.51.100.30", 5000, 2, "ping-udp") == "reply ping-udp"
+    assert probe(world, TCP_PROBE, "198.51.100.31", 7000, 2, "ping-tcp") == "reply tcp-canary"
+    assert [r["data"] for r in udp.log_records("udp")] == ["ping-udp"]
+    assert [r["data"] for r in tcp.log_records("tcp")] == ["ping-tcp"]
+
+
+def test_world_is_sealed(world: World) -> None:
+    assert world.run(["ip", "route", "show", "default"]).stdout.strip() == ""
+    assert world.run(["ip", "-6", "route", "show", "default"]).stdout.strip() == ""
+    links = {line.split(":")[1].strip() for line in world.run(["ip", "-o", "link"]).stdout.splitlines()}
+    assert links == {"lo", "sgw0"}
+    # Never added to the world: fails at once with ENETUNREACH (101), no packet leaves anywhere.
+    out = probe(world, TCP_PROBE, "198.51.100.250", 80, 3, "x").split()
+    assert out[:3] == ["error", "OSError", "101"] and float(out[3]) < 1.0, out
+    world.add_host("ghost.test", "198.51.100.251", hold=False)
+    assert probe(world, TCP_PROBE, "ghost.test", 80, 3, "x").split()[:3] == ["error", "OSError", "101"]
+    assert world.run(["curl", "-sS", "--max-time", "3", "http://ghost.test/"]).returncode == 7
+
+
+def test_server_start_failure_reports_stderr(world: World) -> None:
+    with pytest.raises(RuntimeError, match="Cannot assign requested address"):
+        world.serve("tcp", "198.18.250.1", 80)  # not an address of the world
+
+
+def test_log_records_tolerate_partial_last_line(world: World) -> None:
+    srv = world.serve("udp", "198.51.100.32", 5001)
+    probe(world, UDP_PROBE, "198.51.100.32", 5001, 2, "one")
+    srv.stop()
+    with open(srv.log_path, "a") as f:
+        f.write('{"kind": "udp", "da')
+    assert [r["data"] for r in srv.log_records()] == ["one"]
+
+
+# ---------------------------------------------------------------- sandbox clients
+
+
+def test_client_reaches_world_directly_without_redirect(world: World) -> None:
+    world.add_host("c.test", "198.51.100.20")
+    http = world.serve("http", "198.51.100.20", 80, name="c")
+    client = world.sandbox("direct")
+
+    assert client.run(["ip", "route", "show", "default"]).stdout.split()[:3] == ["default", "via", client.world_ip]
+    assert client.run(["cat", "/etc/resolv.conf"]).stdout.startswith(f"nameserver {client.world_ip}\n")
+    res = client.run(["curl", "-sS", "--max-time", "5", "-H", "Host: c.test", "http://198.51.100.20/"])
+    assert (res.returncode, res.stdout) == (0, "hello from c\n"), res.stderr
+    assert http.log_records("http")[0]["peer"].startswith(f"{client.ip}:")
+
+
+def test_redirect_tcp_lands_on_listener_with_original_dst(world: World) -> None:
+    world.add_host("c.test", "198.51.100.20")
+    http = world.serve("http", "198.51.100.20", 80, name="c")
+    udp = world.serve("udp", "198.51.100.21", 5000)
+    client = world.sandbox()
+    # Positive controls: before the redirect both targets are reachable from the client.
+    assert probe(client, TCP_PROBE, "198.51.100.20", 80, 2, "GET / HTTP/1.0\r\n\r\n").startswith("reply HTTP/1.1 200")
+    assert probe(client, UDP_PROBE, "198.51.100.21", 5000, 2, "before") == "reply before"
+    http_before, udp_before = len(http.log_records()), len(udp.log_records())
+
+    port = 15001
+    listener = world.popen([PY, "-c", ORIG_DST_LISTENER, port], stdout=subprocess.PIPE, text=True)
+    assert listener.stdout is not None and listener.stdout.readline() == "listening\n"
+    client.redirect(tcp_port=port, dns_port=None)
+
+    assert probe(client, TCP_PROBE, "198.51.100.20", 80, 3, "GET / HTTP/1.0\r\n\r\n") == "reply redirected"
+    out, _ = listener.communicate(timeout=10)
+    seen = json.loads(out)
+    assert seen["orig"] == "198.51.100.20:80" and seen["peer"] == client.ip
+    assert seen["data"].startswith("GET / HTTP/1.0")
+    # Direct UDP and TCP/53 are dropped in the world, and the canaries saw nothing new.
+    assert probe(client, UDP_PROBE, "198.51.100.21", 5000, 0.7, "after") == "error TimeoutError"
+    assert probe(client, TCP_PROBE, "198.51.100.53", 53, 0.7, "x").startswith("error TimeoutError")
+    time.sleep(0.2)
+    assert len(http.log_records()) == http_before
+    assert len(udp.log_records()) == udp_before
+
+
+def test_redirect_dns_to_interceptor(world: World) -> None:
+    world.add_host("a.test", "198.51.100.10")
+    world.serve("http", "198.51.100.10", 80)
+    client = world.sandbox()
+    client.redirect(tcp_port=None, dns_port=5353)
+    interceptor = world.serve("dns", client.world_ip, 5353, name="interceptor")
+    assert world.dns is not None
+    main_dns_before = len(world.dns.log_records())
+
+    # Whatever server the client asks, over UDP or TCP, the interceptor answers.
+    assert dns_probe(client, "resolv.conf", "udp", "a.test", "A")["answers"] == ["198.51.100.10"]
+    assert dns_probe(client, "198.51.100.53", "tcp", "a.test", "A")["answers"] == ["198.51.100.10"]
+    assert dns_probe(client, "198.51.100.99", "udp", "a.test", "A")["answers"] == ["198.51.100.10"]
+    assert [(r["proto"], r["peer"].split(":")[0]) for r in interceptor.log_records("dns")] == [
+        ("udp", client.ip), ("tcp", client.ip), ("udp", client.ip)]
+    assert len(world.dns.log_records()) == main_dns_before
+    # tcp_port=None: other TCP is not redirected, so it is dropped.
+    assert probe(client, TCP_PROBE, "198.51.100.10", 80, 0.7, "x").startswith("error TimeoutError")
+
+
+# ---------------------------------------------------------------- lifecycle
+
+
+def test_exit_removes_everything_and_host_is_untouched() -> None:
+    before = host_snapshot()
+    with World() as w:
+        w.add_host("a.test", "198.51.100.10")
+        srv = w.serve("http", "198.51.100.10", 80)
+        client = w.sandbox("life")
+        sleeper = client.popen(["sleep", "60"])
+        # A daemon that escaped its process group: only the per-namespace sweep can find it.
+        escaped = int(w.run(["sh", "-c", "setsid sleep 60 >/dev/null 2>&1 & echo $!"]).stdout)
+        during = host_snapshot()
+        names = (w.ns, client.ns)
+        tmp = w.tmp
+        assert set(names) <= set(subprocess.run(["ip", "netns", "list"], capture_output=True,
+                                                text=True).stdout.split())
+    assert during == before, "the world changed the host namespace"
+    assert host_snapshot() == before
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert not any(n in listed for n in names)
+    assert not any((NETNS_ETC / n).exists() for n in names)
+    assert not tmp.exists()
+    assert sleeper.returncode is not None and srv.proc.returncode is not None
+    deadline = time.monotonic() + 2
+    while not gone(escaped) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert gone(escaped)
+
+
+def test_cleanup_stale_removes_dead_runs_only() -> None:
+    true = subprocess.Popen(["true"])
+    true.wait()
+    dead = true.pid
+    assert gone(dead)
+    stale_ns, live_ns = f"sandgate-w{dead}x999", f"sandgate-w{os.getpid()}x998"
+    straggler = None
+    try:
+        for ns in (stale_ns, live_ns):
+            subprocess.run(["ip", "netns", "add", ns], check=True)
+            (NETNS_ETC / ns).mkdir(parents=True)
+        straggler = subprocess.Popen(["ip", "netns", "exec", stale_ns, "sleep", "60"], start_new_session=True)
+        deadline = time.monotonic() + 5
+        while str(straggler.pid) not in subprocess.run(["ip", "netns", "pids", stale_ns], capture_output=True,
+                                                       text=True).stdout and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+        removed = cleanup_stale()
+
+        assert f"netns {stale_ns}" in removed and str(NETNS_ETC / stale_ns) in removed
+        listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+        assert stale_ns not in listed and live_ns in listed
+        assert not (NETNS_ETC / stale_ns).exists() and (NETNS_ETC / live_ns).exists()
+        assert straggler.wait(5) is not None
+    finally:
+        if straggler is not None and straggler.poll() is None:
+            os.killpg(straggler.pid, 9)
+            straggler.wait()
+        for ns in (stale_ns, live_ns):
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+            if (NETNS_ETC / ns).exists():
+                (NETNS_ETC / ns).rmdir()
