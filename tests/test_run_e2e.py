@@ -362,3 +362,58 @@ def test_run_without_root_is_refused_before_anything_is_created(monkeypatch: pyt
     with pytest.raises(run.RunError, match="sandgate run needs root"):
         run.run(opts)
     assert not (tmp_path / "a.jsonl").exists()
+
+
+def test_stdin_and_stdout_pass_through(e: Env) -> None:
+    r = e.world.run([*SANDGATE, "run", "-q", "--policy", str(e.policy), "--audit-log", str(e.world.tmp / "io.jsonl"),
+                     "--", "sh", "-c", "tr a-z A-Z; echo err >&2"], input="hello sandbox\n", cwd=REPO, env=env())
+    assert (r.returncode, r.stdout, r.stderr) == (0, "HELLO SANDBOX\n", "err\n")
+
+
+PTY_DRIVER = textwrap.dedent("""\
+    # Runs sandgate on a real terminal and presses Ctrl-C, like a person would.
+    import os, pty, sys, time, select
+    pid, fd = pty.fork()
+    if pid == 0:
+        os.execv(sys.executable, [sys.executable, *sys.argv[1:]])
+    buf = b""
+    deadline = time.time() + 30
+    while b"tty=yes" not in buf and time.time() < deadline:
+        if select.select([fd], [], [], 0.5)[0]:
+            try:
+                buf += os.read(fd, 1024)
+            except OSError:
+                break
+    os.write(fd, b"\\x03")
+    while True:
+        try:
+            if not os.read(fd, 1024):
+                break
+        except OSError:
+            break
+    _, status = os.waitpid(pid, 0)
+    print(buf.decode(errors="replace").strip().splitlines()[0], os.waitstatus_to_exitcode(status))
+    """)
+
+
+def test_terminal_passes_through_and_ctrl_c_reaches_the_command(e: Env) -> None:
+    r = e.world.run([sys.executable, "-c", PTY_DRIVER, "-m", "launcher.cli", "run", "-q", "--policy", str(e.policy),
+                     "--audit-log", str(e.world.tmp / "pty.jsonl"), "--", "sh", "-c",
+                     "[ -t 0 ] && [ -t 1 ] && echo tty=yes; exec sleep 30"], cwd=REPO, env=env(), timeout=60)
+    assert r.stdout.split() == ["tty=yes", "130"], (r.stdout, r.stderr)
+
+
+def test_next_run_removes_what_a_killed_run_left(e: Env) -> None:
+    ready = e.world.tmp / f"ready-{time.monotonic_ns()}"
+    p = e.world.popen([*SANDGATE, "run", "--policy", str(e.policy), "--audit-log", str(e.world.tmp / "k.jsonl"), "--",
+                       "sh", "-c", f"touch {ready}; sleep 300"], cwd=REPO, env=env())
+    deadline = time.monotonic() + 30
+    while not ready.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait()
+    stale = re.findall(r"sandgate_[0-9a-f]{8}", e.world.run(["nft", "list", "tables"]).stdout)
+    assert len(stale) == 1
+    r = e.sandgate("-q", "--", "nft", "list", "tables")  # the next run cleans up first
+    assert r.returncode == 0
+    assert stale[0] not in e.world.run(["nft", "list", "tables"]).stdout
