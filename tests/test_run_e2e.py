@@ -417,3 +417,13 @@ def test_next_run_removes_what_a_killed_run_left(e: Env) -> None:
     r = e.sandgate("-q", "--", "nft", "list", "tables")  # the next run cleans up first
     assert r.returncode == 0
     assert stale[0] not in e.world.run(["nft", "list", "tables"]).stdout
+
+
+def test_dot_sandgate_yaml_is_the_default_policy(e: Env) -> None:
+    proj = e.world.tmp / f"proj-{time.monotonic_ns()}"
+    proj.mkdir()
+    (proj / ".sandgate.yaml").write_text("version: 1\nnetwork:\n  allow: [blocked.test]\n")
+    r = e.world.run([*SANDGATE, "run", "-q", "--", *curl_args(e, "http://blocked.test/")], cwd=proj,
+                    env={**env(), "PYTHONPATH": str(REPO)})
+    assert r.stdout.strip() == "hello from blocked.test", r.stderr
+    assert list((proj / ".sandgate").glob("audit-*.jsonl"))  # the default log lands next to the project

@@ -91,13 +91,19 @@ def dns_probe(runner: World | object, server: str, proto: str, name: str, rdtype
     return json.loads(probe(runner, DNS_PROBE, server, proto, name, rdtype))
 
 
-def host_snapshot() -> dict[str, str]:
-    """Read-only view of the host namespace; the world must never change it."""
+def host_traces() -> list[str]:
+    """Read-only scan of the HOST namespace for anything a World could have leaked into it.
+
+    Deliberately narrow (our names and addresses only): other test runs may change the host concurrently.
+    """
     def out(*cmd: str) -> str:
         return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
 
-    links = sorted(line.split(":")[1].strip().split("@")[0] for line in out("ip", "-o", "link").splitlines())
-    return {"links": "\n".join(links), "routes": out("ip", "route"), "nft": out("nft", "list", "tables")}
+    links = [ln.split(":")[1].strip() for ln in out("ip", "-o", "link").splitlines()]
+    routes = out("ip", "-o", "addr").splitlines() + out("ip", "route", "show", "table", "all").splitlines()
+    return ([f"link {name}" for name in links if name.startswith(("sgw", "sgc"))]
+            + [f"addr/route {r}" for r in routes if "198.51.100." in r or "198.18." in r]
+            + [f"nft {t}" for t in out("nft", "list", "tables").splitlines() if "sandgate_test" in t])
 
 
 def gone(pid: int) -> bool:
@@ -281,7 +287,7 @@ def test_redirect_dns_to_interceptor(world: World) -> None:
 
 
 def test_exit_removes_everything_and_host_is_untouched() -> None:
-    before = host_snapshot()
+    assert host_traces() == []
     with World() as w:
         w.add_host("a.test", "198.51.100.10")
         srv = w.serve("http", "198.51.100.10", 80)
@@ -289,13 +295,13 @@ def test_exit_removes_everything_and_host_is_untouched() -> None:
         sleeper = client.popen(["sleep", "60"])
         # A daemon that escaped its process group: only the per-namespace sweep can find it.
         escaped = int(w.run(["sh", "-c", "setsid sleep 60 >/dev/null 2>&1 & echo $!"]).stdout)
-        during = host_snapshot()
+        during = host_traces()
         names = (w.ns, client.ns)
         tmp = w.tmp
         assert set(names) <= set(subprocess.run(["ip", "netns", "list"], capture_output=True,
                                                 text=True).stdout.split())
-    assert during == before, "the world changed the host namespace"
-    assert host_snapshot() == before
+    assert during == [], "the world leaked into the host namespace"
+    assert host_traces() == []
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert not any(n in listed for n in names)
     assert not any((NETNS_ETC / n).exists() for n in names)

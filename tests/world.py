@@ -55,7 +55,7 @@ class _Registry:
     """The only module state: live Worlds (for atexit/SIGTERM) and a counter for unique names."""
 
     def __init__(self) -> None:
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()  # re-entered by the SIGTERM handler on the main thread
         self.worlds: list[World] = []
         self.counter = itertools.count()
         self.hooked = False
@@ -182,13 +182,13 @@ def _write_netns_etc(ns: str, nameserver: str) -> Path:
     d = NETNS_ETC / ns
     d.mkdir(parents=True, exist_ok=True)
     (d / "resolv.conf").write_text(f"nameserver {nameserver}\noptions timeout:2 attempts:1\n")
-    (d / "hosts").write_text("127.0.0.1 localhost\n::1 localhost ip6-localhost ip6-loopback\n")
-    try:
+    # ip netns exec can only bind over files that exist (else it warns on every command).
+    if Path("/etc/hosts").exists():
+        (d / "hosts").write_text("127.0.0.1 localhost\n::1 localhost ip6-localhost ip6-loopback\n")
+    if Path("/etc/nsswitch.conf").exists():
         lines = Path("/etc/nsswitch.conf").read_text().splitlines()
-    except OSError:
-        lines = []
-    lines = [ln for ln in lines if not ln.strip().startswith("hosts:")] + ["hosts: files dns"]
-    (d / "nsswitch.conf").write_text("\n".join(lines) + "\n")
+        lines = [ln for ln in lines if not ln.strip().startswith("hosts:")] + ["hosts: files dns"]
+        (d / "nsswitch.conf").write_text("\n".join(lines) + "\n")
     return d
 
 
@@ -481,7 +481,6 @@ class World(_NetnsRunner):
         self._held: set[str] = set()
         self._stack = contextlib.ExitStack()
         self._closed = False
-        self._lock = threading.Lock()
         self._file_id = 0
         self.dummy_type = ""
         self._records_path = Path()
@@ -502,11 +501,11 @@ class World(_NetnsRunner):
         self.close()
 
     def close(self) -> None:
-        """Undo everything in reverse order; every step runs even if earlier ones fail (errors re-raised)."""
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
+        """Undo everything in reverse order; every step runs even if earlier ones fail (errors re-raised).
+
+        Idempotent and re-entrant: a SIGTERM arriving mid-close makes the handler finish the remaining steps.
+        """
+        self._closed = True
         try:
             self._stack.close()
         finally:
