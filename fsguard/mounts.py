@@ -1,20 +1,41 @@
 """The sandbox's private mount namespace, built in an explicit order (like bubblewrap's arguments).
 
-1. everything below / becomes a slave mount: nothing we mount propagates back to the host,
-   while the host's later mounts still appear inside;
-2. a fresh /proc for the new pid namespace: the sandbox sees only its own processes and
-   cannot reach /proc/<outside pid>/root or environ;
-3. single files bound over host files (resolv.conf pointing at our DNS listener).
+`plan()` runs in the launcher and only looks at the filesystem; `build()` runs as the
+sandbox's first process and mounts, in this order:
+
+1. / becomes a slave mount tree: nothing we mount propagates back to the host;
+2. a fresh /proc and /sys for the new pid and network namespaces: the sandbox sees only its
+   own processes and links, and no /proc/<outside pid>/root; a private devpts instance and
+   /dev/shm, so the sandbox cannot open (and write to) the user's other terminals or the
+   host's shared memory, while its own terminal stays reachable through its fds and /dev/tty;
+3. a private, empty /tmp (when /tmp is a writable root), with writable roots that live
+   under the host's /tmp bound back in;
+4. pins: each directory between a writable root and a protected path is bound onto itself,
+   so it becomes a mount point and cannot be renamed away to plant a fresh copy;
+5. protected paths bound read-only over themselves; missing ones are covered by a
+   placeholder the launcher created, so they cannot be created either;
+6. hidden paths: secrets' directories under an empty read-only tmpfs, files (and unix
+   sockets) under an empty read-only file;
+7. single files bound over host files (resolv.conf pointing at our DNS listener);
+8. the working directory re-entered, so it resolves through the new mounts and not the
+   directory it named before step 4.
+Landlock (applied later, in the command's process) then forbids any mount change, so even
+root inside the sandbox cannot undo this.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+import posixpath
+import stat
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from fsguard.policy import Effective
+
 _libc = ctypes.CDLL(None, use_errno=True)
-_libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_void_p]
+_libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
 _libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
 
 MS_RDONLY = 1
@@ -27,39 +48,194 @@ MS_REC = 16384
 MS_SLAVE = 1 << 19
 MNT_DETACH = 2
 
+#: Unix sockets that answer for the host, not the sandbox: a network namespace does not stop
+#: them. Resolver sockets would resolve (and leak) any name over the host's network; the
+#: container engines' sockets are root on the host.
+HOST_SOCKETS: tuple[str, ...] = (
+    "/run/systemd/resolve/io.systemd.Resolve", "/run/systemd/resolve/io.systemd.Resolve.Monitor",
+    "/run/nscd/socket", "/var/run/nscd/socket", "/run/dbus/system_bus_socket",
+    "/run/docker.sock", "/var/run/docker.sock", "/run/containerd/containerd.sock", "/run/podman/podman.sock",
+)
+
 
 class MountError(OSError):
     pass
 
 
-def _mount(source: str | None, target: str, fstype: str | None, flags: int) -> None:
+@dataclass(frozen=True)
+class MountPlan:
+    private_tmp: bool
+    tmp_rebinds: tuple[str, ...]  # writable roots under the host's /tmp, re-exposed in the private one
+    pins: tuple[str, ...]
+    protect: tuple[str, ...]  # existing paths, bound read-only
+    placeholders: tuple[tuple[str, bool], ...]  # (path, is_dir): missing protected paths, created by the launcher
+    hide_dirs: tuple[str, ...]
+    hide_files: tuple[str, ...]
+    write_roots: tuple[str, ...]  # real paths, for Landlock
+    notes: tuple[str, ...] = field(default=())
+
+
+def _under(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def plan(eff: Effective) -> MountPlan:
+    """What to mount for this run. Reads the filesystem (lstat/realpath), changes nothing.
+
+    Raises MountError for what cannot be protected reliably: a missing writable root, or a
+    protected path reached through a symlink the sandbox could swap.
+    """
+    roots: list[str] = []
+    for w in eff.write:
+        if w == "/tmp" and eff.private_tmp:
+            roots.append("/tmp")
+            continue
+        if not os.path.exists(w):
+            raise MountError(2, f"writable path {w} does not exist; create it or remove it from the policy")
+        roots.append(os.path.realpath(w))
+    roots = list(dict.fromkeys(roots))
+    tmp_rebinds = tuple(r for r in roots if eff.private_tmp and r != "/tmp" and _under(r, "/tmp"))
+
+    pins: list[str] = []
+    protect: list[str] = []
+    placeholders: list[tuple[str, bool]] = []
+    notes: list[str] = []
+    for path, is_dir in eff.protect:
+        root = next((r for r in roots if r != "/tmp" and _under(path, r)), None)
+        if root is None:
+            root = os.path.dirname(path)  # outside every writable root: Landlock already refuses writes
+        # Walk from the root down; every existing component must be a real directory (no symlink
+        # the sandbox could replace), the first missing one gets a placeholder.
+        rel = [c for c in path[len(root):].split("/") if c]
+        cur = root
+        chain = [root]
+        for i, comp in enumerate(rel):
+            cur = posixpath.join(cur, comp)
+            try:
+                st = os.lstat(cur)
+            except FileNotFoundError:
+                placeholders.append((cur, is_dir or i < len(rel) - 1))
+                break
+            except NotADirectoryError:
+                break  # a parent is a file: the path cannot exist; that file is pinned read-only below
+            if stat.S_ISLNK(st.st_mode):
+                raise MountError(
+                    40, f"protected path {path} passes through the symlink {cur} -> {os.readlink(cur)}; "
+                        "sandgate cannot protect it reliably: remove the symlink or protect its target")
+            if i == len(rel) - 1 or not stat.S_ISDIR(st.st_mode):
+                protect.append(cur)  # the path itself, or a file standing where a directory would be
+                break
+            chain.append(cur)
+        pins.extend(chain if _under(path, root) and root in roots else [])
+    hide_dirs: list[str] = []
+    hide_files: list[str] = []
+    for p in (*eff.read_deny, *HOST_SOCKETS):
+        if not os.path.lexists(p):
+            continue
+        real = os.path.realpath(p)  # a mount follows symlinks: hide what the name really reaches
+        if not os.path.exists(real):
+            continue
+        (hide_dirs if os.path.isdir(real) else hide_files).append(real)
+        if real != p:
+            notes.append(f"{p} is a symlink; hiding its target {real}")
+    return MountPlan(
+        private_tmp=eff.private_tmp, tmp_rebinds=tmp_rebinds,
+        pins=tuple(sorted(dict.fromkeys(pins), key=lambda p: p.count("/"))),
+        protect=tuple(dict.fromkeys(protect)), placeholders=tuple(dict.fromkeys(placeholders)),
+        hide_dirs=tuple(dict.fromkeys(hide_dirs)), hide_files=tuple(dict.fromkeys(hide_files)),
+        write_roots=tuple(roots), notes=tuple(notes))
+
+
+# ---- launcher side: placeholders for missing protected paths -------------------------------------
+
+
+def create_placeholders(p: MountPlan) -> list[str]:
+    """Create the placeholders (empty, root-owned, read-only) on the host; returns what was created.
+
+    They exist only for the run: `remove_placeholders` deletes them afterwards if still empty.
+    """
+    made: list[str] = []
+    for path, is_dir in p.placeholders:
+        try:
+            if is_dir:
+                os.mkdir(path, 0o555)
+            else:
+                os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o444))
+        except FileExistsError:
+            continue  # appeared since planning; the bind below still covers it
+        except OSError as e:
+            remove_placeholders(made)
+            raise MountError(e.errno, f"cannot cover the missing protected path {path}: {e.strerror}") from None
+        made.append(path)
+    return made
+
+
+def remove_placeholders(paths: list[str]) -> None:
+    for path in reversed(paths):
+        try:
+            st = os.lstat(path)
+            if stat.S_ISDIR(st.st_mode):
+                os.rmdir(path)  # only if still empty
+            elif stat.S_ISREG(st.st_mode) and st.st_size == 0:
+                os.unlink(path)
+        except OSError:
+            pass
+
+
+# ---- sandbox side ----------------------------------------------------------------------------------
+
+
+def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
     if _libc.mount(source.encode() if source else None, target.encode(), fstype.encode() if fstype else None,
-                   flags, None) != 0:
+                   flags, data.encode() if data else None) != 0:
         e = ctypes.get_errno()
         raise MountError(e, f"mount {target}: {os.strerror(e)}")
+
+
+def _bind_readonly(source: str, target: str) -> None:
+    _mount(source, target, None, MS_BIND | MS_REC)
+    _mount(None, target, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
 
 
 def make_private() -> None:
     _mount(None, "/", None, MS_REC | MS_SLAVE)
 
 
-def fresh_proc() -> None:
-    # Detach the host's /proc first so no open handle to it stays reachable below ours.
+def fresh_proc_sys() -> None:
+    # Detach the host's first, so no handle into them stays reachable below the new ones.
     _libc.umount2(b"/proc", MNT_DETACH)
     _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-
-
-def fresh_sys() -> None:
-    """sysfs of the new network namespace (so /sys/class/net shows the sandbox's links only)."""
     _libc.umount2(b"/sys", MNT_DETACH)
     _mount("sysfs", "/sys", "sysfs", MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY)
+    _mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620")
+    _mount("/dev/pts/ptmx", "/dev/ptmx", None, MS_BIND)
+    _mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")
 
 
-def bind_file_readonly(source: Path, target: Path) -> None:
-    """Bind `source` over `target` (following a symlinked target, as the reader would), read-only."""
-    real = Path(os.path.realpath(target))
-    if not real.is_file():
-        # Creating it would write to the host's filesystem: the mount namespace does not isolate files.
-        raise MountError(2, f"cannot cover {target}: {real} is not a file")
-    _mount(str(source), str(real), None, MS_BIND)
-    _mount(None, str(real), None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
+def build(p: MountPlan, run_dir: Path, files: dict[str, Path]) -> None:
+    """Steps 3-8 of the module docstring; `files` maps host paths to replacement files (resolv.conf)."""
+    if p.private_tmp:
+        stage = run_dir / "hosttmp"
+        _mount("/tmp", str(stage), None, MS_BIND | MS_REC)
+        _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")
+        for root in p.tmp_rebinds:
+            inside = posixpath.join("/tmp", os.path.relpath(root, "/tmp"))
+            os.makedirs(inside, exist_ok=True)
+            _mount(str(stage / os.path.relpath(root, "/tmp")), inside, None, MS_BIND | MS_REC)
+        _libc.umount2(str(stage).encode(), MNT_DETACH)
+    for d in p.pins:
+        _mount(d, d, None, MS_BIND | MS_REC)
+    for path in (*p.protect, *(ph for ph, _ in p.placeholders)):
+        _bind_readonly(path, path)
+    for d in p.hide_dirs:
+        _mount("tmpfs", d, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=0555,size=4k")
+    empty = run_dir / "empty"
+    for f in p.hide_files:
+        _bind_readonly(str(empty), f)
+    for target, source in files.items():
+        real = os.path.realpath(target)
+        if not os.path.isfile(real):
+            # Creating it would write to the host's filesystem: the mount namespace does not isolate files.
+            raise MountError(2, f"cannot cover {target}: {real} is not a file")
+        _bind_readonly(str(source), real)
+    os.chdir(os.getcwd())  # step 8: the old cwd still names the directory *under* the pins

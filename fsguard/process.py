@@ -11,6 +11,7 @@ import signal
 
 _libc = ctypes.CDLL(None, use_errno=True)
 PR_SET_PDEATHSIG = 1
+PR_SET_NO_NEW_PRIVS = 38
 
 
 def die_with_parent(expected_parent: int | None) -> None:
@@ -38,3 +39,10 @@ def reset_signals() -> None:
         except (OSError, ValueError):
             pass
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
+
+
+def no_new_privs() -> None:
+    """setuid/setgid binaries and file capabilities no longer raise privileges (sudo, su, ping...)."""
+    if _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, f"prctl(PR_SET_NO_NEW_PRIVS): {os.strerror(e)}")

@@ -113,13 +113,15 @@ def cmd_proxy(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from fsguard import mounts
+    from fsguard import policy as fspolicy
     from launcher import run
     from netguard import netns, nft
 
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not cmd:
         raise UsageError("no command given: sandgate run [options] -- CMD [ARGS...]")
-    _policy_from_args(args)  # validate here: a policy error must stop us before anything is created
+    pol = _policy_from_args(args)  # validate here: a policy error must stop us before anything is created
     policy_args = [*(a for p in args.policy for a in ("--policy", str(Path(p).resolve()))),
                    *(a for x in args.allow for a in ("--allow", x)), *(a for x in args.deny for a in ("--deny", x))]
     if not args.policy and not args.allow and Path(".sandgate.yaml").exists():
@@ -136,13 +138,21 @@ def cmd_run(args: argparse.Namespace) -> int:
     opts = run.RunOptions(
         policy_args=policy_args, cmd=cmd,
         audit_path=Path(args.audit_log) if args.audit_log else default_audit_path(),
-        user=run.resolve_user(args.user), quiet=args.quiet,
+        user=run.resolve_user(args.user), policy=pol, write=tuple(args.write), read_deny=tuple(args.read_deny),
+        require_landlock=args.require_landlock, quiet=args.quiet, verbose=args.verbose,
         net_range=args.net_range or netns.DEFAULT_RANGE,
     )
+    for p in (*args.write, *args.read_deny):
+        try:
+            fspolicy.check_path(p, None, must_not_be_root=True)
+        except fspolicy.FsPolicyError as e:
+            raise UsageError(f"--write/--read-deny {e}") from None
     try:
         return run.run(opts)
     except (run.RunError, nft.NftError, netns.NetnsError) as e:
         raise UsageError(str(e)) from None
+    except mounts.MountError as e:
+        raise UsageError(e.strerror or str(e)) from None
 
 
 def cmd_cleanup(args: argparse.Namespace) -> int:
@@ -191,6 +201,13 @@ def build_parser() -> argparse.ArgumentParser:
     _policy_args(rn)
     rn.add_argument("--audit-log", metavar="PATH", help="JSON-lines audit log (default .sandgate/audit-<time>.jsonl)")
     rn.add_argument("--user", metavar="USER", help="run CMD as USER (default: the sudo caller, else root)")
+    rn.add_argument("--write", action="append", default=[], metavar="PATH",
+                    help="also writable (repeatable); default writable: the current directory and a private /tmp")
+    rn.add_argument("--read-deny", action="append", default=[], metavar="PATH",
+                    help="also hidden from the command (repeatable); ~/.ssh, ~/.aws... are hidden by default")
+    rn.add_argument("--require-landlock", action="store_true",
+                    help="refuse to run when the kernel has no Landlock (default: warn and run)")
+    rn.add_argument("-v", "--verbose", action="store_true", help="print the effective boundary at start")
     rn.add_argument("--net-range", metavar="CIDR", default=None,
                     help="private range to take the sandbox's /30 link from (default 10.237.0.0/16)")
     rn.add_argument("-q", "--quiet", action="store_true", help="no summary line at exit")

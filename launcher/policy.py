@@ -12,10 +12,11 @@ from typing import Any
 
 import yaml
 
+from fsguard import policy as fspolicy
 from netguard import policy as netpolicy
 
 ALLOWLIST_DIR = Path(__file__).resolve().parent.parent / "allowlists"
-TOP_KEYS = ("version", "description", "include", "network")
+TOP_KEYS = ("version", "description", "include", "network", "filesystem", "env")
 MAX_INCLUDE_DEPTH = 16
 
 
@@ -33,6 +34,17 @@ class Policy:
 
     network: netpolicy.NetworkPolicy
     sources: tuple[str, ...]
+    filesystem: fspolicy.FsPolicy = fspolicy.FsPolicy()
+    env: fspolicy.EnvPolicy = fspolicy.EnvPolicy()
+
+
+@dataclass(frozen=True)
+class _Sections:
+    """One file's sections, each parsed by the guard that owns it."""
+
+    network: netpolicy.NetworkPolicy
+    filesystem: fspolicy.FsPolicy
+    env: fspolicy.EnvPolicy
 
 
 # ---- YAML with line numbers -------------------------------------------------------------
@@ -145,8 +157,8 @@ def _load_file(path: Path, where: str) -> LocDict:
     return doc
 
 
-def load_policy_file(path: Path, _stack: tuple[Path, ...] = ()) -> list[netpolicy.NetworkPolicy]:
-    """Network sections of `path` and of everything it includes, depth first, includes before the file itself."""
+def load_policy_file(path: Path, _stack: tuple[Path, ...] = ()) -> list[_Sections]:
+    """Sections of `path` and of everything it includes, depth first, includes before the file itself."""
     where = _display(path)
     real = path.resolve()
     if real in _stack:
@@ -155,7 +167,7 @@ def load_policy_file(path: Path, _stack: tuple[Path, ...] = ()) -> list[netpolic
     if len(_stack) >= MAX_INCLUDE_DEPTH:
         raise PolicyFileError(where, None, f"includes nested deeper than {MAX_INCLUDE_DEPTH}")
     doc = _load_file(path, where)
-    out: list[netpolicy.NetworkPolicy] = []
+    out: list[_Sections] = []
     includes = doc.get("include")
     if includes is not None:
         if isinstance(includes, str):
@@ -173,8 +185,9 @@ def load_policy_file(path: Path, _stack: tuple[Path, ...] = ()) -> list[netpolic
                 )
             out.extend(load_policy_file(target, (*_stack, real)))
     try:
-        out.append(netpolicy.parse_network(doc.get("network"), where))
-    except netpolicy.PolicyError as e:
+        out.append(_Sections(netpolicy.parse_network(doc.get("network"), where),
+                             fspolicy.parse_filesystem(doc.get("filesystem")), fspolicy.parse_env(doc.get("env"))))
+    except (netpolicy.PolicyError, fspolicy.FsPolicyError) as e:
         raise PolicyFileError(where, e.line, str(e)) from None
     return out
 
@@ -188,7 +201,7 @@ def _resolve_include(ref: str, base: Path) -> Path | None:
 
 def build_policy(files: list[Path], allow: list[str], deny: list[str]) -> Policy:
     """The effective policy from --policy files plus --allow/--deny entries (each NAME, HOST or HOST:PORT)."""
-    parts: list[netpolicy.NetworkPolicy] = []
+    parts: list[_Sections] = []
     sources: list[str] = []
     for f in files:
         parts.extend(load_policy_file(f))
@@ -198,15 +211,17 @@ def build_policy(files: list[Path], allow: list[str], deny: list[str]) -> Policy
             parts.extend(load_policy_file(p))
             sources.append(_display(p))
         else:
-            parts.append(flag_entry(ref, "allow"))
+            parts.append(_Sections(flag_entry(ref, "allow"), fspolicy.FsPolicy(), fspolicy.EnvPolicy()))
     for ref in deny:
-        parts.append(flag_entry(ref, "deny"))
+        parts.append(_Sections(flag_entry(ref, "deny"), fspolicy.FsPolicy(), fspolicy.EnvPolicy()))
     if allow or deny:
         sources.append("command line")
     try:
-        return Policy(netpolicy.merge(parts), tuple(sources))
+        network = netpolicy.merge([p.network for p in parts])
     except netpolicy.PolicyError as e:
         raise PolicyFileError("policy", None, str(e)) from None
+    return Policy(network, tuple(sources), fspolicy.merge_fs([p.filesystem for p in parts]),
+                  fspolicy.merge_env([p.env for p in parts]))
 
 
 def flag_entry(ref: str, which: str) -> netpolicy.NetworkPolicy:

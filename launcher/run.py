@@ -31,10 +31,11 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fsguard import mounts, process
+from fsguard import landlock, mounts, process, seccomp
+from fsguard import policy as fspolicy
 from launcher import policy as lpolicy
 from netguard import netns, nft
-from netguard.audit import AuditLog, decision_record, read_records
+from netguard.audit import AuditLog, decision_record, policy_record, read_records
 
 STATE_DIR = Path("/run/sandgate")
 REGULAR_PORT, TRANSPARENT_PORT, DNS_PORT = 3128, 3129, 53
@@ -67,9 +68,24 @@ class RunOptions:
     cmd: list[str]
     audit_path: Path
     user: User | None
+    policy: lpolicy.Policy = field(default_factory=lambda: lpolicy.Policy(lpolicy.netpolicy.NetworkPolicy(), ()))
+    write: tuple[str, ...] = ()  # --write
+    read_deny: tuple[str, ...] = ()  # --read-deny
+    require_landlock: bool = False
     quiet: bool = False
+    verbose: bool = False
     net_range: str = netns.DEFAULT_RANGE
     task: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+
+
+@dataclass(frozen=True)
+class Confinement:
+    """Everything the sandbox's processes apply, computed in the launcher before anything starts."""
+
+    mounts: mounts.MountPlan
+    landlock: landlock.Plan | None  # None: the kernel has no Landlock (and it was not required)
+    env: dict[str, str]
+    env_dropped: list[str]
 
 
 # ---- the sequence -------------------------------------------------------------------------
@@ -82,7 +98,8 @@ def run(opts: RunOptions) -> int:
     STATE_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)
     run_id = uuid.uuid4().hex[:8]
     state = STATE_DIR / f"{run_id}.json"
-    audit = _open_audit(opts.audit_path)
+    audit = _open_audit(opts.audit_path)  # before planning: its directory (.sandgate) is then protected too
+    placeholders: list[str] = []
     link: netns.Link | None = None
     proxy: subprocess.Popen[bytes] | None = None
     table = f"{nft.TABLE_PREFIX}{run_id}"
@@ -90,13 +107,15 @@ def run(opts: RunOptions) -> int:
     dropped_seen: set[tuple[str, str, int | None]] = set()
     try:
         with _lock():
-            cleanup_stale()
+            cleanup_stale()  # first: a killed run's placeholders must not be mistaken for the workspace's files
+            conf = _confinement(opts, audit)
             link = netns.create_link(run_id, opts.net_range)
-            _write_state(state, run_id, link.host_if, table, None)
+            _write_state(state, run_id, link.host_if, table, None, conf.mounts.placeholders)
+            placeholders = mounts.create_placeholders(conf.mounts)
         proxy = _start_proxy(opts, run_id, link)
-        _write_state(state, run_id, link.host_if, table, proxy.pid)
+        _write_state(state, run_id, link.host_if, table, proxy.pid, conf.mounts.placeholders)
         nft.apply(nft.SandboxNet(run_id, link.host_if, link.gateway, REGULAR_PORT, TRANSPARENT_PORT, DNS_PORT))
-        holder, ctl = _spawn_sandbox(opts, run_id, link)
+        holder, ctl = _spawn_sandbox(opts, conf, run_id, link)
         status = _supervise(holder, ctl, proxy, table, audit, opts.task, dropped_seen)
     finally:
         if link is not None:
@@ -106,12 +125,50 @@ def run(opts: RunOptions) -> int:
             netns.remove_link(link.host_if)
         if proxy is not None:
             _stop(proxy)
+        mounts.remove_placeholders(placeholders)
         state.unlink(missing_ok=True)
         _rm_run_dir(run_id)
         audit.close()
     if not opts.quiet:
         print(summary(opts.audit_path, opts.task), file=sys.stderr)
     return status
+
+
+def _confinement(opts: RunOptions, audit: AuditLog) -> Confinement:
+    """Plan the filesystem and process boundary; refuse what cannot be enforced as asked."""
+    home = opts.user.home if opts.user else os.environ.get("HOME") or pwd.getpwuid(os.getuid()).pw_dir
+    eff = fspolicy.effective(opts.policy.filesystem, cwd=os.getcwd(), home=home, extra_write=opts.write,
+                             extra_read_deny=opts.read_deny)
+    try:
+        mplan = mounts.plan(eff)
+    except mounts.MountError as e:
+        raise RunError(e.strerror or str(e)) from None
+    warnings = list(mplan.notes)
+    abi = landlock.abi_version()
+    lplan: landlock.Plan | None = None
+    if abi == 0:
+        if opts.require_landlock:
+            raise RunError("this kernel has no Landlock (disabled or too old), and --require-landlock was given")
+        warnings.append("Landlock is not available on this kernel: writes are NOT restricted to the writable paths")
+    else:
+        lplan = landlock.plan(mplan.write_roots, abi=abi)
+    env, dropped = fspolicy.filter_env(dict(os.environ), opts.policy.env)
+    audit.write(policy_record(
+        opts.task, write=list(mplan.write_roots), private_tmp=mplan.private_tmp,
+        protect=[*mplan.protect, *(p for p, _ in mplan.placeholders)], hidden=[*mplan.hide_dirs, *mplan.hide_files],
+        env_dropped=dropped, landlock_abi=abi, warnings=warnings))
+    for w in warnings:
+        print(f"sandgate: warning: {w}", file=sys.stderr)
+    if opts.verbose:
+        tmp = " (private)" if mplan.private_tmp else ""
+        print(f"sandgate: writable: {', '.join(r + (tmp if r == '/tmp' else '') for r in mplan.write_roots)}",
+              file=sys.stderr)
+        print(f"sandgate: read-only: {', '.join([*mplan.protect, *(p for p, _ in mplan.placeholders)]) or '-'}",
+              file=sys.stderr)
+        print(f"sandgate: hidden: {', '.join([*mplan.hide_dirs, *mplan.hide_files]) or '-'}", file=sys.stderr)
+        print(f"sandgate: environment dropped: {', '.join(dropped) or '-'}", file=sys.stderr)
+        print(f"sandgate: landlock ABI {abi}", file=sys.stderr)
+    return Confinement(mplan, lplan, env, dropped)
 
 
 def summary(path: Path, task: str) -> str:
@@ -151,10 +208,12 @@ def _starttime(pid: int) -> str | None:
         return None
 
 
-def _write_state(path: Path, run_id: str, host_if: str, table: str, proxy_pid: int | None) -> None:
+def _write_state(path: Path, run_id: str, host_if: str, table: str, proxy_pid: int | None,
+                 placeholders: tuple[tuple[str, bool], ...]) -> None:
     data = {"id": run_id, "pid": os.getpid(), "start": _starttime(os.getpid()), "netns": _netns_inode(),
             "host_if": host_if, "table": table, "proxy_pid": proxy_pid,
-            "proxy_start": _starttime(proxy_pid) if proxy_pid else None}
+            "proxy_start": _starttime(proxy_pid) if proxy_pid else None,
+            "placeholders": [p for p, _ in placeholders]}
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(data))
     tmp.replace(path)
@@ -183,6 +242,10 @@ def cleanup_stale() -> list[str]:
         if pp and _starttime(int(pp)) == data.get("proxy_start"):
             os.kill(int(pp), signal.SIGKILL)
             removed.append(f"proxy pid {pp}")
+        mounts.remove_placeholders(list(data.get("placeholders", [])))
+        for ph in data.get("placeholders", []):
+            if not os.path.lexists(ph):
+                removed.append(f"placeholder {ph}")
         path.unlink(missing_ok=True)
         _rm_run_dir(data["id"])
     for table in nft.list_tables():
@@ -203,7 +266,10 @@ def _rm_run_dir(run_id: str) -> None:
     d = _run_dir(run_id)
     if d.is_dir():
         for f in d.iterdir():
-            f.unlink(missing_ok=True)
+            if f.is_dir():
+                f.rmdir()  # the /tmp staging mount point, empty outside the sandbox's namespace
+            else:
+                f.unlink(missing_ok=True)
         d.rmdir()
 
 
@@ -256,21 +322,24 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 # ---- the sandbox processes ----------------------------------------------------------------
 
 
-def _spawn_sandbox(opts: RunOptions, run_id: str, link: netns.Link) -> tuple[int, int]:
+def _spawn_sandbox(opts: RunOptions, conf: Confinement, run_id: str, link: netns.Link) -> tuple[int, int]:
     """Fork the holder; give its new netns the veth; returns (holder pid, control pipe write end)."""
     up_r, up_w = os.pipe()  # holder -> sandgate: "U" unshared, or an error line
     go_r, go_w = os.pipe()  # sandgate -> holder/init: "G" go, then signal numbers to forward
-    resolv = _run_dir(run_id) / "resolv.conf"
+    run_dir = _run_dir(run_id)
+    resolv = run_dir / "resolv.conf"
     resolv.write_text(f"# written by sandgate: the sandbox's only resolver is its DNS listener\n"
                       f"nameserver {link.gateway}\noptions edns0\n")
     resolv.chmod(0o644)
+    (run_dir / "empty").touch(0o444)
+    (run_dir / "hosttmp").mkdir(0o700, exist_ok=True)
     parent = os.getpid()
     pid = os.fork()
     if pid == 0:  # holder
         try:
             os.close(up_r)
             os.close(go_w)
-            _holder(parent, up_w, go_r, opts, link, resolv)
+            _holder(parent, up_w, go_r, opts, conf, link, run_dir)
         except BaseException as e:  # noqa: BLE001 - a forked child must never return into the parent's code
             os.write(2, f"sandgate: error: {e}\n".encode())
         os._exit(EXIT_ERROR)
@@ -286,7 +355,8 @@ def _spawn_sandbox(opts: RunOptions, run_id: str, link: netns.Link) -> tuple[int
     return pid, go_w
 
 
-def _holder(parent: int, up_w: int, go_r: int, opts: RunOptions, link: netns.Link, resolv: Path) -> None:
+def _holder(parent: int, up_w: int, go_r: int, opts: RunOptions, conf: Confinement, link: netns.Link,
+            run_dir: Path) -> None:
     process.die_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for CMD; reset before exec
     signal.signal(signal.SIGQUIT, signal.SIG_IGN)
@@ -302,7 +372,7 @@ def _holder(parent: int, up_w: int, go_r: int, opts: RunOptions, link: netns.Lin
     init = os.fork()
     if init == 0:
         try:
-            _init(go_r, opts, link, resolv)
+            _init(go_r, opts, conf, link, run_dir)
         except BaseException as e:  # noqa: BLE001
             os.write(2, f"sandgate: error: sandbox setup: {e}\n".encode())
         os._exit(EXIT_ERROR)
@@ -311,21 +381,20 @@ def _holder(parent: int, up_w: int, go_r: int, opts: RunOptions, link: netns.Lin
     os._exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else EXIT_ERROR)
 
 
-def _init(ctl: int, opts: RunOptions, link: netns.Link, resolv: Path) -> None:
+def _init(ctl: int, opts: RunOptions, conf: Confinement, link: netns.Link, run_dir: Path) -> None:
     """pid 1 of the sandbox: set up inside, start CMD, forward signals, reap, exit with CMD's status."""
     process.die_with_parent(None)  # our parent (the holder) is outside this pid namespace: getppid() is 0
     netns.configure_inside(link)
     mounts.make_private()
-    mounts.fresh_proc()
-    mounts.fresh_sys()
-    mounts.bind_file_readonly(resolv, Path("/etc/resolv.conf"))
-    env = _sandbox_env(link, opts.user)
+    mounts.fresh_proc_sys()
+    mounts.build(conf.mounts, run_dir, {"/etc/resolv.conf": run_dir / "resolv.conf"})
+    env = _sandbox_env(conf.env, link, opts.user)
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     cmd = os.fork()
     if cmd == 0:
-        _exec_cmd(opts, env)
+        _exec_cmd(opts, conf, env)
     status = None
     while status is None:
         ready, _, _ = select.select([ctl, wake_r], [], [])
@@ -351,13 +420,18 @@ def _init(ctl: int, opts: RunOptions, link: netns.Link, resolv: Path) -> None:
     os._exit(128 - code if code < 0 else code)  # dying by signal N reads as 128+N, as in a shell
 
 
-def _exec_cmd(opts: RunOptions, env: dict[str, str]) -> None:
+def _exec_cmd(opts: RunOptions, conf: Confinement, env: dict[str, str]) -> None:
     try:
         process.reset_signals()
         if opts.user is not None:
             os.setgroups(opts.user.groups)
             os.setgid(opts.user.gid)
             os.setuid(opts.user.uid)
+        process.no_new_privs()  # setuid binaries cannot regain what we dropped; Landlock needs it too
+        if conf.landlock is not None:
+            for warning in landlock.apply(conf.landlock):
+                os.write(2, f"sandgate: warning: {warning}\n".encode())
+        seccomp.install()
         os.closerange(3, os.sysconf("SC_OPEN_MAX") if os.sysconf("SC_OPEN_MAX") > 0 else 65536)
         os.execvpe(opts.cmd[0], opts.cmd, env)
     except FileNotFoundError:
@@ -371,9 +445,9 @@ def _exec_cmd(opts: RunOptions, env: dict[str, str]) -> None:
     os._exit(EXIT_ERROR)
 
 
-def _sandbox_env(link: netns.Link, user: User | None) -> dict[str, str]:
-    """The caller's environment plus the proxy variables (a convenience: the boundary is nftables)."""
-    env = dict(os.environ)
+def _sandbox_env(filtered: dict[str, str], link: netns.Link, user: User | None) -> dict[str, str]:
+    """The filtered environment plus the proxy variables (a convenience: the boundary is nftables)."""
+    env = dict(filtered)
     proxy = f"http://{link.gateway}:{REGULAR_PORT}"
     for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
         env[name] = env[name.lower()] = proxy

@@ -1,8 +1,9 @@
 """The egress audit log: one JSON object per line, appended and flushed as it happens.
 
-The schema lives here and nowhere else. Two events:
+The schema lives here and nowhere else. Three events:
   decision  one per allow/deny decision (exactly one; tests count them)
   close     when an allowed connection or request ends: bytes and duration
+  policy    once per run: the effective filesystem/process boundary (names, never values)
 Writes are single `write()` calls on an O_APPEND descriptor so several writers
 (one proxy serving several sandboxes, the launcher) interleave whole lines, and
 a crash loses nothing that was already decided.
@@ -41,6 +42,13 @@ def close_record(task: str, id: str, kind: Kind, host: str | None, port: int | N
                  bytes_up: int, bytes_down: int, duration_ms: int) -> dict[str, Any]:
     return {"ts": now_rfc3339(), "task": task, "event": "close", "id": id, "kind": kind, "host": host,
             "port": port, "ip": ip, "bytes_up": bytes_up, "bytes_down": bytes_down, "duration_ms": duration_ms}
+
+
+def policy_record(task: str, *, write: list[str], private_tmp: bool, protect: list[str], hidden: list[str],
+                  env_dropped: list[str], landlock_abi: int, warnings: list[str]) -> dict[str, Any]:
+    return {"ts": now_rfc3339(), "task": task, "event": "policy", "kind": "policy", "write": write,
+            "private_tmp": private_tmp, "protect": protect, "hidden": hidden, "env_dropped": env_dropped,
+            "landlock_abi": landlock_abi, "warnings": warnings}
 
 
 class AuditLog:

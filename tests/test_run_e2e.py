@@ -72,7 +72,7 @@ class Env:
         audit = audit or self.world.tmp / f"audit-{time.monotonic_ns()}.jsonl"
         self.last_audit = audit
         return self.world.run([*SANDGATE, "run", "--policy", str(self.policy), "--audit-log", str(audit), *args],
-                              timeout=timeout, cwd=REPO, env=env())
+                              timeout=timeout, cwd=self.world.tmp, env=env())
 
     def probe_cmd(self, kind: str, target: str) -> list[str]:
         return [sys.executable, str(self.probe_py), kind, target]
@@ -249,7 +249,7 @@ def test_killing_the_proxy_makes_further_connects_fail(e: Env) -> None:
     curl = " ".join(curl_args(e, "https://allowed.test/"))
     script = f"{curl} > {first}; while [ ! -e {go} ]; do sleep 0.1; done; {curl}; echo rc=$?"
     p = e.world.popen([*SANDGATE, "run", "--policy", str(e.policy), "--audit-log", str(audit), "--", "sh", "-c", script],
-                      cwd=REPO, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                      cwd=e.world.tmp, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 30
         while not (first.exists() and first.read_text()) and time.monotonic() < deadline:
@@ -274,7 +274,7 @@ def test_sigkill_of_sandgate_leaves_no_sandbox_and_cleanup_removes_the_rest(e: E
     token = f"sgorphan{time.monotonic_ns()}"
     audit = e.world.tmp / f"audit-sigkill-{time.monotonic_ns()}.jsonl"
     p = e.world.popen([*SANDGATE, "run", "--policy", str(e.policy), "--audit-log", str(audit), "--", "bash", "-c",
-                       f"touch {ready}; exec -a {token} sleep 300"], cwd=REPO, env=env())
+                       f"touch {ready}; exec -a {token} sleep 300"], cwd=e.world.tmp, env=env())
     deadline = time.monotonic() + 30
     while not ready.exists() and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -290,7 +290,7 @@ def test_sigkill_of_sandgate_leaves_no_sandbox_and_cleanup_removes_the_rest(e: E
     assert subprocess.run(["pgrep", "-f", f"proxy .*--audit-log {audit}"], capture_output=True).returncode == 1
     tables = e.world.run(["nft", "list", "tables"]).stdout
     assert "sandgate_" in tables  # left behind by the killed run ...
-    r = e.world.run([*SANDGATE, "cleanup"], cwd=REPO, env=env())
+    r = e.world.run([*SANDGATE, "cleanup"], cwd=e.world.tmp, env=env())
     assert r.returncode == 0 and "removed nftables table inet sandgate_" in r.stderr, r.stderr
     assert "sandgate_" not in e.world.run(["nft", "list", "tables"]).stdout  # ... and removed by cleanup
     assert not re.search(r"sg[0-9a-f]{8}h", e.world.run(["ip", "-o", "link"]).stdout)
@@ -316,7 +316,7 @@ def test_sigterm_to_sandgate_reaches_the_command(e: Env) -> None:
     audit = e.world.tmp / f"audit-term-{time.monotonic_ns()}.jsonl"
     p = e.world.popen([*SANDGATE, "run", "-q", "--policy", str(e.policy), "--audit-log", str(audit), "--", "sh", "-c",
                        f"trap 'echo got-term; exit 42' TERM; touch {ready}; while :; do sleep 0.1; done"],
-                      cwd=REPO, env=env(), stdout=subprocess.PIPE, text=True)
+                      cwd=e.world.tmp, env=env(), stdout=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 30
     while not ready.exists() and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -327,10 +327,10 @@ def test_sigterm_to_sandgate_reaches_the_command(e: Env) -> None:
 
 def test_sandgate_errors_exit_125_with_one_line(e: Env) -> None:
     bad = write_policy(e.world, "version: 1\nnetwork:\n  allow: [\"*\"]\n", "bad")
-    r = e.world.run([*SANDGATE, "run", "--policy", str(bad), "--", "true"], cwd=REPO, env=env())
+    r = e.world.run([*SANDGATE, "run", "--policy", str(bad), "--", "true"], cwd=e.world.tmp, env=env())
     assert r.returncode == 125
     assert r.stderr.strip().splitlines() == [f"sandgate: error: {bad}:3: '*' would match every host; list the hosts instead"]
-    r = e.world.run([*SANDGATE, "run", "--allow", "pypi"], cwd=REPO, env=env())
+    r = e.world.run([*SANDGATE, "run", "--allow", "pypi"], cwd=e.world.tmp, env=env())
     assert r.returncode == 125 and "no command given" in r.stderr
 
 
@@ -338,7 +338,7 @@ def test_command_runs_as_the_sudo_caller_or_user(e: Env) -> None:
     r = e.sandgate("-q", "--user", "nobody", "--", "id", "-u")
     assert r.stdout.strip() == "65534"
     r = e.world.run([*SANDGATE, "run", "-q", "--policy", str(e.policy), "--audit-log", str(e.world.tmp / "u.jsonl"),
-                     "--", "id", "-u"], cwd=REPO, env={**env(), "SUDO_UID": "65534", "SUDO_GID": "65534"})
+                     "--", "id", "-u"], cwd=e.world.tmp, env={**env(), "SUDO_UID": "65534", "SUDO_GID": "65534"})
     assert r.stdout.strip() == "65534"
 
 
@@ -366,7 +366,7 @@ def test_run_without_root_is_refused_before_anything_is_created(monkeypatch: pyt
 
 def test_stdin_and_stdout_pass_through(e: Env) -> None:
     r = e.world.run([*SANDGATE, "run", "-q", "--policy", str(e.policy), "--audit-log", str(e.world.tmp / "io.jsonl"),
-                     "--", "sh", "-c", "tr a-z A-Z; echo err >&2"], input="hello sandbox\n", cwd=REPO, env=env())
+                     "--", "sh", "-c", "tr a-z A-Z; echo err >&2"], input="hello sandbox\n", cwd=e.world.tmp, env=env())
     assert (r.returncode, r.stdout, r.stderr) == (0, "HELLO SANDBOX\n", "err\n")
 
 
@@ -399,14 +399,14 @@ PTY_DRIVER = textwrap.dedent("""\
 def test_terminal_passes_through_and_ctrl_c_reaches_the_command(e: Env) -> None:
     r = e.world.run([sys.executable, "-c", PTY_DRIVER, "-m", "launcher.cli", "run", "-q", "--policy", str(e.policy),
                      "--audit-log", str(e.world.tmp / "pty.jsonl"), "--", "sh", "-c",
-                     "[ -t 0 ] && [ -t 1 ] && echo tty=yes; exec sleep 30"], cwd=REPO, env=env(), timeout=60)
+                     "[ -t 0 ] && [ -t 1 ] && echo tty=yes; exec sleep 30"], cwd=e.world.tmp, env=env(), timeout=60)
     assert r.stdout.split() == ["tty=yes", "130"], (r.stdout, r.stderr)
 
 
 def test_next_run_removes_what_a_killed_run_left(e: Env) -> None:
     ready = e.world.tmp / f"ready-{time.monotonic_ns()}"
     p = e.world.popen([*SANDGATE, "run", "--policy", str(e.policy), "--audit-log", str(e.world.tmp / "k.jsonl"), "--",
-                       "sh", "-c", f"touch {ready}; sleep 300"], cwd=REPO, env=env())
+                       "sh", "-c", f"touch {ready}; sleep 300"], cwd=e.world.tmp, env=env())
     deadline = time.monotonic() + 30
     while not ready.exists() and time.monotonic() < deadline:
         time.sleep(0.1)

@@ -413,6 +413,7 @@ class Client(_NetnsRunner):
         self.world_if = f"sgc{index}w"
         self.client_if = f"sgc{index}c"
         self.table = f"sandgate_test_{index}"
+        assert ipaddress.IPv4Address(self.world_ip) in LINK_NET
 
     def __repr__(self) -> str:
         return f"<Client {self.ns} {self.ip} -> {self.world_ip}>"

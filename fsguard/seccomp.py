@@ -1,0 +1,186 @@
+"""A small seccomp-BPF filter for the sandboxed command, inherited by every descendant and across exec.
+
+It does not try to be a syscall allowlist (the namespaces and nftables are the boundary); it closes
+two holes those cannot see:
+
+* keystroke injection: ioctl(TIOCSTI) pushes bytes into the input queue of a terminal the command
+  can reach, so they are read, and run, by the user's shell after the command exits; TIOCLINUX can
+  paste the console selection the same way (and dump the screen);
+* io_uring: its operations are performed by kernel workers, not as syscalls, so seccomp filters
+  (ours or anyone's stacked later) never see them. Refused with ENOSYS so programs fall back to
+  ordinary read/write instead of failing.
+
+The filter first checks the audit arch and (on x86_64) the x32 bit: a syscall's number means nothing
+until we know which table it indexes, and the 32-bit/x32 tables would otherwise carry ioctl under a
+number we do not check.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import platform
+
+# --- classic BPF opcodes (linux/bpf_common.h) -------------------------------------------------
+BPF_LD_W_ABS = 0x20  # BPF_LD | BPF_W | BPF_ABS: A = 32-bit word at seccomp_data + k
+BPF_JEQ_K = 0x15  # BPF_JMP | BPF_JEQ | BPF_K:  pc += (A == k) ? jt : jf
+BPF_JGE_K = 0x35  # BPF_JMP | BPF_JGE | BPF_K:  pc += (A >= k) ? jt : jf  (unsigned)
+BPF_RET_K = 0x06  # BPF_RET | BPF_K:            return k
+
+# --- seccomp (linux/seccomp.h, linux/prctl.h) -------------------------------------------------
+SECCOMP_RET_ALLOW = 0x7FFF0000
+SECCOMP_RET_ERRNO = 0x00050000  # low 16 bits: the errno the syscall fails with
+PR_SET_NO_NEW_PRIVS = 38
+PR_SET_SECCOMP = 22
+SECCOMP_MODE_FILTER = 2
+
+# struct seccomp_data { int nr; __u32 arch; __u64 instruction_pointer; __u64 args[6]; }
+OFF_NR = 0
+OFF_ARCH = 4
+OFF_ARGS = 16
+OFF_ARG1_LO = OFF_ARGS + 8 * 1  # low word of args[1] on little-endian (both supported arches)
+
+X32_SYSCALL_BIT = 0x40000000
+
+# io_uring got the same numbers on every architecture we support (asm-generic and x86_64 alike).
+NR_IO_URING_SETUP = 425
+NR_IO_URING_ENTER = 426
+NR_IO_URING_REGISTER = 427
+
+TIOCSTI = 0x5412
+TIOCLINUX = 0x541C
+
+# arch name -> (AUDIT_ARCH_*, __NR_ioctl, has the x32 ABI)
+_ARCHES: dict[str, tuple[int, int, bool]] = {
+    "x86_64": (0xC000003E, 16, True),
+    "aarch64": (0xC00000B7, 29, False),
+}
+_ALIASES = {"amd64": "x86_64", "arm64": "aarch64"}
+
+# The maximum jump distance of a classic BPF conditional jump (u8 jt/jf).
+_MAX_JUMP = 0xFF
+
+
+class SeccompError(OSError):
+    """The filter could not be built or installed; the caller must not exec the command unfiltered."""
+
+
+def _normalise_arch(arch: str | None) -> str:
+    name = (arch if arch is not None else platform.machine()).lower()
+    name = _ALIASES.get(name, name)
+    if name not in _ARCHES:
+        # Fail closed: the sandbox must not run without the filter just because we lack its numbers.
+        raise SeccompError(errno.EINVAL, f"seccomp filter: unsupported architecture {name!r}")
+    return name
+
+
+def build_filter(arch: str | None = None) -> list[tuple[int, int, int, int]]:
+    """The classic-BPF program as (code, jt, jf, k) tuples for arch 'x86_64' or 'aarch64'
+    (None -> platform.machine()).
+
+    Pure, so its shape and semantics can be tested on any machine for both architectures.
+    Jumps name labels and are resolved here, so adding an instruction cannot leave a hand-counted
+    offset pointing at the wrong place.
+    """
+    audit_arch, nr_ioctl, has_x32 = _ARCHES[_normalise_arch(arch)]
+    deny_eperm = SECCOMP_RET_ERRNO | errno.EPERM
+    deny_enosys = SECCOMP_RET_ERRNO | errno.ENOSYS
+
+    # (code, true-label, false-label, k); None = fall through to the next instruction.
+    asm: list[tuple[int, str | None, str | None, int] | str] = [
+        # Threat: 32-bit syscalls (int 0x80 on x86_64, AArch32 compat on arm64) index another
+        # table (ioctl is 54 on i386), so every number check below would be bypassed.
+        (BPF_LD_W_ABS, None, None, OFF_ARCH),
+        (BPF_JEQ_K, None, "eperm", audit_arch),
+        # From here on nr is a native syscall number.
+        (BPF_LD_W_ABS, None, None, OFF_NR),
+    ]
+    if has_x32:
+        # Threat: x32 syscalls carry the native arch but nr | 0x40000000 (ioctl is 0x40000010),
+        # another way around the number checks.
+        asm.append((BPF_JGE_K, "eperm", None, X32_SYSCALL_BIT))
+    asm += [
+        # Threat: io_uring submits I/O that no seccomp filter inspects; ENOSYS, so callers
+        # (liburing users, tokio-uring, ...) fall back to classic syscalls.
+        (BPF_JEQ_K, "enosys", None, NR_IO_URING_SETUP),
+        (BPF_JEQ_K, "enosys", None, NR_IO_URING_ENTER),
+        (BPF_JEQ_K, "enosys", None, NR_IO_URING_REGISTER),
+        # Everything that is not ioctl is not our business.
+        (BPF_JEQ_K, None, "allow", nr_ioctl),
+        # ioctl(fd, cmd, ...): the kernel takes cmd as unsigned int, so compare only the low word;
+        # the high word is ignored by the kernel and must not let a caller dodge the check.
+        (BPF_LD_W_ABS, None, None, OFF_ARG1_LO),
+        # Threat: TIOCSTI injects keystrokes into the user's terminal, run after we exit.
+        (BPF_JEQ_K, "eperm", None, TIOCSTI),
+        # Threat: TIOCLINUX (TIOCL_SETSEL + TIOCL_PASTESEL) pastes chosen text as input on a VT console.
+        (BPF_JEQ_K, "eperm", "allow", TIOCLINUX),
+        "allow",
+        (BPF_RET_K, None, None, SECCOMP_RET_ALLOW),
+        "enosys",
+        (BPF_RET_K, None, None, deny_enosys),
+        "eperm",
+        (BPF_RET_K, None, None, deny_eperm),
+    ]
+    return _assemble(asm)
+
+
+def _assemble(asm: list[tuple[int, str | None, str | None, int] | str]) -> list[tuple[int, int, int, int]]:
+    labels: dict[str, int] = {}
+    body: list[tuple[int, str | None, str | None, int]] = []
+    for item in asm:
+        if isinstance(item, str):
+            labels[item] = len(body)
+        else:
+            body.append(item)
+
+    def offset(pc: int, label: str | None) -> int:
+        if label is None:
+            return 0
+        off = labels[label] - pc - 1
+        if not 0 <= off <= _MAX_JUMP:
+            raise AssertionError(f"BPF jump from {pc} to {label!r} out of range: {off}")
+        return off
+
+    return [(code, offset(pc, jt), offset(pc, jf), k) for pc, (code, jt, jf, k) in enumerate(body)]
+
+
+class _SockFilter(ctypes.Structure):
+    # struct sock_filter { __u16 code; __u8 jt; __u8 jf; __u32 k; }
+    _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
+
+
+class _SockFprog(ctypes.Structure):
+    # struct sock_fprog { unsigned short len; struct sock_filter *filter; }: ctypes inserts the
+    # padding before the pointer that the C compiler does (pointer at offset 8 on 64-bit).
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_SockFilter))]
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+# prctl is variadic; fixing the argument types makes the unused arguments real zero unsigned longs
+# (PR_SET_NO_NEW_PRIVS rejects non-zero arg3..arg5, and a c_int would leave the upper halves undefined).
+_prctl = ctypes.CFUNCTYPE(
+    ctypes.c_int, ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, use_errno=True
+)(("prctl", _libc))
+
+
+def _call_prctl(option: int, arg2: int, arg3: int, what: str) -> None:
+    if _prctl(option, arg2, arg3, 0, 0) != 0:
+        e = ctypes.get_errno()
+        raise SeccompError(e, f"prctl({what}): {os.strerror(e)}")
+
+
+def install() -> None:
+    """Install the filter on the calling thread; call in the child before exec, after PR_SET_NO_NEW_PRIVS.
+
+    Sets no_new_privs itself too (idempotent): the kernel refuses an unprivileged filter without it,
+    and with it a setuid binary exec'd later cannot shed the filter's intent. The filter is
+    inherited by fork/clone and kept across execve, so it covers every descendant of the command.
+    Only the calling thread is filtered: call it where the process is single-threaded (after fork).
+    Raises SeccompError instead of running the command unfiltered.
+    """
+    program = build_filter()
+    insns = (_SockFilter * len(program))(*(_SockFilter(c, jt, jf, k) for c, jt, jf, k in program))
+    fprog = _SockFprog(len(program), ctypes.cast(insns, ctypes.POINTER(_SockFilter)))
+    _call_prctl(PR_SET_NO_NEW_PRIVS, 1, 0, "PR_SET_NO_NEW_PRIVS")
+    _call_prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(fprog), "PR_SET_SECCOMP")
