@@ -26,7 +26,6 @@ import select
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path

@@ -15,6 +15,10 @@ from .world import World, _NetnsRunner
 
 REPO = Path(__file__).resolve().parent.parent
 SANDGATE = [sys.executable, "-m", "launcher.cli"]
+#: The sandbox has a private /tmp: when this checkout (and its .venv, whose python and packages
+#: the probes run on) lies under the host's /tmp, as a CI clone may, it must be made visible.
+VIEW = ["--write", str(REPO)] if str(REPO).startswith("/tmp/") else []
+RUN = [*SANDGATE, "run", *VIEW]
 
 
 class Proxy:

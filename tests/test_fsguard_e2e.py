@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from .e2e import REPO, SANDGATE, env
+from .e2e import RUN, env
 from .world import World
 
 SECRET = "SECRET-KEY-6f1d"
@@ -43,7 +43,7 @@ class Fs:
     def run(self, script: str, *extra: str, envx: dict[str, str] | None = None, timeout: float = 60,
             audit: Path | None = None) -> subprocess.CompletedProcess[str]:
         self.audit = audit or self.base / f"audit-{time.monotonic_ns()}.jsonl"
-        return self.world.run([*SANDGATE, "run", "-q", "--policy", str(self.policy), "--audit-log", str(self.audit),
+        return self.world.run([*RUN, "-q", "--policy", str(self.policy), "--audit-log", str(self.audit),
                                *extra, "--", "sh", "-c", script],
                               cwd=self.ws, env={**env(), "HOME": str(self.home), **(envx or {})}, timeout=timeout)
 
@@ -209,7 +209,7 @@ INJECT = ("import fcntl, termios\n"
 
 def test_terminal_injection_fails(fs: Fs) -> None:
     audit = fs.base / "tty.jsonl"
-    inside = fs.world.run([sys.executable, "-c", TIOCSTI_DRIVER, *SANDGATE, "run", "-q", "--policy", str(fs.policy),
+    inside = fs.world.run([sys.executable, "-c", TIOCSTI_DRIVER, *RUN, "-q", "--policy", str(fs.policy),
                            "--audit-log", str(audit), "--", sys.executable, "-c", INJECT],
                           cwd=fs.ws, env=env(), timeout=60)
     assert "tiocsti=Operation not permitted" in inside.stdout, inside
@@ -273,7 +273,7 @@ def test_outside_processes_are_invisible_and_untouchable(fs: Fs) -> None:
 def test_inherited_file_descriptors_are_closed(fs: Fs) -> None:
     fd = os.open(fs.outside / "victim.txt", os.O_RDWR)  # a descriptor the caller leaks into sandgate
     try:
-        r = fs.world.run([*SANDGATE, "run", "-q", "--policy", str(fs.policy), "--audit-log", str(fs.base / "fd.jsonl"),
+        r = fs.world.run([*RUN, "-q", "--policy", str(fs.policy), "--audit-log", str(fs.base / "fd.jsonl"),
                           "--", "python3", "-c", f"import os\ntry:\n    os.write({fd}, b'hijack'); print('w=ok')\n"
                           "except OSError as e:\n    print('w=' + e.strerror)"],
                          cwd=fs.ws, env={**env(), "HOME": str(fs.home)}, pass_fds=(fd,))

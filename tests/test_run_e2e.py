@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from .e2e import REPO, SANDGATE, env, write_policy
+from .e2e import REPO, RUN, SANDGATE, VIEW, env, write_policy
 from .world import Server, World
 
 ALLOWED, BLOCKED, UDPHOST = "198.51.100.10", "198.51.100.20", "198.51.100.60"
@@ -71,7 +71,7 @@ class Env:
     def sandgate(self, *args: str, timeout: float = 60, audit: Path | None = None) -> subprocess.CompletedProcess[str]:
         audit = audit or self.world.tmp / f"audit-{time.monotonic_ns()}.jsonl"
         self.last_audit = audit
-        return self.world.run([*SANDGATE, "run", "--policy", str(self.policy), "--audit-log", str(audit), *args],
+        return self.world.run([*RUN, "--policy", str(self.policy), "--audit-log", str(audit), *args],
                               timeout=timeout, cwd=self.world.tmp, env=env())
 
     def probe_cmd(self, kind: str, target: str) -> list[str]:
@@ -207,7 +207,7 @@ def test_ipv6_is_unavailable(e: Env) -> None:
 
 def test_host_services_on_the_gateway_are_unreachable(e: Env) -> None:
     before = e.mark()
-    r = e.sandgate("-q", "--", "sh", "-c", f"ip -4 route show default | cut -d' ' -f3")
+    r = e.sandgate("-q", "--", "sh", "-c", "ip -4 route show default | cut -d' ' -f3")
     gateway = r.stdout.strip()
     assert gateway.startswith("10.237.")
     out = e.probe("tcp", f"{gateway}:2222")
@@ -248,7 +248,7 @@ def test_killing_the_proxy_makes_further_connects_fail(e: Env) -> None:
     audit = e.world.tmp / f"audit-kill-{time.monotonic_ns()}.jsonl"
     curl = " ".join(curl_args(e, "https://allowed.test/"))
     script = f"{curl} > {first}; while [ ! -e {go} ]; do sleep 0.1; done; {curl}; echo rc=$?"
-    p = e.world.popen([*SANDGATE, "run", "--policy", str(e.policy), "--audit-log", str(audit), "--", "sh", "-c", script],
+    p = e.world.popen([*RUN, "--policy", str(e.policy), "--audit-log", str(audit), "--", "sh", "-c", script],
                       cwd=e.world.tmp, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 30
@@ -273,7 +273,7 @@ def test_sigkill_of_sandgate_leaves_no_sandbox_and_cleanup_removes_the_rest(e: E
     ready = e.world.tmp / f"ready-{time.monotonic_ns()}"
     token = f"sgorphan{time.monotonic_ns()}"
     audit = e.world.tmp / f"audit-sigkill-{time.monotonic_ns()}.jsonl"
-    p = e.world.popen([*SANDGATE, "run", "--policy", str(e.policy), "--audit-log", str(audit), "--", "bash", "-c",
+    p = e.world.popen([*RUN, "--policy", str(e.policy), "--audit-log", str(audit), "--", "bash", "-c",
                        f"touch {ready}; exec -a {token} sleep 300"], cwd=e.world.tmp, env=env())
     deadline = time.monotonic() + 30
     while not ready.exists() and time.monotonic() < deadline:
@@ -314,7 +314,7 @@ def test_exit_codes_are_the_commands(e: Env, cmd: list[str], code: int) -> None:
 def test_sigterm_to_sandgate_reaches_the_command(e: Env) -> None:
     ready = e.world.tmp / f"ready-{time.monotonic_ns()}"
     audit = e.world.tmp / f"audit-term-{time.monotonic_ns()}.jsonl"
-    p = e.world.popen([*SANDGATE, "run", "-q", "--policy", str(e.policy), "--audit-log", str(audit), "--", "sh", "-c",
+    p = e.world.popen([*RUN, "-q", "--policy", str(e.policy), "--audit-log", str(audit), "--", "sh", "-c",
                        f"trap 'echo got-term; exit 42' TERM; touch {ready}; while :; do sleep 0.1; done"],
                       cwd=e.world.tmp, env=env(), stdout=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 30
@@ -327,17 +327,17 @@ def test_sigterm_to_sandgate_reaches_the_command(e: Env) -> None:
 
 def test_sandgate_errors_exit_125_with_one_line(e: Env) -> None:
     bad = write_policy(e.world, "version: 1\nnetwork:\n  allow: [\"*\"]\n", "bad")
-    r = e.world.run([*SANDGATE, "run", "--policy", str(bad), "--", "true"], cwd=e.world.tmp, env=env())
+    r = e.world.run([*RUN, "--policy", str(bad), "--", "true"], cwd=e.world.tmp, env=env())
     assert r.returncode == 125
     assert r.stderr.strip().splitlines() == [f"sandgate: error: {bad}:3: '*' would match every host; list the hosts instead"]
-    r = e.world.run([*SANDGATE, "run", "--allow", "pypi"], cwd=e.world.tmp, env=env())
+    r = e.world.run([*RUN, "--allow", "pypi"], cwd=e.world.tmp, env=env())
     assert r.returncode == 125 and "no command given" in r.stderr
 
 
 def test_command_runs_as_the_sudo_caller_or_user(e: Env) -> None:
     r = e.sandgate("-q", "--user", "nobody", "--", "id", "-u")
     assert r.stdout.strip() == "65534"
-    r = e.world.run([*SANDGATE, "run", "-q", "--policy", str(e.policy), "--audit-log", str(e.world.tmp / "u.jsonl"),
+    r = e.world.run([*RUN, "-q", "--policy", str(e.policy), "--audit-log", str(e.world.tmp / "u.jsonl"),
                      "--", "id", "-u"], cwd=e.world.tmp, env={**env(), "SUDO_UID": "65534", "SUDO_GID": "65534"})
     assert r.stdout.strip() == "65534"
 
@@ -365,7 +365,7 @@ def test_run_without_root_is_refused_before_anything_is_created(monkeypatch: pyt
 
 
 def test_stdin_and_stdout_pass_through(e: Env) -> None:
-    r = e.world.run([*SANDGATE, "run", "-q", "--policy", str(e.policy), "--audit-log", str(e.world.tmp / "io.jsonl"),
+    r = e.world.run([*RUN, "-q", "--policy", str(e.policy), "--audit-log", str(e.world.tmp / "io.jsonl"),
                      "--", "sh", "-c", "tr a-z A-Z; echo err >&2"], input="hello sandbox\n", cwd=e.world.tmp, env=env())
     assert (r.returncode, r.stdout, r.stderr) == (0, "HELLO SANDBOX\n", "err\n")
 
@@ -397,7 +397,7 @@ PTY_DRIVER = textwrap.dedent("""\
 
 
 def test_terminal_passes_through_and_ctrl_c_reaches_the_command(e: Env) -> None:
-    r = e.world.run([sys.executable, "-c", PTY_DRIVER, "-m", "launcher.cli", "run", "-q", "--policy", str(e.policy),
+    r = e.world.run([sys.executable, "-c", PTY_DRIVER, "-m", "launcher.cli", "run", *VIEW, "-q", "--policy", str(e.policy),
                      "--audit-log", str(e.world.tmp / "pty.jsonl"), "--", "sh", "-c",
                      "[ -t 0 ] && [ -t 1 ] && echo tty=yes; exec sleep 30"], cwd=e.world.tmp, env=env(), timeout=60)
     assert r.stdout.split() == ["tty=yes", "130"], (r.stdout, r.stderr)
@@ -405,7 +405,7 @@ def test_terminal_passes_through_and_ctrl_c_reaches_the_command(e: Env) -> None:
 
 def test_next_run_removes_what_a_killed_run_left(e: Env) -> None:
     ready = e.world.tmp / f"ready-{time.monotonic_ns()}"
-    p = e.world.popen([*SANDGATE, "run", "--policy", str(e.policy), "--audit-log", str(e.world.tmp / "k.jsonl"), "--",
+    p = e.world.popen([*RUN, "--policy", str(e.policy), "--audit-log", str(e.world.tmp / "k.jsonl"), "--",
                        "sh", "-c", f"touch {ready}; sleep 300"], cwd=e.world.tmp, env=env())
     deadline = time.monotonic() + 30
     while not ready.exists() and time.monotonic() < deadline:
@@ -423,7 +423,7 @@ def test_dot_sandgate_yaml_is_the_default_policy(e: Env) -> None:
     proj = e.world.tmp / f"proj-{time.monotonic_ns()}"
     proj.mkdir()
     (proj / ".sandgate.yaml").write_text("version: 1\nnetwork:\n  allow: [blocked.test]\n")
-    r = e.world.run([*SANDGATE, "run", "-q", "--", *curl_args(e, "http://blocked.test/")], cwd=proj,
+    r = e.world.run([*RUN, "-q", "--", *curl_args(e, "http://blocked.test/")], cwd=proj,
                     env={**env(), "PYTHONPATH": str(REPO)})
     assert r.stdout.strip() == "hello from blocked.test", r.stderr
     assert list((proj / ".sandgate").glob("audit-*.jsonl"))  # the default log lands next to the project
