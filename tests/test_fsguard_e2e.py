@@ -41,11 +41,13 @@ class Fs:
     policy: Path
 
     def run(self, script: str, *extra: str, envx: dict[str, str] | None = None, timeout: float = 60,
-            audit: Path | None = None) -> subprocess.CompletedProcess[str]:
+            audit: Path | None = None, depth: str = "child") -> subprocess.CompletedProcess[str]:
+        """Run `script` in the sandbox by the command itself ("child") or by a process it starts ("grandchild")."""
         self.audit = audit or self.base / f"audit-{time.monotonic_ns()}.jsonl"
+        cmd = ["sh", "-c", script] if depth == "child" else ["sh", "-c", 'sh -c "$SG_SCRIPT"']
         return self.world.run([*RUN, "-q", "--policy", str(self.policy), "--audit-log", str(self.audit),
-                               *extra, "--", "sh", "-c", script],
-                              cwd=self.ws, env={**env(), "HOME": str(self.home), **(envx or {})}, timeout=timeout)
+                               *extra, "--", *cmd], cwd=self.ws, timeout=timeout,
+                              env={**env(), "HOME": str(self.home), "SG_SCRIPT": script, **(envx or {})})
 
     def bare(self, script: str) -> subprocess.CompletedProcess[str]:
         """The same script without sandgate: the control that shows the action is possible at all."""
@@ -83,6 +85,9 @@ def fs() -> Iterator[Fs]:
         shutil.rmtree(base, ignore_errors=True)
 
 
+DEPTHS = pytest.mark.parametrize("depth", ["child", "grandchild"])
+
+
 def lines(r: subprocess.CompletedProcess[str]) -> list[str]:
     return r.stdout.strip().splitlines()
 
@@ -90,14 +95,13 @@ def lines(r: subprocess.CompletedProcess[str]) -> list[str]:
 # ---- writes ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("depth", ["child", "grandchild"])
+@DEPTHS
 def test_writes_inside_workspace_and_tmp_work_and_outside_fail(fs: Fs, depth: str) -> None:
     probe = textwrap.dedent(f"""\
         w() {{ if ( echo x >> "$1" ) 2>/dev/null; then echo "ok $1"; else echo "refused $1"; fi; }}
         w ws-{depth}.txt; w /tmp/t-{depth}; w {fs.home}/.bashrc; w /etc/sandgate-probe; w /root/sandgate-probe
         w {fs.outside}/victim.txt; w {fs.outside}/new-{depth}.txt""")
-    script = probe if depth == "child" else f"sh -c '{probe.replace(chr(39), '')}'"
-    r = fs.run(script)
+    r = fs.run(probe, depth=depth)
     assert lines(r) == [f"ok ws-{depth}.txt", f"ok /tmp/t-{depth}", f"refused {fs.home}/.bashrc",
                         "refused /etc/sandgate-probe", "refused /root/sandgate-probe",
                         f"refused {fs.outside}/victim.txt", f"refused {fs.outside}/new-{depth}.txt"], r.stderr
@@ -109,11 +113,13 @@ def test_writes_inside_workspace_and_tmp_work_and_outside_fail(fs: Fs, depth: st
     assert r.returncode != 0 and "Permission denied" in r.stderr  # EACCES from Landlock
 
 
-def test_git_hooks_and_config_are_read_only_while_git_commit_works(fs: Fs) -> None:
-    r = fs.run(textwrap.dedent("""\
+@DEPTHS
+def test_git_hooks_and_config_are_read_only_while_git_commit_works(fs: Fs, depth: str) -> None:
+    r = fs.run(textwrap.dedent(f"""\
         echo 'curl evil' > .git/hooks/pre-commit; echo "hook=$?"
         echo '[core] fsmonitor = evil' >> .git/config; echo "config=$?"
-        echo change > work.txt && git add work.txt && git commit -qm 'from sandbox' && echo committed"""))
+        echo change > work-{depth}.txt && git add work-{depth}.txt && git commit -qm 'from sandbox' && echo committed"""),
+               depth=depth)
     assert lines(r) == ["hook=2", "config=2", "committed"], r.stderr
     assert "Read-only file system" in r.stderr
     assert not (fs.ws / ".git/hooks/pre-commit").exists()
@@ -122,27 +128,30 @@ def test_git_hooks_and_config_are_read_only_while_git_commit_works(fs: Fs) -> No
     assert fs.bare("echo '#' > .git/hooks/pre-commit.sample-probe && rm .git/hooks/pre-commit.sample-probe").returncode == 0
 
 
-def test_missing_protected_paths_cannot_be_created_and_leave_nothing(fs: Fs) -> None:
+@DEPTHS
+def test_missing_protected_paths_cannot_be_created_and_leave_nothing(fs: Fs, depth: str) -> None:
     extra = fs.base / "extra.yaml"
     extra.write_text("version: 1\nfilesystem:\n  protect: [deploy.key, ci/]\n")
     r = fs.run("touch .sandgate.yaml; echo a=$?; echo k > deploy.key; echo b=$?; mkdir -p ci/x; echo c=$?; "
-               "rm -rf ci; echo d=$?", "--policy", str(extra))
+               "rm -rf ci; echo d=$?", "--policy", str(extra), depth=depth)
     assert lines(r) == ["a=1", "b=2", "c=1", "d=1"], r.stderr
     for p in (".sandgate.yaml", "deploy.key", "ci"):
         assert not (fs.ws / p).exists(), p  # the run's placeholders are gone
 
 
-def test_protected_directories_cannot_be_renamed_away(fs: Fs) -> None:
+@DEPTHS
+def test_protected_directories_cannot_be_renamed_away(fs: Fs, depth: str) -> None:
     r = fs.run("mv .git/hooks .git/hooks-old; echo a=$?; mv .git .git-old; echo b=$?; "
-               "mkdir -p x/.git/hooks 2>/dev/null; mv .git x/ 2>/dev/null; echo c=$?")
+               "mkdir -p x/.git/hooks 2>/dev/null; mv .git x/ 2>/dev/null; echo c=$?", depth=depth)
     assert lines(r) == ["a=1", "b=1", "c=1"], r.stderr
     assert "Device or resource busy" in r.stderr
     assert (fs.ws / ".git/hooks").is_dir() and not (fs.ws / ".git-old").exists()
 
 
-def test_hard_links_and_symlinks_cannot_reach_outside(fs: Fs) -> None:
+@DEPTHS
+def test_hard_links_and_symlinks_cannot_reach_outside(fs: Fs, depth: str) -> None:
     r = fs.run(f"ln {fs.outside}/victim.txt hard; echo hard=$?; ln -s {fs.outside}/victim.txt soft; "
-               f"echo gotcha > soft; echo soft=$?; ln -s {fs.outside} dirlink; echo x > dirlink/new.txt; echo dir=$?")
+               f"echo gotcha > soft; echo soft=$?; ln -s {fs.outside} dirlink; echo x > dirlink/new.txt; echo dir=$?", depth=depth)
     assert lines(r) == ["hard=1", "soft=2", "dir=2"], r.stderr
     assert (fs.outside / "victim.txt").read_text() == "original\n" and not (fs.outside / "new.txt").exists()
     assert not (fs.ws / "hard").exists()
@@ -152,22 +161,25 @@ def test_hard_links_and_symlinks_cannot_reach_outside(fs: Fs) -> None:
         (fs.ws / p).unlink()
 
 
-def test_remount_and_umount_fail_even_for_root(fs: Fs) -> None:
+@DEPTHS
+def test_remount_and_umount_fail_even_for_root(fs: Fs, depth: str) -> None:
     r = fs.run("id -u; mount -o remount,rw,bind .git/hooks; echo m=$?; umount .git/hooks; echo u=$?; "
-               "mount -t tmpfs none .git/hooks; echo t=$?; touch .git/hooks/x; echo w=$?")
+               "mount -t tmpfs none .git/hooks; echo t=$?; touch .git/hooks/x; echo w=$?", depth=depth)
     assert lines(r) == ["0", "m=32", "u=32", "t=32", "w=1"], r.stderr
 
 
-def test_secrets_in_home_are_hidden(fs: Fs) -> None:
-    r = fs.run("cat ~/.ssh/id_ed25519 ~/.aws/credentials; ls -A ~/.ssh; echo rc=$?; cat ~/.bashrc")
+@DEPTHS
+def test_secrets_in_home_are_hidden(fs: Fs, depth: str) -> None:
+    r = fs.run("cat ~/.ssh/id_ed25519 ~/.aws/credentials; ls -A ~/.ssh; echo rc=$?; cat ~/.bashrc", depth=depth)
     assert SECRET not in r.stdout + r.stderr
     assert lines(r) == ["rc=0", "# rc"]  # .ssh is an empty directory now; other files stay readable
     assert SECRET in fs.bare("cat ~/.ssh/id_ed25519").stdout  # the key is really there
 
 
-def test_environment_secrets_are_dropped_and_kept_ones_present(fs: Fs) -> None:
+@DEPTHS
+def test_environment_secrets_are_dropped_and_kept_ones_present(fs: Fs, depth: str) -> None:
     r = fs.run("env | cut -d= -f1 | sort", envx={"MY_TOKEN": "v1", "GITHUB_TOKEN": "v2", "DB_PASSWORD_X": "v3",
-                                                 "AWS_SECRET_ACCESS_KEY": "v4", "KEEP_TOKEN": "v5", "PLAIN": "v6"})
+                                                 "AWS_SECRET_ACCESS_KEY": "v4", "KEEP_TOKEN": "v5", "PLAIN": "v6"}, depth=depth)
     names = set(lines(r))
     assert {"KEEP_TOKEN", "PLAIN", "HTTPS_PROXY"} <= names
     assert not names & {"MY_TOKEN", "GITHUB_TOKEN", "DB_PASSWORD_X", "AWS_SECRET_ACCESS_KEY"}
@@ -178,8 +190,9 @@ def test_environment_secrets_are_dropped_and_kept_ones_present(fs: Fs) -> None:
     assert f"{fs.ws}/.git/hooks" in rec["protect"] and f"{fs.home}/.ssh" in rec["hidden"]
 
 
-def test_no_new_privileges_and_seccomp_are_set(fs: Fs) -> None:
-    r = fs.run("grep -E '^(NoNewPrivs|Seccomp):' /proc/self/status", "--require-landlock")
+@DEPTHS
+def test_no_new_privileges_and_seccomp_are_set(fs: Fs, depth: str) -> None:
+    r = fs.run("grep -E '^(NoNewPrivs|Seccomp):' /proc/self/status", "--require-landlock", depth=depth)
     assert lines(r) == ["NoNewPrivs:\t1", "Seccomp:\t2"], r.stderr
 
 
@@ -207,13 +220,15 @@ INJECT = ("import fcntl, termios\n"
           "except OSError as e:\n    print('tiocsti=' + e.strerror)\n")
 
 
-def test_terminal_injection_fails(fs: Fs) -> None:
+@DEPTHS
+def test_terminal_injection_fails(fs: Fs, depth: str) -> None:
     audit = fs.base / "tty.jsonl"
+    cmd = ["python3", "-c", INJECT] if depth == "child" else ["sh", "-c", 'python3 -c "$SG_SCRIPT"']
     inside = fs.world.run([sys.executable, "-c", TIOCSTI_DRIVER, *RUN, "-q", "--policy", str(fs.policy),
-                           "--audit-log", str(audit), "--", sys.executable, "-c", INJECT],
-                          cwd=fs.ws, env=env(), timeout=60)
+                           "--audit-log", str(audit), "--", *cmd],
+                          cwd=fs.ws, env={**env(), "SG_SCRIPT": INJECT}, timeout=60)
     assert "tiocsti=Operation not permitted" in inside.stdout, inside
-    bare = fs.world.run([sys.executable, "-c", TIOCSTI_DRIVER, sys.executable, "-c", INJECT], cwd=fs.ws, env=env())
+    bare = fs.world.run([sys.executable, "-c", TIOCSTI_DRIVER, *cmd], cwd=fs.ws, env={**env(), "SG_SCRIPT": INJECT})
     assert "tiocsti=ok" in bare.stdout  # the control: this machine allows TIOCSTI (legacy_tiocsti=1)
     assert "INJECTED" in bare.stdout and "INJECTED" not in inside.stdout  # what the terminal received
 
@@ -261,10 +276,11 @@ def test_pip_install_target_from_a_local_index_works_under_the_default_policy(fs
         server.wait(10)
 
 
-def test_outside_processes_are_invisible_and_untouchable(fs: Fs) -> None:
+@DEPTHS
+def test_outside_processes_are_invisible_and_untouchable(fs: Fs, depth: str) -> None:
     ptrace = ("import ctypes, os; libc = ctypes.CDLL(None, use_errno=True); "
               "print(\"ptrace\", libc.ptrace(16, 1, 0, 0), os.strerror(ctypes.get_errno()))")  # PTRACE_ATTACH to init
-    r = fs.run(f"ls /proc | grep -c '^[0-9]'; kill -0 1; echo kill=$?; python3 -c '{ptrace}'")
+    r = fs.run(f"ls /proc | grep -c '^[0-9]'; kill -0 1; echo kill=$?; python3 -c '{ptrace}'", depth=depth)
     out = lines(r)
     assert int(out[0]) <= 6, out  # only the sandbox's own few processes, not the host's
     assert out[1:] == ["kill=1", "ptrace -1 Operation not permitted"], (out, r.stderr)
