@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 import sys
 import time
@@ -15,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from .world import NETNS_ETC, World, cleanup_stale
+from launcher.certs import CA
+
+from .world import NETNS_ETC, VERIFY_PREFIXES, World, cleanup_stale
 
 PY = sys.executable
 
@@ -42,6 +45,38 @@ try:
     print("reply", s.recv(100).decode())
 except OSError as e:
     print("error", type(e).__name__)
+"""
+
+# "@name" connects to the abstract socket NUL+name.
+UNIX_PROBE = r"""
+import socket, sys
+addr, payload = sys.argv[1], sys.argv[2]
+if addr.startswith("@"):
+    addr = "\0" + addr[1:]
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.settimeout(3)
+try:
+    s.connect(addr)
+    s.sendall(payload.encode())
+    print("reply", s.recv(100).decode("latin-1").strip())
+except OSError as e:
+    print("error", type(e).__name__, e.errno)
+"""
+
+# Verifies the server against ONLY the given CA with Python's ssl module, strict X.509 checks on.
+TLS_PROBE = r"""
+import socket, ssl, sys
+cafile, host, ip, port = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+ctx = ssl.create_default_context(cafile=cafile)
+ctx.verify_flags |= ssl.VERIFY_X509_STRICT
+try:
+    with socket.create_connection((ip, port), timeout=5) as raw, ctx.wrap_socket(raw, server_hostname=host) as s:
+        version = s.version()
+        s.sendall(f"GET / HTTP/1.0\r\nHost: {host}\r\n\r\n".encode())
+        reply = b"".join(iter(lambda: s.recv(4096), b""))  # HTTP/1.0: the server closes after its answer
+        print("ok", version, reply.decode().splitlines()[-1])
+except (OSError, ssl.SSLError) as e:
+    print("error", type(e).__name__, getattr(e, "verify_message", "") or e)
 """
 
 DNS_PROBE = r"""
@@ -159,6 +194,31 @@ def test_https_with_world_ca_logs_sni(world: World) -> None:
     assert len(srv.log_records("https")) == 1
 
 
+def test_https_leaf_verifies_against_world_ca_only(world: World) -> None:
+    """launcher/certs.py: a leaf for a name and an IP, checked by curl and by the ssl module (strict)."""
+    world.add_host("tls.test", "198.51.100.12")
+    srv = world.serve("https", "198.51.100.12", 8443, name="tls.test")
+
+    for host in ("tls.test", "198.51.100.12"):  # the DNS and the IP subjectAltName
+        res = world.run(["curl", "-sS", "--max-time", "5", "--cacert", str(world.ca_pem), f"https://{host}:8443/"])
+        assert (res.returncode, res.stdout) == (0, "hello from tls.test\n"), res.stderr
+    out = probe(world, TLS_PROBE, world.ca_pem, "tls.test", "198.51.100.12", 8443)
+    assert out.startswith("ok TLSv1.3 hello from tls.test"), out
+    # Controls: a name the leaf was not issued for, and another world's CA, are both refused.
+    out = probe(world, TLS_PROBE, world.ca_pem, "other.test", "198.51.100.12", 8443)
+    assert out.startswith("error SSLCertVerificationError") and "mismatch" in out, out
+    other_ca = CA().write_cert(world.tmp / "other-ca.pem")
+    res = world.run(["curl", "-sS", "--max-time", "5", "--cacert", str(other_ca), "https://tls.test:8443/"])
+    assert res.returncode == 60, (res.returncode, res.stderr)  # CURLE_PEER_FAILED_VERIFICATION
+    out = probe(world, TLS_PROBE, other_ca, "tls.test", "198.51.100.12", 8443)
+    assert out.startswith("error SSLCertVerificationError"), out
+    assert len(srv.log_records("https")) == 3
+    deadline = time.monotonic() + 5  # the server may log a failed handshake after the client has given up
+    while [r["ok"] for r in srv.log_records("tls")].count(False) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [r["ok"] for r in srv.log_records("tls")] == [True] * 3 + [False] * 3
+
+
 def test_dns_answers_and_logs_udp_and_tcp(world: World) -> None:
     world.add_host("a.test", "198.51.100.10")
     world.add_host("meta.test", "169.254.169.254")  # DNS-only: the world must not hold it
@@ -191,6 +251,57 @@ def test_udp_and_tcp_canaries(world: World) -> None:
     assert probe(world, TCP_PROBE, "198.51.100.31", 7000, 2, "ping-tcp") == "reply tcp-canary"
     assert [r["data"] for r in udp.log_records("udp")] == ["ping-udp"]
     assert [r["data"] for r in tcp.log_records("tcp")] == ["ping-tcp"]
+
+
+def test_unix_canary_logs_and_replies(world: World) -> None:
+    path = str(world.tmp / "canary.sock")
+    srv = world.serve_unix("unix", path)
+    st = os.lstat(path)
+    assert stat.S_ISSOCK(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o666  # only the sandbox may keep clients out
+
+    assert probe(world, UNIX_PROBE, path, "ping-unix") == "reply unix-canary"
+    rec = srv.wait_for(kind="unix")
+    assert (rec["data"], rec["address"], rec["server"], rec["uid"]) == ("ping-unix", path, path, 0)
+    assert rec["pid"] > 0
+    # A filesystem socket is not tied to a network namespace: a client netns reaches it too.
+    assert probe(world.sandbox(), UNIX_PROBE, path, "from-client") == "reply unix-canary"
+    assert [r["data"] for r in srv.log_records("unix")] == ["ping-unix", "from-client"]
+    srv.stop()
+    assert not os.path.lexists(path), "the socket file must go with its server"
+    assert probe(world, UNIX_PROBE, path, "x") == "error FileNotFoundError 2"
+
+
+def test_abstract_canary_lives_in_the_world_netns_only(world: World) -> None:
+    name = f"sandgate-test-{os.getpid()}-{world.id}"
+    srv = world.serve_unix("abstract", name, name="abs")
+    assert srv.address == f"@{name}"
+
+    assert probe(world, UNIX_PROBE, f"@{name}", "ping-abstract") == "reply unix-canary"
+    rec = srv.wait_for(kind="unix")
+    assert (rec["data"], rec["address"], rec["server"]) == ("ping-abstract", f"@{name}", "abs")
+    # Abstract names are per network namespace: neither a client netns nor the host sees this one.
+    assert probe(world.sandbox(), UNIX_PROBE, f"@{name}", "from-client") == "error ConnectionRefusedError 111"
+    assert f"@{name}" not in Path("/proc/net/unix").read_text()
+    assert [r["data"] for r in srv.log_records("unix")] == ["ping-abstract"]
+
+
+def test_serve_unix_rejects_bad_arguments(world: World) -> None:
+    with pytest.raises(ValueError, match="unknown unix server kind"):
+        world.serve_unix("tcp", "/x")
+    with pytest.raises(ValueError, match="absolute"):
+        world.serve_unix("unix", "relative.sock")
+    with pytest.raises(ValueError, match="too long"):
+        world.serve_unix("abstract", "x" * 200)
+
+
+def test_canary_runs_from_the_package_root(world: World) -> None:
+    """`python -P -m launcher.canary` with PYTHONPATH=<root of launcher/>: no install, no cwd needed."""
+    srv = world.serve("tcp", "198.51.100.33", 7001)
+    cmdline = Path(f"/proc/{srv.pid}/cmdline").read_bytes().split(b"\0")
+    assert cmdline[:4] == [sys.executable.encode(), b"-P", b"-m", b"launcher.canary"]
+    environ = Path(f"/proc/{srv.pid}/environ").read_bytes().split(b"\0")
+    root = str(Path(__file__).resolve().parent.parent).encode()
+    assert any(e == b"PYTHONPATH=" + root or e.startswith(b"PYTHONPATH=" + root + b":") for e in environ)
 
 
 def test_world_is_sealed(world: World) -> None:
@@ -286,6 +397,26 @@ def test_redirect_dns_to_interceptor(world: World) -> None:
 # ---------------------------------------------------------------- lifecycle
 
 
+def test_prefixes_name_namespaces_and_are_validated() -> None:
+    assert (World().prefix, World().client_prefix) == ("sandgate-w", "sandgate-c")
+    assert World("sandgate-v").client_prefix == VERIFY_PREFIXES[1] == "sandgate-vc"
+    w = World(*VERIFY_PREFIXES)
+    assert w.ns == f"sandgate-v{os.getpid()}x{w.id}"
+    with w:
+        client = w.sandbox("p")
+        assert client.ns.startswith(f"sandgate-vc{os.getpid()}x") and client.ns.endswith("-p")
+        assert w.tmp.name.startswith(f"{w.ns}-")
+        listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+        assert w.ns in listed and client.ns in listed
+    for bad in ("sandgate-w1", "other-w", "sandgate-", "sandgate-W"):
+        with pytest.raises(ValueError, match="prefix"):
+            World(prefix=bad)
+    with pytest.raises(ValueError, match="differ"):
+        World(prefix="sandgate-v", client_prefix="sandgate-v")
+    with pytest.raises(ValueError, match="prefix"):
+        cleanup_stale(["sandgate-"])
+
+
 def test_exit_removes_everything_and_host_is_untouched() -> None:
     assert host_traces() == []
     with World() as w:
@@ -319,8 +450,23 @@ def test_cleanup_stale_removes_dead_runs_only() -> None:
     dead = true.pid
     assert gone(dead)
     stale_ns, live_ns = f"sandgate-w{dead}x999", f"sandgate-w{os.getpid()}x998"
+    # verify's names (world and client prefix), one dead and one live owner each
+    stale_v, stale_vc = f"sandgate-v{dead}x997", f"sandgate-vc{dead}x996-probe"
+    live_v, live_vc = f"sandgate-v{os.getpid()}x995", f"sandgate-vc{os.getpid()}x994"
+    verify_names = (stale_v, stale_vc, live_v, live_vc)
     straggler = None
     try:
+        for ns in verify_names:
+            subprocess.run(["ip", "netns", "add", ns], check=True)
+            (NETNS_ETC / ns).mkdir(parents=True)
+        assert not any(n in r for r in cleanup_stale(["sandgate-w", "sandgate-c"]) for n in verify_names)
+        removed = cleanup_stale()
+        for ns in (stale_v, stale_vc):
+            assert f"netns {ns}" in removed and str(NETNS_ETC / ns) in removed
+        listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+        assert stale_v not in listed and stale_vc not in listed and live_v in listed and live_vc in listed
+        assert (NETNS_ETC / live_v).exists() and (NETNS_ETC / live_vc).exists()
+
         for ns in (stale_ns, live_ns):
             subprocess.run(["ip", "netns", "add", ns], check=True)
             (NETNS_ETC / ns).mkdir(parents=True)
@@ -341,7 +487,7 @@ def test_cleanup_stale_removes_dead_runs_only() -> None:
         if straggler is not None and straggler.poll() is None:
             os.killpg(straggler.pid, 9)
             straggler.wait()
-        for ns in (stale_ns, live_ns):
+        for ns in (stale_ns, live_ns, *verify_names):
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
             if (NETNS_ETC / ns).exists():
                 (NETNS_ETC / ns).rmdir()

@@ -1,13 +1,15 @@
-"""Fake internet host for sandgate e2e tests: one server process per (kind, ip, port).
+"""Canary hosts for sandgate's fake internet: one server process per (kind, address).
 
-Started by tests/world.py INSIDE a test network namespace:
+Started by launcher/world.py (the isolated fake internet used by `sandgate verify` and the e2e
+tests) INSIDE its network namespace:
 
-    ip netns exec NS python tests/fakeserver.py KIND --ip IP --port PORT --log LOGFILE [...]
+    ip netns exec NS python -m launcher.canary KIND --ip IP --port PORT --log LOGFILE [...]
+    ip netns exec NS python -m launcher.canary unix|abstract --path PATH|NAME --log LOGFILE [...]
 
 Every thing the server sees is appended to LOGFILE as one JSON line, written with a single
 O_APPEND write() so readers never see interleaved records. That log is the canary evidence
-tests use to prove a blocked action never reached its target (and a permitted one did), so
-we log *before* answering: once a client has an answer, its record is on disk.
+used to prove a blocked action never reached its target (and a permitted one did), so we log
+*before* answering: once a client has an answer, its record is on disk.
 
 Kinds and records (every record also has "server" (--name) and "t" (unix time)):
   http/https  {"kind":"connect","peer","tls"}                    each accepted TCP connection
@@ -16,13 +18,22 @@ Kinds and records (every record also has "server" (--name) and "t" (unix time)):
   dns         {"kind":"dns","proto":"udp"|"tcp","qname","qtype","peer"} every query, even malformed
   udp         {"kind":"udp","peer","data"}                        every datagram (echoed back)
   tcp         {"kind":"tcp","peer","data"}                        every connection ("tcp-canary\n" reply)
+  unix        {"kind":"unix","address","data","pid","uid","gid"}  every connection ("unix-canary\n" reply)
+  abstract    the same records ("kind":"unix"); address is "@NAME"
 
-Prints "ready\n" on stdout once listening. Only stdlib + dnspython (tests pass trustme PEMs in).
+unix listens on the filesystem socket --path (mode 0666, so that a dropped-privilege client is
+kept out only by the sandbox, never by file permissions; removed again on SIGTERM); abstract on
+the abstract address NUL+NAME, which exists only in the network namespace the server runs in.
+pid/uid/gid are the connecting process's SO_PEERCRED, as seen from the server's namespaces.
+
+Prints "ready\n" on stdout once listening. Only stdlib + dnspython: certificates (--cert/--key)
+are PEM files made by the caller (launcher/certs.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import json
 import os
@@ -30,6 +41,8 @@ import signal
 import socket
 import socketserver
 import ssl
+import stat
+import struct
 import sys
 import threading
 import time
@@ -47,6 +60,9 @@ import dns.rrset
 CHUNK = 64 * 1024
 DNS_TTL = 1  # short so tests that change a record (rebinding) are not defeated by caches
 DATA_LIMIT = 100
+IP_KINDS = ("http", "https", "dns", "udp", "tcp")
+UNIX_KINDS = ("unix", "abstract")
+KINDS = IP_KINDS + UNIX_KINDS
 
 
 def fmt_peer(addr: Any) -> str:
@@ -369,11 +385,76 @@ def serve_tcp(ip: str, port: int, log: JsonLog) -> socketserver.BaseServer:
     return Server((ip, port), Handler)
 
 
+# ---------------------------------------------------------------- unix / abstract
+
+
+def unix_address(kind: str, path: str) -> str:
+    """The socket address for a unix canary: the path, or NUL + name for the abstract namespace."""
+    return "\0" + path if kind == "abstract" else path
+
+
+def serve_unix(kind: str, path: str, log: JsonLog) -> socketserver.BaseServer:
+    """Like serve_tcp on a unix stream socket: log each connection's first bytes, answer b"unix-canary\\n"."""
+    shown = "@" + path if kind == "abstract" else path
+
+    class Handler(socketserver.BaseRequestHandler):
+        def handle(self) -> None:
+            conn: socket.socket = self.request
+            try:
+                pid, uid, gid = struct.unpack("iII", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                                    struct.calcsize("iII")))
+            except OSError:
+                pid = uid = gid = -1
+            conn.settimeout(1.0)
+            try:
+                data = conn.recv(4096)
+            except (TimeoutError, OSError):
+                data = b""
+            log.write({"kind": "unix", "address": shown, "data": data[:DATA_LIMIT].decode("latin-1"),
+                       "pid": pid, "uid": uid, "gid": gid})
+            try:
+                conn.sendall(b"unix-canary\n")
+                # As for tcp: closing with unread input would make the client's read fail with ECONNRESET.
+                conn.shutdown(socket.SHUT_WR)
+                deadline = time.monotonic() + 1.0
+                while time.monotonic() < deadline and conn.recv(4096):
+                    pass
+            except (TimeoutError, OSError):
+                pass
+
+    class Server(socketserver.ThreadingUnixStreamServer):
+        daemon_threads = True
+
+    server = Server(unix_address(kind, path), Handler)
+    if kind == "unix":
+        os.chmod(path, 0o666)
+    return server
+
+
+def unlink_on_sigterm(path: str) -> None:
+    """Remove our filesystem socket when the World stops us, then die of SIGTERM as before.
+
+    Only if `path` is still the socket we bound (same inode): never someone else's file.
+    """
+    st = os.lstat(path)
+    ident = (st.st_dev, st.st_ino)
+
+    def handler(signum: int, frame: Any) -> None:
+        with contextlib.suppress(OSError):
+            now = os.lstat(path)
+            if stat.S_ISSOCK(now.st_mode) and (now.st_dev, now.st_ino) == ident:
+                os.unlink(path)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, handler)
+
+
 # ---------------------------------------------------------------- main
 
 
 def die_with_parent(parent_pid: int) -> None:
-    """Ask the kernel to SIGKILL us when the test process dies, so a `kill -9`'d pytest leaves no servers."""
+    """Ask the kernel to SIGKILL us when the World's process dies, so a `kill -9`'d run leaves no servers."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
@@ -384,10 +465,11 @@ def die_with_parent(parent_pid: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("kind", choices=["http", "https", "dns", "udp", "tcp"])
-    ap.add_argument("--ip", required=True)
-    ap.add_argument("--port", type=int, required=True)
+    ap = argparse.ArgumentParser(prog="python -m launcher.canary", description=__doc__.splitlines()[0])
+    ap.add_argument("kind", choices=KINDS)
+    ap.add_argument("--ip", help="listen address (all kinds but unix/abstract)")
+    ap.add_argument("--port", type=int, help="listen port (all kinds but unix/abstract)")
+    ap.add_argument("--path", help="unix: socket path; abstract: name (without the leading NUL)")
     ap.add_argument("--log", required=True)
     ap.add_argument("--name", default="")
     ap.add_argument("--cert")
@@ -396,12 +478,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--parent-pid", type=int)
     args = ap.parse_args(argv)
 
+    if args.kind in UNIX_KINDS:
+        if not args.path or "\0" in args.path:
+            ap.error(f"{args.kind} needs --path (without NUL bytes)")
+        if args.kind == "unix" and not os.path.isabs(args.path):
+            ap.error("unix needs an absolute --path")
+    elif args.ip is None or args.port is None:
+        ap.error(f"{args.kind} needs --ip and --port")
+
     if args.parent_pid:
         die_with_parent(args.parent_pid)
-    name = args.name or args.ip
+    if args.kind in UNIX_KINDS:
+        name = args.name or ("@" + args.path if args.kind == "abstract" else args.path)
+    else:
+        name = args.name or args.ip
     log = JsonLog(args.log, name)
     servers: list[socketserver.BaseServer]
-    if args.kind in ("http", "https"):
+    if args.kind in UNIX_KINDS:
+        servers = [serve_unix(args.kind, args.path, log)]
+        if args.kind == "unix":
+            unlink_on_sigterm(args.path)
+    elif args.kind in ("http", "https"):
         ctx = None
         if args.kind == "https":
             if not (args.cert and args.key):
