@@ -155,6 +155,19 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UsageError(e.strerror or str(e)) from None
 
 
+def cmd_verify(args: argparse.Namespace) -> int:
+    from launcher import verify
+
+    for p in args.policy:
+        lpolicy.build_policy([Path(p)], [], [])  # a policy error is reported before any namespace exists
+    if shutil.which("nft") is None:
+        raise UsageError("nft not found; install nftables (apt-get install nftables)")
+    try:
+        return verify.main([Path(p) for p in args.policy], args.json, args.only)
+    except verify.VerifyError as e:
+        raise UsageError(str(e)) from None
+
+
 def cmd_cleanup(args: argparse.Namespace) -> int:
     from launcher import run
     from netguard import nft
@@ -213,6 +226,13 @@ def build_parser() -> argparse.ArgumentParser:
     rn.add_argument("-q", "--quiet", action="store_true", help="no summary line at exit")
     rn.add_argument("cmd", nargs=argparse.REMAINDER, metavar="CMD")
     rn.set_defaults(func=cmd_run)
+
+    vf = sub.add_parser("verify", help="prove the boundary on this machine: permitted and blocked actions")
+    vf.add_argument("--policy", action="append", default=[], metavar="FILE",
+                    help="also apply this policy (its filesystem/env sections; repeatable)")
+    vf.add_argument("--json", action="store_true", help="one JSON document with every row")
+    vf.add_argument("--only", choices=("network", "filesystem", "process"), help="only this group of probes")
+    vf.set_defaults(func=cmd_verify)
 
     cl = sub.add_parser("cleanup", help="remove namespaces, firewall tables and links left by killed runs")
     cl.set_defaults(func=cmd_cleanup)

@@ -18,6 +18,7 @@ A SIGKILLed sandgate takes holder and init with it (PDEATHSIG chain); the next r
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import json
 import os
@@ -46,6 +47,20 @@ EXIT_ERROR = 125
 FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT, signal.SIGQUIT,
              signal.SIGCONT)
 TTY_SIGNALS = (signal.SIGINT, signal.SIGQUIT)
+
+
+#: Test-only: sandgate verify's self-test sets this to weaken ONE mechanism and prove that the
+#: matching probes then fail. Not a command-line option; announced loudly; never passed inside.
+WEAKEN_ENV = "SANDGATE_INTERNAL_WEAKEN"
+WEAKENINGS = frozenset({"firewall", "git-hooks"})
+
+
+def weakened() -> frozenset[str]:
+    value = os.environ.get(WEAKEN_ENV, "")
+    names = frozenset(x for x in value.split(",") if x)
+    if names - WEAKENINGS:
+        raise RunError(f"{WEAKEN_ENV} names unknown weakenings {sorted(names - WEAKENINGS)}")
+    return names
 
 
 class RunError(Exception):
@@ -113,7 +128,8 @@ def run(opts: RunOptions) -> int:
             placeholders = mounts.create_placeholders(conf.mounts)
         proxy = _start_proxy(opts, run_id, link)
         _write_state(state, run_id, link.host_if, table, proxy.pid, conf.mounts.placeholders)
-        nft.apply(nft.SandboxNet(run_id, link.host_if, link.gateway, REGULAR_PORT, TRANSPARENT_PORT, DNS_PORT))
+        nft.apply(nft.SandboxNet(run_id, link.host_if, link.gateway, REGULAR_PORT, TRANSPARENT_PORT, DNS_PORT),
+                  open_firewall="firewall" in weakened())
         holder, ctl = _spawn_sandbox(opts, conf, run_id, link)
         status = _supervise(holder, ctl, proxy, table, audit, opts.task, dropped_seen)
     finally:
@@ -138,6 +154,12 @@ def _confinement(opts: RunOptions, audit: AuditLog) -> Confinement:
     home = opts.user.home if opts.user else os.environ.get("HOME") or pwd.getpwuid(os.getuid()).pw_dir
     eff = fspolicy.effective(opts.policy.filesystem, cwd=os.getcwd(), home=home, extra_write=opts.write,
                              extra_read_deny=opts.read_deny)
+    weak = weakened()
+    if weak:
+        print(f"sandgate: WARNING: boundary deliberately weakened for a self-test: {', '.join(sorted(weak))}",
+              file=sys.stderr)
+    if "git-hooks" in weak:
+        eff = dataclasses.replace(eff, protect=tuple(p for p in eff.protect if not p[0].endswith("/.git/hooks")))
     try:
         mplan = mounts.plan(eff)
     except mounts.MountError as e:
@@ -151,7 +173,7 @@ def _confinement(opts: RunOptions, audit: AuditLog) -> Confinement:
         warnings.append("Landlock is not available on this kernel: writes are NOT restricted to the writable paths")
     else:
         lplan = landlock.plan(mplan.write_roots, abi=abi)
-    env, dropped = fspolicy.filter_env(dict(os.environ), opts.policy.env)
+    env, dropped = fspolicy.filter_env({k: v for k, v in os.environ.items() if k != WEAKEN_ENV}, opts.policy.env)
     audit.write(policy_record(
         opts.task, write=list(mplan.write_roots), private_tmp=mplan.private_tmp,
         protect=[*mplan.protect, *(p for p, _ in mplan.placeholders)], hidden=[*mplan.hide_dirs, *mplan.hide_files],

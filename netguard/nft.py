@@ -46,10 +46,25 @@ class SandboxNet:
         return f"{TABLE_PREFIX}{self.id}"
 
 
-def build_ruleset(n: SandboxNet) -> str:
-    """The table as nft script text; pure so tests can read exactly what would be installed."""
+def build_ruleset(n: SandboxNet, *, open_firewall: bool = False) -> str:
+    """The table as nft script text; pure so tests can read exactly what would be installed.
+
+    `open_firewall` exists only for sandgate's own self-test (verify --weaken, never a user
+    option): it removes the drops, the catch-all TCP redirect and the forward block, so the
+    test can prove that its probes would notice a boundary with a hole in it.
+    """
     iif = f'iifname "{n.host_if}"'
     oif = f'oifname "{n.host_if}"'
+    text = _ruleset(n, iif, oif)
+    if open_firewall:
+        text = "\n".join(line for line in text.splitlines()
+                         if not (line.strip().startswith(("iifname", "oifname")) and
+                                 (line.strip().endswith("drop") or f"redirect to :{n.transparent_port}" in line)))
+        text += "\n"
+    return text
+
+
+def _ruleset(n: SandboxNet, iif: str, oif: str) -> str:
     return f"""\
 table inet {n.table} {{
   set dropped4 {{ type ipv4_addr . inet_proto . inet_service; flags dynamic; counter; size 65536; }}
@@ -96,9 +111,9 @@ def _nft(args: list[str], stdin: str | None = None) -> subprocess.CompletedProce
         raise NftError("nft not found; install nftables (apt-get install nftables)") from None
 
 
-def apply(n: SandboxNet) -> None:
+def apply(n: SandboxNet, *, open_firewall: bool = False) -> None:
     """Install the table atomically (one nft transaction): either all rules exist or none."""
-    r = _nft(["-f", "-"], build_ruleset(n))
+    r = _nft(["-f", "-"], build_ruleset(n, open_firewall=open_firewall))
     if r.returncode != 0:
         raise NftError(f"nft refused the sandbox table: {r.stderr.strip()}")
 

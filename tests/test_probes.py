@@ -1,0 +1,640 @@
+"""The probe runner of `sandgate verify` (launcher/probes.py), without a sandbox.
+
+Unit tests only: no namespaces, no sandgate. Without a sandbox the boundary is missing, so the
+filesystem probes here must report "permitted": that is what shows they can see a missing
+boundary. Network tests talk only to 127.0.0.1 listeners started here (a guard turns any other
+address into a test failure); the process probes that touch pid 1 and the terminal probe are
+not run here, nor are the grandchild and daemon machinery (sandgate verify exercises those).
+"""
+
+from __future__ import annotations
+
+import errno
+import http.server
+import json
+import os
+import socket
+import ssl
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from launcher import probes as P
+
+SECRET = "FAKE-KEY-0123456789"
+
+
+# ---- safety net: nothing but loopback --------------------------------------------------------------
+
+
+LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+
+
+def _check_addr(addr: Any) -> None:
+    if isinstance(addr, (str, bytes)):  # AF_UNIX
+        return
+    if addr[0] not in LOOPBACK:
+        raise AssertionError(f"a unit test tried to reach {addr!r}")
+
+
+@pytest.fixture(autouse=True)
+def loopback_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Any connect/sendto/lookup of a non-loopback address fails the test instead of leaving the machine."""
+    orig_connect, orig_sendto, orig_gai = socket.socket.connect, socket.socket.sendto, socket.getaddrinfo
+
+    def connect(self: socket.socket, addr: Any) -> None:
+        _check_addr(addr)
+        return orig_connect(self, addr)
+
+    def sendto(self: socket.socket, data: bytes, *args: Any) -> int:
+        _check_addr(args[-1])
+        return orig_sendto(self, data, *args)
+
+    def getaddrinfo(host: Any, *args: Any, **kw: Any) -> Any:
+        if host is not None and (host.decode() if isinstance(host, bytes) else host) not in LOOPBACK:
+            raise AssertionError(f"a unit test tried to resolve {host!r}")
+        return orig_gai(host, *args, **kw)
+
+    monkeypatch.setattr(socket.socket, "connect", connect)
+    monkeypatch.setattr(socket.socket, "sendto", sendto)
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    for var in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY"):
+        monkeypatch.delenv(var, raising=False)
+        monkeypatch.delenv(var.lower(), raising=False)
+
+
+def run(name: str, spec: dict[str, Any], context: str = "child") -> dict[str, str]:
+    return P.run_one(P.REGISTRY[name], spec, context, watchdog=10)
+
+
+# ---- registry ----------------------------------------------------------------------------------
+
+
+def test_probe_list_is_complete_and_unique() -> None:
+    rows = P.probe_list()
+    assert rows
+    names = [name for _, name, _ in rows]
+    assert len(names) == len(set(names))
+    assert {group for group, _, _ in rows} == set(P.GROUPS)
+    assert {expected for _, _, expected in rows} == set(P.EXPECTED)
+    for group, name, expected in rows:
+        assert P.REGISTRY[name].threat, f"{name} has no docstring naming its threat"
+    for name in ("https_proxy_vars", "sni_spoof", "dns_txt_exfil", "write_workspace", "git_hooks", "tiocsti",
+                 "ptrace_outside", "setuid_gain"):
+        assert name in names
+
+
+def test_contexts_skip_terminal_probe_outside_child() -> None:
+    child = {p.name for p in P.select_probes("child")}
+    for ctx in ("grandchild", "daemon"):
+        assert {p.name for p in P.select_probes(ctx)} == child - {"tiocsti"}
+    assert "tiocsti" in child
+    assert {p.group for p in P.select_probes("child", ["filesystem"])} == {"filesystem"}
+    assert [p.name for p in P.select_probes("daemon", ["udp", "secret_env"])] == ["udp", "secret_env"]
+    with pytest.raises(ValueError, match="nosuch"):
+        P.select_probes("child", ["nosuch"])
+
+
+def test_bad_declarations_are_refused() -> None:
+    with pytest.raises(ValueError, match="duplicate"):
+        P.probe("network", "udp", "blocked")(lambda c: ("blocked", ""))
+    with pytest.raises(ValueError, match="bad probe"):
+        P.probe("network", "x_new", "maybe")
+    with pytest.raises(ValueError, match="bad probe"):
+        P.probe("network", "x_new", "blocked", contexts=("sidecar",))
+
+
+def test_markers() -> None:
+    c = P.Ctx({"exfil_domain": "exfil.test"}, "grandchild", "dns_udp_rogue")
+    assert c.path == "/verify/grandchild/dns_udp_rogue"
+    assert c.marker == b"verify:grandchild:dns_udp_rogue\n"
+    assert c.dns_name() == "dns-udp-rogue-grandchild.exfil.test"
+    assert c.url("https", "a.test") == "https://a.test/verify/grandchild/dns_udp_rogue"
+
+
+# ---- classification: a broken probe never reads as a pass ----------------------------------------
+
+
+def _raises(exc: BaseException) -> Callable[[P.Ctx], P.Result]:
+    def fn(c: P.Ctx) -> P.Result:
+        raise exc
+    return fn
+
+
+@pytest.mark.parametrize(("exc", "observed", "fragment"), [
+    (PermissionError(errno.EACCES, "Permission denied"), "blocked", "EACCES"),
+    (OSError(errno.EROFS, "Read-only file system"), "blocked", "EROFS"),
+    (OSError(errno.EXDEV, "Invalid cross-device link"), "blocked", "EXDEV"),
+    (OSError(errno.EBUSY, "busy"), "blocked", "EBUSY"),
+    (OSError(errno.ENETUNREACH, "unreachable"), "blocked", "ENETUNREACH"),
+    (ConnectionRefusedError(errno.ECONNREFUSED, "refused"), "blocked", "ECONNREFUSED"),
+    (ConnectionResetError(errno.ECONNRESET, "reset"), "blocked", "ECONNRESET"),
+    (TimeoutError("timed out"), "blocked", "timed out"),
+    (socket.timeout("timed out"), "blocked", "timed out"),
+    (P.Blocked("proxy said no"), "blocked", "proxy said no"),
+    (P.Unsupported("no terminal"), "unsupported", "no terminal"),
+    (OSError(errno.ENOENT, "No such file"), "unsupported", "FileNotFoundError"),
+    (OSError(errno.EINVAL, "Invalid argument"), "unsupported", "Invalid argument"),
+    (ValueError("bad packet"), "unsupported", "ValueError: bad packet"),
+    (KeyError("ca"), "unsupported", "KeyError: 'ca'"),
+])
+def test_exceptions_are_classified(exc: BaseException, observed: str, fragment: str) -> None:
+    p = P.Probe("network", "fake", "blocked", frozenset(P.CONTEXTS), _raises(exc))
+    rec = P.run_one(p, {}, "daemon", watchdog=None)
+    assert rec == {"group": "network", "probe": "fake", "context": "daemon", "expected": "blocked",
+                   "observed": observed, "detail": rec["detail"]}
+    assert fragment in rec["detail"]
+    if observed == "unsupported" and not isinstance(exc, P.Unsupported):
+        assert "unexpected" in rec["detail"] and "test_probes.py" in rec["detail"]
+
+
+def test_nonsense_result_and_hang_are_unsupported() -> None:
+    p = P.Probe("process", "odd", "blocked", frozenset(P.CONTEXTS), lambda c: ("maybe", "?"))
+    assert P.run_one(p, {}, "child", watchdog=None)["observed"] == "unsupported"
+
+    def hang(c: P.Ctx) -> P.Result:
+        time.sleep(5)
+        return "blocked", "slept"
+    start = time.monotonic()
+    rec = P.run_one(P.Probe("process", "hang", "blocked", frozenset(P.CONTEXTS), hang), {}, "child", watchdog=0.2)
+    assert rec["observed"] == "unsupported" and "still running" in rec["detail"]
+    assert time.monotonic() - start < 2
+
+
+def test_detail_is_one_short_line() -> None:
+    p = P.Probe("network", "long", "blocked", frozenset(P.CONTEXTS), lambda c: ("blocked", "x\n" * 1000))
+    detail = P.run_one(p, {}, "child", watchdog=None)["detail"]
+    assert "\n" not in detail and len(detail) <= P.DETAIL_LIMIT
+
+
+def test_combine_and_attempt() -> None:
+    ok, no, na = ("permitted", "a"), ("blocked", "b"), ("unsupported", "c")
+    assert P.combine([("x", no), ("y", ok)], need="any")[0] == "permitted"
+    assert P.combine([("x", no), ("y", na)], need="any")[0] == "unsupported"
+    assert P.combine([("x", no), ("y", no)], need="any") == ("blocked", "x: b; y: b")
+    assert P.combine([("x", ok), ("y", no)], need="all")[0] == "blocked"
+    assert P.combine([("x", ok), ("y", na)], need="all")[0] == "unsupported"
+    assert P.combine([("x", ok), ("y", ok)], need="all")[0] == "permitted"
+    assert P.attempt(_raises(PermissionError(errno.EPERM, "no")), None)[0] == "blocked"
+    observed, detail = P.attempt(_raises(ZeroDivisionError("boom")), None)
+    assert observed == "unsupported" and "ZeroDivisionError" in detail
+
+
+# ---- DNS wire format ---------------------------------------------------------------------------
+
+
+def test_query_round_trips() -> None:
+    wire = P.build_query("Dns-UDP-rogue-child.exfil.test", P.QTYPE_TXT, qid=0x1234)
+    msg = P.parse_message(wire)
+    assert msg.id == 0x1234 and not msg.is_response and msg.flags & 0x0100  # RD
+    assert msg.questions == [("Dns-UDP-rogue-child.exfil.test", P.QTYPE_TXT)] and msg.answers == []
+
+
+def _response(qid: int, rcode: int, name: str, answers: bytes = b"", ancount: int = 0) -> bytes:
+    return (struct.pack("!HHHHHH", qid, 0x8180 | rcode, 1, ancount, 0, 0) + P.encode_name(name)
+            + struct.pack("!HH", 1, 1) + answers)
+
+
+def test_parse_hand_made_response_with_compression() -> None:
+    a = b"\xc0\x0c" + struct.pack("!HHIH", 1, 1, 60, 4) + bytes([198, 51, 100, 10])
+    txt = b"\xc0\x0c" + struct.pack("!HHIH", 16, 1, 30, 8) + b"\x03abc\x03def"
+    msg = P.parse_message(_response(7, 0, "allowed.test", a + txt, 2))
+    assert msg.is_response and msg.rcode == 0 and msg.rcode_text == "NOERROR"
+    assert [(r.name, r.rtype, r.ttl, r.data) for r in msg.answers] == [
+        ("allowed.test", 1, 60, "198.51.100.10"), ("allowed.test", 16, 30, "abcdef")]
+    assert P._dns_verdict(msg) == ("permitted", "rcode NOERROR, 198.51.100.10, abcdef")
+    refused = P.parse_message(_response(7, 5, "x.exfil.test"))
+    assert refused.rcode_text == "REFUSED" and P._dns_verdict(refused)[0] == "blocked"
+    assert P._dns_verdict(P.parse_message(_response(7, 3, "x.exfil.test")))[0] == "blocked"  # NXDOMAIN
+
+
+@pytest.mark.parametrize("wire", [
+    b"\x00\x01",  # shorter than a header
+    struct.pack("!HHHHHH", 1, 0x8180, 1, 0, 0, 0) + b"\x05ab",  # truncated label
+    struct.pack("!HHHHHH", 1, 0x8180, 1, 0, 0, 0) + b"\xc0\x0c\x00\x01\x00\x01",  # pointer to itself
+    struct.pack("!HHHHHH", 1, 0x8180, 0, 1, 0, 0) + b"\x00" + struct.pack("!HHIH", 1, 1, 1, 4) + b"\x01",
+])
+def test_malformed_messages_are_rejected(wire: bytes) -> None:
+    with pytest.raises(ValueError):
+        P.parse_message(wire)
+
+
+def test_names_are_checked_and_exfil_labels_split() -> None:
+    with pytest.raises(ValueError):
+        P.encode_name("a" * 64 + ".test")
+    with pytest.raises(ValueError):
+        P.encode_name("a..test")
+    with pytest.raises(ValueError):
+        P.encode_name(".".join(["a" * 60] * 5))
+    assert P.dns_label("Probe_Name-child") == "probe-name-child"
+    name = P.exfil_name("S" * 40, "grandchild", "dns-txt-exfil-grandchild.exfil.test")
+    first = name.split(".")
+    assert all(len(label) <= 63 for label in first)
+    assert "".join(first[:2]) == ("S" * 40).encode().hex() + "-grandchild"
+    assert name.endswith(".dns-txt-exfil-grandchild.exfil.test")
+    P.encode_name(name)  # valid wire name
+
+
+# ---- local listeners (127.0.0.1 only) ----------------------------------------------------------------
+
+
+class Listener:
+    """A thread serving one kind of canary on 127.0.0.1 (or a unix address); records what it got."""
+
+    def __init__(self, sock: socket.socket, handler: Callable[[socket.socket], None]) -> None:
+        self.sock = sock
+        self.seen: list[bytes] = []
+        self._handler = handler
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        try:
+            while True:
+                self._handler(self.sock)
+        except OSError:
+            return
+
+    @property
+    def port(self) -> int:
+        return int(self.sock.getsockname()[1])
+
+    def close(self) -> None:
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+        self._thread.join(2)
+
+
+@pytest.fixture
+def listeners() -> Iterator[list[Listener]]:
+    made: list[Listener] = []
+    yield made
+    for x in made:
+        x.close()
+
+
+def tcp_server(made: list[Listener], reply: bytes | None, family: int = socket.AF_INET, address: Any = ("127.0.0.1", 0)
+               ) -> Listener:
+    s = socket.socket(family, socket.SOCK_STREAM)
+    s.bind(address)
+    s.listen()
+
+    def handle(srv: socket.socket) -> None:
+        conn, _ = srv.accept()
+        with conn:
+            conn.settimeout(2)
+            lst.seen.append(conn.recv(4096))
+            if reply is not None:
+                conn.sendall(reply)
+
+    lst = Listener(s, handle)
+    made.append(lst)
+    return lst
+
+
+def udp_server(made: list[Listener], reply: Callable[[bytes], bytes]) -> Listener:
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind(("127.0.0.1", 0))
+
+    def handle(srv: socket.socket) -> None:
+        data, peer = srv.recvfrom(4096)
+        if not data:  # shut down
+            raise OSError("closed")
+        lst.seen.append(data)
+        srv.sendto(reply(data), peer)
+
+    lst = Listener(s, handle)
+    made.append(lst)
+    return lst
+
+
+def test_tcp_probe_sees_canary_reply_with_marker(listeners: list[Listener]) -> None:
+    canary = tcp_server(listeners, b"tcp-canary\n")
+    rec = run("direct_tcp_ip", {"blocked_ip": "127.0.0.1", "tcp_port": canary.port})
+    assert rec["observed"] == "permitted", rec
+    assert canary.seen == [b"verify:child:direct_tcp_ip\n"]
+    mute = tcp_server(listeners, None)  # accepts and closes, like the proxy refusing a nameless connection
+    rec = run("allowed_ip_other_port", {"allowed_ip": "127.0.0.1", "other_port": mute.port}, "daemon")
+    assert rec["observed"] == "blocked" and "reply b''" in rec["detail"], rec
+    assert mute.seen == [b"verify:daemon:allowed_ip_other_port\n"]
+
+
+def test_tcp_probe_refused_is_blocked(listeners: list[Listener]) -> None:
+    port = tcp_server(listeners, None).port
+    listeners.pop().close()
+    rec = run("direct_tcp_ip", {"blocked_ip": "127.0.0.1", "tcp_port": port})
+    assert rec["observed"] == "blocked" and "ECONNREFUSED" in rec["detail"], rec
+
+
+def test_udp_probe_echo_and_silence(listeners: list[Listener]) -> None:
+    echo = udp_server(listeners, lambda d: d)
+    rec = run("udp", {"blocked_ip": "127.0.0.1", "udp_port": echo.port})
+    assert rec["observed"] == "permitted" and echo.seen == [b"verify:child:udp\n"], rec
+    silent = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)  # bound, never answers
+    silent.bind(("127.0.0.1", 0))
+    try:
+        rec = run("quic", {"blocked_ip": "127.0.0.1", "quic_port": silent.getsockname()[1]})
+    finally:
+        silent.close()
+    assert rec["observed"] == "blocked" and "no reply" in rec["detail"], rec
+
+
+def _dns_answerer(rcode: int) -> Callable[[bytes], bytes]:
+    def answer(query: bytes) -> bytes:
+        q = P.parse_message(query)
+        name = q.questions[0][0]
+        body = b"\xc0\x0c" + struct.pack("!HHIH", 1, 1, 1, 4) + bytes([192, 0, 2, 1]) if rcode == 0 else b""
+        return _response(q.id, rcode, name, body, 1 if rcode == 0 else 0)
+    return answer
+
+
+@pytest.mark.parametrize(("rcode", "observed"), [(0, "permitted"), (5, "blocked"), (3, "blocked")])
+def test_dns_exchange_udp_and_tcp(listeners: list[Listener], rcode: int, observed: str) -> None:
+    udp = udp_server(listeners, _dns_answerer(rcode))
+    assert P._dns_verdict(P.dns_exchange("127.0.0.1", "q-child.exfil.test", port=udp.port))[0] == observed
+    assert P.parse_message(udp.seen[0]).questions == [("q-child.exfil.test", P.QTYPE_A)]
+
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+
+    def handle(srv: socket.socket) -> None:
+        conn, _ = srv.accept()
+        with conn:
+            size = struct.unpack("!H", conn.recv(2))[0]
+            reply = _dns_answerer(rcode)(conn.recv(size))
+            conn.sendall(struct.pack("!H", len(reply)) + reply)
+
+    listeners.append(tcp := Listener(s, handle))
+    reply = P.dns_exchange("127.0.0.1", "q-child.exfil.test", P.QTYPE_TXT, port=tcp.port, tcp=True)
+    assert P._dns_verdict(reply)[0] == observed
+
+
+def test_dns_exchange_times_out(listeners: list[Listener]) -> None:
+    silent = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    silent.bind(("127.0.0.1", 0))
+    try:
+        with pytest.raises(TimeoutError):
+            P.dns_exchange("127.0.0.1", "x.test", port=silent.getsockname()[1], timeout=0.3)
+    finally:
+        silent.close()
+
+
+def test_unix_socket_probes(listeners: list[Listener], tmp_path: Path) -> None:
+    name = f"sandgate-probes-test-{os.getpid()}-{time.monotonic_ns()}"
+    abstract = tcp_server(listeners, b"unix-canary\n", socket.AF_UNIX, b"\0" + name.encode())
+    rec = run("abstract_unix", {"abstract_socket": name})
+    assert rec["observed"] == "permitted" and "unix-canary" in rec["detail"], rec
+    assert abstract.seen == [b"verify:child:abstract_unix\n"]
+    path = tmp_path / "agent.sock"
+    rec = run("path_unix", {"path_socket": str(path)})
+    assert rec["observed"] == "blocked" and "hidden" in rec["detail"], rec
+    tcp_server(listeners, b"unix-canary\n", socket.AF_UNIX, str(path))
+    assert run("path_unix", {"path_socket": str(path)})["observed"] == "permitted"
+    rec = run("abstract_unix", {"abstract_socket": name + "-absent"})
+    assert rec["observed"] == "blocked" and "ECONNREFUSED" in rec["detail"], rec
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    """Answers every request (absolute-URI proxy requests and CONNECT included) with the server's canned reply."""
+
+    protocol_version = "HTTP/1.1"
+
+    def handle_any(self) -> None:
+        srv: Any = self.server
+        srv.seen.append(f"{self.command} {self.path} Host={self.headers.get('Host')}")
+        status, body = srv.reply
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(body)
+        self.close_connection = True
+
+    do_GET = do_CONNECT = handle_any
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def http_server() -> Iterator[Callable[..., Any]]:
+    servers: list[http.server.ThreadingHTTPServer] = []
+
+    def start(status: int, body: bytes, tls: ssl.SSLContext | None = None) -> Any:
+        srv: Any = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+        srv.daemon_threads = True
+        srv.seen, srv.reply = [], (status, body)
+        if tls is not None:
+            srv.socket = tls.wrap_socket(srv.socket, server_side=True)
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        servers.append(srv)
+        return srv
+
+    yield start
+    for srv in servers:
+        srv.shutdown()
+        srv.server_close()
+
+
+@pytest.mark.parametrize(("status", "observed"), [(403, "blocked"), (502, "blocked"), (200, "permitted")])
+def test_proxy_probes_through_a_fake_proxy(http_server: Callable[..., Any], monkeypatch: pytest.MonkeyPatch,
+                                           status: int, observed: str) -> None:
+    proxy = http_server(status, b"from the fake proxy\n")
+    monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{proxy.server_address[1]}")
+    rec = run("rebind_metadata", {"ca": "", "rebind_metadata_host": "metadata.test"})
+    assert rec["observed"] == observed and f"HTTP {status}" in rec["detail"], rec
+    assert proxy.seen == ["GET http://metadata.test/verify/child/rebind_metadata Host=metadata.test"]
+
+
+def test_proxy_probes_without_proxy_variables_are_unsupported() -> None:
+    rec = run("http_proxy_vars", {"ca": "", "allowed_host": "allowed.test"})
+    assert rec["observed"] == "unsupported" and "HTTP_PROXY is not set" in rec["detail"], rec
+
+
+def test_connect_ip_literal_refused_and_accepted(http_server: Callable[..., Any],
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    refusing = http_server(403, b"no\n")
+    monkeypatch.setenv("HTTPS_PROXY", f"http://127.0.0.1:{refusing.server_address[1]}")
+    rec = run("connect_ip_literal", {"blocked_ip": "192.0.2.20"})  # only ever written into the CONNECT line
+    assert rec["observed"] == "blocked" and "403" in rec["detail"], rec
+    assert refusing.seen == ["CONNECT 192.0.2.20:443 Host=192.0.2.20:443"]
+    accepting = http_server(200, b"")  # says 200, then closes: the tunnel "opened"
+    monkeypatch.setenv("HTTPS_PROXY", f"http://127.0.0.1:{accepting.server_address[1]}")
+    assert run("connect_ip_literal", {"blocked_ip": "192.0.2.20"})["observed"] == "permitted"
+
+
+@pytest.fixture
+def tls_pair(tmp_path: Path) -> tuple[ssl.SSLContext, Path, Path]:
+    """Server context for localhost, the CA that signed it, and an unrelated CA."""
+    trustme = pytest.importorskip("trustme")
+    ca, other = trustme.CA(), trustme.CA()
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ca.issue_cert("localhost", "127.0.0.1").configure_cert(server)
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    other.cert_pem.write_to_path(str(tmp_path / "other.pem"))
+    return server, tmp_path / "ca.pem", tmp_path / "other.pem"
+
+
+def test_https_transparent_and_raw_tls(http_server: Callable[..., Any],
+                                       tls_pair: tuple[ssl.SSLContext, Path, Path]) -> None:
+    server_ctx, ca, other = tls_pair
+    srv = http_server(200, b"hello from blocked.test\n", server_ctx)
+    host = f"localhost:{srv.server_address[1]}"
+    rec = run("https_transparent", {"ca": str(ca), "allowed_host": host})
+    assert rec["observed"] == "permitted" and "hello from blocked.test" in rec["detail"], rec
+    rec = run("https_transparent", {"ca": str(other), "allowed_host": host})  # untrusted certificate
+    assert rec["observed"] == "blocked" and "TLS failed" in rec["detail"], rec
+    # The hand-made TLS request used by sni_spoof / blocked_transparent: any SNI, no verification.
+    status, body = P.raw_http("127.0.0.1", srv.server_address[1], "/verify/child/sni_spoof", "allowed.test",
+                              sni="allowed.test")
+    assert status == 200 and P._says(body, "blocked.test") and not P._says(body, "allowed.test")
+    assert "GET /verify/child/sni_spoof Host=allowed.test" in srv.seen
+
+
+# ---- filesystem probes: no sandbox, so every boundary is missing and must be reported -----------------------
+
+
+@pytest.fixture
+def fs_spec(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    ws, home, outside = tmp_path / "ws", tmp_path / "home", tmp_path / "outside"
+    for d in (ws / ".git" / "hooks", home / ".ssh", outside):
+        d.mkdir(parents=True)
+    (ws / ".git" / "config").write_text("[core]\n")
+    (home / ".ssh" / "id_ed25519").write_text(SECRET + "\n")
+    (home / ".bashrc").write_text("# rc\n")
+    (outside / "victim.txt").write_text("original\n")
+    monkeypatch.chdir(ws)
+    return {"home": str(home), "outside_file": str(outside / "victim.txt"), "outside_dir": str(outside),
+            "secret_marker": SECRET, "secret_env": "SANDGATE_PROBES_TEST_TOKEN"}
+
+
+def test_write_workspace_leaves_nothing(fs_spec: dict[str, Any]) -> None:
+    before = sorted(os.listdir("."))
+    rec = run("write_workspace", fs_spec)
+    assert rec["observed"] == "permitted", rec
+    assert sorted(os.listdir(".")) == before
+    assert not [n for n in os.listdir("/tmp") if n.startswith(f"sandgate-verify-child-{os.getpid()}")]
+
+
+def test_write_outside_detects_a_missing_boundary(fs_spec: dict[str, Any]) -> None:
+    rec = run("write_outside", fs_spec, "grandchild")
+    assert rec["observed"] == "permitted", rec
+    outside = Path(fs_spec["outside_dir"])
+    assert (outside / "victim.txt").read_text() == "original\n# verify:grandchild:write_outside\n"
+    assert (outside / "verify-grandchild.txt").exists()
+    assert "write_outside" in (Path(fs_spec["home"]) / ".bashrc").read_text()
+
+
+def test_git_probes_detect_writable_git(fs_spec: dict[str, Any]) -> None:
+    assert run("git_hooks", fs_spec)["observed"] == "permitted"
+    assert Path(".git/hooks/pre-commit").read_text() == "# verify:child:git_hooks\n"
+    assert run("git_config", fs_spec)["observed"] == "permitted"
+    assert Path(".git/config").read_text() == "[core]\n# verify:child:git_config\n"
+    rec = run("rename_protected", fs_spec, "daemon")
+    assert rec["observed"] == "permitted" and "renamed .git/hooks" in rec["detail"], rec
+    assert Path(".git/hooks").is_dir() and not Path(".git/hooks-daemon").exists()  # put back
+    assert Path(".git/config").is_file() and not Path(".git-daemon").exists()
+
+
+def test_git_probes_without_git_are_unsupported(fs_spec: dict[str, Any], tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    (bare := tmp_path / "bare").mkdir()
+    monkeypatch.chdir(bare)
+    for name in ("git_hooks", "git_config", "rename_protected"):
+        rec = run(name, fs_spec)
+        assert rec["observed"] == "unsupported" and ".git" in rec["detail"], rec
+
+
+def test_create_protected_creates_and_cleans_up(fs_spec: dict[str, Any]) -> None:
+    rec = run("create_protected", fs_spec)
+    assert rec["observed"] == "permitted" and "created .sandgate.yaml" in rec["detail"], rec
+    assert not Path(".sandgate.yaml").exists() and not Path(".sandgate-probe-child").exists()
+    Path(".sandgate.yaml").write_text("version: 1\n")  # an existing policy is opened, never written
+    Path(".sandgate").mkdir()
+    rec = run("create_protected", fs_spec)
+    assert rec["observed"] == "permitted" and "opened for writing" in rec["detail"], rec
+    assert Path(".sandgate.yaml").read_text() == "version: 1\n" and os.listdir(".sandgate") == []
+
+
+def test_link_escapes_detected_and_removed(fs_spec: dict[str, Any]) -> None:
+    rec = run("symlink_escape", fs_spec)
+    assert rec["observed"] == "permitted", rec
+    assert Path(fs_spec["outside_file"]).read_text() == "original\n# verify:child:symlink_escape\n"
+    rec = run("hardlink_escape", fs_spec)
+    assert rec["observed"] == "permitted", rec
+    assert [n for n in os.listdir(".") if n.startswith(("sl-", "hl-"))] == []
+
+
+def test_read_ssh_key(fs_spec: dict[str, Any]) -> None:
+    rec = run("read_ssh_key", fs_spec)
+    assert rec["observed"] == "permitted" and SECRET not in rec["detail"], rec
+    key = Path(fs_spec["home"]) / ".ssh" / "id_ed25519"
+    key.write_text("")  # what a hidden (emptied) key looks like
+    assert run("read_ssh_key", fs_spec)["observed"] == "blocked"
+    key.unlink()
+    rec = run("read_ssh_key", fs_spec)
+    assert rec["observed"] == "blocked" and "hidden" in rec["detail"], rec
+
+
+def test_secret_env(fs_spec: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SANDGATE_PROBES_TEST_TOKEN", "s3cr3t-value")
+    rec = run("secret_env", fs_spec)
+    assert rec["observed"] == "permitted" and "s3cr3t" not in rec["detail"], rec
+    monkeypatch.delenv("SANDGATE_PROBES_TEST_TOKEN")
+    assert run("secret_env", fs_spec)["observed"] == "blocked"
+
+
+# ---- harmless process probes (read /proc only) -----------------------------------------------------
+
+
+def test_read_only_process_probes() -> None:
+    rec = run("setuid_gain", {})
+    flag = next(line.split()[1] for line in Path("/proc/self/status").read_text().splitlines()
+                if line.startswith("NoNewPrivs:"))
+    assert rec["observed"] == ("blocked" if flag == "1" else "permitted") and f"NoNewPrivs: {flag}" in rec["detail"]
+    rec = run("proc_root", {})
+    assert rec["observed"] in ("permitted", "blocked") and "pids visible" in rec["detail"], rec
+
+
+# ---- command line and relaying -------------------------------------------------------------------
+
+
+def test_relay_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert P.relay_line('{"probe": "udp", "observed": "blocked"}\n')
+    assert not P.relay_line("Traceback (most recent call last):")
+    assert not P.relay_line("   ")
+    out, err = capsys.readouterr()
+    assert json.loads(out) == {"probe": "udp", "observed": "blocked"}
+    assert "not a record" in err
+
+
+def test_main_runs_selected_probes_and_rejects_bad_specs(fs_spec: dict[str, Any], tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({**fs_spec, "only": "secret_env"}))
+    assert P.main([str(spec), "--context", "grandchild"]) == 0
+    recs = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(r["probe"], r["context"], r["observed"]) for r in recs] == [("secret_env", "grandchild", "blocked")]
+    assert P.main([str(spec), "--context", "grandchild", "--only", "nosuch"]) == 2
+    spec.write_text("[1, 2]")
+    assert P.main([str(spec)]) == 2
+    assert P.main([str(tmp_path / "missing.json")]) == 2
+    capsys.readouterr()
+    assert P.main(["--list"]) == 0
+    listed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(x["group"], x["probe"], x["expected"]) for x in listed] == P.probe_list()
+
+
+def test_daemon_files() -> None:
+    f = P.DaemonFiles.of({"results_dir": "/r", "daemon_token": "sgvd.1"})
+    assert (str(f.partial), str(f.done), str(f.heartbeat), str(f.log)) == (
+        "/r/daemon-sgvd.1.jsonl", "/r/daemon-sgvd.1.done.jsonl", "/r/daemon-sgvd.1.heartbeat", "/r/daemon-sgvd.1.log")
