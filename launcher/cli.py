@@ -9,7 +9,6 @@ import os
 import shutil
 import signal
 import sys
-import tempfile
 import uuid
 from collections.abc import Sequence
 from datetime import datetime, timezone
@@ -80,7 +79,6 @@ def cmd_proxy(args: argparse.Namespace) -> int:
     except OSError as e:
         raise UsageError(f"cannot open audit log {audit_path}: {e.strerror}; choose another --audit-log") from None
     binding = proxy.Binding(args.task or uuid.uuid4().hex[:12], rules.compile_policy(pol.network), audit)
-    confdir = Path(tempfile.mkdtemp(prefix="sandgate-proxy-"))
 
     async def main() -> None:
         stop = asyncio.Event()
@@ -97,14 +95,13 @@ def cmd_proxy(args: argparse.Namespace) -> int:
                 print(f"sandgate: proxy ready on {where}; policy: {', '.join(pol.sources)}; audit: {audit_path}",
                       file=sys.stderr, flush=True)
 
-        await proxy.serve([(listeners, binding)], confdir, ready=ready, stop=stop)
+        await proxy.serve([(listeners, binding)], ready=ready, stop=stop)
 
     try:
         asyncio.run(main())
     except proxy.ProxyError as e:
         raise UsageError(str(e)) from None
     finally:
-        shutil.rmtree(confdir, ignore_errors=True)
         audit.close()
     if not args.quiet:
         c = audit.counts

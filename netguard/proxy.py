@@ -24,7 +24,6 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import dns.asyncquery
 import dns.asyncresolver
@@ -447,7 +446,7 @@ def _fmt(addr: tuple[str, int]) -> str:
     return f"{host}:{addr[1]}"
 
 
-async def serve(sandboxes: list[tuple[Listeners, Binding]], confdir: Path,
+async def serve(sandboxes: list[tuple[Listeners, Binding]],
                 ready: Callable[[], None] | None = None, stop: asyncio.Event | None = None) -> None:
     """Run the proxy until `stop` is set. Raises ProxyError if a listener cannot be opened."""
     bindings: dict[int, Binding] = {}
@@ -458,10 +457,9 @@ async def serve(sandboxes: list[tuple[Listeners, Binding]], confdir: Path,
                 raise ProxyError(f"port {port} is used by two listeners")
             bindings[port] = binding
             specs.append(spec)
-    opts = Options(
-        mode=specs,
-        confdir=str(confdir),  # mitmproxy writes its CA here; kept out of the user's home
-    )
+    # No TLS addon is loaded, so mitmproxy never creates its CA or touches its confdir (~/.mitmproxy):
+    # nothing is written outside the audit log (tests check the home directory stays empty).
+    opts = Options(mode=specs)
     master = Master(opts)
     proxyserver = Proxyserver()
     master.addons.add(proxyserver, Gate(bindings))

@@ -35,7 +35,9 @@ class Proxy:
             args += ["--dns", dns]
         args += extra or []
         self.listen = listen
-        self.proc = world.popen(args, stderr=subprocess.PIPE, cwd=REPO, env=env())
+        self.home = world.tmp / f"home-{time.monotonic_ns()}"
+        self.home.mkdir()  # must stay empty: the proxy writes nothing but its audit log
+        self.proc = world.popen(args, stderr=subprocess.PIPE, cwd=REPO, env={**env(), "HOME": str(self.home)})
         deadline = time.monotonic() + 30
         line = b""
         assert self.proc.stderr is not None
@@ -78,6 +80,7 @@ class Proxy:
         raise AssertionError("no VmHWM")
 
     def stop(self) -> None:
+        assert list(self.home.iterdir()) == [], "the proxy wrote into its home directory"
         if self.proc.poll() is None:
             self.proc.terminate()
             try:

@@ -303,7 +303,7 @@ def test_audit_log_has_exactly_one_record_per_decision(net: Net, tmp_path) -> No
 
 
 TWO_SANDBOXES = textwrap.dedent("""\
-    import asyncio, sys, tempfile
+    import asyncio, sys
     from pathlib import Path
     from launcher.policy import build_policy
     from netguard import proxy, rules
@@ -315,7 +315,7 @@ TWO_SANDBOXES = textwrap.dedent("""\
 
     sandboxes = [(proxy.Listeners(regular=("127.0.0.1", 3140)), binding("a", "allowed.test")),
                  (proxy.Listeners(regular=("127.0.0.1", 3141)), binding("b", "blocked.test"))]
-    asyncio.run(proxy.serve(sandboxes, Path(tempfile.mkdtemp()), ready=lambda: print("ready", flush=True)))
+    asyncio.run(proxy.serve(sandboxes, ready=lambda: print("ready", flush=True)))
     """)
 
 

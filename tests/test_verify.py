@@ -73,3 +73,24 @@ def test_verify_reports_a_bad_policy_before_building_anything(tmp_path: Path) ->
     r = subprocess.run([sys.executable, "-m", "launcher.cli", "verify", "--policy", str(bad)], capture_output=True,
                        text=True, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)})
     assert r.returncode == 125 and r.stderr.startswith(f"sandgate: error: {bad}:3:")
+
+
+def test_ctrl_c_removes_everything_verify_built() -> None:
+    import signal
+    import time
+    before = set(os.listdir("/var/tmp")) | set(os.listdir("/tmp"))
+    p = subprocess.Popen([sys.executable, "-m", "launcher.cli", "verify"], stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, text=True, cwd="/",
+                         env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "PYTHONPATH": str(REPO)})
+    deadline = time.monotonic() + 30
+    while "sandgate-v" not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout:
+        assert time.monotonic() < deadline and p.poll() is None
+        time.sleep(0.2)
+    time.sleep(3)  # the probes are running inside `sandgate run` now
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 130 and "Traceback" not in err, err
+    assert "sandgate-v" not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    after = set(os.listdir("/var/tmp")) | set(os.listdir("/tmp"))
+    assert not [x for x in after - before if x.startswith("sandgate")]
+    assert subprocess.run(["pgrep", "-f", "launcher.probes|launcher.canary"], capture_output=True).returncode == 1
