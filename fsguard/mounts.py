@@ -14,9 +14,9 @@ sandbox's first process and mounts, in this order:
    so it becomes a mount point and cannot be renamed away to plant a fresh copy;
 5. protected paths bound read-only over themselves; missing ones are covered by a
    placeholder the launcher created, so they cannot be created either;
-6. hidden paths: secrets' directories under an empty read-only tmpfs, files (and unix
-   sockets) under an empty read-only file;
-7. single files bound over host files (resolv.conf pointing at our DNS listener);
+6. single files bound over host files (resolv.conf pointing at our DNS listener);
+7. hidden paths: files (and unix sockets) under an empty read-only file, then directories
+   (secrets, sandgate's own state and approval sockets) under an empty read-only tmpfs;
 8. the working directory re-entered, so it resolves through the new mounts and not the
    directory it named before step 4.
 Landlock (applied later, in the command's process) then forbids any mount change, so even
@@ -227,15 +227,16 @@ def build(p: MountPlan, run_dir: Path, files: dict[str, Path]) -> None:
         _mount(d, d, None, MS_BIND | MS_REC)
     for path in (*p.protect, *(ph for ph, _ in p.placeholders)):
         _bind_readonly(path, path)
-    for d in p.hide_dirs:
-        _mount("tmpfs", d, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=0555,size=4k")
-    empty = run_dir / "empty"
-    for f in p.hide_files:
-        _bind_readonly(str(empty), f)
     for target, source in files.items():
         real = os.path.realpath(target)
         if not os.path.isfile(real):
             # Creating it would write to the host's filesystem: the mount namespace does not isolate files.
             raise MountError(2, f"cannot cover {target}: {real} is not a file")
         _bind_readonly(str(source), real)
+    empty = run_dir / "empty"
+    for f in p.hide_files:
+        _bind_readonly(str(empty), f)
+    # Directories last: sandgate's own run directory (the source of the binds above) is one of them.
+    for d in p.hide_dirs:
+        _mount("tmpfs", d, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=0555,size=4k")
     os.chdir(os.getcwd())  # step 8: the old cwd still names the directory *under* the pins

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import ipaddress
+import json
 import os
 import shutil
 import signal
@@ -78,7 +79,11 @@ def cmd_proxy(args: argparse.Namespace) -> int:
         audit = AuditLog(audit_path)
     except OSError as e:
         raise UsageError(f"cannot open audit log {audit_path}: {e.strerror}; choose another --audit-log") from None
-    binding = proxy.Binding(args.task or uuid.uuid4().hex[:12], rules.compile_policy(pol.network), audit)
+    from netguard.asking import Approver
+
+    approver = Approver(args.approval_socket, args.ask_timeout) if args.approval_socket else None
+    binding = proxy.Binding(args.task or uuid.uuid4().hex[:12], rules.compile_policy(pol.network), audit,
+                            learn=args.learn, ask_all=args.ask_all, approver=approver)
 
     async def main() -> None:
         stop = asyncio.Event()
@@ -136,7 +141,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         policy_args=policy_args, cmd=cmd,
         audit_path=Path(args.audit_log) if args.audit_log else default_audit_path(),
         user=run.resolve_user(args.user), policy=pol, write=tuple(args.write), read_deny=tuple(args.read_deny),
-        require_landlock=args.require_landlock, quiet=args.quiet, verbose=args.verbose,
+        require_landlock=args.require_landlock, quiet=args.quiet, verbose=args.verbose, learn=args.learn,
+        ask=args.ask, ask_timeout=args.ask_timeout, approvals=_approvals_path(args.approvals),
         net_range=args.net_range or netns.DEFAULT_RANGE,
     )
     for p in (*args.write, *args.read_deny):
@@ -150,6 +156,37 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UsageError(str(e)) from None
     except mounts.MountError as e:
         raise UsageError(e.strerror or str(e)) from None
+
+
+def _approvals_path(spec: str | None) -> str | None:
+    if spec is None:
+        return None
+    if not spec.startswith("unix:") or not spec[5:].startswith("/"):
+        raise UsageError(f"invalid --approvals '{spec}': use unix:/absolute/path/to/socket")
+    if not Path(spec[5:]).parent.is_dir():
+        raise UsageError(f"--approvals: directory {Path(spec[5:]).parent} does not exist")
+    return spec[5:]
+
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    from launcher import report
+
+    try:
+        records = report.read_logs([Path(p) for p in args.logs])
+    except report.ReportError as e:
+        raise UsageError(str(e)) from None
+    if args.audit_command == "summary":
+        rows = report.summarize(records)
+        if args.json:
+            print(json.dumps(report.as_json(rows), indent=1))
+        else:
+            print(report.format_table(rows))
+        return 0
+    from netguard import policy as netpolicy
+    bundled = {n: report.bundled_hosts(netpolicy.merge([s.network for s in lpolicy.load_policy_file(p)]))
+               for n in lpolicy.bundled_names() if (p := lpolicy.bundled_path(n)) is not None}
+    sys.stdout.write(report.suggest(records, name=args.name, bundled=bundled))
+    return 0
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -203,7 +240,12 @@ def build_parser() -> argparse.ArgumentParser:
     px.add_argument("--audit-log", metavar="PATH", help="JSON-lines audit log (default .sandgate/audit-<time>.jsonl)")
     px.add_argument("--task", metavar="ID", help="task id written in every audit record (default: random)")
     px.add_argument("-q", "--quiet", action="store_true", help="no ready/summary lines")
+    px.add_argument("--learn", action="store_true",
+                    help="let names the policy would deny through, recorded as would: deny (to learn a policy)")
     px.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)  # used by `sandgate run`
+    px.add_argument("--ask-all", action="store_true", help=argparse.SUPPRESS)  # `sandgate run --ask`
+    px.add_argument("--approval-socket", help=argparse.SUPPRESS)  # the launcher's approval broker
+    px.add_argument("--ask-timeout", type=float, default=60.0, help=argparse.SUPPRESS)
     px.set_defaults(func=cmd_proxy)
 
     rn = sub.add_parser("run", help="run CMD in a sandbox whose only way out is the allowlisting proxy",
@@ -218,6 +260,14 @@ def build_parser() -> argparse.ArgumentParser:
     rn.add_argument("--require-landlock", action="store_true",
                     help="refuse to run when the kernel has no Landlock (default: warn and run)")
     rn.add_argument("-v", "--verbose", action="store_true", help="print the effective boundary at start")
+    rn.add_argument("--learn", action="store_true",
+                    help="audit-only for destinations: let through what the policy would deny, and record it "
+                         "(files, direct IPs and UDP stay enforced); then use 'sandgate audit suggest'")
+    rn.add_argument("--ask", action="store_true", help="ask a human about every destination the policy does not allow")
+    rn.add_argument("--ask-timeout", type=float, default=60.0, metavar="SECONDS",
+                    help="deny a question nobody answered in this time (default 60)")
+    rn.add_argument("--approvals", metavar="unix:PATH",
+                    help="serve approval questions to a tool on this unix socket instead of the terminal")
     rn.add_argument("--net-range", metavar="CIDR", default=None,
                     help="private range to take the sandbox's /30 link from (default 10.237.0.0/16)")
     rn.add_argument("-q", "--quiet", action="store_true", help="no summary line at exit")
@@ -230,6 +280,17 @@ def build_parser() -> argparse.ArgumentParser:
     vf.add_argument("--json", action="store_true", help="one JSON document with every row")
     vf.add_argument("--only", choices=("network", "filesystem", "process"), help="only this group of probes")
     vf.set_defaults(func=cmd_verify)
+
+    au = sub.add_parser("audit", help="read audit logs: what a task reached, and the policy it needed")
+    au_sub = au.add_subparsers(dest="audit_command", required=True, parser_class=_Parser)
+    su = au_sub.add_parser("summary", help="one row per destination, riskiest first")
+    su.add_argument("logs", nargs="+", metavar="LOG")
+    su.add_argument("--json", action="store_true")
+    su.set_defaults(func=cmd_audit)
+    sg = au_sub.add_parser("suggest", help="print a policy that allows exactly what the runs needed")
+    sg.add_argument("logs", nargs="+", metavar="LOG")
+    sg.add_argument("--name", help="description for the suggested policy")
+    sg.set_defaults(func=cmd_audit)
 
     cl = sub.add_parser("cleanup", help="remove namespaces, firewall tables and links left by killed runs")
     cl.set_defaults(func=cmd_cleanup)

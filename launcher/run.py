@@ -33,6 +33,7 @@ from pathlib import Path
 
 from fsguard import landlock, mounts, process, seccomp
 from fsguard import policy as fspolicy
+from launcher import approvals, whoasked
 from launcher import policy as lpolicy
 from netguard import netns, nft
 from netguard.audit import AuditLog, decision_record, policy_record, read_records
@@ -86,6 +87,10 @@ class RunOptions:
     write: tuple[str, ...] = ()  # --write
     read_deny: tuple[str, ...] = ()  # --read-deny
     require_landlock: bool = False
+    learn: bool = False  # let default-deny names through, recorded as would: deny
+    ask: bool = False  # every default-deny name is a question for a human
+    ask_timeout: float = 60.0
+    approvals: str | None = None  # unix socket path for an embedding tool; None: the terminal
     quiet: bool = False
     verbose: bool = False
     net_range: str = netns.DEFAULT_RANGE
@@ -116,23 +121,36 @@ def run(opts: RunOptions) -> int:
     placeholders: list[str] = []
     link: netns.Link | None = None
     proxy: subprocess.Popen[bytes] | None = None
+    broker: approvals.Broker | None = None
     table = f"{nft.TABLE_PREFIX}{run_id}"
     status = EXIT_ERROR
     dropped_seen: set[tuple[str, str, int | None]] = set()
     try:
+        if opts.ask or opts.policy.network.ask:
+            # Before planning the mounts: its sockets must exist to be hidden from the sandbox.
+            _run_dir(run_id).mkdir(mode=0o700, parents=True, exist_ok=True)
+            broker = approvals.Broker(_run_dir(run_id) / "approvals.sock", audit, opts.task, opts.ask_timeout,
+                                      channel=opts.approvals, policy_file=_first_policy_file(opts))
         with _lock():
             cleanup_stale()  # first: a killed run's placeholders must not be mistaken for the workspace's files
             conf = _confinement(opts, audit)
             link = netns.create_link(run_id, opts.net_range)
             _write_state(state, run_id, link.host_if, table, None, conf.mounts.placeholders)
             placeholders = mounts.create_placeholders(conf.mounts)
-        proxy = _start_proxy(opts, run_id, link)
+        proxy = _start_proxy(opts, run_id, link, broker is not None)
         _write_state(state, run_id, link.host_if, table, proxy.pid, conf.mounts.placeholders)
         nft.apply(nft.SandboxNet(run_id, link.host_if, link.gateway, REGULAR_PORT, TRANSPARENT_PORT, DNS_PORT),
                   open_firewall="firewall" in weakened())
+        if broker is not None:
+            _tell_terminal(broker.banner())
         holder, ctl = _spawn_sandbox(opts, conf, run_id, link)
+        if broker is not None:
+            broker.who = lambda ip, port: _asker(holder, ip, port)
+            broker.start()  # threads only after the fork
         status = _supervise(holder, ctl, proxy, table, audit, opts.task, dropped_seen)
     finally:
+        if broker is not None:
+            broker.stop()
         if link is not None:
             _record_drops(table, audit, opts.task, dropped_seen)
         nft.remove(table)
@@ -152,8 +170,11 @@ def run(opts: RunOptions) -> int:
 def _confinement(opts: RunOptions, audit: AuditLog) -> Confinement:
     """Plan the filesystem and process boundary; refuse what cannot be enforced as asked."""
     home = opts.user.home if opts.user else os.environ.get("HOME") or pwd.getpwuid(os.getuid()).pw_dir
+    # sandgate's own state (the proxy's approval socket) and an embedding tool's approval socket
+    # are never the sandbox's business: it must not be able to answer its own questions.
+    own = (str(STATE_DIR), *((opts.approvals,) if opts.approvals else ()))
     eff = fspolicy.effective(opts.policy.filesystem, cwd=os.getcwd(), home=home, extra_write=opts.write,
-                             extra_read_deny=opts.read_deny)
+                             extra_read_deny=(*opts.read_deny, *own))
     weak = weakened()
     if weak:
         print(f"sandgate: WARNING: boundary deliberately weakened for a self-test: {', '.join(sorted(weak))}",
@@ -193,14 +214,39 @@ def _confinement(opts: RunOptions, audit: AuditLog) -> Confinement:
 
 
 def summary(path: Path, task: str) -> str:
-    counts = {"allow": 0, "deny": 0}
+    counts = {"allow": 0, "deny": 0, "would": 0}
     try:
         for r in read_records(path):
             if r.get("task") == task and r.get("event") == "decision":
                 counts[r["action"]] = counts.get(r["action"], 0) + 1
+                counts["would"] += r.get("would") == "deny"
     except OSError:
         pass
-    return f"sandgate: {counts['allow']} allowed, {counts['deny']} denied -> {path}"
+    would = f" ({counts['would']} would have been denied)" if counts["would"] else ""
+    return f"sandgate: {counts['allow']} allowed{would}, {counts['deny']} denied -> {path}"
+
+
+def _first_policy_file(opts: RunOptions) -> Path | None:
+    args = opts.policy_args
+    return Path(args[args.index("--policy") + 1]) if "--policy" in args else None
+
+
+def _tell_terminal(text: str) -> None:
+    """Straight to the terminal when there is one: the sandbox may be able to read a redirected stderr."""
+    try:
+        fd = os.open("/dev/tty", os.O_WRONLY | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError:
+        print(text, file=sys.stderr)
+        return
+    try:
+        os.write(fd, (text + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+def _asker(netns_pid: int, ip: str, port: int) -> str | None:
+    found = whoasked.find_asker(netns_pid, ip, port)
+    return f"{found.name}[{found.pid}]" if found else None
 
 
 # ---- state, locking, stale runs -----------------------------------------------------------
@@ -304,7 +350,7 @@ def _open_audit(path: Path) -> AuditLog:
 # ---- the proxy process --------------------------------------------------------------------
 
 
-def _start_proxy(opts: RunOptions, run_id: str, link: netns.Link) -> subprocess.Popen[bytes]:
+def _start_proxy(opts: RunOptions, run_id: str, link: netns.Link, asking: bool) -> subprocess.Popen[bytes]:
     """The proxy in its own process: a crash there cannot take the launcher's cleanup with it."""
     d = _run_dir(run_id)
     d.mkdir(mode=0o700, exist_ok=True)
@@ -314,7 +360,8 @@ def _start_proxy(opts: RunOptions, run_id: str, link: netns.Link) -> subprocess.
     argv = [sys.executable, "-m", "launcher.cli", "proxy", *opts.policy_args, "-q",
             "--listen", f"{gw}:{REGULAR_PORT}", "--transparent", f"{gw}:{TRANSPARENT_PORT}",
             "--dns", f"{gw}:{DNS_PORT}", "--audit-log", str(opts.audit_path.resolve()), "--task", opts.task,
-            "--ready-fd", str(w)]
+            "--ready-fd", str(w), *(["--learn"] if opts.learn else []), *(["--ask-all"] if opts.ask else []),
+            *(["--approval-socket", str(d / "approvals.sock"), "--ask-timeout", str(opts.ask_timeout)] if asking else [])]
     me = os.getpid()
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, pass_fds=(w,),
                             preexec_fn=lambda: process.die_with_parent(me))  # noqa: PLW1509 - no threads here

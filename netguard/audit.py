@@ -19,8 +19,8 @@ from typing import Any, Literal
 
 Kind = Literal["connect", "http", "tls", "tcp", "dns", "packet", "policy"]
 
-DECISION_FIELDS = ("ts", "task", "event", "id", "kind", "action", "host", "port", "ip", "proto", "method", "url",
-                   "qtype", "rule", "reason")
+DECISION_FIELDS = ("ts", "task", "event", "id", "kind", "action", "would", "host", "port", "ip", "proto", "method",
+                   "url", "qtype", "rule", "reason")
 CLOSE_FIELDS = ("ts", "task", "event", "id", "kind", "host", "port", "ip", "bytes_up", "bytes_down", "duration_ms")
 
 
@@ -31,9 +31,10 @@ def now_rfc3339() -> str:
 
 def decision_record(task: str, id: str, kind: Kind, action: str, host: str | None, port: int | None, *,
                     ip: str | None = None, proto: str | None = None, method: str | None = None, url: str | None = None,
-                    qtype: str | None = None, rule: str | None = None, reason: str = "") -> dict[str, Any]:
+                    qtype: str | None = None, rule: str | None = None, reason: str = "",
+                    would: str | None = None) -> dict[str, Any]:
     record = {"ts": now_rfc3339(), "task": task, "event": "decision", "id": id, "kind": kind, "action": action,
-              "host": host, "port": port, "ip": ip, "proto": proto, "method": method, "url": url, "qtype": qtype,
+              "would": would, "host": host, "port": port, "ip": ip, "proto": proto, "method": method, "url": url, "qtype": qtype,
               "rule": rule, "reason": reason}
     return record
 
@@ -42,6 +43,13 @@ def close_record(task: str, id: str, kind: Kind, host: str | None, port: int | N
                  bytes_up: int, bytes_down: int, duration_ms: int) -> dict[str, Any]:
     return {"ts": now_rfc3339(), "task": task, "event": "close", "id": id, "kind": kind, "host": host,
             "port": port, "ip": ip, "bytes_up": bytes_up, "bytes_down": bytes_down, "duration_ms": duration_ms}
+
+
+def approval_record(task: str, *, id: str, stage: str, host: str, port: int, asked_by: str | None,
+                    answer: str | None = None, by: str | None = None) -> dict[str, Any]:
+    """A question to a human (stage "question") or its answer (stage "answer", `by` terminal/socket/timeout)."""
+    return {"ts": now_rfc3339(), "task": task, "event": "approval", "kind": "approval", "id": id, "stage": stage,
+            "host": host, "port": port, "asked_by": asked_by, "answer": answer, "by": by}
 
 
 def policy_record(task: str, *, write: list[str], private_tmp: bool, protect: list[str], hidden: list[str],

@@ -47,10 +47,15 @@ from mitmproxy.proxy.layers.tls import parse_client_hello
 from mitmproxy.proxy.mode_specs import RegularMode
 
 from netguard import hosts, rules
+from netguard.asking import Approver
 from netguard.audit import AuditLog, Kind, close_record, decision_record
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 RESOLVE_TIMEOUT = 5.0
+#: What DNS answers for a name that still needs a human's approval: any address works (all TCP
+#: from the sandbox reaches the proxy, which then decides by SNI/Host and asks); the real name
+#: is not looked up upstream before someone said yes.
+PENDING_ADDRESS = ipaddress.IPv4Address("198.18.255.254")
 logger = logging.getLogger("sandgate.proxy")
 
 
@@ -65,6 +70,9 @@ class Binding:
     task: str
     rules: rules.Ruleset
     audit: AuditLog
+    learn: bool = False  # default-deny names pass, recorded as would: deny (issue: learn a policy)
+    ask_all: bool = False  # every default-deny name becomes a question
+    approver: Approver | None = None  # where `ask` questions go; None: they are denied
     _resolver: dns.asyncresolver.Resolver | None = field(default=None, init=False, repr=False)
 
     def resolver(self) -> dns.asyncresolver.Resolver | None:
@@ -99,6 +107,7 @@ class _Conn:
     """What the proxy knows about one client connection."""
 
     binding: Binding
+    peer: tuple[str, int] | None = None
     kind: Kind = "tcp"
     pins: dict[tuple[str, int], Verdict] = field(default_factory=dict)
     last: Verdict | None = None
@@ -140,7 +149,7 @@ class Gate:
             binding = self.bindings.get(port) if port is not None else None
             if binding is None:
                 return None  # a listener without a policy: refuse (fail closed)
-            st = self._conns[client.id] = _Conn(binding)
+            st = self._conns[client.id] = _Conn(binding, tuple(client.peername[:2]) if client.peername else None)
         return st
 
     def client_connected(self, client: connection.Client) -> None:
@@ -157,7 +166,7 @@ class Gate:
         """Decide, resolve, veto special addresses, write exactly one audit record; pin if allowed."""
         key = _norm_key(host, port)
         b = st.binding
-        d = rules.decide(b.rules, host, port)
+        d, would = await self._decide(st, kind, host, key[0], port)
         v = Verdict(d, uuid.uuid4().hex[:12], key[0], port)
         if d.allowed:
             pinned = st.pins.get(key)
@@ -169,15 +178,34 @@ class Gate:
                     v.decision, v.ip = await self._resolve_checked(b, dest, port, d)
                 else:
                     v.ip = str(dest)  # an address allowed by a cidr rule: nothing to resolve
-        if d.action == "ask":
-            v.decision = rules.Decision("deny", d.rule, d.reason + " (approvals are not available; denied)")
         b.audit.write(decision_record(
             b.task, v.id, kind, "allow" if v.allowed else "deny", v.host, port, ip=v.ip if v.allowed else None,
-            method=method, url=url, rule=v.decision.rule, reason=v.decision.reason))
+            method=method, url=url, rule=v.decision.rule, reason=v.decision.reason,
+            would=would if v.allowed else None))
         if v.allowed:
             st.pins[key] = v
             st.last = v
         return v
+
+    async def _decide(self, st: _Conn, kind: Kind, host: str, name: str,
+                      port: int | None) -> tuple[rules.Decision, str | None]:
+        """The policy's decision, then learn mode and human approval: (decision, would)."""
+        b = st.binding
+        d = rules.decide(b.rules, host, port)
+        default_deny = d.action == "deny" and d.rule is None and _is_name(host)
+        if default_deny and b.learn:
+            return rules.Decision("allow", None, f"learn mode: {d.reason}"), "deny"
+        if default_deny and b.ask_all:
+            d = rules.Decision("ask", None, f"{d.reason} (--ask)")
+        if d.action != "ask":
+            return d, None
+        if b.approver is None or port is None:
+            return rules.Decision("deny", d.rule, d.reason + " (no approval channel; denied)"), None
+        answer = await b.approver.ask(name, port, kind, st.peer, d.reason)
+        if answer in ("once", "run", "always"):
+            return rules.Decision("allow", d.rule, f"approved by a human ({answer})"), None
+        why = "no answer in time" if answer == "timeout" else "denied by a human"
+        return rules.Decision("deny", d.rule, f"{d.reason}: {why}"), None
 
     async def _resolve_checked(self, b: Binding, name: str, port: int,
                                d: rules.Decision) -> tuple[rules.Decision, str | None]:
@@ -330,23 +358,47 @@ class Gate:
         assert st is not None
         b = st.binding
         questions = flow.request.questions
-        ok = bool(questions)
+        verdicts: list[str] = []  # "forward" | "pending" | "refuse"
         for q in questions:
             d = rules.decide(b.rules, q.name, None)
-            allowed = d.allowed
+            default_deny = d.action == "deny" and d.rule is None and _is_name(q.name)
+            would = None
+            if d.allowed:
+                verdict = "forward"
+            elif default_deny and b.learn:
+                verdict, would, d = "forward", "deny", rules.Decision("allow", None, f"learn mode: {d.reason}")
+            elif b.approver is not None and (d.action == "ask" or (default_deny and b.ask_all)):
+                verdict = "pending"
+                d = rules.Decision("allow", d.rule, f"{d.reason}: needs approval; answered with a placeholder "
+                                                     "address, not looked up upstream")
+            else:
+                verdict = "refuse"
+                if d.action == "ask":
+                    d = rules.Decision("deny", d.rule, d.reason + " (no approval channel; denied)")
+            verdicts.append(verdict)
             b.audit.write(decision_record(
-                b.task, uuid.uuid4().hex[:12], "dns", "allow" if allowed else "deny", _dns_name(q.name), None,
-                qtype=dns.rdatatype.to_text(q.type) if q.type in dns.rdatatype.RdataType else str(q.type),
-                rule=d.rule, reason=d.reason if d.action != "ask" else d.reason + " (approvals are not available; denied)"))
-            ok = ok and allowed
-        if not ok:
+                b.task, uuid.uuid4().hex[:12], "dns", "deny" if verdict == "refuse" else "allow", _dns_name(q.name),
+                None, qtype=dns.rdatatype.to_text(q.type) if q.type in dns.rdatatype.RdataType else str(q.type),
+                rule=d.rule, reason=d.reason, would=would))
+        if not questions or "refuse" in verdicts:
             flow.response = flow.request.fail(response_codes.REFUSED)
-            return
-        try:
-            flow.response = await _forward_dns(b, flow.request.packed)
-        except (OSError, dns.exception.DNSException, ValueError) as e:
-            logger.info("dns forward failed: %s", e)
-            flow.response = flow.request.fail(response_codes.SERVFAIL)
+        elif "pending" in verdicts:
+            flow.response = flow.request.succeed([
+                mdns.ResourceRecord.A(q.name, PENDING_ADDRESS, ttl=1) for q in questions if q.type == 1])
+        else:
+            try:
+                flow.response = await _forward_dns(b, flow.request.packed)
+            except (OSError, dns.exception.DNSException, ValueError) as e:
+                logger.info("dns forward failed: %s", e)
+                flow.response = flow.request.fail(response_codes.SERVFAIL)
+
+
+def _is_name(host: str) -> bool:
+    """Learn and ask apply to names; raw addresses stay governed by cidr rules."""
+    try:
+        return isinstance(rules.normalise(host), str)
+    except hosts.HostError:
+        return False
 
 
 class _Relay(layers.TCPLayer):
