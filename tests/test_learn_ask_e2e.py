@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import os
 import socket
 import subprocess
@@ -215,3 +216,39 @@ def test_the_approvals_socket_is_absent_from_the_sandbox(net: Net) -> None:
     assert r.stdout.splitlines() == ["refused Connection refused", "[]"], (r.stdout, r.stderr)
     assert client.connected  # the control: outside the sandbox the same socket accepted a connection
     assert sock.exists() is False  # removed when the run ended
+
+
+TERMINAL_DRIVER = """\
+# A person at sandgate's terminal: reads the banner's code, answers the prompt that carries it.
+import os, pty, re, select, sys, time
+pid, fd = pty.fork()
+if pid == 0:
+    os.execvp(sys.argv[1], sys.argv[1:])
+out, answered, deadline = b"", False, time.time() + 60
+while time.time() < deadline:
+    if not select.select([fd], [], [], 1)[0]:
+        continue
+    try:
+        chunk = os.read(fd, 4096)
+    except OSError:
+        break
+    if not chunk:
+        break
+    out += chunk
+    code = re.search(rb"genuine prompts carry the code \\[([0-9A-F]{4})\\]", out)
+    if code and not answered and re.search(rb"sandgate \\[" + code.group(1) + rb"\\] allow ask.test:443 .*\\?", out):
+        os.write(fd, b"o\\n")
+        answered = True
+os.waitpid(pid, 0)
+print(out.decode(errors="replace").replace("\\r", ""))
+"""
+
+
+def test_the_terminal_prompt_carries_the_runs_code_and_takes_the_answer(net: Net) -> None:
+    pol = policy(net, "version: 1\nnetwork:\n  ask: [ask.test]\n", "tty")
+    audit = net.world.tmp / f"audit-tty-{time.monotonic_ns()}.jsonl"
+    r = net.world.run([sys.executable, "-c", TERMINAL_DRIVER, *RUN, "--policy", str(pol), "--audit-log", str(audit),
+                       "--", "sh", "-c", net.curl("https://ask.test/")], cwd=net.world.tmp, env=env(), timeout=90)
+    assert "https://ask.test/ 200" in r.stdout, r.stdout
+    answers = [a for a in records(audit, "approval") if a["stage"] == "answer"]
+    assert [(a["answer"], a["by"]) for a in answers] == [("once", "terminal")]
