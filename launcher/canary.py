@@ -368,15 +368,7 @@ def serve_tcp(ip: str, port: int, log: JsonLog) -> socketserver.BaseServer:
                 data = b""
             log.write({"kind": "tcp", "peer": fmt_peer(self.client_address),
                        "data": data[:DATA_LIMIT].decode("latin-1")})
-            try:
-                conn.sendall(b"tcp-canary\n")
-                # Half-close and drain: closing with unread input sends RST, which can destroy the reply in flight.
-                conn.shutdown(socket.SHUT_WR)
-                deadline = time.monotonic() + 1.0
-                while time.monotonic() < deadline and conn.recv(4096):
-                    pass
-            except (TimeoutError, OSError):
-                pass
+            _reply_and_drain(conn, b"tcp-canary\n")
 
     class Server(socketserver.ThreadingTCPServer):
         daemon_threads = True
@@ -386,6 +378,19 @@ def serve_tcp(ip: str, port: int, log: JsonLog) -> socketserver.BaseServer:
 
 
 # ---------------------------------------------------------------- unix / abstract
+
+
+def _reply_and_drain(conn: socket.socket, reply: bytes) -> None:
+    """Answer, then half-close and drain: closing with unread input sends RST (ECONNRESET on the
+    client's read), which can destroy the reply in flight."""
+    try:
+        conn.sendall(reply)
+        conn.shutdown(socket.SHUT_WR)
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline and conn.recv(4096):
+            pass
+    except (TimeoutError, OSError):
+        pass
 
 
 def unix_address(kind: str, path: str) -> str:
@@ -412,15 +417,7 @@ def serve_unix(kind: str, path: str, log: JsonLog) -> socketserver.BaseServer:
                 data = b""
             log.write({"kind": "unix", "address": shown, "data": data[:DATA_LIMIT].decode("latin-1"),
                        "pid": pid, "uid": uid, "gid": gid})
-            try:
-                conn.sendall(b"unix-canary\n")
-                # As for tcp: closing with unread input would make the client's read fail with ECONNRESET.
-                conn.shutdown(socket.SHUT_WR)
-                deadline = time.monotonic() + 1.0
-                while time.monotonic() < deadline and conn.recv(4096):
-                    pass
-            except (TimeoutError, OSError):
-                pass
+            _reply_and_drain(conn, b"unix-canary\n")
 
     class Server(socketserver.ThreadingUnixStreamServer):
         daemon_threads = True

@@ -252,3 +252,11 @@ def test_the_terminal_prompt_carries_the_runs_code_and_takes_the_answer(net: Net
     assert "https://ask.test/ 200" in r.stdout, r.stdout
     answers = [a for a in records(audit, "approval") if a["stage"] == "answer"]
     assert [(a["answer"], a["by"]) for a in answers] == [("once", "terminal")]
+
+
+def test_without_a_terminal_or_channel_an_ask_is_denied_at_once(net: Net) -> None:
+    pol = policy(net, "version: 1\nnetwork:\n  ask: [ask.test]\n", "notty")
+    t0 = time.monotonic()
+    r, log = net.run(pol, net.curl("https://ask.test/"))  # world.run gives sandgate no controlling terminal
+    assert r.stdout.strip() == "https://ask.test/ 000" and time.monotonic() - t0 < 30
+    assert [(a["answer"], a["by"]) for a in records(log, "approval") if a["stage"] == "answer"] == [("deny", "no-terminal")]
