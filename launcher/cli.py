@@ -209,7 +209,11 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
     if os.geteuid() != 0:
         raise UsageError("sandgate cleanup needs root (it removes firewall tables and links)")
     try:
-        removed = run.cleanup_stale()
+        run.STATE_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)
+        with run.lock():  # never between another run's link creation and its state file
+            removed = run.cleanup_stale()
+        from launcher import world
+        removed += world.cleanup_stale(world.VERIFY_PREFIXES)  # worlds of a killed `sandgate verify`
     except nft.NftError as e:
         raise UsageError(str(e)) from None
     for item in removed:

@@ -131,7 +131,7 @@ def run(opts: RunOptions) -> int:
             _run_dir(run_id).mkdir(mode=0o700, parents=True, exist_ok=True)
             broker = approvals.Broker(_run_dir(run_id) / "approvals.sock", audit, opts.task, opts.ask_timeout,
                                       channel=opts.approvals, policy_file=_first_policy_file(opts))
-        with _lock():
+        with lock():
             cleanup_stale()  # first: a killed run's placeholders must not be mistaken for the workspace's files
             conf = _confinement(opts, audit)
             link = netns.create_link(run_id, opts.net_range)
@@ -252,7 +252,7 @@ def _asker(netns_pid: int, ip: str, port: int) -> str | None:
 # ---- state, locking, stale runs -----------------------------------------------------------
 
 
-class _lock:
+class lock:
     """Serialises subnet choice and stale cleanup between concurrent runs."""
 
     def __enter__(self) -> None:
