@@ -301,7 +301,7 @@ def sandgate_proxy(allowed_ports: list[int]) -> Iterator[Proxy]:
         port = free_port()
         proc = subprocess.Popen(
             [SANDGATE, "proxy", "--policy", str(policy), "--listen", f"{LOOPBACK}:{port}",
-             "--audit-log", str(audit), "-q"],
+             "--audit-log", str(audit)],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=tmp,
             env=clean_env(),
         )
