@@ -44,6 +44,8 @@ class Approver:
             fut.set_result(answer)
             return answer
         finally:
+            if not fut.done():  # the first asker was cancelled (its client left): the others are denied
+                fut.set_result("deny")
             del self._pending[key]
 
     async def _ask(self, host: str, port: int, kind: str, peer: tuple[str, int] | None, reason: str) -> Answer:
