@@ -11,7 +11,7 @@ a Python benchmark client does not share a GIL with them:
                        preallocated buffer, so memory stays flat whatever N is;
   GET /small        -> b"ok\\n".
 
-Both a plain HTTP and an HTTPS listener (trustme CA, certificate for 127.0.0.1) are served.
+Both a plain HTTP and an HTTPS listener (throwaway CA from launcher/certs.py, certificate for 127.0.0.1) are served.
 Every response carries ``Connection: close``: each request gets its own connection.
 """
 
@@ -103,16 +103,13 @@ class Certs:
 
 
 def make_certs(directory: Path) -> Certs:
-    import trustme
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from launcher.certs import CA  # the same throwaway CA code sandgate verify and the tests use
 
-    ca = trustme.CA()
-    leaf = ca.issue_cert(LOOPBACK)
+    ca = CA("sandgate bench CA")
     certs = Certs(directory / "ca.pem", directory / "server-chain.pem", directory / "server-key.pem")
-    ca.cert_pem.write_to_path(str(certs.ca_pem))
-    leaf.private_key_pem.write_to_path(str(certs.key_pem))
-    with open(certs.cert_pem, "wb") as f:
-        for blob in leaf.cert_chain_pems:
-            f.write(blob.bytes())
+    ca.write_cert(certs.ca_pem)
+    ca.issue(LOOPBACK).write(certs.cert_pem, certs.key_pem)
     return certs
 
 

@@ -475,12 +475,13 @@ def test_connect_ip_literal_refused_and_accepted(http_server: Callable[..., Any]
 @pytest.fixture
 def tls_pair(tmp_path: Path) -> tuple[ssl.SSLContext, Path, Path]:
     """Server context for localhost, the CA that signed it, and an unrelated CA."""
-    trustme = pytest.importorskip("trustme")
-    ca, other = trustme.CA(), trustme.CA()
+    from launcher.certs import CA
+    ca, other = CA(), CA()
     server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ca.issue_cert("localhost", "127.0.0.1").configure_cert(server)
-    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
-    other.cert_pem.write_to_path(str(tmp_path / "other.pem"))
+    chain, key = ca.issue("localhost", "127.0.0.1").write(tmp_path / "chain.pem", tmp_path / "key.pem")
+    server.load_cert_chain(chain, key)
+    ca.write_cert(tmp_path / "ca.pem")
+    other.write_cert(tmp_path / "other.pem")
     return server, tmp_path / "ca.pem", tmp_path / "other.pem"
 
 
