@@ -74,6 +74,17 @@ class Binding:
     ask_all: bool = False  # every default-deny name becomes a question
     approver: Approver | None = None  # where `ask` questions go; None: they are denied
     _resolver: dns.asyncresolver.Resolver | None = field(default=None, init=False, repr=False)
+    _system_dns: tuple[str, int] | None = field(default=None, init=False, repr=False)
+
+    def upstream_dns(self) -> tuple[str, int]:
+        """Where allowed queries are forwarded: the policy's resolver, else the system's first nameserver
+        (read from /etc/resolv.conf once, not on every query)."""
+        if self.rules.policy.resolver is not None:
+            return self.rules.policy.resolver
+        if self._system_dns is None:
+            system = dns.resolver.Resolver()
+            self._system_dns = (str(system.nameservers[0]), int(system.port))
+        return self._system_dns
 
     def resolver(self) -> dns.asyncresolver.Resolver | None:
         """A resolver pinned to the policy's `resolver:`; None means the system's (getaddrinfo)."""
@@ -465,10 +476,7 @@ async def _resolve(b: Binding, name: str, port: int) -> list[Address]:
 
 async def _forward_dns(b: Binding, wire: bytes) -> mdns.DNSMessage:
     """Send an allowed query to the upstream resolver unchanged; TCP when the UDP answer is truncated."""
-    target = b.rules.policy.resolver
-    if target is None:
-        system = dns.resolver.Resolver()
-        target = (system.nameservers[0], system.port)
+    target = b.upstream_dns()
     query = dns.message.from_wire(wire)
     resp = await dns.asyncquery.udp(query, target[0], port=target[1], timeout=RESOLVE_TIMEOUT)
     if resp.flags & dns.flags.TC:
