@@ -3,7 +3,9 @@
 Landlock is an allowlist enforced by the kernel: a right we *handle* is denied everywhere except beneath
 the paths we add rules for. We handle every write-side right the running ABI knows, and none of the
 read-side ones (READ_FILE, READ_DIR, EXECUTE): what the command may see is decided by the mount
-namespace (fsguard.mounts), not here.
+namespace (fsguard.mounts), not here. Two handled rights are granted nowhere, not even in the writable
+roots: MAKE_CHAR and MAKE_BLOCK, so no device node (the root disk, /dev/mem, /dev/kmsg...) can be
+made in the workspace and opened from there; FIFOs, sockets, symlinks and the rest stay granted.
 
 The domain is inherited across fork() and execve() and can never be removed or widened, so `apply`
 runs in the forked child right before exec, never in sandgate itself. It restricts the calling thread
@@ -61,14 +63,18 @@ _WRITE_V1 = (
     ACCESS_FS_WRITE_FILE  # overwriting/appending to any existing file: the core of "where may it write"
     | ACCESS_FS_REMOVE_DIR  # deleting someone else's directories
     | ACCESS_FS_REMOVE_FILE  # deleting (or renaming away) files outside the writable roots
-    | ACCESS_FS_MAKE_CHAR  # mknod of a char device (root could re-create /dev/mem-like nodes)
+    | ACCESS_FS_MAKE_CHAR  # mknod of a char device (root could re-create /dev/mem-like nodes): never granted
     | ACCESS_FS_MAKE_DIR  # planting directories, e.g. ~/.config/autostart
     | ACCESS_FS_MAKE_REG  # planting files, e.g. ~/.bashrc.d/evil, .git/hooks/post-checkout
     | ACCESS_FS_MAKE_SOCK  # binding pathname sockets that impersonate a host service
     | ACCESS_FS_MAKE_FIFO  # planting FIFOs that hang or feed a host reader
-    | ACCESS_FS_MAKE_BLOCK  # mknod of a block device (raw disk access as root)
+    | ACCESS_FS_MAKE_BLOCK  # mknod of a block device (raw disk access as root): never granted
     | ACCESS_FS_MAKE_SYM  # planting symlinks that redirect a host writer
 )
+
+# Handled (so denied everywhere) but granted by no rule: a build needs no device node of its own, and
+# one made in the workspace would bypass the mount namespace (mknod the root disk, read ~/.ssh off it).
+_NEVER_GRANTED = ACCESS_FS_MAKE_CHAR | ACCESS_FS_MAKE_BLOCK
 
 # Rights the kernel accepts on a rule for a non-directory (anything else: EINVAL).
 _FILE_VALID = ACCESS_FS_EXECUTE | ACCESS_FS_WRITE_FILE | ACCESS_FS_READ_FILE | ACCESS_FS_TRUNCATE | ACCESS_FS_IOCTL_DEV
@@ -118,8 +124,8 @@ class Plan:
     """Which write rights go where, decided once (pure) so apply() in the child has nothing left to decide."""
 
     abi: int
-    write_roots: tuple[str, ...]  # all write rights beneath each (only the file-valid ones if it is a file)
-    write_files: tuple[str, ...]  # device/files: WRITE_FILE, TRUNCATE, IOCTL_DEV; a directory here gets all rights
+    write_roots: tuple[str, ...]  # write rights but mknod of devices beneath each (file-valid ones for a file)
+    write_files: tuple[str, ...]  # device/files: WRITE_FILE, TRUNCATE, IOCTL_DEV; a directory: as a write root
     scope_ipc: bool  # ABI >= 6: no signals / abstract-unix connects to processes outside the sandbox
 
 
@@ -144,9 +150,10 @@ def handled_rights(abi: int) -> int:
 
 
 def _rule_rights(handled: int, is_dir: bool, device: bool) -> int:
-    """Rights for one rule: a directory gets all handled rights, a file only what the kernel accepts on a file."""
+    """Rights for one rule: a directory gets all handled rights but device creation, a file only what the
+    kernel accepts on a file."""
     if is_dir:
-        return handled  # everything write-side beneath this directory
+        return handled & ~_NEVER_GRANTED  # everything write-side beneath this directory except mknod of devices
     if device:
         return handled & _DEVICE_FILE_RIGHTS  # a device file: write/truncate/ioctl it, nothing else
     return handled & _FILE_VALID  # a single-file root: the rest would make the kernel return EINVAL

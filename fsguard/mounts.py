@@ -5,9 +5,10 @@ sandbox's first process and mounts, in this order:
 
 1. / becomes a slave mount tree: nothing we mount propagates back to the host;
 2. a fresh /proc and /sys for the new pid and network namespaces: the sandbox sees only its
-   own processes and links, and no /proc/<outside pid>/root; a private devpts instance and
-   /dev/shm, so the sandbox cannot open (and write to) the user's other terminals or the
-   host's shared memory, while its own terminal stays reachable through its fds and /dev/tty;
+   own processes and links, and no /proc/<outside pid>/root; a minimal /dev (null, zero, full,
+   random, urandom, tty) with a private devpts instance and /dev/shm, so the sandbox cannot
+   open the host's disks or the user's other terminals, while its own terminal stays
+   reachable through its fds and /dev/tty;
 3. a private, empty /tmp (when /tmp is a writable root), with writable roots that live
    under the host's /tmp bound back in;
 4. pins: each directory between a writable root and a protected path is bound onto itself,
@@ -135,6 +136,8 @@ def plan(eff: Effective) -> MountPlan:
         real = os.path.realpath(p)  # a mount follows symlinks: hide what the name really reaches
         if not os.path.exists(real):
             continue
+        if eff.private_tmp and _under(real, "/tmp") and not any(_under(real, r) for r in tmp_rebinds):
+            continue  # the private /tmp already leaves it out (and there is nothing to mount over)
         (hide_dirs if os.path.isdir(real) else hide_files).append(real)
         if real != p:
             notes.append(f"{p} is a symlink; hiding its target {real}")
@@ -192,9 +195,20 @@ def _mount(source: str | None, target: str, fstype: str | None, flags: int, data
         raise MountError(e, f"mount {target}: {os.strerror(e)}")
 
 
+#: statvfs f_flag bit -> mount flag. In a user namespace the flags of mounts inherited from the
+#: host are locked: a remount that would clear one (noexec, an atime mode) is refused, so a
+#: read-only remount must repeat them.
+_KEPT_FLAGS = ((os.ST_NOEXEC, MS_NOEXEC), (os.ST_NOATIME, 1024), (os.ST_NODIRATIME, 2048), (os.ST_RELATIME, 1 << 21))
+
+
 def _bind_readonly(source: str, target: str) -> None:
     _mount(source, target, None, MS_BIND | MS_REC)
-    _mount(None, target, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
+    flags = MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV
+    have = os.statvfs(target).f_flag
+    for st_bit, ms_bit in _KEPT_FLAGS:
+        if have & st_bit:
+            flags |= ms_bit
+    _mount(None, target, None, flags)
 
 
 def make_private() -> None:
@@ -202,27 +216,79 @@ def make_private() -> None:
 
 
 def fresh_proc_sys() -> None:
-    # Detach the host's first, so no handle into them stays reachable below the new ones.
+    # Detach the host's first where we may (in our own user namespace the inherited mounts are
+    # locked and stay underneath, unreachable: the new ones cover the whole path).
     _libc.umount2(b"/proc", MNT_DETACH)
     _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     _libc.umount2(b"/sys", MNT_DETACH)
-    _mount("sysfs", "/sys", "sysfs", MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY)
+    try:
+        _mount("sysfs", "/sys", "sysfs", MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY)
+    except MountError:
+        # A kernel that refuses sysfs in a user namespace (parts of the host's are covered):
+        # bind the host's read-only instead; /sys/class/net then shows the host's links'
+        # names but no way to reach them from this network namespace.
+        _bind_readonly("/sys", "/sys")
+    minimal_dev()
+
+
+#: The only host device nodes the sandbox sees (bubblewrap's --dev set). The threat: a root
+#: command in its user namespace still owns the host's root-owned nodes, and opening a device
+#: needs no capability, only DAC: /dev/vda (read the raw disk past every hidden path),
+#: /dev/kmsg, /dev/userfaultfd, /dev/loop*, /dev/kvm would all be open to it.
+DEV_NODES = ("null", "zero", "full", "random", "urandom", "tty")
+
+
+def minimal_dev() -> None:
+    """A fresh /dev: a few nodes bound from the host's, a private devpts and /dev/shm, the usual links."""
+    host = os.open("/dev", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        _mount("tmpfs", "/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=0755,size=64k")
+        for name in DEV_NODES:
+            if not os.path.exists(f"/proc/self/fd/{host}/{name}"):
+                continue
+            os.close(os.open(f"/dev/{name}", os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o666))
+            _mount(f"/proc/self/fd/{host}/{name}", f"/dev/{name}", None, MS_BIND)
+    finally:
+        os.close(host)
+    os.mkdir("/dev/pts", 0o755)
     _mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620")
-    _mount("/dev/pts/ptmx", "/dev/ptmx", None, MS_BIND)
+    os.symlink("pts/ptmx", "/dev/ptmx")
+    os.mkdir("/dev/shm", 0o1777)
     _mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")
+    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
+                         ("stderr", "/proc/self/fd/2")):
+        os.symlink(target, f"/dev/{name}")
+    _mount(None, "/dev", None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NOEXEC)  # nothing new appears in /dev
 
 
 def build(p: MountPlan, run_dir: Path, files: dict[str, Path]) -> None:
-    """Steps 3-8 of the module docstring; `files` maps host paths to replacement files (resolv.conf)."""
+    """Steps 3-8 of the module docstring; `files` maps host paths to replacement files (resolv.conf).
+
+    The run directory is reached through a descriptor opened first: it may itself lie under
+    /tmp (an unprivileged user's runtime directory), which step 3 covers.
+    """
+    fd = os.open(run_dir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        _build(p, Path(f"/proc/self/fd/{fd}"), {k: Path(f"/proc/self/fd/{fd}") / v.relative_to(run_dir)
+                                                for k, v in files.items()})
+    finally:
+        os.close(fd)
+
+
+def _build(p: MountPlan, run_dir: Path, files: dict[str, Path]) -> None:
     if p.private_tmp:
         stage = run_dir / "hosttmp"
         _mount("/tmp", str(stage), None, MS_BIND | MS_REC)
-        _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")
-        for root in p.tmp_rebinds:
-            inside = posixpath.join("/tmp", os.path.relpath(root, "/tmp"))
-            os.makedirs(inside, exist_ok=True)
-            _mount(str(stage / os.path.relpath(root, "/tmp")), inside, None, MS_BIND | MS_REC)
-        _libc.umount2(str(stage).encode(), MNT_DETACH)
+        sfd = os.open(stage, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)  # the host's /tmp, by handle
+        try:
+            _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")
+            for root in p.tmp_rebinds:
+                inside = posixpath.join("/tmp", os.path.relpath(root, "/tmp"))
+                os.makedirs(inside, exist_ok=True)
+                _mount(f"/proc/self/fd/{sfd}/{os.path.relpath(root, '/tmp')}", inside, None, MS_BIND | MS_REC)
+            _libc.umount2(f"/proc/self/fd/{sfd}".encode(), MNT_DETACH)
+        finally:
+            os.close(sfd)
     for d in p.pins:
         _mount(d, d, None, MS_BIND | MS_REC)
     for path in (*p.protect, *(ph for ph, _ in p.placeholders)):

@@ -1,18 +1,28 @@
 """A small seccomp-BPF filter for the sandboxed command, inherited by every descendant and across exec.
 
-It does not try to be a syscall allowlist (the namespaces and nftables are the boundary); it closes
-two holes those cannot see:
+It does not try to be a syscall allowlist (the namespaces, Landlock, dropped capabilities and
+nftables are the boundary); it refuses a short list of calls a build never needs and an attacker
+loves, each named in RULES with the errno it gets and the threat it defends:
 
 * keystroke injection: ioctl(TIOCSTI) pushes bytes into the input queue of a terminal the command
   can reach, so they are read, and run, by the user's shell after the command exits; TIOCLINUX can
   paste the console selection the same way (and dump the screen);
 * io_uring: its operations are performed by kernel workers, not as syscalls, so seccomp filters
   (ours or anyone's stacked later) never see them. Refused with ENOSYS so programs fall back to
-  ordinary read/write instead of failing.
+  ordinary read/write instead of failing;
+* kernel attack surface and host state that no namespace isolates: bpf, perf_event_open, the
+  keyring calls (keyctl, add_key, request_key), open_by_handle_at, module loading and kexec, and
+  userfaultfd (the classic tool for winning kernel races). Refused with EPERM, the answer the
+  kernel itself gives an unprivileged caller, so tools take their "not allowed here" path.
+
+Deliberately left allowed: setns/unshare (nested sandboxes like bwrap/podman need them; the
+capability checks already refuse entering the host's namespaces), name_to_handle_at (tools use it
+for mount ids; a handle is useless without open_by_handle_at), ptrace and process_vm_readv/writev
+(debuggers inside need them; the pid namespace and Landlock's scope keep outside processes away).
 
 The filter first checks the audit arch and (on x86_64) the x32 bit: a syscall's number means nothing
-until we know which table it indexes, and the 32-bit/x32 tables would otherwise carry ioctl under a
-number we do not check.
+until we know which table it indexes, and the 32-bit/x32 tables would otherwise carry every call we
+refuse under a number we do not check.
 """
 
 from __future__ import annotations
@@ -21,6 +31,7 @@ import ctypes
 import errno
 import os
 import platform
+from typing import NamedTuple
 
 # --- classic BPF opcodes (linux/bpf_common.h) -------------------------------------------------
 BPF_LD_W_ABS = 0x20  # BPF_LD | BPF_W | BPF_ABS: A = 32-bit word at seccomp_data + k
@@ -43,18 +54,58 @@ OFF_ARG1_LO = OFF_ARGS + 8 * 1  # low word of args[1] on little-endian (both sup
 
 X32_SYSCALL_BIT = 0x40000000
 
-# io_uring got the same numbers on every architecture we support (asm-generic and x86_64 alike).
-NR_IO_URING_SETUP = 425
-NR_IO_URING_ENTER = 426
-NR_IO_URING_REGISTER = 427
-
 TIOCSTI = 0x5412
 TIOCLINUX = 0x541C
 
-# arch name -> (AUDIT_ARCH_*, __NR_ioctl, has the x32 ABI)
-_ARCHES: dict[str, tuple[int, int, bool]] = {
-    "x86_64": (0xC000003E, 16, True),
-    "aarch64": (0xC00000B7, 29, False),
+
+class Rule(NamedTuple):
+    """One refused syscall: its name (a key of SYSCALL_NRS[arch]), the errno it fails with, and why."""
+
+    syscall: str
+    errno: int
+    threat: str
+
+
+# The filter, in the order it checks. ioctl is not here: only two of its commands are refused (below).
+RULES: tuple[Rule, ...] = (
+    Rule("io_uring_setup", errno.ENOSYS, "I/O done by kernel workers that no seccomp filter inspects"),
+    Rule("io_uring_enter", errno.ENOSYS, "I/O done by kernel workers that no seccomp filter inspects"),
+    Rule("io_uring_register", errno.ENOSYS, "I/O done by kernel workers that no seccomp filter inspects"),
+    Rule("bpf", errno.EPERM, "BPF programs/maps: verifier bugs, and bpf() on the host (v1 review)"),
+    Rule("perf_event_open", errno.EPERM, "kernel address and side-channel leaks, a long CVE history"),
+    Rule("keyctl", errno.EPERM, "keyrings are not namespaced: root's keys readable (v1 review)"),
+    Rule("add_key", errno.EPERM, "keyrings are not namespaced: plant keys for host processes"),
+    Rule("request_key", errno.EPERM, "keyrings are not namespaced: search the host's keys, run upcalls"),
+    Rule("open_by_handle_at", errno.EPERM, "opens inodes by handle, past hidden paths (v1: read ~/.ssh)"),
+    Rule("init_module", errno.EPERM, "load code into the host kernel"),
+    Rule("finit_module", errno.EPERM, "load code into the host kernel"),
+    Rule("delete_module", errno.EPERM, "unload host kernel modules (netfilter, the disk driver)"),
+    Rule("kexec_load", errno.EPERM, "replace the running host kernel"),
+    Rule("kexec_file_load", errno.EPERM, "replace the running host kernel"),
+    Rule("userfaultfd", errno.EPERM, "stall kernel page faults to win kernel races (exploit primitive)"),
+)
+
+# Native syscall numbers. x86_64: /usr/include/x86_64-linux-gnu/asm/unistd_64.h; aarch64 uses the
+# generic table, /usr/include/asm-generic/unistd.h. tests/test_seccomp.py re-reads both headers.
+SYSCALL_NRS: dict[str, dict[str, int]] = {
+    "x86_64": {
+        "ioctl": 16, "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
+        "bpf": 321, "perf_event_open": 298, "keyctl": 250, "add_key": 248, "request_key": 249,
+        "open_by_handle_at": 304, "init_module": 175, "finit_module": 313, "delete_module": 176,
+        "kexec_load": 246, "kexec_file_load": 320, "userfaultfd": 323,
+    },
+    "aarch64": {
+        "ioctl": 29, "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
+        "bpf": 280, "perf_event_open": 241, "keyctl": 219, "add_key": 217, "request_key": 218,
+        "open_by_handle_at": 265, "init_module": 105, "finit_module": 273, "delete_module": 106,
+        "kexec_load": 104, "kexec_file_load": 294, "userfaultfd": 282,
+    },
+}
+
+# arch name -> (AUDIT_ARCH_*, has the x32 ABI)
+_ARCHES: dict[str, tuple[int, bool]] = {
+    "x86_64": (0xC000003E, True),
+    "aarch64": (0xC00000B7, False),
 }
 _ALIASES = {"amd64": "x86_64", "arm64": "aarch64"}
 
@@ -75,6 +126,11 @@ def _normalise_arch(arch: str | None) -> str:
     return name
 
 
+def syscall_number(name: str, arch: str | None = None) -> int:
+    """The native number of a syscall in our table (arch None -> this machine), for raw syscall() callers."""
+    return SYSCALL_NRS[_normalise_arch(arch)][name]
+
+
 def build_filter(arch: str | None = None) -> list[tuple[int, int, int, int]]:
     """The classic-BPF program as (code, jt, jf, k) tuples for arch 'x86_64' or 'aarch64'
     (None -> platform.machine()).
@@ -83,45 +139,40 @@ def build_filter(arch: str | None = None) -> list[tuple[int, int, int, int]]:
     Jumps name labels and are resolved here, so adding an instruction cannot leave a hand-counted
     offset pointing at the wrong place.
     """
-    audit_arch, nr_ioctl, has_x32 = _ARCHES[_normalise_arch(arch)]
-    deny_eperm = SECCOMP_RET_ERRNO | errno.EPERM
-    deny_enosys = SECCOMP_RET_ERRNO | errno.ENOSYS
+    name = _normalise_arch(arch)
+    audit_arch, has_x32 = _ARCHES[name]
+    nrs = SYSCALL_NRS[name]
 
     # (code, true-label, false-label, k); None = fall through to the next instruction.
     asm: list[tuple[int, str | None, str | None, int] | str] = [
         # Threat: 32-bit syscalls (int 0x80 on x86_64, AArch32 compat on arm64) index another
         # table (ioctl is 54 on i386), so every number check below would be bypassed.
         (BPF_LD_W_ABS, None, None, OFF_ARCH),
-        (BPF_JEQ_K, None, "eperm", audit_arch),
+        (BPF_JEQ_K, None, f"errno{errno.EPERM}", audit_arch),
         # From here on nr is a native syscall number.
         (BPF_LD_W_ABS, None, None, OFF_NR),
     ]
     if has_x32:
         # Threat: x32 syscalls carry the native arch but nr | 0x40000000 (ioctl is 0x40000010),
         # another way around the number checks.
-        asm.append((BPF_JGE_K, "eperm", None, X32_SYSCALL_BIT))
+        asm.append((BPF_JGE_K, f"errno{errno.EPERM}", None, X32_SYSCALL_BIT))
+    # Each refused syscall jumps to the RET of its errno; the threat of each is in RULES.
+    asm += [(BPF_JEQ_K, f"errno{rule.errno}", None, nrs[rule.syscall]) for rule in RULES]
     asm += [
-        # Threat: io_uring submits I/O that no seccomp filter inspects; ENOSYS, so callers
-        # (liburing users, tokio-uring, ...) fall back to classic syscalls.
-        (BPF_JEQ_K, "enosys", None, NR_IO_URING_SETUP),
-        (BPF_JEQ_K, "enosys", None, NR_IO_URING_ENTER),
-        (BPF_JEQ_K, "enosys", None, NR_IO_URING_REGISTER),
-        # Everything that is not ioctl is not our business.
-        (BPF_JEQ_K, None, "allow", nr_ioctl),
+        # Everything else that is not ioctl is not our business.
+        (BPF_JEQ_K, None, "allow", nrs["ioctl"]),
         # ioctl(fd, cmd, ...): the kernel takes cmd as unsigned int, so compare only the low word;
         # the high word is ignored by the kernel and must not let a caller dodge the check.
         (BPF_LD_W_ABS, None, None, OFF_ARG1_LO),
         # Threat: TIOCSTI injects keystrokes into the user's terminal, run after we exit.
-        (BPF_JEQ_K, "eperm", None, TIOCSTI),
+        (BPF_JEQ_K, f"errno{errno.EPERM}", None, TIOCSTI),
         # Threat: TIOCLINUX (TIOCL_SETSEL + TIOCL_PASTESEL) pastes chosen text as input on a VT console.
-        (BPF_JEQ_K, "eperm", "allow", TIOCLINUX),
+        (BPF_JEQ_K, f"errno{errno.EPERM}", "allow", TIOCLINUX),
         "allow",
         (BPF_RET_K, None, None, SECCOMP_RET_ALLOW),
-        "enosys",
-        (BPF_RET_K, None, None, deny_enosys),
-        "eperm",
-        (BPF_RET_K, None, None, deny_eperm),
     ]
+    for err in sorted({errno.EPERM, *(rule.errno for rule in RULES)}):
+        asm += [f"errno{err}", (BPF_RET_K, None, None, SECCOMP_RET_ERRNO | err)]
     return _assemble(asm)
 
 

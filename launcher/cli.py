@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
-import ipaddress
 import json
 import os
 import shutil
@@ -65,6 +63,8 @@ def _policy_from_args(args: argparse.Namespace) -> lpolicy.Policy:
 
 def cmd_proxy(args: argparse.Namespace) -> int:
     """Run the allowlisting proxy alone until Ctrl-C, for containers or CI jobs routed through it."""
+    import asyncio
+
     from netguard import proxy, rules
     from netguard.audit import AuditLog
 
@@ -118,32 +118,23 @@ def cmd_run(args: argparse.Namespace) -> int:
     from fsguard import mounts
     from fsguard import policy as fspolicy
     from launcher import run
-    from netguard import netns, nft
+    from netguard import nft, sandboxnet
 
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not cmd:
         raise UsageError("no command given: sandgate run [options] -- CMD [ARGS...]")
-    pol = _policy_from_args(args)  # validate here: a policy error must stop us before anything is created
-    policy_args = [*(a for p in args.policy for a in ("--policy", str(Path(p).resolve()))),
-                   *(a for x in args.allow for a in ("--allow", x)), *(a for x in args.deny for a in ("--deny", x))]
+    pol = _policy_from_args(args)  # parsed once, here: the daemon gets the compiled result, never YAML
+    files = [Path(p).resolve() for p in args.policy]
     if not args.policy and not args.allow and Path(".sandgate.yaml").exists():
-        policy_args = ["--policy", str(Path(".sandgate.yaml").resolve()), *policy_args]
-    if args.net_range is not None:
-        try:
-            net = ipaddress.ip_network(args.net_range)
-            if net.version != 4 or net.prefixlen > 30:
-                raise ValueError
-        except ValueError:
-            raise UsageError(f"invalid --net-range '{args.net_range}': give an IPv4 range of /30 or larger") from None
-    if shutil.which("nft") is None:
-        raise UsageError("nft not found; install nftables (apt-get install nftables)")
+        files = [Path(".sandgate.yaml").resolve()]
+    root_inside = args.user in ("0", "root")
     opts = run.RunOptions(
-        policy_args=policy_args, cmd=cmd,
-        audit_path=Path(args.audit_log) if args.audit_log else default_audit_path(),
-        user=run.resolve_user(args.user), policy=pol, write=tuple(args.write), read_deny=tuple(args.read_deny),
+        cmd=cmd, audit_path=(Path(args.audit_log) if args.audit_log else default_audit_path()).absolute(),
+        user=None if root_inside and os.geteuid() != 0 else run.resolve_user(args.user), policy=pol,
+        policy_file=files[0] if files else None, root_inside=root_inside,
+        write=tuple(args.write), read_deny=tuple(args.read_deny),
         require_landlock=args.require_landlock, quiet=args.quiet, verbose=args.verbose, learn=args.learn,
         ask=args.ask, ask_timeout=args.ask_timeout, approvals=_approvals_path(args.approvals),
-        net_range=args.net_range or netns.DEFAULT_RANGE,
     )
     for p in (*args.write, *args.read_deny):
         try:
@@ -152,7 +143,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise UsageError(f"--write/--read-deny {e}") from None
     try:
         return run.run(opts)
-    except (run.RunError, nft.NftError, netns.NetnsError) as e:
+    except (run.RunError, nft.NftError, sandboxnet.SandboxNetError) as e:
         raise UsageError(str(e)) from None
     except mounts.MountError as e:
         raise UsageError(e.strerror or str(e)) from None
@@ -203,23 +194,72 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_cleanup(args: argparse.Namespace) -> int:
-    from launcher import run
-    from netguard import nft
+    from launcher import runstate
+    from netguard import control
 
-    if os.geteuid() != 0:
-        raise UsageError("sandgate cleanup needs root (it removes firewall tables and links)")
     try:
-        run.STATE_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)
-        with run.lock():  # never between another run's link creation and its state file
-            removed = run.cleanup_stale()
+        rt = control.runtime_dir()
+    except control.ControlError as e:
+        raise UsageError(str(e)) from None
+    with runstate.lock(rt):  # never between another run's placeholder creation and its state file
+        removed = runstate.cleanup_stale(rt)
+    sock = control.socket_path(rt)
+    if sock.exists():
+        try:
+            control.ControlClient.connect(sock, timeout=2.0).close()
+        except (OSError, control.ControlError):
+            sock.unlink(missing_ok=True)  # a dead daemon's socket
+            removed.append(f"dead daemon socket {sock}")
+    if os.geteuid() == 0 and shutil.which("ip"):
         from launcher import world
         removed += world.cleanup_stale(world.VERIFY_PREFIXES)  # worlds of a killed `sandgate verify`
-    except nft.NftError as e:
-        raise UsageError(str(e)) from None
     for item in removed:
         print(f"sandgate: removed {item}", file=sys.stderr)
     if not removed:
         print("sandgate: nothing to clean up", file=sys.stderr)
+    return 0
+
+
+def cmd_daemon(args: argparse.Namespace) -> int:
+    """`sandgate daemon status|stop|start`: the per-user proxy daemon that `sandgate run` starts on demand."""
+    from launcher import daemonctl
+    from netguard import control
+
+    try:
+        rt = control.runtime_dir()
+    except control.ControlError as e:
+        raise UsageError(str(e)) from None
+    path = control.socket_path(rt)
+    if args.daemon_command == "start":
+        d = daemonctl.Daemon(rt)
+        try:
+            d.wait_ready(daemonctl.START_TIMEOUT)
+        except daemonctl.DaemonError as e:
+            raise UsageError(str(e)) from None
+        d.close()
+        print(f"sandgate: daemon running ({path})", file=sys.stderr)
+        return 0
+    try:
+        client = control.ControlClient.connect(path, timeout=2.0)
+    except (OSError, control.ControlError):
+        print(f"sandgate: no daemon running ({path})", file=sys.stderr)
+        return 3 if args.daemon_command == "status" else 0
+    try:
+        if args.daemon_command == "stop":
+            client.stop()
+            print("sandgate: daemon stopped", file=sys.stderr)
+            return 0
+        st = client.status()
+    finally:
+        client.close()
+    if args.json:
+        print(json.dumps(st))
+    else:
+        bindings = st.get("bindings", [])
+        print(f"sandgate: daemon pid {st.get('pid')}, up {float(st.get('uptime', 0)):.0f} s, "
+              f"{len(bindings)} sandbox(es); socket {path}")
+        for b in bindings:
+            print(f"  task {b.get('task')}")
     return 0
 
 
@@ -256,7 +296,9 @@ def build_parser() -> argparse.ArgumentParser:
                         usage="sandgate run [options] -- CMD [ARGS...]")
     _policy_args(rn)
     rn.add_argument("--audit-log", metavar="PATH", help="JSON-lines audit log (default .sandgate/audit-<time>.jsonl)")
-    rn.add_argument("--user", metavar="USER", help="run CMD as USER (default: the sudo caller, else root)")
+    rn.add_argument("--user", metavar="USER",
+                    help="run CMD as USER (root only; default: the sudo caller, else you); "
+                         "--user 0 or root: uid 0 inside the sandbox's own user namespace, no host privilege")
     rn.add_argument("--write", action="append", default=[], metavar="PATH",
                     help="also writable (repeatable); default writable: the current directory and a private /tmp")
     rn.add_argument("--read-deny", action="append", default=[], metavar="PATH",
@@ -272,8 +314,6 @@ def build_parser() -> argparse.ArgumentParser:
                     help="deny a question nobody answered in this time (default 60)")
     rn.add_argument("--approvals", metavar="unix:PATH",
                     help="serve approval questions to a tool on this unix socket instead of the terminal")
-    rn.add_argument("--net-range", metavar="CIDR", default=None,
-                    help="private range to take the sandbox's /30 link from (default 10.237.0.0/16)")
     rn.add_argument("-q", "--quiet", action="store_true", help="no summary line at exit")
     rn.add_argument("cmd", nargs=argparse.REMAINDER, metavar="CMD")
     rn.set_defaults(func=cmd_run)
@@ -296,8 +336,16 @@ def build_parser() -> argparse.ArgumentParser:
     sg.add_argument("--name", help="description for the suggested policy")
     sg.set_defaults(func=cmd_audit)
 
-    cl = sub.add_parser("cleanup", help="remove namespaces, firewall tables and links left by killed runs")
+    cl = sub.add_parser("cleanup", help="remove what killed runs left: placeholders, state, a dead daemon's socket")
     cl.set_defaults(func=cmd_cleanup)
+
+    dm = sub.add_parser("daemon", help="the proxy daemon that serves every sandbox (started on demand)")
+    dm_sub = dm.add_subparsers(dest="daemon_command", required=True, parser_class=_Parser)
+    for name, text in (("status", "is it running, and for which sandboxes"), ("stop", "stop it (running "
+                       "sandboxes lose their network: fail closed)"), ("start", "start it now instead of on demand")):
+        d = dm_sub.add_parser(name, help=text)
+        d.add_argument("--json", action="store_true", help=argparse.SUPPRESS if name != "status" else "as JSON")
+        d.set_defaults(func=cmd_daemon)
 
     al = sub.add_parser("allowlists", help="list the bundled allowlists")
     al.set_defaults(func=cmd_allowlists)

@@ -1,47 +1,48 @@
-"""`sandgate run`: the launch sequence, top to bottom.
+"""`sandgate run`: the launch sequence, top to bottom (v2: nothing in the host's namespaces).
 
-  policy -> state + lock -> veth -> proxy up -> nftables -> fork sandbox
-  (new net/mount/pid namespaces; net configured; mounts; privileges dropped; exec CMD)
-  -> wait, forward signals, watch the proxy, record dropped packets -> tear down -> summary
+  policy (parsed once, here) -> daemon: connect, or spawn without waiting
+  -> state + lock: stale cleanup, placeholders
+  -> holder: own user+net+mount+pid+ipc+uts namespaces; we write its uid/gid maps; it builds
+     lo + nftables + listeners inside and hands us the listeners
+  -> the daemon gets a typed spec and the listeners (now, or as soon as it is up)
+  -> init + CMD (launcher/sandbox.py) -> wait, forward signals, record dropped packets,
+     notice a dead daemon -> end the binding -> summary -> tear down
 
-Processes, and why each exists:
-  sandgate (root, host namespaces)  owns the veth, the nft table and the proxy; removes them
-  proxy    (child of sandgate)      the only decision point; dies with sandgate (PDEATHSIG)
-  holder   (child of sandgate)      unshares net+mount+pid; its netns receives the veth
-  init     (pid 1 of the sandbox)   forwards signals, reaps orphans; when it exits the kernel
-                                    kills every process left in the pid namespace (daemons
-                                    included), and with the last one the netns and veth vanish
-  CMD      (child of init)          the user's command, in the terminal's foreground group
-A SIGKILLed sandgate takes holder and init with it (PDEATHSIG chain); the next run or
-`sandgate cleanup` removes the table, link and state it left.
+Whoever starts sandgate, CMD holds no capability over the host (fsguard/userns.py says how ids
+map). If the daemon dies, the listeners die with it: the sandbox has no network, by construction.
+A SIGKILLed launcher takes the holder and init with it (PDEATHSIG chain), its control
+connection closes so the daemon drops the binding, and the next run or `sandgate cleanup`
+removes the placeholders and state it left.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import fcntl
-import json
 import os
 import pwd
 import select
 import signal
-import subprocess
+import socket
 import sys
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from fsguard import landlock, mounts, process, seccomp
+from fsguard import landlock, mounts, userns
 from fsguard import policy as fspolicy
-from launcher import approvals, whoasked
+from launcher import daemonctl, runstate, sandbox
 from launcher import policy as lpolicy
-from netguard import netns, nft
+from netguard import control
 from netguard.audit import AuditLog, decision_record, policy_record, read_records
+from netguard.nft import Ports
+from netguard.spec import BindingSpec
 
-STATE_DIR = Path("/run/sandgate")
-REGULAR_PORT, TRANSPARENT_PORT, DNS_PORT = 3128, 3129, 53
-PROXY_START_TIMEOUT = 30.0
+if TYPE_CHECKING:  # imported when used: most runs never ask a human (a fast start matters)
+    from launcher import approvals
+
 EXIT_ERROR = 125
+PORTS = Ports()
 
 # Signals a user sends to sandgate that CMD should get. Terminal-generated ones (Ctrl-C, Ctrl-\)
 # already reach CMD directly because it is in the terminal's foreground process group.
@@ -53,7 +54,7 @@ TTY_SIGNALS = (signal.SIGINT, signal.SIGQUIT)
 #: Test-only: sandgate verify's self-test sets this to weaken ONE mechanism and prove that the
 #: matching probes then fail. Not a command-line option; announced loudly; never passed inside.
 WEAKEN_ENV = "SANDGATE_INTERNAL_WEAKEN"
-WEAKENINGS = frozenset({"firewall", "git-hooks"})
+WEAKENINGS = frozenset({"firewall", "git-hooks", "netadmin"})
 
 
 def weakened() -> frozenset[str]:
@@ -79,11 +80,12 @@ class User:
 
 @dataclass
 class RunOptions:
-    policy_args: list[str]  # --policy/--allow/--deny, re-passed to the proxy process verbatim
     cmd: list[str]
     audit_path: Path
-    user: User | None
+    user: User | None  # the host user CMD runs as; None: whoever started sandgate
     policy: lpolicy.Policy = field(default_factory=lambda: lpolicy.Policy(lpolicy.netpolicy.NetworkPolicy(), ()))
+    policy_file: Path | None = None  # the first --policy file: where "always" answers are written
+    root_inside: bool = False  # --user 0/root: uid 0 inside the sandbox's user namespace
     write: tuple[str, ...] = ()  # --write
     read_deny: tuple[str, ...] = ()  # --read-deny
     require_landlock: bool = False
@@ -93,7 +95,6 @@ class RunOptions:
     approvals: str | None = None  # unix socket path for an embedding tool; None: the terminal
     quiet: bool = False
     verbose: bool = False
-    net_range: str = netns.DEFAULT_RANGE
     task: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
 
 
@@ -111,68 +112,137 @@ class Confinement:
 
 
 def run(opts: RunOptions) -> int:
-    if os.geteuid() != 0:
-        raise RunError("sandgate run needs root to build namespaces and firewall rules; run it with sudo "
-                       "(the command itself runs as you)")
-    STATE_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)
-    run_id = uuid.uuid4().hex[:8]
-    state = STATE_DIR / f"{run_id}.json"
-    audit = _open_audit(opts.audit_path)  # before planning: its directory (.sandgate) is then protected too
-    placeholders: list[str] = []
-    link: netns.Link | None = None
-    proxy: subprocess.Popen[bytes] | None = None
-    broker: approvals.Broker | None = None
-    table = f"{nft.TABLE_PREFIX}{run_id}"
-    status = EXIT_ERROR
-    dropped_seen: set[tuple[str, str, int | None]] = set()
     try:
+        rt = control.runtime_dir()
+    except control.ControlError as e:
+        raise RunError(str(e)) from None
+    daemon = daemonctl.Daemon(rt)  # first: a cold daemon starts while we set up the sandbox
+    paths = runstate.RunPaths(rt, uuid.uuid4().hex[:8])
+    audit = _open_audit(opts.audit_path)
+    placeholders: list[str] = []
+    broker: approvals.Broker | None = None
+    status = EXIT_ERROR
+    try:
+        runstate.make_dirs(paths)
         if opts.ask or opts.policy.network.ask:
-            # Before planning the mounts: its sockets must exist to be hidden from the sandbox.
-            _run_dir(run_id).mkdir(mode=0o700, parents=True, exist_ok=True)
-            broker = approvals.Broker(_run_dir(run_id) / "approvals.sock", audit, opts.task, opts.ask_timeout,
-                                      channel=opts.approvals, policy_file=_first_policy_file(opts))
-        with lock():
-            cleanup_stale()  # first: a killed run's placeholders must not be mistaken for the workspace's files
-            conf = _confinement(opts, audit)
-            link = netns.create_link(run_id, opts.net_range)
-            _write_state(state, run_id, link.host_if, table, None, conf.mounts.placeholders)
+            # Before planning the mounts: its socket must exist to be hidden from the sandbox.
+            from launcher import approvals
+
+            broker = approvals.Broker(paths.dir / "approvals.sock", audit, opts.task, opts.ask_timeout,
+                                      channel=opts.approvals, policy_file=opts.policy_file)
+        with runstate.lock(rt):
+            runstate.cleanup_stale(rt)  # first: a killed run's placeholders must not be taken for the workspace's
+            conf = _confinement(opts, audit, rt)
+            runstate.write_state(paths, [p for p, _ in conf.mounts.placeholders])
             placeholders = mounts.create_placeholders(conf.mounts)
-        proxy = _start_proxy(opts, run_id, link, broker is not None)
-        _write_state(state, run_id, link.host_if, table, proxy.pid, conf.mounts.placeholders)
-        nft.apply(nft.SandboxNet(run_id, link.host_if, link.gateway, REGULAR_PORT, TRANSPARENT_PORT, DNS_PORT),
-                  open_firewall="firewall" in weakened())
+        ins = _inside(opts, conf, paths)
         if broker is not None:
             _tell_terminal(broker.banner())
-        holder, ctl = _spawn_sandbox(opts, conf, run_id, link)
-        if broker is not None:
-            broker.who = lambda ip, port: _asker(holder, ip, port)
-            broker.start()  # threads only after the fork
-        status = _supervise(holder, ctl, proxy, table, audit, opts.task, dropped_seen)
+        status = _launch(opts, ins, daemon, audit, broker, paths)
     finally:
         if broker is not None:
             broker.stop()
-        if link is not None:
-            _record_drops(table, audit, opts.task, dropped_seen)
-        nft.remove(table)
-        if link is not None:
-            netns.remove_link(link.host_if)
-        if proxy is not None:
-            _stop(proxy)
+        daemon.close()
         mounts.remove_placeholders(placeholders)
-        state.unlink(missing_ok=True)
-        _rm_run_dir(run_id)
+        runstate.remove(paths)
         audit.close()
     if not opts.quiet:
         print(summary(opts.audit_path, opts.task), file=sys.stderr)
     return status
 
 
-def _confinement(opts: RunOptions, audit: AuditLog) -> Confinement:
+def _inside(opts: RunOptions, conf: Confinement, paths: runstate.RunPaths) -> sandbox.Inside:
+    target = (opts.user.uid, opts.user.gid, tuple(opts.user.groups)) if opts.user else None
+    try:
+        ident = userns.plan(os.getuid(), os.getgid(), target, opts.root_inside)
+    except userns.UsernsError as e:
+        raise RunError(str(e)) from None
+    weak = weakened()
+    own_netns = "firewall" not in weak
+    (paths.dir / "resolv.conf").write_text("# written by sandgate: the sandbox's only resolver is its DNS listener\n"
+                                            "nameserver 127.0.0.1\noptions edns0\n")
+    (paths.dir / "resolv.conf").chmod(0o644)
+    (paths.dir / "empty").touch(0o444)
+    (paths.dir / "hosttmp").mkdir(0o700, exist_ok=True)
+    return sandbox.Inside(tuple(opts.cmd), conf.env, ident, conf.mounts, conf.landlock, paths.dir, PORTS,
+                          own_netns=own_netns, keep_net_admin="netadmin" in weak)
+
+
+def _launch(opts: RunOptions, ins: sandbox.Inside, daemon: daemonctl.Daemon, audit: AuditLog,
+            broker: approvals.Broker | None, paths: runstate.RunPaths) -> int:
+    """Fork the holder, map its ids, take its listeners, hand them on, let CMD start, supervise."""
+    holder, chan = sandbox.start_holder(os.getpid(), ins)
+    try:
+        _expect_msg(chan, b"U", holder)
+        try:
+            userns.write_maps(holder, ins.ident)
+        except OSError as e:
+            raise RunError(f"cannot map ids into the sandbox's user namespace: {e.strerror}") from None
+        chan.send(b"M")
+        msg, fds, _, _ = socket.recv_fds(chan, 4096, 8)
+        if not msg.startswith(b"L") or len(fds) != 4:
+            for fd in fds:
+                os.close(fd)
+            _fail_from(msg, holder)
+        spec = BindingSpec(task=opts.task, policy=opts.policy.network, learn=opts.learn, ask_all=opts.ask,
+                           approval_socket=str(paths.dir / "approvals.sock") if broker else None,
+                           ask_timeout=opts.ask_timeout)
+        pending = _Handover(daemon, spec, [os.open(opts.audit_path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC), *fds])
+        try:
+            pending.try_bind()
+        except daemonctl.DaemonError as e:
+            raise RunError(str(e)) from None
+        if broker is not None:
+            broker.who = lambda ip, port: _asker(holder, ip, port)
+            broker.start()  # threads only after the fork
+        chan.send(b"G")
+        return _supervise(holder, chan, pending, audit, opts.task)
+    finally:
+        chan.close()
+        daemon.end()
+
+
+def _expect_msg(chan: socket.socket, what: bytes, holder: int) -> None:
+    msg = chan.recv(4096)
+    if msg != what:
+        _fail_from(msg, holder)
+
+
+def _fail_from(msg: bytes, holder: int) -> None:
+    os.waitpid(holder, 0)
+    text = msg[1:].decode(errors="replace").strip() if msg[:1] == b"E" else ""
+    raise RunError(text or "sandbox setup failed")
+
+
+class _Handover:
+    """The listeners (and audit fd) on their way to the daemon; ours are closed once it holds them."""
+
+    def __init__(self, daemon: daemonctl.Daemon, spec: BindingSpec, fds: list[int]) -> None:
+        self.daemon, self.spec, self.fds = daemon, spec, fds
+        self.done = False
+
+    def try_bind(self) -> None:
+        if self.done or self.daemon.pending:
+            return
+        try:
+            self.daemon.bind(self.spec, self.fds)
+        finally:
+            self.close()
+        self.done = True
+
+    def close(self) -> None:
+        for fd in self.fds:
+            os.close(fd)
+        self.fds = []
+
+
+def _confinement(opts: RunOptions, audit: AuditLog, rt: Path) -> Confinement:
     """Plan the filesystem and process boundary; refuse what cannot be enforced as asked."""
     home = opts.user.home if opts.user else os.environ.get("HOME") or pwd.getpwuid(os.getuid()).pw_dir
-    # sandgate's own state (the proxy's approval socket) and an embedding tool's approval socket
-    # are never the sandbox's business: it must not be able to answer its own questions.
-    own = (str(STATE_DIR), *((opts.approvals,) if opts.approvals else ()))
+    # sandgate's own state (the daemon's control socket, the approval socket) and an embedding
+    # tool's approval socket are never the sandbox's business: it must not be able to answer its
+    # own questions or bind itself a wider policy.
+    own = (str(rt), *((opts.approvals,) if opts.approvals else ()))
     eff = fspolicy.effective(opts.policy.filesystem, cwd=os.getcwd(), home=home, extra_write=opts.write,
                              extra_read_deny=(*opts.read_deny, *own))
     weak = weakened()
@@ -226,11 +296,6 @@ def summary(path: Path, task: str) -> str:
     return f"sandgate: {counts['allow']} allowed{would}, {counts['deny']} denied -> {path}"
 
 
-def _first_policy_file(opts: RunOptions) -> Path | None:
-    args = opts.policy_args
-    return Path(args[args.index("--policy") + 1]) if "--policy" in args else None
-
-
 def _tell_terminal(text: str) -> None:
     """Straight to the terminal when there is one: the sandbox may be able to read a redirected stderr."""
     try:
@@ -245,294 +310,19 @@ def _tell_terminal(text: str) -> None:
 
 
 def _asker(netns_pid: int, ip: str, port: int) -> str | None:
+    from launcher import whoasked
+
     found = whoasked.find_asker(netns_pid, ip, port)
     return f"{found.name}[{found.pid}]" if found else None
 
 
-# ---- state, locking, stale runs -----------------------------------------------------------
-
-
-class lock:
-    """Serialises subnet choice and stale cleanup between concurrent runs."""
-
-    def __enter__(self) -> None:
-        self.fd = os.open(STATE_DIR / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        fcntl.flock(self.fd, fcntl.LOCK_EX)
-
-    def __exit__(self, *exc: object) -> None:
-        os.close(self.fd)
-
-
-def _netns_inode() -> int:
-    return os.stat("/proc/self/ns/net").st_ino
-
-
-def _starttime(pid: int) -> str | None:
-    """Process start time (clock ticks since boot): a pid plus this identifies one process, even after reuse."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
-
-
-def _write_state(path: Path, run_id: str, host_if: str, table: str, proxy_pid: int | None,
-                 placeholders: tuple[tuple[str, bool], ...]) -> None:
-    data = {"id": run_id, "pid": os.getpid(), "start": _starttime(os.getpid()), "netns": _netns_inode(),
-            "host_if": host_if, "table": table, "proxy_pid": proxy_pid,
-            "proxy_start": _starttime(proxy_pid) if proxy_pid else None,
-            "placeholders": [p for p, _ in placeholders]}
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data))
-    tmp.replace(path)
-
-
-def cleanup_stale() -> list[str]:
-    """Remove what killed runs left in this network namespace: tables, links, proxies, state files.
-
-    A run is alive while its sandgate process (pid + start time) is; only dead runs are touched,
-    and only tables/links with our prefix whose run id has no live owner.
-    """
-    removed: list[str] = []
-    live_ids: set[str] = set()
-    me = _netns_inode()
-    for path in sorted(STATE_DIR.glob("*.json")) if STATE_DIR.exists() else []:
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        if data.get("netns") != me:
-            continue  # another network namespace's run: not ours to judge
-        if _starttime(int(data["pid"])) == data.get("start"):
-            live_ids.add(data["id"])
-            continue
-        pp = data.get("proxy_pid")
-        if pp and _starttime(int(pp)) == data.get("proxy_start"):
-            os.kill(int(pp), signal.SIGKILL)
-            removed.append(f"proxy pid {pp}")
-        mounts.remove_placeholders(list(data.get("placeholders", [])))
-        for ph in data.get("placeholders", []):
-            if not os.path.lexists(ph):
-                removed.append(f"placeholder {ph}")
-        path.unlink(missing_ok=True)
-        _rm_run_dir(data["id"])
-    for table in nft.list_tables():
-        if table[len(nft.TABLE_PREFIX):] not in live_ids and nft.remove(table):
-            removed.append(f"nftables table inet {table}")
-    for ifname in netns.list_links("sg"):
-        rid = ifname[2:-1]
-        if ifname.endswith("h") and len(rid) == 8 and rid not in live_ids and netns.remove_link(ifname):
-            removed.append(f"link {ifname}")
-    return removed
-
-
-def _run_dir(run_id: str) -> Path:
-    return STATE_DIR / run_id
-
-
-def _rm_run_dir(run_id: str) -> None:
-    d = _run_dir(run_id)
-    if d.is_dir():
-        for f in d.iterdir():
-            if f.is_dir():
-                f.rmdir()  # the /tmp staging mount point, empty outside the sandbox's namespace
-            else:
-                f.unlink(missing_ok=True)
-        d.rmdir()
-
-
-def _open_audit(path: Path) -> AuditLog:
-    try:
-        return AuditLog(path)
-    except OSError as e:
-        raise RunError(f"cannot open audit log {path}: {e.strerror}; choose another --audit-log") from None
-
-
-# ---- the proxy process --------------------------------------------------------------------
-
-
-def _start_proxy(opts: RunOptions, run_id: str, link: netns.Link, asking: bool) -> subprocess.Popen[bytes]:
-    """The proxy in its own process: a crash there cannot take the launcher's cleanup with it."""
-    d = _run_dir(run_id)
-    d.mkdir(mode=0o700, exist_ok=True)
-    log = open(d / "proxy.log", "wb")
-    r, w = os.pipe()
-    gw = link.gateway
-    argv = [sys.executable, "-m", "launcher.cli", "proxy", *opts.policy_args, "-q",
-            "--listen", f"{gw}:{REGULAR_PORT}", "--transparent", f"{gw}:{TRANSPARENT_PORT}",
-            "--dns", f"{gw}:{DNS_PORT}", "--audit-log", str(opts.audit_path.resolve()), "--task", opts.task,
-            "--ready-fd", str(w), *(["--learn"] if opts.learn else []), *(["--ask-all"] if opts.ask else []),
-            *(["--approval-socket", str(d / "approvals.sock"), "--ask-timeout", str(opts.ask_timeout)] if asking else [])]
-    me = os.getpid()
-    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, pass_fds=(w,),
-                            preexec_fn=lambda: process.die_with_parent(me))  # noqa: PLW1509 - no threads here
-    os.close(w)
-    log.close()
-    ready, _, _ = select.select([r], [], [], PROXY_START_TIMEOUT)
-    ok = bool(ready) and os.read(r, 16).startswith(b"ready")
-    os.close(r)
-    if not ok:
-        _stop(proxy_proc := proc)
-        tail = (d / "proxy.log").read_text(errors="replace").strip().splitlines()
-        raise RunError(f"proxy did not start (exit {proxy_proc.returncode}): {tail[-1] if tail else 'no output'}")
-    return proc
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-# ---- the sandbox processes ----------------------------------------------------------------
-
-
-def _spawn_sandbox(opts: RunOptions, conf: Confinement, run_id: str, link: netns.Link) -> tuple[int, int]:
-    """Fork the holder; give its new netns the veth; returns (holder pid, control pipe write end)."""
-    up_r, up_w = os.pipe()  # holder -> sandgate: "U" unshared, or an error line
-    go_r, go_w = os.pipe()  # sandgate -> holder/init: "G" go, then signal numbers to forward
-    run_dir = _run_dir(run_id)
-    resolv = run_dir / "resolv.conf"
-    resolv.write_text(f"# written by sandgate: the sandbox's only resolver is its DNS listener\n"
-                      f"nameserver {link.gateway}\noptions edns0\n")
-    resolv.chmod(0o644)
-    (run_dir / "empty").touch(0o444)
-    (run_dir / "hosttmp").mkdir(0o700, exist_ok=True)
-    parent = os.getpid()
-    pid = os.fork()
-    if pid == 0:  # holder
-        try:
-            os.close(up_r)
-            os.close(go_w)
-            _holder(parent, up_w, go_r, opts, conf, link, run_dir)
-        except BaseException as e:  # noqa: BLE001 - a forked child must never return into the parent's code
-            os.write(2, f"sandgate: error: {e}\n".encode())
-        os._exit(EXIT_ERROR)
-    os.close(up_w)
-    os.close(go_r)
-    msg = os.read(up_r, 4096)
-    os.close(up_r)
-    if msg != b"U":
-        os.waitpid(pid, 0)
-        raise RunError(msg.decode(errors="replace").strip() or "sandbox setup failed")
-    netns.move_into(link, pid)
-    os.write(go_w, b"G")
-    return pid, go_w
-
-
-def _holder(parent: int, up_w: int, go_r: int, opts: RunOptions, conf: Confinement, link: netns.Link,
-            run_dir: Path) -> None:
-    process.die_with_parent(parent)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for CMD; reset before exec
-    signal.signal(signal.SIGQUIT, signal.SIG_IGN)
-    try:
-        os.unshare(os.CLONE_NEWNET | os.CLONE_NEWNS | os.CLONE_NEWPID)
-    except OSError as e:
-        os.write(up_w, f"cannot create namespaces: {e.strerror}".encode())
-        os._exit(EXIT_ERROR)
-    os.write(up_w, b"U")
-    os.close(up_w)
-    if os.read(go_r, 1) != b"G":
-        os._exit(EXIT_ERROR)  # sandgate gave up
-    init = os.fork()
-    if init == 0:
-        try:
-            _init(go_r, opts, conf, link, run_dir)
-        except BaseException as e:  # noqa: BLE001
-            os.write(2, f"sandgate: error: sandbox setup: {e}\n".encode())
-        os._exit(EXIT_ERROR)
-    os.close(go_r)
-    _, status = os.waitpid(init, 0)
-    os._exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else EXIT_ERROR)
-
-
-def _init(ctl: int, opts: RunOptions, conf: Confinement, link: netns.Link, run_dir: Path) -> None:
-    """pid 1 of the sandbox: set up inside, start CMD, forward signals, reap, exit with CMD's status."""
-    process.die_with_parent(None)  # our parent (the holder) is outside this pid namespace: getppid() is 0
-    netns.configure_inside(link)
-    mounts.make_private()
-    mounts.fresh_proc_sys()
-    mounts.build(conf.mounts, run_dir, {"/etc/resolv.conf": run_dir / "resolv.conf"})
-    env = _sandbox_env(conf.env, link, opts.user)
-    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-    signal.set_wakeup_fd(wake_w)
-    signal.signal(signal.SIGCHLD, lambda *_: None)
-    cmd = os.fork()
-    if cmd == 0:
-        _exec_cmd(opts, conf, env)
-    status = None
-    while status is None:
-        ready, _, _ = select.select([ctl, wake_r], [], [])
-        if ctl in ready:
-            data = os.read(ctl, 64)
-            if not data:  # sandgate is gone: end the sandbox now
-                os.kill(-1, signal.SIGKILL)
-                os._exit(EXIT_ERROR)
-            for b in data:
-                os.kill(cmd, b)
-        if wake_r in ready:
-            os.read(wake_r, 4096)
-        while True:  # reap every exited child; orphaned daemons are re-parented to us
-            try:
-                pid, st = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                break
-            if pid == 0:
-                break
-            if pid == cmd:
-                status = st
-    code = os.waitstatus_to_exitcode(status)
-    os._exit(128 - code if code < 0 else code)  # dying by signal N reads as 128+N, as in a shell
-
-
-def _exec_cmd(opts: RunOptions, conf: Confinement, env: dict[str, str]) -> None:
-    try:
-        process.reset_signals()
-        if opts.user is not None:
-            os.setgroups(opts.user.groups)
-            os.setgid(opts.user.gid)
-            os.setuid(opts.user.uid)
-        process.no_new_privs()  # setuid binaries cannot regain what we dropped; Landlock needs it too
-        if conf.landlock is not None:
-            for warning in landlock.apply(conf.landlock):
-                os.write(2, f"sandgate: warning: {warning}\n".encode())
-        seccomp.install()
-        os.closerange(3, os.sysconf("SC_OPEN_MAX") if os.sysconf("SC_OPEN_MAX") > 0 else 65536)
-        os.execvpe(opts.cmd[0], opts.cmd, env)
-    except FileNotFoundError:
-        os.write(2, f"sandgate: error: {opts.cmd[0]}: command not found\n".encode())
-        os._exit(127)
-    except PermissionError as e:
-        os.write(2, f"sandgate: error: {opts.cmd[0]}: {e.strerror}\n".encode())
-        os._exit(126)
-    except BaseException as e:  # noqa: BLE001
-        os.write(2, f"sandgate: error: cannot start {opts.cmd[0]}: {e}\n".encode())
-    os._exit(EXIT_ERROR)
-
-
-def _sandbox_env(filtered: dict[str, str], link: netns.Link, user: User | None) -> dict[str, str]:
-    """The filtered environment plus the proxy variables (a convenience: the boundary is nftables)."""
-    env = dict(filtered)
-    proxy = f"http://{link.gateway}:{REGULAR_PORT}"
-    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
-        env[name] = env[name.lower()] = proxy
-    env["NO_PROXY"] = env["no_proxy"] = "localhost,127.0.0.1,::1"
-    if user is not None:
-        env.update(HOME=user.home, USER=user.name, LOGNAME=user.name)
-        for k in ("SUDO_UID", "SUDO_GID", "SUDO_USER", "SUDO_COMMAND"):
-            env.pop(k, None)
-    return env
 
 
 # ---- while it runs -----------------------------------------------------------------------
 
 
-def _supervise(holder: int, ctl: int, proxy: subprocess.Popen[bytes], table: str, audit: AuditLog, task: str,
-               seen: set[tuple[str, str, int | None]]) -> int:
-    """Wait for the sandbox; forward signals; report a dead proxy; turn dropped packets into records."""
+def _supervise(holder: int, chan: socket.socket, handover: _Handover, audit: AuditLog, task: str) -> int:
+    """Wait for the sandbox; forward signals; hand over to a late daemon; report a dead one; record drops."""
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     pending: list[int] = []
 
@@ -542,40 +332,74 @@ def _supervise(holder: int, ctl: int, proxy: subprocess.Popen[bytes], table: str
     old_wakeup = signal.set_wakeup_fd(wake_w)
     old = {s: signal.signal(s, on_signal) for s in FORWARDED}
     holder_fd = os.pidfd_open(holder)
-    proxy_fd: int | None = os.pidfd_open(proxy.pid)
+    daemon = handover.daemon
+    daemon_fd = daemon.wait_fd()
+    chan_open = True
     try:
         while True:
-            fds = [holder_fd, wake_r] + ([proxy_fd] if proxy_fd is not None else [])
-            ready, _, _ = select.select(fds, [], [], 1.0)
+            fds = [holder_fd, wake_r, *([chan] if chan_open else []), *([daemon_fd] if daemon_fd is not None else [])]
+            ready, _, _ = select.select(fds, [], [], 1.0 if daemon.pending else None)
             if wake_r in ready:
                 os.read(wake_r, 4096)
             while pending:
                 sig = pending.pop(0)
                 if sig in TTY_SIGNALS and _terminal_owns_us():
                     continue  # the terminal already delivered it to CMD's process group
-                try:
-                    os.write(ctl, bytes([sig]))
-                except OSError:
-                    pass
-            if proxy_fd is not None and proxy_fd in ready:
-                proxy.wait()
-                os.close(proxy_fd)
-                proxy_fd = None
-                print(f"sandgate: error: the proxy exited (code {proxy.returncode}); the sandbox has no network "
-                      "from now on (fail closed)", file=sys.stderr)
-            _record_drops(table, audit, task, seen)
+                if chan_open:
+                    chan.send(f"S{sig}".encode())
+            if daemon_fd is not None and (daemon_fd in ready or daemon.pending):
+                daemon_fd = _daemon_event(handover)
+            if chan_open and chan in ready:
+                chan_open = _drops(chan, audit, task)
             if holder_fd in ready:
+                while chan_open:  # the holder's last report of dropped packets
+                    chan_open = _drops(chan, audit, task)
                 _, status = os.waitpid(holder, 0)
                 code = os.waitstatus_to_exitcode(status)
                 return 128 - code if code < 0 else code
     finally:
         os.close(holder_fd)
-        if proxy_fd is not None:
-            os.close(proxy_fd)
-        os.close(ctl)
+        handover.close()
         signal.set_wakeup_fd(old_wakeup)
         for s, h in old.items():
             signal.signal(s, h)
+
+
+def _daemon_event(handover: _Handover) -> int | None:
+    """The daemon became ready (bind now), failed to start, or died: returns the next fd to watch."""
+    daemon = handover.daemon
+    if daemon.pending:
+        try:
+            if not daemon.poll_ready():
+                return daemon.wait_fd()
+            handover.try_bind()
+            return daemon.wait_fd()
+        except daemonctl.DaemonError as e:
+            handover.close()  # the waiting connections are reset: no network (fail closed)
+            print(f"sandgate: error: {e}; the sandbox has no network (fail closed)", file=sys.stderr)
+            return None
+    print("sandgate: error: the proxy daemon exited; the sandbox has no network from now on (fail closed)",
+          file=sys.stderr)
+    daemon.close()
+    return None
+
+
+def _drops(chan: socket.socket, audit: AuditLog, task: str) -> bool:
+    """One `kind: packet` record per (destination, protocol, port) the sandbox's table dropped; False at EOF."""
+    try:
+        msg = chan.recv(4096)
+    except OSError:
+        return False
+    if not msg:
+        return False
+    if msg[:1] == b"D":
+        dst, proto, port = msg[1:].decode(errors="replace").split(" ")
+        audit.write(decision_record(task, uuid.uuid4().hex[:12], "packet", "deny", dst,
+                                    int(port) if port.isdigit() else None, proto=proto,
+                                    reason=f"{proto} packet dropped by the sandbox firewall"))
+    elif msg[:1] == b"E":
+        print(f"sandgate: error: {msg[1:].decode(errors='replace')}", file=sys.stderr)
+    return True
 
 
 def _terminal_owns_us() -> bool:
@@ -585,15 +409,11 @@ def _terminal_owns_us() -> bool:
         return False
 
 
-def _record_drops(table: str, audit: AuditLog, task: str, seen: set[tuple[str, str, int | None]]) -> None:
-    """One `kind: packet` record per (destination, protocol, port) the kernel dropped."""
-    for dst, proto, port, _packets in nft.dropped(table):
-        key = (dst, proto, port)
-        if key in seen:
-            continue
-        seen.add(key)
-        audit.write(decision_record(task, uuid.uuid4().hex[:12], "packet", "deny", dst, port, proto=proto,
-                                    reason=f"{proto} packet dropped by the sandbox firewall"))
+def _open_audit(path: Path) -> AuditLog:
+    try:
+        return AuditLog(path)
+    except OSError as e:
+        raise RunError(f"cannot open audit log {path}: {e.strerror}; choose another --audit-log") from None
 
 
 def resolve_user(spec: str | None) -> User | None:
@@ -601,7 +421,7 @@ def resolve_user(spec: str | None) -> User | None:
     try:
         if spec is not None:
             pw = pwd.getpwuid(int(spec)) if spec.isdigit() else pwd.getpwnam(spec)
-        elif os.environ.get("SUDO_UID", "0") not in ("", "0"):
+        elif os.geteuid() == 0 and os.environ.get("SUDO_UID", "0") not in ("", "0"):
             pw = pwd.getpwuid(int(os.environ["SUDO_UID"]))
         else:
             return None

@@ -72,6 +72,14 @@ class AuditLog:
             # sandboxed task (running as the user) cannot rewrite its own record.
             self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
 
+    @classmethod
+    def from_fd(cls, fd: int) -> AuditLog:
+        """Wrap an O_APPEND descriptor opened by someone else (the launcher hands its run's log to the
+        daemon, which never opens paths for a sandbox); close() closes it."""
+        log = cls(None)
+        log._fd = fd
+        return log
+
     def write(self, record: dict[str, Any]) -> None:
         if record.get("event") == "decision":
             self.counts[record["action"]] = self.counts.get(record["action"], 0) + 1

@@ -1,149 +1,125 @@
-"""The per-sandbox nftables table: built as text (pure), applied and removed with `nft -f`.
+"""The sandbox's nftables table: built as text (pure), applied inside the sandbox's own network namespace.
 
-One table `inet sandgate_<id>` per run, matching only that run's host-side veth, so it
-never touches rules it did not create and is removed with one `delete table`.
-Packets from the sandbox meet, in this order:
+v2: the table lives in the sandbox's network namespace, never in the host's. That namespace has
+no link but `lo`; one route sends every destination to `lo`, and this table decides what the
+packets become. Locally generated packets meet, in this order:
 
-  prerouting filter (-300)  IPv6, and anything that is not TCP or DNS: counted into the
-                            `dropped` sets (-> `kind: packet` audit records) and dropped
-  prerouting nat (dstnat)   DNS (udp/tcp 53) -> our DNS listener; explicit-proxy port on
-                            the gateway -> untouched; every other TCP -> transparent
-                            listener (all ports, all addresses: the proxy decides by name)
-  input filter              only the three listeners on the gateway address are reachable:
-                            sshd, databases on 0.0.0.0, proxy admin ports are not
-  forward filter            nothing from or to the sandbox is ever forwarded
+  output nat (-100)      DNS (udp/tcp 53, any address) -> our DNS listener on 127.0.0.1:53;
+                         loopback destinations stay loopback (a test suite's own servers);
+                         the explicit-proxy port on 127.0.0.1 stays; every other TCP -> the
+                         transparent listener (all ports, all addresses: the proxy decides by name)
+  output filter (0)      replies of accepted connections, loopback, the listeners: accepted;
+                         IPv6, non-DNS UDP, ICMP, everything else: counted into the `dropped`
+                         sets (-> `kind: packet` audit records) and dropped
 
-Fail closed: if the proxy dies the redirects point at closed ports (connection refused);
-no rule ever accepts a forwarded packet, so there is no path around the proxy.
+Fail closed by construction: the listeners' other end is the daemon; if it dies they close and
+redirected connections are refused. Even without this table (flushed by a command that somehow
+held CAP_NET_ADMIN) there is no link out of the namespace: packets go to `lo` and die there.
+
+libnftables is called through ctypes (one in-process call, ~1 ms) instead of spawning `nft`.
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
-import subprocess
 from dataclasses import dataclass
 
-TABLE_PREFIX = "sandgate_"
+TABLE = "sandgate"
 
 
 class NftError(Exception):
-    """nft missing or refusing our table; the message says which and what to install."""
+    """libnftables missing or refusing our table; the message says which and what to install."""
 
 
 @dataclass(frozen=True)
-class SandboxNet:
-    """What the rules need to know about one sandbox's link."""
+class Ports:
+    """The listener ports inside the sandbox (all on 127.0.0.1)."""
 
-    id: str  # short hex id; table sandgate_<id>
-    host_if: str  # host end of the veth
-    gateway: str  # host end's IPv4 address (the proxy listens here)
-    regular_port: int
-    transparent_port: int
-    dns_port: int
-
-    @property
-    def table(self) -> str:
-        return f"{TABLE_PREFIX}{self.id}"
+    regular: int = 3128
+    transparent: int = 3129
+    dns: int = 53
 
 
-def build_ruleset(n: SandboxNet, *, open_firewall: bool = False) -> str:
+def build_ruleset(p: Ports, *, open_firewall: bool = False) -> str:
     """The table as nft script text; pure so tests can read exactly what would be installed.
 
-    `open_firewall` exists only for sandgate's own self-test (verify --weaken, never a user
-    option): it removes the drops, the catch-all TCP redirect and the forward block, so the
-    test can prove that its probes would notice a boundary with a hole in it.
+    `open_firewall` exists only for sandgate's own self-test (never a user option): the
+    catch-all redirect and the drops are left out, so the self-test can show that its probes
+    notice a sandbox whose traffic is not forced through the proxy.
     """
-    iif = f'iifname "{n.host_if}"'
-    oif = f'oifname "{n.host_if}"'
-    text = _ruleset(n, iif, oif)
-    if open_firewall:
-        text = "\n".join(line for line in text.splitlines()
-                         if not (line.strip().startswith(("iifname", "oifname")) and
-                                 (line.strip().endswith("drop") or f"redirect to :{n.transparent_port}" in line)))
-        text += "\n"
-    return text
-
-
-def _ruleset(n: SandboxNet, iif: str, oif: str) -> str:
+    redirect = "" if open_firewall else f"    meta l4proto tcp redirect to :{p.transparent}\n"
+    drops = "" if open_firewall else """\
+    meta nfproto ipv6 update @dropped6 { ip6 daddr . meta l4proto } drop
+    meta l4proto udp update @dropped4 { ip daddr . meta l4proto . udp dport } drop
+    meta l4proto tcp update @dropped4 { ip daddr . meta l4proto . tcp dport } drop
+    update @dropped4x { ip daddr . meta l4proto } drop
+"""
     return f"""\
-table inet {n.table} {{
+table inet {TABLE} {{
   set dropped4 {{ type ipv4_addr . inet_proto . inet_service; flags dynamic; counter; size 65536; }}
   set dropped4x {{ type ipv4_addr . inet_proto; flags dynamic; counter; size 65536; }}
   set dropped6 {{ type ipv6_addr . inet_proto; flags dynamic; counter; size 65536; }}
 
-  chain early {{
-    type filter hook prerouting priority -300; policy accept;
-    {iif} meta nfproto ipv6 update @dropped6 {{ ip6 daddr . meta l4proto }} drop
-    {iif} meta l4proto tcp accept
-    {iif} udp dport 53 accept
-    {iif} meta l4proto udp update @dropped4 {{ ip daddr . meta l4proto . udp dport }} drop
-    {iif} update @dropped4x {{ ip daddr . meta l4proto }} drop
-  }}
-
   chain steer {{
-    type nat hook prerouting priority dstnat; policy accept;
-    {iif} meta l4proto {{ tcp, udp }} th dport 53 redirect to :{n.dns_port}
-    {iif} ip daddr {n.gateway} tcp dport {n.regular_port} accept
-    {iif} meta l4proto tcp redirect to :{n.transparent_port}
-  }}
+    type nat hook output priority -100; policy accept;
+    meta nfproto ipv4 meta l4proto {{ tcp, udp }} th dport 53 redirect to :{p.dns}
+    ip daddr 127.0.0.0/8 accept
+{redirect}  }}
 
   chain guard {{
-    type filter hook input priority filter - 10; policy accept;
-    {iif} ip daddr {n.gateway} tcp dport {{ {n.regular_port}, {n.transparent_port}, {n.dns_port} }} accept
-    {iif} ip daddr {n.gateway} udp dport {n.dns_port} accept
-    {iif} meta l4proto tcp update @dropped4 {{ ip daddr . meta l4proto . tcp dport }} drop
-    {iif} drop
-  }}
-
-  chain nofwd {{
-    type filter hook forward priority filter - 10; policy accept;
-    {iif} drop
-    {oif} drop
-  }}
+    type filter hook output priority 0; policy accept;
+    ct state established,related accept
+    ip daddr 127.0.0.0/8 accept
+{drops}  }}
 }}
 """
 
 
-def _nft(args: list[str], stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    try:
-        return subprocess.run(["nft", *args], input=stdin, capture_output=True, text=True, timeout=30)
-    except FileNotFoundError:
-        raise NftError("nft not found; install nftables (apt-get install nftables)") from None
+class Nft:
+    """A libnftables context in the calling process's network namespace."""
 
+    NFT_CTX_OUTPUT_JSON = 1 << 4
 
-def apply(n: SandboxNet, *, open_firewall: bool = False) -> None:
-    """Install the table atomically (one nft transaction): either all rules exist or none."""
-    r = _nft(["-f", "-"], build_ruleset(n, open_firewall=open_firewall))
-    if r.returncode != 0:
-        raise NftError(f"nft refused the sandbox table: {r.stderr.strip()}")
+    def __init__(self) -> None:
+        try:
+            lib = ctypes.CDLL("libnftables.so.1")  # not find_library(): it spawns ldconfig on every run
+        except OSError:
+            raise NftError("libnftables not found; install nftables (apt-get install nftables)") from None
+        lib.nft_ctx_new.restype = ctypes.c_void_p
+        lib.nft_ctx_new.argtypes = [ctypes.c_uint32]
+        for fn in ("nft_ctx_buffer_output", "nft_ctx_buffer_error", "nft_ctx_free"):
+            getattr(lib, fn).argtypes = [ctypes.c_void_p]
+        lib.nft_ctx_output_set_flags.argtypes = [ctypes.c_void_p, ctypes.c_uint]
+        lib.nft_run_cmd_from_buffer.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+        lib.nft_ctx_get_output_buffer.restype = ctypes.c_char_p
+        lib.nft_ctx_get_output_buffer.argtypes = [ctypes.c_void_p]
+        lib.nft_ctx_get_error_buffer.restype = ctypes.c_char_p
+        lib.nft_ctx_get_error_buffer.argtypes = [ctypes.c_void_p]
+        self._lib = lib
+        self._ctx = lib.nft_ctx_new(0)
+        lib.nft_ctx_buffer_output(self._ctx)
+        lib.nft_ctx_buffer_error(self._ctx)
 
+    def run(self, text: str, *, json_output: bool = False) -> str:
+        """Run nft script text as one transaction: all of it applies or none."""
+        self._lib.nft_ctx_output_set_flags(self._ctx, self.NFT_CTX_OUTPUT_JSON if json_output else 0)
+        rc = self._lib.nft_run_cmd_from_buffer(self._ctx, text.encode())
+        out = (self._lib.nft_ctx_get_output_buffer(self._ctx) or b"").decode(errors="replace")
+        if rc != 0:
+            err = (self._lib.nft_ctx_get_error_buffer(self._ctx) or b"").decode(errors="replace")
+            raise NftError(f"nftables refused the sandbox table: {err.strip() or 'error'}")
+        return out
 
-def remove(table: str) -> bool:
-    """Delete one of our tables; True if it existed. Never touches a table without our prefix."""
-    if not table.startswith(TABLE_PREFIX):
-        raise ValueError(f"refusing to delete non-sandgate table {table}")
-    r = _nft(["delete", "table", "inet", table])
-    return r.returncode == 0
+    def apply(self, p: Ports, *, open_firewall: bool = False) -> None:
+        self.run(build_ruleset(p, open_firewall=open_firewall))
 
-
-def list_tables() -> list[str]:
-    """Our tables in this network namespace (stale ones from killed runs included)."""
-    r = _nft(["-j", "list", "tables", "inet"])
-    if r.returncode != 0:
-        raise NftError(f"nft list tables failed: {r.stderr.strip()}")
-    out = []
-    for item in json.loads(r.stdout).get("nftables", []):
-        t = item.get("table")
-        if t and t.get("family") == "inet" and t["name"].startswith(TABLE_PREFIX):
-            out.append(t["name"])
-    return out
-
-
-def dropped(table: str) -> list[tuple[str, str, int | None, int]]:
-    """(destination, protocol, port or None, packets) for every packet the table dropped so far."""
-    # One nft call for all three sets (this runs every second while a sandbox lives).
-    r = _nft(["-j", "list", "table", "inet", table])
-    return parse_set_elements(r.stdout) if r.returncode == 0 else []
+    def dropped(self) -> list[tuple[str, str, int | None, int]]:
+        """(destination, protocol, port or None, packets) for every packet the table dropped so far."""
+        try:
+            return parse_set_elements(self.run(f"list table inet {TABLE}", json_output=True))
+        except (NftError, ValueError):
+            return []
 
 
 def parse_set_elements(text: str) -> list[tuple[str, str, int | None, int]]:

@@ -1,9 +1,11 @@
 """The egress proxy: one mitmproxy addon that is the single decision point for a sandbox's traffic.
 
-Three kinds of listener per sandbox, each bound to that sandbox's policy by its port:
+Three kinds of listener per sandbox, each bound to that sandbox's policy by its "slot" (the
+listen port in its mitmproxy mode spec: the real port for `sandgate proxy`, a unique number
+for the daemon, whose sandboxes all listen on the same ports inside their own namespaces):
   regular      explicit proxy (HTTP_PROXY): CONNECT host:port and absolute-URI plain HTTP
   transparent  nftables-redirected TCP: decided by TLS SNI or HTTP Host, never by the original IP
-  dns          the sandbox's only resolver: answers allowed names, REFUSED for the rest
+  dns          the sandbox's only resolver (netguard.dnsgate, not mitmproxy): allowed names only
 
 Why every decision ends in `server_connect`: mitmproxy calls that hook before *any*
 upstream connection, whatever layer asked for it. We resolve the allowed name
@@ -25,18 +27,12 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import dns.asyncquery
 import dns.asyncresolver
 import dns.exception
-import dns.flags
-import dns.message
-import dns.rdatatype
 import dns.resolver
 from mitmproxy import connection, http
-from mitmproxy import dns as mdns
 from mitmproxy.addons.proxyserver import Proxyserver
 from mitmproxy.master import Master
-from mitmproxy.net.dns import response_codes
 from mitmproxy.net.tls import starts_like_tls_record
 from mitmproxy.options import Options
 from mitmproxy.proxy import events, layer, layers, server_hooks
@@ -46,16 +42,15 @@ from mitmproxy.proxy.layers.http import HTTPMode
 from mitmproxy.proxy.layers.tls import parse_client_hello
 from mitmproxy.proxy.mode_specs import RegularMode
 
-from netguard import hosts, rules
+from netguard import dnsgate, hosts, rules
 from netguard.asking import Approver
 from netguard.audit import AuditLog, Kind, close_record, decision_record
+from netguard.dnsgate import PENDING_ADDRESS, is_name
+
+__all__ = ["PENDING_ADDRESS", "Binding", "Gate", "Listeners", "ProxyError", "make_master", "serve"]
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 RESOLVE_TIMEOUT = 5.0
-#: What DNS answers for a name that still needs a human's approval: any address works (all TCP
-#: from the sandbox reaches the proxy, which then decides by SNI/Host and asks); the real name
-#: is not looked up upstream before someone said yes.
-PENDING_ADDRESS = ipaddress.IPv4Address("198.18.255.254")
 logger = logging.getLogger("sandgate.proxy")
 
 
@@ -145,7 +140,11 @@ def _norm_key(host: str, port: int) -> tuple[str, int]:
 
 
 class Gate:
-    """The mitmproxy addon. One instance serves every sandbox of the process; state is per connection."""
+    """The mitmproxy addon. One instance serves every sandbox of the process; state is per connection.
+
+    `bindings` maps a slot (the listen port of a connection's proxy mode) to its sandbox; the
+    owner may add and remove slots while the proxy runs (the daemon does).
+    """
 
     def __init__(self, bindings: dict[int, Binding]) -> None:
         self.bindings = bindings
@@ -203,7 +202,7 @@ class Gate:
         """The policy's decision, then learn mode and human approval: (decision, would)."""
         b = st.binding
         d = rules.decide(b.rules, host, port)
-        default_deny = d.action == "deny" and d.rule is None and _is_name(host)
+        default_deny = d.action == "deny" and d.rule is None and is_name(host)
         if default_deny and b.learn:
             return rules.Decision("allow", None, f"learn mode: {d.reason}"), "deny"
         if default_deny and b.ask_all:
@@ -361,56 +360,6 @@ class Gate:
                 int((time.monotonic() - relay.t0) * 1000)))
         return _Relay(ctx, closed)
 
-    # ---- DNS ------------------------------------------------------------------------------
-
-    async def dns_request(self, flow: mdns.DNSFlow) -> None:
-        """Only allowed names are ever forwarded: a denied name (even TXT/ANY exfiltration) never leaves."""
-        st = self._conn(flow.client_conn)
-        assert st is not None
-        b = st.binding
-        questions = flow.request.questions
-        verdicts: list[str] = []  # "forward" | "pending" | "refuse"
-        for q in questions:
-            d = rules.decide(b.rules, q.name, None)
-            default_deny = d.action == "deny" and d.rule is None and _is_name(q.name)
-            would = None
-            if d.allowed:
-                verdict = "forward"
-            elif default_deny and b.learn:
-                verdict, would, d = "forward", "deny", rules.Decision("allow", None, f"learn mode: {d.reason}")
-            elif b.approver is not None and (d.action == "ask" or (default_deny and b.ask_all)):
-                verdict = "pending"
-                d = rules.Decision("allow", d.rule, f"{d.reason}: needs approval; answered with a placeholder "
-                                                     "address, not looked up upstream")
-            else:
-                verdict = "refuse"
-                if d.action == "ask":
-                    d = rules.Decision("deny", d.rule, d.reason + " (no approval channel; denied)")
-            verdicts.append(verdict)
-            b.audit.write(decision_record(
-                b.task, uuid.uuid4().hex[:12], "dns", "deny" if verdict == "refuse" else "allow", _dns_name(q.name),
-                None, qtype=dns.rdatatype.to_text(q.type) if q.type in dns.rdatatype.RdataType else str(q.type),
-                rule=d.rule, reason=d.reason, would=would))
-        if not questions or "refuse" in verdicts:
-            flow.response = flow.request.fail(response_codes.REFUSED)
-        elif "pending" in verdicts:
-            flow.response = flow.request.succeed([
-                mdns.ResourceRecord.A(q.name, PENDING_ADDRESS, ttl=1) for q in questions if q.type == 1])
-        else:
-            try:
-                flow.response = await _forward_dns(b, flow.request.packed)
-            except (OSError, dns.exception.DNSException, ValueError) as e:
-                logger.info("dns forward failed: %s", e)
-                flow.response = flow.request.fail(response_codes.SERVFAIL)
-
-
-def _is_name(host: str) -> bool:
-    """Learn and ask apply to names; raw addresses stay governed by cidr rules."""
-    try:
-        return isinstance(rules.normalise(host), str)
-    except hosts.HostError:
-        return False
-
 
 class _Relay(layers.TCPLayer):
     """Relays bytes untouched and counts them.
@@ -436,13 +385,6 @@ class _Relay(layers.TCPLayer):
         if self._handle_event == self.done and self._on_close is not None:
             on_close, self._on_close = self._on_close, None
             on_close(self)
-
-
-def _dns_name(name: str) -> str:
-    try:
-        return str(hosts.normalise(name))
-    except hosts.HostError:
-        return name
 
 
 def _refusal(v: Verdict) -> http.Response:
@@ -474,25 +416,16 @@ async def _resolve(b: Binding, name: str, port: int) -> list[Address]:
     return found
 
 
-async def _forward_dns(b: Binding, wire: bytes) -> mdns.DNSMessage:
-    """Send an allowed query to the upstream resolver unchanged; TCP when the UDP answer is truncated."""
-    target = b.upstream_dns()
-    query = dns.message.from_wire(wire)
-    resp = await dns.asyncquery.udp(query, target[0], port=target[1], timeout=RESOLVE_TIMEOUT)
-    if resp.flags & dns.flags.TC:
-        resp = await dns.asyncquery.tcp(query, target[0], port=target[1], timeout=RESOLVE_TIMEOUT)
-    return mdns.DNSMessage.unpack(resp.to_wire())
-
-
 @dataclass(frozen=True)
 class Listeners:
-    """The listen specs of one sandbox; every port maps to the same Binding."""
+    """The listen addresses of one sandbox for `sandgate proxy`; every one maps to the same Binding."""
 
     regular: tuple[str, int] | None = None
     transparent: tuple[str, int] | None = None
     dns: tuple[str, int] | None = None
 
     def modes(self) -> list[tuple[str, int]]:
+        """(spec, port) of every listener, DNS included (it is served by dnsgate, not mitmproxy)."""
         out = []
         for name in ("regular", "transparent", "dns"):
             addr = getattr(self, name)
@@ -506,37 +439,81 @@ def _fmt(addr: tuple[str, int]) -> str:
     return f"{host}:{addr[1]}"
 
 
-async def serve(sandboxes: list[tuple[Listeners, Binding]],
-                ready: Callable[[], None] | None = None, stop: asyncio.Event | None = None) -> None:
-    """Run the proxy until `stop` is set. Raises ProxyError if a listener cannot be opened."""
-    bindings: dict[int, Binding] = {}
-    specs: list[str] = []
-    for listeners, binding in sandboxes:
-        for spec, port in listeners.modes():
-            if port in bindings:
-                raise ProxyError(f"port {port} is used by two listeners")
-            bindings[port] = binding
-            specs.append(spec)
-    # No TLS addon is loaded, so mitmproxy never creates its CA or touches its confdir (~/.mitmproxy):
-    # nothing is written outside the audit log (tests check the home directory stays empty).
-    opts = Options(mode=specs)
+def make_master(bindings: dict[int, Binding], modes: list[str]) -> tuple[Master, Proxyserver, Gate]:
+    """mitmproxy with only the Proxyserver and our Gate: the one setup `serve` and the daemon share.
+
+    No TLS addon is loaded, so mitmproxy never creates its CA or touches its confdir (~/.mitmproxy):
+    nothing is written outside the audit log (tests check the home directory stays empty).
+    Must be called with an event loop running.
+    """
+    opts = Options(mode=modes)
     master = Master(opts)
     proxyserver = Proxyserver()
-    master.addons.add(proxyserver, Gate(bindings))
+    gate = Gate(bindings)
+    master.addons.add(proxyserver, gate)
     opts.update(
         connection_strategy="lazy",  # decide on the name (SNI/Host) before any upstream connection exists
         stream_large_bodies="64k",  # bodies pass through, never buffered whole
         store_streamed_bodies=False,
     )
+    return master, proxyserver, gate
+
+
+def _dns_sockets(addr: tuple[str, int]) -> tuple[socket.socket, socket.socket]:
+    """A bound UDP socket and a listening TCP socket on `addr`, for dnsgate (ProxyError if taken)."""
+    try:
+        family, _, _, _, sockaddr = socket.getaddrinfo(addr[0], addr[1], type=socket.SOCK_DGRAM,
+                                                       flags=socket.AI_PASSIVE)[0]
+        udp = socket.socket(family, socket.SOCK_DGRAM)
+        tcp = socket.socket(family, socket.SOCK_STREAM)
+    except OSError as e:
+        raise ProxyError(f"cannot listen on dns@{_fmt(addr)}: {e.strerror or e}") from None
+    try:
+        udp.bind(sockaddr)
+        tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        tcp.bind(sockaddr)
+        tcp.listen(128)
+    except OSError as e:
+        udp.close()
+        tcp.close()
+        raise ProxyError(f"cannot listen on dns@{_fmt(addr)}: {e.strerror or e} (address in use?)") from None
+    return udp, tcp
+
+
+async def serve(sandboxes: list[tuple[Listeners, Binding]],
+                ready: Callable[[], None] | None = None, stop: asyncio.Event | None = None) -> None:
+    """Run the proxy until `stop` is set. Raises ProxyError if a listener cannot be opened."""
+    bindings: dict[int, Binding] = {}
+    specs: list[str] = []
+    dns_addrs: list[tuple[tuple[str, int], Binding]] = []
+    for listeners, binding in sandboxes:
+        if listeners.dns is not None:
+            dns_addrs.append((listeners.dns, binding))
+        for spec, port in listeners.modes():
+            if spec.startswith("dns@"):
+                continue
+            if port in bindings:
+                raise ProxyError(f"port {port} is used by two listeners")
+            bindings[port] = binding
+            specs.append(spec)
+    master, proxyserver, _ = make_master(bindings, specs)
     if not await proxyserver.setup_servers():
         await master.done()
         raise ProxyError(f"cannot listen on {', '.join(specs)} (address in use or not available?)")
-    await master.running()
-    if ready is not None:
-        ready()
+    services: list[dnsgate.DnsService] = []
     try:
+        gate = dnsgate.DnsGate()
+        for addr, binding in dns_addrs:
+            udp, tcp = _dns_sockets(addr)
+            services.append(await dnsgate.serve_udp(udp, binding, gate))
+            services.append(await dnsgate.serve_tcp(tcp, binding, gate))
+        await master.running()
+        if ready is not None:
+            ready()
         await (stop or master.should_exit).wait()
     finally:
+        for service in services:
+            service.close()
         master.should_exit.set()
         await proxyserver.servers.update([])
         await master.done()

@@ -33,3 +33,33 @@ def world() -> Iterator[World]:
         )
     with World() as w:
         yield w
+
+
+# ---- the throwaway unprivileged user (tests/rootless.py): sandgate must work without sudo
+
+from .rootless import UnprivilegedUser, cleanup_stale_users  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def _sandgate_cleanup_stale_users(_sandgate_cleanup_stale: None) -> None:
+    """Remove test users left by a killed earlier run; after the namespace sweep, which ends their processes."""
+    if os.geteuid() == 0 and shutil.which("userdel", path="/usr/sbin:/usr/bin:/sbin:/bin"):
+        cleanup_stale_users()
+
+
+@pytest.fixture
+def unprivileged(_sandgate_cleanup_stale_users: None) -> Iterator[UnprivilegedUser]:
+    """A fresh ordinary user (no sudo, no capabilities), removed after the test even if it fails.
+
+    `unprivileged.runner(world)` runs commands as it inside the world. Fails (never skips) without
+    root or useradd/userdel, like `world`.
+    """
+    missing = [t for t in ("useradd", "userdel") if shutil.which(t, path="/usr/sbin:/usr/bin:/sbin:/bin") is None]
+    if os.geteuid() != 0 or missing:
+        pytest.fail(
+            "the sandgate rootless tests create a throwaway user: they need root and useradd/userdel (passwd); "
+            f"euid={os.geteuid()} missing={missing or 'none'}. Run the tests as root after .ci/setup.",
+            pytrace=False,
+        )
+    with UnprivilegedUser() as user:
+        yield user

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -69,14 +70,14 @@ def test_missing_landlock_warns_or_refuses(monkeypatch: pytest.MonkeyPatch, tmp_
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(run.landlock, "abi_version", lambda: 0)
     log = AuditLog(tmp_path / "a.jsonl")
-    opts = run.RunOptions(policy_args=[], cmd=["true"], audit_path=tmp_path / "a.jsonl", user=None)
-    conf = run._confinement(opts, log)
+    opts = run.RunOptions(cmd=["true"], audit_path=tmp_path / "a.jsonl", user=None)
+    conf = run._confinement(opts, log, tmp_path / "rt")
     assert conf.landlock is None
     rec = read_records(tmp_path / "a.jsonl")[0]
     assert rec["event"] == "policy" and rec["landlock_abi"] == 0 and "NOT restricted" in rec["warnings"][0]
     opts.require_landlock = True
     with pytest.raises(run.RunError, match="--require-landlock"):
-        run._confinement(opts, log)
+        run._confinement(opts, log, tmp_path / "rt")
 
 
 def test_mount_plan_placeholders_pins_and_symlink_refusal(tmp_path: Path) -> None:
@@ -92,7 +93,14 @@ def test_mount_plan_placeholders_pins_and_symlink_refusal(tmp_path: Path) -> Non
     assert f"{ws}/.git/hooks" in p.protect and f"{ws}/.git/config" in p.protect
     assert (f"{ws}/.sandgate.yaml", False) in p.placeholders and (f"{ws}/sub", True) in p.placeholders
     assert p.pins[0] == str(ws) and f"{ws}/.git" in p.pins  # ancestors pinned, shallowest first
-    assert f"{home}/.ssh" in p.hide_dirs and f"{home}/.netrc" in p.hide_files
+    # home lies under the host's /tmp here, which the sandbox's private /tmp already leaves out:
+    # nothing to hide (and nothing to mount over). A home elsewhere is hidden as usual.
+    assert not p.hide_dirs and f"{home}/.netrc" not in p.hide_files
+    with tempfile.TemporaryDirectory(dir="/var/tmp", prefix="sandgate-test-") as other:
+        (Path(other) / ".ssh").mkdir()
+        (Path(other) / ".netrc").write_text("machine x")
+        p2 = mounts.plan(fp.effective(fp.FsPolicy(), cwd=str(ws), home=other))
+        assert f"{other}/.ssh" in p2.hide_dirs and f"{other}/.netrc" in p2.hide_files
     (ws / "sub").symlink_to(tmp_path)
     with pytest.raises(mounts.MountError, match="passes through the symlink"):
         mounts.plan(eff)

@@ -118,8 +118,12 @@ def test_rule_rights_per_abi(abi: int) -> None:
     assert device & WRITE_FILE
     assert bool(device & TRUNCATE) == (abi >= 3) and bool(device & IOCTL_DEV) == (abi >= 5)
     assert ll._rule_rights(h, is_dir=False, device=False) & ~FILE_VALID == 0  # a single-file write root
-    assert ll._rule_rights(h, is_dir=True, device=True) == h  # /dev/pts, /dev/shm: full write rights
-    assert ll._rule_rights(h, is_dir=True, device=False) == h
+    # Directories (write roots, /dev/pts, /dev/shm): every handled right except making device nodes.
+    assert ll._rule_rights(h, is_dir=True, device=True) == h & ~(MAKE_CHAR | MAKE_BLOCK)
+    assert ll._rule_rights(h, is_dir=True, device=False) == h & ~(MAKE_CHAR | MAKE_BLOCK)
+    assert h & MAKE_CHAR and h & MAKE_BLOCK  # still handled: denied everywhere, not silently allowed
+    assert ll._rule_rights(h, is_dir=True, device=False) & (MAKE_FIFO | MAKE_SOCK | MAKE_SYM | MAKE_REG) == (
+        MAKE_FIFO | MAKE_SOCK | MAKE_SYM | MAKE_REG)
 
 
 def test_default_devices() -> None:
@@ -140,7 +144,7 @@ def test_plan_keeps_order_and_dedupes(paths: list[str]) -> None:
 
 def test_plan_rejects_bad_paths() -> None:
     with pytest.raises(TypeError):
-        plan("/tmp", abi=7)  # type: ignore[arg-type]  # a str is a sequence of one-letter "paths"
+        plan("/tmp", abi=7)  # a str is a sequence of one-letter "paths" (so the type checker lets it through)
     with pytest.raises(LandlockError, match="absolute"):
         plan(["relative/dir"], abi=7)
     with pytest.raises(LandlockError, match="NUL"):
@@ -307,7 +311,8 @@ def run_fs_probe(w: Path, o: Path, restrict: bool) -> dict[str, str]:
     assert out["nnp"] == int(restrict)  # setuid binaries cannot regain privileges inside the sandbox
     if restrict:
         assert all("/dev/" in x for x in out["warnings"]), out["warnings"]  # only absent devices may be skipped
-    return out["results"]
+    results: dict[str, str] = out["results"]
+    return results
 
 
 def assert_outside_untouched(o: Path) -> None:
@@ -466,7 +471,7 @@ def test_descendants_inherit_restriction(scratch: Callable[[], tuple[Path, Path]
                 }
 
             executed = subprocess.run([sys.executable, "-I", "-S", "-c", EXEC_WRITE, str(o / "exec.txt")],
-                                      capture_output=True, text=True, timeout=10)
+                                      check=False, capture_output=True, text=True, timeout=10)
             return {"forked": in_child(grandchild), "exec_create_outside": executed.stdout.strip()}
         return run
 
@@ -584,3 +589,49 @@ def test_apply_fails_closed(kernel_abi: int) -> None:
         "scope_without_abi6": [errno.EINVAL, True, 0],
         "relative_root": [errno.EINVAL, True, 0],
     }
+
+
+def test_no_device_nodes_in_write_roots(scratch: Callable[[], tuple[Path, Path]]) -> None:
+    """v1 review: root mknod'ed the root disk in the workspace. MAKE_BLOCK/MAKE_CHAR are handled but never granted."""
+    assert os.geteuid() == 0, "this test needs root so the control child can mknod"
+    disk = os.stat("/").st_dev  # the block device backing / (its major:minor)
+    null = os.stat("/dev/null").st_rdev
+
+    def probe(w: Path, o: Path, restrict: bool) -> Callable[[], dict[str, str]]:
+        def run() -> dict[str, str]:
+            if restrict:
+                apply(plan([str(w)]))
+
+            def bind_socket() -> None:
+                with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                    s.bind(str(w / "sock"))
+
+            return {
+                "mknod_block_in_W": attempt(lambda: os.mknod(w / "disk", 0o600 | stat.S_IFBLK, disk)),
+                "mknod_char_in_W": attempt(lambda: os.mknod(w / "null", 0o666 | stat.S_IFCHR, null)),
+                "mknod_block_outside": attempt(lambda: os.mknod(o / "disk", 0o600 | stat.S_IFBLK, disk)),
+                "mkfifo_in_W": attempt(lambda: os.mkfifo(w / "fifo")),
+                "mknod_fifo_in_W": attempt(lambda: os.mknod(w / "fifo2", 0o600 | stat.S_IFIFO)),
+                "socket_in_W": attempt(bind_socket),
+                "symlink_in_W": attempt(lambda: os.symlink("fifo", w / "link")),
+            }
+        return run
+
+    cw, co = scratch()
+    try:
+        assert in_child(probe(cw, co, False)) == dict.fromkeys(
+            ["mknod_block_in_W", "mknod_char_in_W", "mknod_block_outside", "mkfifo_in_W", "mknod_fifo_in_W",
+             "socket_in_W", "symlink_in_W"], "ok")  # control: root can make every one of them here
+        assert stat.S_ISBLK((cw / "disk").lstat().st_mode) and (cw / "disk").lstat().st_rdev == disk
+    finally:
+        for node in (cw / "disk", cw / "null", co / "disk"):  # never leave a raw-disk node behind
+            node.unlink(missing_ok=True)
+    w, o = scratch()
+    try:
+        assert in_child(probe(w, o, True)) == {
+            "mknod_block_in_W": "EACCES", "mknod_char_in_W": "EACCES", "mknod_block_outside": "EACCES",
+            "mkfifo_in_W": "ok", "mknod_fifo_in_W": "ok", "socket_in_W": "ok", "symlink_in_W": "ok"}
+    finally:
+        for node in (w / "disk", w / "null", o / "disk"):
+            node.unlink(missing_ok=True)
+    assert stat.S_ISFIFO((w / "fifo").lstat().st_mode) and stat.S_ISSOCK((w / "sock").lstat().st_mode)

@@ -14,6 +14,7 @@ import json
 import mmap
 import os
 import platform
+import re
 import select
 import signal
 import struct
@@ -41,6 +42,28 @@ AUDIT_I386, AUDIT_ARM = 0x40000003, 0x40000028
 NR_IOCTL = {"x86_64": 16, "aarch64": 29}
 TIOCSTI, TIOCLINUX, TIOCGWINSZ = 0x5412, 0x541C, 0x5413
 ARCHES = ["x86_64", "aarch64"]
+# name: (x86_64, aarch64, errno): every syscall the filter refuses outright, whatever its arguments.
+REFUSED = {
+    "io_uring_setup": (425, 425, errno.ENOSYS),
+    "io_uring_enter": (426, 426, errno.ENOSYS),
+    "io_uring_register": (427, 427, errno.ENOSYS),
+    "bpf": (321, 280, errno.EPERM),
+    "perf_event_open": (298, 241, errno.EPERM),
+    "keyctl": (250, 219, errno.EPERM),
+    "add_key": (248, 217, errno.EPERM),
+    "request_key": (249, 218, errno.EPERM),
+    "open_by_handle_at": (304, 265, errno.EPERM),
+    "init_module": (175, 105, errno.EPERM),
+    "finit_module": (313, 273, errno.EPERM),
+    "delete_module": (176, 106, errno.EPERM),
+    "kexec_load": (246, 104, errno.EPERM),
+    "kexec_file_load": (320, 294, errno.EPERM),
+    "userfaultfd": (323, 282, errno.EPERM),
+}
+# Deliberately allowed (nested sandboxes, debuggers, mount ids): a regression that refused them breaks builds.
+KEPT = {"name_to_handle_at": (303, 264), "setns": (308, 268), "unshare": (272, 97), "ptrace": (101, 117),
+        "process_vm_readv": (310, 270), "process_vm_writev": (311, 271)}
+HEADERS = {"x86_64": "/usr/include/x86_64-linux-gnu/asm/unistd_64.h", "aarch64": "/usr/include/asm-generic/unistd.h"}
 MACHINE = platform.machine()
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -113,6 +136,33 @@ def test_default_arch_and_unknown_arch() -> None:
     assert isinstance(info.value, OSError) and info.value.errno == errno.EINVAL
 
 
+def test_rule_table_matches_independent_numbers() -> None:
+    assert {r.syscall: r.errno for r in seccomp.RULES} == {name: err for name, (*_, err) in REFUSED.items()}
+    assert len(seccomp.RULES) == len(REFUSED)  # no duplicates
+    assert all(len(r.threat) > 10 for r in seccomp.RULES)  # every refusal says what it defends
+    for i, arch in enumerate(ARCHES):
+        nrs = seccomp.SYSCALL_NRS[arch]
+        assert {name: nrs[name] for name in REFUSED} == {name: v[i] for name, v in REFUSED.items()}, arch
+        assert nrs["ioctl"] == NR_IOCTL[arch]
+        assert seccomp.syscall_number("keyctl", arch) == REFUSED["keyctl"][i]
+        assert not set(KEPT) & {r.syscall for r in seccomp.RULES}
+
+
+def _header_numbers(path: str) -> dict[str, int]:
+    with open(path) as f:
+        return {m[1]: int(m[2]) for m in re.finditer(r"^#define __NR_(\w+)\s+(\d+)\s*$", f.read(), re.MULTILINE)}
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_numbers_match_the_kernel_headers(arch: str) -> None:
+    """Every number the filter compares, against the uapi table it came from (linux-libc-dev)."""
+    if not os.path.exists(HEADERS[arch]):
+        pytest.skip(f"{HEADERS[arch]} not installed (apt-get install linux-libc-dev)")
+    table = _header_numbers(HEADERS[arch])
+    assert {k: table[k] for k in seccomp.SYSCALL_NRS[arch]} == seccomp.SYSCALL_NRS[arch]
+    assert {k: table[k] for k in KEPT} == {k: v[ARCHES.index(arch)] for k, v in KEPT.items()}
+
+
 def test_ctypes_layout_matches_the_kernel_abi() -> None:
     assert ctypes.sizeof(seccomp._SockFilter) == 8
     assert seccomp._SockFilter.k.offset == 4
@@ -179,6 +229,10 @@ SEMANTICS = [
     ("aarch64", X86, 29, (0, TIOCSTI), EPERM, "foreign arch"),
     ("aarch64", ARM, 63, (), ALLOW, "read"),
 ]
+SEMANTICS += [(arch, AUDIT[arch], nrs[i], (), 0x00050000 | err, name)
+              for name, (*nrs, err) in REFUSED.items() for i, arch in enumerate(ARCHES)]
+SEMANTICS += [(arch, AUDIT[arch], nrs[i], (), ALLOW, f"{name} stays allowed")
+              for name, nrs in KEPT.items() for i, arch in enumerate(ARCHES)]
 
 
 @pytest.mark.parametrize("name,audit,nr,args,expected,why", SEMANTICS, ids=[f"{c[0]}-{c[5]}" for c in SEMANTICS])
@@ -186,8 +240,11 @@ def test_program_semantics(name: str, audit: int, nr: int, args: tuple[int, ...]
     assert run_bpf(build_filter(name), audit, nr, args) == expected, why
 
 
+REFUSED_BY_NR = {arch: {nrs[i]: err for *nrs, err in REFUSED.values()} for i, arch in enumerate(ARCHES)}
 _interesting_nr = st.one_of(st.sampled_from([0, 16, 29, 54, 424, 425, 426, 427, 428, 0x40000010, 0x7FFFFFFF,
-                                             0xFFFFFFFF]), st.integers(0, 0xFFFFFFFF))
+                                             0xFFFFFFFF, *(n for m in REFUSED_BY_NR.values() for n in m),
+                                             *(n for nrs in KEPT.values() for n in nrs)]),
+                            st.integers(0, 0xFFFFFFFF))
 _interesting_cmd = st.one_of(st.sampled_from([TIOCSTI, TIOCLINUX, TIOCGWINSZ]).flatmap(
     lambda c: st.integers(0, 0xFFFFFFFF).map(lambda hi: (hi << 32) | c)), st.integers(0, 2**64 - 1))
 
@@ -196,12 +253,10 @@ _interesting_cmd = st.one_of(st.sampled_from([TIOCSTI, TIOCLINUX, TIOCGWINSZ]).f
 @given(arch=st.sampled_from(ARCHES), audit=st.sampled_from([X86, ARM, AUDIT_I386, AUDIT_ARM, 0]),
        nr=_interesting_nr, cmd=_interesting_cmd)
 def test_program_matches_reference_model(arch: str, audit: int, nr: int, cmd: int) -> None:
-    if audit != AUDIT[arch]:
+    if audit != AUDIT[arch] or (arch == "x86_64" and nr >= 0x40000000):  # foreign table, or x32
         expected = EPERM
-    elif arch == "x86_64" and nr >= 0x40000000:
-        expected = EPERM
-    elif nr in (425, 426, 427):
-        expected = ENOSYS
+    elif nr in REFUSED_BY_NR[arch]:
+        expected = 0x00050000 | REFUSED_BY_NR[arch][nr]
     elif nr == NR_IOCTL[arch] and cmd & 0xFFFFFFFF in (TIOCSTI, TIOCLINUX):
         expected = EPERM
     else:
@@ -229,7 +284,7 @@ def _pytest_process_stays_unfiltered() -> Iterator[None]:
 
 def _read_all(fd: int, timeout: float) -> bytes:
     deadline = time.monotonic() + timeout
-    chunks = []
+    chunks: list[bytes] = []
     while True:
         left = deadline - time.monotonic()
         if left <= 0 or not select.select([fd], [], [], left)[0]:
@@ -263,7 +318,7 @@ def in_child(body: Callable[[], Any], timeout: float = 5.0) -> Any:
             try:
                 payload = {"ok": True, "result": body()}
                 code = 0
-            except BaseException:
+            except BaseException:  # noqa: BLE001 - whatever the body raised goes back to pytest
                 payload = {"ok": False, "error": traceback.format_exc()}
             data = json.dumps(payload).encode()
             while data:
@@ -308,7 +363,7 @@ def _errname(fn: Callable[[], object]) -> str:
     try:
         fn()
     except OSError as e:
-        return errno.errorcode.get(e.errno, str(e.errno))
+        return errno.errorcode.get(e.errno or 0, str(e.errno))
     return "ok"
 
 
@@ -508,7 +563,7 @@ def test_grandchild_forked_after_install_is_filtered() -> None:
             finally:
                 os._exit(0)
         os.close(w)
-        report = json.loads(_read_all(r, 3.0))
+        report: dict[str, Any] = json.loads(_read_all(r, 3.0))
         os.waitpid(pid, 0)
         report["arrived"] = _what_arrived(master, slave)
         return report
@@ -548,7 +603,7 @@ def test_filter_survives_exec_through_a_shell(filtered: bool) -> None:
                 install()
             os.execv("/bin/sh", ["/bin/sh", "-c", 'exec "$0" -S -c "$1" "$2" "$3"',
                                  sys.executable, _EXECED, str(master), str(slave)])
-        except BaseException:
+        except BaseException:  # noqa: BLE001 - reported through the pipe, then _exit
             os.write(w, traceback.format_exc().encode())
         finally:
             os._exit(1)
@@ -577,3 +632,105 @@ def test_install_is_idempotent_and_sets_no_new_privs() -> None:
     out = in_child(body)
     assert out["nnp"] == "1" and out["mode"] == "2"
     assert out["tiocsti_on_pipe"] == "EPERM"  # refused before the kernel even looks at the fd
+
+
+# --------------------------------------------------------------------------------------------
+# Real kernel: the calls refused with EPERM, each against a control child without the filter
+# --------------------------------------------------------------------------------------------
+
+def _raw(name: str, *args: object) -> str:
+    """syscall(2) by name, every argument full width; 'ok' (any fd returned is closed) or the errno name."""
+    ctypes.set_errno(0)
+    c_args = [ctypes.c_long(a) if isinstance(a, int) else a for a in args]
+    i = ARCHES.index(MACHINE)  # the test's own numbers, not the module's: a wrong one there must show
+    ret = _libc.syscall(ctypes.c_long(REFUSED[name][i] if name in REFUSED else KEPT[name][i]), *c_args)
+    if ret < 0:
+        return errno.errorcode.get(ctypes.get_errno(), "?")
+    if name in ("bpf", "perf_event_open", "userfaultfd", "open_by_handle_at"):
+        os.close(ret)
+    return "ok"
+
+
+def _bpf_array_map() -> str:
+    attr = ctypes.create_string_buffer(struct.pack("<4I", 2, 4, 4, 1), 128)  # BPF_MAP_TYPE_ARRAY, 4/4 bytes, 1
+    return _raw("bpf", 0, attr, 128)  # BPF_MAP_CREATE
+
+
+def _perf_sw_clock() -> str:
+    attr = ctypes.create_string_buffer(struct.pack("<II", 1, 128), 128)  # PERF_TYPE_SOFTWARE, CPU_CLOCK
+    return _raw("perf_event_open", attr, 0, -1, -1, 0)  # this process, any cpu
+
+
+def _open_by_handle(path: str) -> dict[str, str]:
+    """name_to_handle_at (stays allowed) then open_by_handle_at, the 'shocker' read of v1's review."""
+    handle = ctypes.create_string_buffer(struct.pack("<Ii", 128, 0), 8 + 128)  # MAX_HANDLE_SZ
+    mount_id = ctypes.c_int()
+    at_fdcwd = -100
+    name = _raw("name_to_handle_at", at_fdcwd, ctypes.c_char_p(path.encode()), handle, ctypes.byref(mount_id), 0)
+    mount_fd = os.open(os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        return {"name_to_handle_at": name, "open_by_handle_at": _raw("open_by_handle_at", mount_fd, handle,
+                                                                    os.O_RDONLY)}
+    finally:
+        os.close(mount_fd)
+
+
+def _refused_attempts(path: str) -> dict[str, str]:
+    """Each call chosen to succeed, or fail harmlessly for its arguments, without the filter."""
+    user, process_keyring, session_keyring = ctypes.c_char_p(b"user"), -2, -3
+    out = {
+        "bpf": _bpf_array_map(),
+        "perf_event_open": _perf_sw_clock(),
+        "keyctl": _raw("keyctl", 0, session_keyring, 0),  # KEYCTL_GET_KEYRING_ID
+        # Into this child's own process keyring: it dies with the child.
+        "add_key": _raw("add_key", user, ctypes.c_char_p(b"sandgate-test"), ctypes.c_char_p(b"x"), 1,
+                        process_keyring),
+        "request_key": _raw("request_key", user, ctypes.c_char_p(b"sandgate-test-absent"), None, 0),
+        **_open_by_handle(path),
+        "init_module": _raw("init_module", None, 0, ctypes.c_char_p(b"")),  # empty image: ENOEXEC at most
+        "finit_module": _raw("finit_module", -1, ctypes.c_char_p(b""), 0),  # EBADF at most
+        "delete_module": _raw("delete_module", ctypes.c_char_p(b"sandgate_absent_module"), 0),  # ENOENT
+        # 17 > KEXEC_SEGMENT_MAX and unknown flags: EINVAL before anything is loaded (or ENOSYS: no kexec).
+        "kexec_load": _raw("kexec_load", 0, 17, None, 0),
+        "kexec_file_load": _raw("kexec_file_load", -1, -1, 0, ctypes.c_char_p(b""), 0xFF),
+        "userfaultfd": _raw("userfaultfd", os.O_CLOEXEC),
+    }
+    return out
+
+
+@pytest.mark.skipif(MACHINE not in ARCHES, reason="filter numbers exist for x86_64 and aarch64 only")
+def test_dangerous_calls_are_refused_with_eperm(tmp_path: Any) -> None:
+    assert os.geteuid() == 0, "the control needs root: bpf, perf, open_by_handle_at must succeed without the filter"
+    target = tmp_path / "secret"
+    target.write_text("hidden")
+
+    def attempts(filtered: bool) -> Callable[[], dict[str, str]]:
+        def body() -> dict[str, str]:
+            if filtered:
+                install()
+            return _refused_attempts(str(target))
+        return body
+
+    control = in_child(attempts(False))
+    refused = in_child(attempts(True))
+    # Control: root gets these for real here (ENOSYS/ENOENT... where the kernel lacks or refuses the feature).
+    for name in ("bpf", "perf_event_open", "keyctl", "add_key", "name_to_handle_at", "open_by_handle_at",
+                 "userfaultfd"):
+        assert control[name] == "ok", (name, control)
+    assert control["request_key"] == "ENOKEY"
+    for name, result in control.items():
+        assert result != "EPERM", f"{name}: EPERM without the filter, the test could not see the filter work"
+    assert refused == {**dict.fromkeys(control, "EPERM"), "name_to_handle_at": "ok"}
+
+
+def test_kept_namespace_calls_still_work() -> None:
+    """setns/unshare stay allowed (nested bwrap/podman), and ptrace of one's own child too."""
+    def body() -> dict[str, str]:
+        install()
+        out = {"unshare_uts": _errname(lambda: os.unshare(os.CLONE_NEWUTS))}
+        fd = os.open("/proc/self/ns/uts", os.O_RDONLY)
+        out["setns_own_uts"] = _errname(lambda: os.setns(fd, os.CLONE_NEWUTS))
+        os.close(fd)
+        return out
+
+    assert in_child(body) == {"unshare_uts": "ok", "setns_own_uts": "ok"}

@@ -1,0 +1,121 @@
+"""The launcher's side of the proxy daemon: find it, start it on demand, hand it a sandbox, notice its death.
+
+Cold start without waiting: when no daemon answers, one is spawned and the sandbox starts at
+once. Its listeners already exist inside its namespace, so early connections simply wait in
+their backlog until the daemon is ready and the binding is made. If the daemon never comes
+up, the launcher closes the listeners: the waiting connections are reset (fail closed).
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from netguard import control
+from netguard.spec import BindingSpec
+
+if TYPE_CHECKING:
+    import subprocess
+
+START_TIMEOUT = 30.0
+#: The daemon sees only what it needs of the launcher's environment (it outlives the launcher).
+DAEMON_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "PYTHONPATH", "XDG_RUNTIME_DIR")
+
+
+class DaemonError(Exception):
+    """The daemon could not be started or refused the sandbox; one line for the user."""
+
+
+class Daemon:
+    """One run's connection to the daemon, possibly still starting."""
+
+    def __init__(self, runtime_dir: Path) -> None:
+        self.path = control.socket_path(runtime_dir)
+        self.log = runtime_dir / "daemon.log"
+        self.client: control.ControlClient | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.ready_fd: int | None = None
+        self.deadline = 0.0
+        self._connect_or_spawn()
+
+    def _connect_or_spawn(self) -> None:
+        try:
+            self.client = control.ControlClient.connect(self.path, timeout=5.0)
+            return
+        except (OSError, control.ControlError):
+            pass
+        import subprocess  # only a cold start pays for it
+
+        r, w = os.pipe()
+        env = {k: v for k, v in os.environ.items() if k in DAEMON_ENV}
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "netguard.daemon", "--socket", str(self.path), "--ready-fd", str(w)],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=log, pass_fds=(w,), cwd="/", env=env,
+                start_new_session=True)  # its own session: the terminal's Ctrl-C is not for it
+        os.close(w)
+        os.set_blocking(r, False)
+        self.ready_fd = r
+        self.deadline = time.monotonic() + START_TIMEOUT
+
+    @property
+    def pending(self) -> bool:
+        return self.client is None
+
+    def wait_fd(self) -> int | None:
+        """What to select() on: the ready pipe while starting, else the control socket (EOF: it died)."""
+        return self.ready_fd if self.client is None else self.client.fileno()
+
+    def poll_ready(self) -> bool:
+        """Called when wait_fd() is readable (or on a timer) while pending; True once connected."""
+        assert self.ready_fd is not None
+        try:
+            data = os.read(self.ready_fd, 64)
+        except BlockingIOError:
+            if time.monotonic() > self.deadline:
+                raise DaemonError(f"the proxy daemon did not start within {START_TIMEOUT:.0f} s; see {self.log}")
+            return False
+        os.close(self.ready_fd)
+        self.ready_fd = None
+        # "ready", or EOF: the new daemon exited, e.g. because another launcher's daemon won the race.
+        try:
+            self.client = control.ControlClient.connect(self.path, timeout=5.0)
+        except (OSError, control.ControlError) as e:
+            raise DaemonError(f"the proxy daemon did not start ({e}); see {self.log}") from None
+        return True
+
+    def wait_ready(self, timeout: float) -> None:
+        """Block until connected (for callers that cannot start the sandbox before the daemon is up)."""
+        end = time.monotonic() + timeout
+        while self.pending:
+            assert self.ready_fd is not None
+            select.select([self.ready_fd], [], [], max(0.0, end - time.monotonic()))
+            if not self.poll_ready() and time.monotonic() > end:
+                raise DaemonError(f"the proxy daemon did not start within {timeout:.0f} s; see {self.log}")
+
+    def bind(self, spec: BindingSpec, fds: list[int]) -> None:
+        assert self.client is not None
+        try:
+            self.client.bind(spec, fds)
+        except (OSError, control.ControlError) as e:
+            raise DaemonError(f"the proxy daemon refused the sandbox: {e}") from None
+
+    def end(self) -> None:
+        """Tell the daemon this sandbox is gone, so its records are complete before the summary."""
+        if self.client is not None:
+            try:
+                self.client.end()
+            except (OSError, control.ControlError):
+                pass
+
+    def close(self) -> None:
+        if self.client is not None:
+            self.client.close()
+            self.client = None
+        if self.ready_fd is not None:
+            os.close(self.ready_fd)
+            self.ready_fd = None

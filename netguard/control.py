@@ -1,0 +1,358 @@
+"""The launcher <-> daemon control protocol: JSON messages over AF_UNIX SOCK_SEQPACKET with SCM_RIGHTS.
+
+One message is one JSON object (at most MAX_MESSAGE bytes); SEQPACKET keeps message
+boundaries, so no framing is needed and a reply can never be confused with a half-read one.
+Requests and replies:
+  {"op": "bind", "spec": {...}} + fds [audit, regular, transparent, dns_udp, dns_tcp]
+                                   -> {"ok": true} | {"ok": false, "error": "..."}
+  {"op": "end"}                    -> {"ok": true} once this connection's binding is gone
+  {"op": "status"}                 -> {"ok": true, "pid": N, "uptime": S, "bindings": [{"task", "since"}]}
+  {"op": "stop"}                   -> {"ok": true}, then the daemon exits
+A binding lives as long as the connection that made it: the daemon drops it on EOF.
+The daemon's half (its socket under a lock, SO_PEERCRED, checking the passed fds) lives here
+too, so the whole contract is in one file.
+Imports only the standard library and netguard.spec: the launcher loads this on its fast path.
+"""
+
+from __future__ import annotations
+
+import array
+import fcntl
+import json
+import os
+import socket
+import stat
+import struct
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+from netguard.spec import BindingSpec, encode
+
+MAX_MESSAGE = 1 << 20
+#: The fds a bind carries, in this order.
+BIND_FDS = ("audit", "regular", "transparent", "dns_udp", "dns_tcp")
+MAX_FDS = 16  # room to notice (and close) a peer that sends too many, instead of truncating silently
+
+
+class ControlError(Exception):
+    """The daemon refused a request, went away, or the runtime directory is unsafe: one sentence."""
+
+
+# ---- messages -------------------------------------------------------------------------------
+
+
+def send_message(sock: socket.socket, msg: Mapping[str, Any], fds: Sequence[int] = ()) -> None:
+    """Send one JSON object, with `fds` attached as SCM_RIGHTS; raises ValueError if it is too large."""
+    data = json.dumps(msg, separators=(",", ":"), ensure_ascii=False).encode()
+    if len(data) > MAX_MESSAGE:
+        raise ValueError(f"control message of {len(data)} bytes exceeds {MAX_MESSAGE}")
+    anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())] if fds else []
+    sock.sendmsg([data], anc)
+
+
+def recv_raw(sock: socket.socket, flags: int = 0) -> tuple[bytes, list[int], int]:
+    """One message's bytes, the fds that came with it (close-on-exec) and its truncation flags.
+
+    b"", no fds and no flags is EOF: the protocol never sends an empty message.
+    """
+    data, anc, msg_flags, _ = sock.recvmsg(MAX_MESSAGE + 1, socket.CMSG_SPACE(MAX_FDS * 4),
+                                           flags | socket.MSG_CMSG_CLOEXEC)
+    fds: list[int] = []
+    for level, kind, payload in anc:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            a = array.array("i")
+            a.frombytes(payload[: len(payload) - len(payload) % a.itemsize])
+            fds.extend(a)
+    return data, fds, msg_flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC)  # the kernel echoes MSG_CMSG_CLOEXEC
+
+
+def parse_message(data: bytes, msg_flags: int) -> dict[str, Any]:
+    """The JSON object of a received message; ValueError with a reply-worthy text if it is not one."""
+    if msg_flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC) or len(data) > MAX_MESSAGE:
+        raise ValueError(f"message larger than {MAX_MESSAGE} bytes or with more than {MAX_FDS} fds")
+    try:
+        msg = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        raise ValueError("message is not JSON") from None
+    if not isinstance(msg, dict):
+        raise ValueError("message is not a JSON object")  # noqa: TRY004 - a protocol error, sent back as text
+    return msg
+
+
+def close_fds(fds: Sequence[int]) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+# ---- the client -----------------------------------------------------------------------------
+
+
+class ControlClient:
+    """A blocking client for one launcher: one connection, at most one binding, closed on exit."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+
+    @classmethod
+    def connect(cls, path: Path | str, timeout: float = 5.0) -> ControlClient:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+        sock.settimeout(timeout)
+        try:
+            sock.connect(os.fspath(path))
+        except OSError as e:
+            sock.close()
+            raise ControlError(f"cannot reach the sandgate daemon at {path}: {e.strerror or e}") from None
+        return cls(sock)
+
+    def bind(self, spec: BindingSpec, fds: Sequence[int]) -> None:
+        """Hand one sandbox to the daemon; `fds` in BIND_FDS order. The caller may close its copies after."""
+        if len(fds) != len(BIND_FDS):
+            raise ControlError(f"bind needs {len(BIND_FDS)} fds ({', '.join(BIND_FDS)}), got {len(fds)}")
+        self._request({"op": "bind", "spec": encode(spec)}, fds)
+
+    def end(self) -> None:
+        self._request({"op": "end"})
+
+    def status(self) -> dict[str, Any]:
+        return self._request({"op": "status"})
+
+    def stop(self) -> None:
+        self._request({"op": "stop"})
+
+    def fileno(self) -> int:
+        """Readable with no request outstanding means the daemon closed the connection (it died)."""
+        return self._sock.fileno()
+
+    def close(self) -> None:
+        self._sock.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+    def _request(self, msg: Mapping[str, Any], fds: Sequence[int] = ()) -> dict[str, Any]:
+        try:
+            send_message(self._sock, msg, fds)
+            data, got, flags = recv_raw(self._sock)
+        except (OSError, ValueError) as e:
+            raise ControlError(f"the sandgate daemon did not answer {msg.get('op')!r}: {e}") from None
+        close_fds(got)  # replies never carry fds; one that does must not leak them into the launcher
+        if not data and not flags:
+            raise ControlError(f"the sandgate daemon closed the connection during {msg.get('op')!r}")
+        try:
+            reply = parse_message(data, flags)
+        except ValueError as e:
+            raise ControlError(f"malformed reply from the sandgate daemon: {e}") from None
+        if reply.get("ok") is not True:
+            raise ControlError(str(reply.get("error") or "the sandgate daemon refused the request"))
+        return reply
+
+
+# ---- where the socket lives -----------------------------------------------------------------
+
+
+def socket_path(runtime_dir: Path) -> Path:
+    """The daemon socket for this network namespace: a daemon connects upstream from its own netns,
+    so a launcher must never be served by one that lives in another."""
+    return runtime_dir / f"daemon-{os.stat('/proc/self/ns/net').st_ino}.sock"
+
+
+def runtime_base(environ: Mapping[str, str], uid: int) -> Path:
+    """Where the runtime directory should be, before any check of it (pure but for one stat)."""
+    xdg = environ.get("XDG_RUNTIME_DIR")
+    if xdg and os.path.isabs(xdg):
+        try:
+            st = os.stat(xdg)
+        except OSError:
+            st = None
+        if st is not None and stat.S_ISDIR(st.st_mode) and st.st_uid == uid:
+            return Path(xdg) / "sandgate"
+    if uid == 0:
+        return Path("/run/sandgate")
+    return Path(f"/tmp/sandgate-{uid}")
+
+
+def private_dir(path: Path, uid: int | None = None) -> Path:
+    """`path` as a directory only `uid` can use, created 0700 if missing.
+
+    In a shared directory like /tmp another user can create our name first (squatting) and
+    read or replace our socket: an existing entry must be a real directory, ours, 0700-ish.
+    """
+    uid = os.geteuid() if uid is None else uid
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as e:
+        raise ControlError(f"cannot create the sandgate runtime directory {path}: {e.strerror}") from None
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        raise ControlError(f"refusing the sandgate runtime directory {path}: it is a symbolic link")
+    if not stat.S_ISDIR(st.st_mode):
+        raise ControlError(f"refusing the sandgate runtime directory {path}: it is not a directory")
+    if st.st_uid != uid:
+        raise ControlError(f"refusing the sandgate runtime directory {path}: it belongs to uid {st.st_uid}, not {uid}")
+    if st.st_mode & 0o077:
+        raise ControlError(f"refusing the sandgate runtime directory {path}: mode {stat.S_IMODE(st.st_mode):04o} "
+                           "lets other users in (expected 0700)")
+    return path
+
+
+def runtime_dir() -> Path:
+    """$XDG_RUNTIME_DIR/sandgate, else /run/sandgate for root, else /tmp/sandgate-<uid>; checked, 0700."""
+    uid = os.geteuid()
+    return private_dir(runtime_base(os.environ, uid), uid)
+
+
+# ---- the daemon's side: its socket, its peers, the fds it is handed -------------------------
+
+
+class DaemonSocket:
+    """The control socket at PATH, created under a flock on PATH.lock so two starting daemons
+    never both bind, and removed at exit only if PATH is still ours (a successor may own it)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.lock_fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        self.sock: socket.socket | None = None
+        self._ino: tuple[int, int] | None = None
+
+    def claim(self) -> bool:
+        """Bind PATH; False if a live daemon already answers there."""
+        fcntl.flock(self.lock_fd, fcntl.LOCK_EX)
+        try:
+            if answers(self.path):
+                return False
+            try:
+                st = os.lstat(self.path)
+            except FileNotFoundError:
+                pass
+            else:
+                if not stat.S_ISSOCK(st.st_mode):  # never delete something that is not a stale socket
+                    raise OSError(f"{self.path} exists and is not a socket; not touching it")
+                os.unlink(self.path)
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+            old = os.umask(0o177)  # 0600 from the start: no window in which others may connect
+            try:
+                sock.bind(self.path)
+            finally:
+                os.umask(old)
+            sock.listen(64)
+            st = os.stat(self.path)
+            self.sock, self._ino = sock, (st.st_dev, st.st_ino)
+            return True
+        finally:
+            fcntl.flock(self.lock_fd, fcntl.LOCK_UN)
+
+    def release(self) -> None:
+        fcntl.flock(self.lock_fd, fcntl.LOCK_EX)
+        try:
+            try:
+                st = os.stat(self.path)
+                if (st.st_dev, st.st_ino) == self._ino:
+                    os.unlink(self.path)
+            except FileNotFoundError:
+                pass
+            if self.sock is not None:
+                self.sock.close()
+                self.sock = None
+        finally:
+            fcntl.flock(self.lock_fd, fcntl.LOCK_UN)
+            os.close(self.lock_fd)
+
+
+def answers(path: str) -> bool:
+    """True if something accepts connections on `path` (a live daemon)."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+    s.settimeout(2)
+    try:
+        s.connect(path)
+        return True
+    except (FileNotFoundError, ConnectionRefusedError):
+        return False
+    finally:
+        s.close()
+
+
+def peer_uid(sock: socket.socket) -> int:
+    """The uid of the process at the other end (SO_PEERCRED), as the kernel saw it at connect()."""
+    _pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+    return int(uid)
+
+
+# ---- passed descriptors -------------------------------------------------------------------
+
+
+class BindError(Exception):
+    """A bind the daemon will not take; the text goes back to the launcher."""
+
+
+@dataclass
+class PassedFds:
+    """A checked bind's descriptors, owned by whoever holds this."""
+
+    audit: int
+    regular: socket.socket
+    transparent: socket.socket
+    dns_udp: socket.socket
+    dns_tcp: socket.socket
+
+
+def adopt_fds(fds: list[int]) -> PassedFds:
+    """Check and take ownership of a bind's fds; on any problem all of them are closed and BindError raised.
+
+    A wrong descriptor must be refused, not served: a non-listening socket handed to asyncio would
+    be made to listen (autobinding a random port), a non-append fd could overwrite the log.
+    """
+    if len(fds) != len(BIND_FDS):
+        close_fds(fds)
+        raise BindError(f"bind needs {len(BIND_FDS)} fds ({', '.join(BIND_FDS)}), got {len(fds)}")
+    owned: list[socket.socket] = []
+    try:
+        _check_audit(fds[0])
+        inodes = set()
+        for name, fd, kind in zip(BIND_FDS[1:], fds[1:], (socket.SOCK_STREAM,) * 2 + (socket.SOCK_DGRAM,
+                                                                                      socket.SOCK_STREAM)):
+            st = os.fstat(fd)
+            if not stat.S_ISSOCK(st.st_mode):
+                raise BindError(f"{name} fd is not a socket")
+            inodes.add(st.st_ino)
+            s = socket.socket(fileno=fd)
+            owned.append(s)
+            _check_socket(name, s, kind)
+        if len(inodes) != 4:
+            raise BindError("the same socket was passed twice")
+    except (BindError, OSError) as e:
+        for s in owned:
+            s.close()
+        close_fds([fds[0], *fds[1 + len(owned):]])  # the rest belong to the closed socket objects
+        raise e if isinstance(e, BindError) else BindError(f"cannot inspect a passed fd: {e}") from None
+    return PassedFds(fds[0], *owned)
+
+
+def _check_audit(fd: int) -> None:
+    st = os.fstat(fd)
+    flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+    if not stat.S_ISREG(st.st_mode):
+        raise BindError("audit fd is not a regular file")
+    if not flags & os.O_APPEND or flags & os.O_ACCMODE not in (os.O_WRONLY, os.O_RDWR):
+        raise BindError("audit fd must be open for writing with O_APPEND")
+
+
+def _check_socket(name: str, s: socket.socket, kind: int) -> None:
+    if s.family not in (socket.AF_INET, socket.AF_INET6):
+        raise BindError(f"{name} fd is not an IPv4/IPv6 socket")
+    if s.getsockopt(socket.SOL_SOCKET, socket.SO_TYPE) != kind:
+        raise BindError(f"{name} fd is not a {'TCP' if kind == socket.SOCK_STREAM else 'UDP'} socket")
+    if kind == socket.SOCK_STREAM and not s.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+        raise BindError(f"{name} fd is not a listening socket")
+    if kind == socket.SOCK_DGRAM and s.getsockname()[1] == 0:
+        raise BindError(f"{name} fd is not bound")

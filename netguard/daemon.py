@@ -1,0 +1,401 @@
+"""sandgated: one long-lived proxy per user and network namespace, serving many sandboxes.
+
+    python -m netguard.daemon --socket PATH [--ready-fd N] [--idle-exit SECONDS]
+
+Launchers connect to PATH (AF_UNIX SOCK_SEQPACKET, see netguard.control) and hand over, per
+sandbox, listeners that were created inside the sandbox's network namespace plus its audit
+log. The daemon accepts on them and connects upstream from its own namespace. A binding lives
+as long as its control connection; if the daemon dies, every passed listener dies with it, so
+sandboxes fail closed. The daemon opens no path for a sandbox: it writes only its socket, its
+lock file and the audit descriptors it was given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import os
+import re
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from netguard.control import (
+    BindError,
+    DaemonSocket,
+    PassedFds,
+    adopt_fds,
+    close_fds,
+    parse_message,
+    peer_uid,
+    recv_raw,
+    send_message,
+)
+from netguard.spec import BindingSpec, SpecError, decode
+
+if TYPE_CHECKING:  # imported lazily: the control/lock logic runs before mitmproxy's import cost
+    from netguard.dnsgate import DnsGate, DnsService
+    from netguard.proxy import Binding
+
+MAX_SLOT = 65535  # slots are listen ports in mitmproxy mode specs, which must be valid ports
+BACKLOG = 4096  # asyncio re-runs listen() on a passed socket: keep the queue the launcher sized for a cold start
+
+
+def log(line: str) -> None:
+    """One line to stderr (the launcher points it at the daemon's log file)."""
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
+    print(f"{stamp} sandgated[{os.getpid()}]: {line}", file=sys.stderr, flush=True)
+
+
+# ---- one sandbox ------------------------------------------------------------------------------
+
+
+@dataclass
+class Sandbox:
+    """What the daemon holds for one bound sandbox, all of it released by `Daemon.drop`."""
+
+    task: str
+    binding: Binding
+    slots: tuple[int, int]
+    since: str  # RFC 3339, as in the audit log
+    servers: list[asyncio.Server] = field(default_factory=list)
+    dns: list[DnsService] = field(default_factory=list)
+    conns: dict[asyncio.Task[Any], asyncio.StreamWriter] = field(default_factory=dict)
+
+    def tracked(self, handler: Any) -> Any:
+        """Wrap a stream handler so `drop` can cut this sandbox's open connections."""
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            task = asyncio.current_task()
+            assert task is not None
+            self.conns[task] = writer
+            try:
+                await handler(reader, writer)
+            finally:
+                self.conns.pop(task, None)
+        return handle
+
+
+@dataclass
+class Peer:
+    sock: socket.socket
+    sandbox: Sandbox | None = None
+
+
+# ---- the daemon -------------------------------------------------------------------------------
+
+
+class Daemon:
+    """The control loop around one mitmproxy master; every sandbox is a Peer's binding."""
+
+    def __init__(self, listener: DaemonSocket, idle_exit: float) -> None:
+        self.listener = listener
+        self.idle_exit = idle_exit
+        self.started = time.monotonic()
+        self.bindings: dict[int, Binding] = {}  # slot -> sandbox, shared with the Gate addon
+        self.peers: dict[int, Peer] = {}  # id(peer) -> peer
+        self.stopping = asyncio.Event()
+        self._next_slot = 1
+        self._idle: asyncio.TimerHandle | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def run(self, ready_fd: int | None) -> None:
+        from netguard import dnsgate, proxy
+
+        self.master, self.proxyserver, self.gate = proxy.make_master(self.bindings, [])
+        self.dnsgate: DnsGate = dnsgate.DnsGate()
+        await self.master.running()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._stop, signal.Signals(sig).name)
+        assert self.listener.sock is not None
+        lfd = self.listener.sock.fileno()
+        self.listener.sock.setblocking(False)
+        loop.add_reader(lfd, self._accept)
+        _ready(ready_fd)
+        log(f"ready on {self.listener.path}")
+        self._arm_idle()
+        try:
+            await self.stopping.wait()
+        finally:
+            loop.remove_reader(lfd)
+            self.listener.release()  # first: no new launcher may reach a daemon that is going away
+            for peer in list(self.peers.values()):
+                await self.drop(peer, "daemon exit")
+            for task in list(self._tasks):
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+            await self.master.done()
+
+    def _stop(self, why: str) -> None:
+        if not self.stopping.is_set():
+            log(f"exiting ({why})")
+            self.stopping.set()
+
+    def _arm_idle(self) -> None:
+        # Idle means no control connection at all (every binding has one): a launcher that has just
+        # connected is not cut off before its bind arrives.
+        if self.idle_exit > 0 and not self.peers and self._idle is None and not self.stopping.is_set():
+            self._idle = asyncio.get_running_loop().call_later(self.idle_exit, self._stop, "idle")
+
+    def _disarm_idle(self) -> None:
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
+
+    # ---- control connections ------------------------------------------------------------
+
+    def _accept(self) -> None:
+        assert self.listener.sock is not None
+        try:
+            conn, _ = self.listener.sock.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as e:  # EMFILE and friends: pause instead of spinning on a readable listener
+            log(f"accept failed: {e}; pausing for a second")
+            loop = asyncio.get_running_loop()
+            loop.remove_reader(self.listener.sock.fileno())
+            loop.call_later(1.0, self._resume_accept)
+            return
+        conn.setblocking(False)
+        try:
+            uid = peer_uid(conn)
+        except OSError:
+            uid = -1
+        if uid != os.geteuid():  # the socket is 0600 in a 0700 dir; this also stops root and other userns
+            log(f"refused a control connection from uid {uid}")
+            conn.close()
+            return
+        peer = Peer(conn)
+        self.peers[id(peer)] = peer
+        self._disarm_idle()
+        task = asyncio.get_running_loop().create_task(self._serve_peer(peer))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _resume_accept(self) -> None:
+        if self.listener.sock is not None and not self.stopping.is_set():
+            asyncio.get_running_loop().add_reader(self.listener.sock.fileno(), self._accept)
+
+    async def _serve_peer(self, peer: Peer) -> None:
+        try:
+            while not self.stopping.is_set():
+                data, fds, flags = await _recv(peer.sock)
+                if not data and not fds and not flags:
+                    break  # EOF: the launcher exited or was killed; its sandbox goes with it
+                reply, stop = await self._handle(peer, data, fds, flags)
+                send_message(peer.sock, reply)  # BlockingIOError: a peer that never reads is dropped
+                if stop:
+                    self._stop("stop requested")
+                    break
+        except OSError:
+            pass
+        except Exception as e:  # noqa: BLE001 - one launcher's trouble must never take the others down
+            log(f"control connection failed: {type(e).__name__}: {e}")
+        finally:
+            await self.drop(peer, "connection closed")
+            peer.sock.close()
+            self.peers.pop(id(peer), None)
+            self._arm_idle()
+
+    async def _handle(self, peer: Peer, data: bytes, fds: list[int], flags: int) -> tuple[dict[str, Any], bool]:
+        try:
+            msg = parse_message(data, flags)
+        except ValueError as e:
+            close_fds(fds)
+            return _err(str(e)), False
+        op = msg.get("op")
+        if op == "bind":
+            return await self._bind(peer, msg, fds), False
+        close_fds(fds)  # only a bind carries fds; stray ones must not pile up in a long-lived daemon
+        if op not in ("end", "status", "stop"):
+            return _err(f"unknown op {op!r} (expected bind, end, status or stop)"), False
+        if set(msg) != {"op"}:
+            return _err(f"unexpected keys in {op!r}: {', '.join(sorted(set(msg) - {'op'}))}"), False
+        if op == "end":
+            await self.drop(peer, "end")
+            return {"ok": True}, False
+        if op == "status":
+            return {"ok": True, "pid": os.getpid(), "uptime": round(time.monotonic() - self.started, 3),
+                    "bindings": [{"task": p.sandbox.task, "since": p.sandbox.since}
+                                 for p in self.peers.values() if p.sandbox is not None]}, False
+        return {"ok": True}, True
+
+    # ---- bindings -----------------------------------------------------------------------
+
+    async def _bind(self, peer: Peer, msg: dict[str, Any], fds: list[int]) -> dict[str, Any]:
+        if set(msg) != {"op", "spec"}:
+            close_fds(fds)
+            return _err("bind takes exactly the keys op and spec")
+        if peer.sandbox is not None:
+            close_fds(fds)
+            return _err("this connection already has a binding; use one connection per sandbox")
+        try:
+            spec = decode(msg["spec"])
+        except SpecError as e:
+            close_fds(fds)
+            return _err(f"invalid spec: {e}")
+        try:
+            passed = adopt_fds(fds)
+        except BindError as e:
+            return _err(str(e))
+        try:
+            peer.sandbox = await self._start(spec.task, spec, passed)
+        except Exception as e:  # noqa: BLE001 - refused, and nothing of it is left behind
+            log(f"bind of task {spec.task} failed: {type(e).__name__}: {e}")
+            return _err(f"cannot serve this sandbox: {e}")
+        log(f"bind task={spec.task} slots={peer.sandbox.slots[0]},{peer.sandbox.slots[1]} "
+            f"({self._count()} bindings)")
+        return {"ok": True}
+
+    async def _start(self, task: str, spec: BindingSpec, passed: PassedFds) -> Sandbox:
+        from mitmproxy.proxy.mode_servers import ServerInstance
+
+        from netguard import dnsgate, proxy, rules
+        from netguard.asking import Approver
+        from netguard.audit import AuditLog, now_rfc3339
+
+        approver = Approver(spec.approval_socket, spec.ask_timeout) if spec.approval_socket else None
+        binding = proxy.Binding(task, rules.compile_policy(spec.policy), AuditLog.from_fd(passed.audit),
+                                learn=spec.learn, ask_all=spec.ask_all, approver=approver)
+        sb = Sandbox(task, binding, (0, 0), since=now_rfc3339())
+        try:
+            sb.slots = (self._slot(binding), self._slot(binding))
+            for slot, mode, sock in ((sb.slots[0], "regular", passed.regular),
+                                     (sb.slots[1], "transparent", passed.transparent)):
+                # The slot is only a key for Gate: the mode spec is never used to bind anything.
+                instance: ServerInstance[Any] = ServerInstance.make(f"{mode}@127.0.0.1:{slot}", self.proxyserver)
+                sb.servers.append(await asyncio.start_server(sb.tracked(instance.handle_stream), sock=sock,
+                                                          backlog=BACKLOG))
+            sb.dns.append(await dnsgate.serve_udp(passed.dns_udp, binding, self.dnsgate))
+            sb.dns.append(await dnsgate.serve_tcp(passed.dns_tcp, binding, self.dnsgate))
+        except BaseException:
+            await self._release(sb)
+            for s in (passed.regular, passed.transparent, passed.dns_udp, passed.dns_tcp):
+                s.close()
+            raise
+        return sb
+
+    def _slot(self, binding: Binding) -> int:
+        for _ in range(MAX_SLOT):
+            slot, self._next_slot = self._next_slot, self._next_slot % MAX_SLOT + 1
+            if slot not in self.bindings:
+                self.bindings[slot] = binding
+                return slot
+        raise BindError("no free slot: too many sandboxes")
+
+    async def drop(self, peer: Peer, why: str) -> None:
+        sb, peer.sandbox = peer.sandbox, None
+        if sb is None:
+            return
+        await self._release(sb)
+        log(f"end task={sb.task} ({why}; {self._count()} bindings)")
+
+    async def _release(self, sb: Sandbox) -> None:
+        """Close the sandbox's listeners and connections, then its audit fd (never reused by a late write)."""
+        for slot in sb.slots:
+            if self.bindings.get(slot) is sb.binding:
+                del self.bindings[slot]
+        for server in sb.servers:
+            server.close()
+        for service in sb.dns:
+            service.close()
+        for writer in list(sb.conns.values()):
+            writer.transport.abort()
+        if sb.conns:  # let the cut connections write their close records
+            await asyncio.wait(list(sb.conns), timeout=2)
+        sb.binding.audit.close()
+
+    def _count(self) -> int:
+        return sum(1 for p in self.peers.values() if p.sandbox is not None)
+
+
+async def _recv(sock: socket.socket) -> tuple[bytes, list[int], int]:
+    """recvmsg once the socket is readable (asyncio has no recvmsg with ancillary data)."""
+    loop = asyncio.get_running_loop()
+    while True:
+        try:
+            return recv_raw(sock, socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            pass
+        fut: asyncio.Future[None] = loop.create_future()
+        loop.add_reader(sock.fileno(), _wake, fut)
+        try:
+            await fut
+        finally:
+            loop.remove_reader(sock.fileno())
+
+
+def _wake(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+def _err(text: str) -> dict[str, Any]:
+    return {"ok": False, "error": text}
+
+
+def _ready(fd: int | None) -> None:
+    if fd is not None:
+        try:
+            os.write(fd, b"ready\n")
+        except BrokenPipeError:
+            pass  # the launcher that started us already finished (a short command): others will connect
+        finally:
+            os.close(fd)
+
+
+def _skip_addons_init() -> None:
+    """Register mitmproxy.addons without running its __init__, which imports every addon (flask, ldap3,
+    ...: ~150 ms of a cold start); we load only proxyserver, and mitmproxy.master only termlog."""
+    if "mitmproxy.addons" in sys.modules:
+        return
+    spec = importlib.util.find_spec("mitmproxy.addons")
+    if spec is not None and spec.loader is not None:
+        sys.modules["mitmproxy.addons"] = importlib.util.module_from_spec(spec)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m netguard.daemon", description=__doc__.splitlines()[0])
+    ap.add_argument("--socket", required=True, help="control socket path (see netguard.control.socket_path)")
+    ap.add_argument("--ready-fd", type=int, help="write b'ready\\n' to this fd, then close it, once serving")
+    ap.add_argument("--idle-exit", type=float, default=300.0,
+                    help="exit after this many seconds without any control connection (0: never)")
+    ap.add_argument("--verbose", action="store_true", help="also log every proxied connection (mitmproxy's INFO)")
+    args = ap.parse_args(argv)
+    path = os.path.abspath(args.socket)
+    named = re.fullmatch(r"daemon-(\d+)\.sock", os.path.basename(path))
+    if named and int(named.group(1)) != os.stat("/proc/self/ns/net").st_ino:
+        # It would connect upstream from the wrong namespace (e.g. started from inside a sandbox).
+        log(f"{path} names another network namespace than this process's; not serving it")
+        return 1
+    # SIGTERM while mitmproxy is still being imported must still remove the socket.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    try:
+        listener = DaemonSocket(path)
+        claimed = listener.claim()
+    except OSError as e:
+        log(f"cannot listen on {path}: {e}")
+        return 1
+    if not claimed:
+        os.close(listener.lock_fd)
+        _ready(args.ready_fd)  # a daemon serves PATH: that is all the starter waits for
+        return 0
+    try:
+        os.chdir("/")  # hold no directory of the launcher's busy
+        import logging
+        logging.basicConfig(stream=sys.stderr, level=logging.INFO if args.verbose else logging.WARNING,
+                            format="%(asctime)s %(name)s %(levelname)s: %(message)s")
+        _skip_addons_init()
+        asyncio.run(Daemon(listener, args.idle_exit).run(args.ready_fd))
+    finally:
+        if listener.sock is not None:
+            listener.release()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

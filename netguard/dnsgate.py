@@ -1,0 +1,308 @@
+"""sandgate's own DNS server: a sandbox's only resolver, answering allowed names and refusing the rest.
+
+Why not mitmproxy's dns mode: it cannot serve a socket handed to us from inside a sandbox's
+network namespace, and it forwards the client's bytes. Here an allowed query is rebuilt from
+its name, type and class alone, so EDNS options, additional records, letter case (anything a
+sandbox could hide data in) never leave; and only answer records that belong to the question
+(its name and the CNAME chain from it) come back. Denied names are never sent upstream at all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import socket
+import struct
+import uuid
+from typing import Protocol
+
+import dns.asyncquery
+import dns.exception
+import dns.flags
+import dns.message
+import dns.name
+import dns.opcode
+import dns.rcode
+import dns.rdataclass
+import dns.rdatatype
+import dns.rrset
+
+from netguard import hosts, rules
+from netguard.asking import Approver
+from netguard.audit import AuditLog, decision_record
+
+#: What DNS answers for a name that still needs a human's approval: any address works (all TCP
+#: from the sandbox reaches the proxy, which then decides by SNI/Host and asks); the real name
+#: is not looked up upstream before someone said yes.
+PENDING_ADDRESS = ipaddress.IPv4Address("198.18.255.254")
+RESOLVE_TIMEOUT = 5.0
+MAX_CNAME_CHAIN = 16
+UDP_DEFAULT = 512  # a client without EDNS can take no more (RFC 1035)
+UDP_MAX = 4096  # cap on what an EDNS client may ask for: large UDP answers fragment
+MAX_INFLIGHT = 128  # per UDP socket: a query flood must not grow the daemon's memory
+TCP_MAX_CONNS = 32  # per TCP listener
+TCP_MAX_QUERIES = 100  # per TCP connection
+TCP_IDLE = 10.0  # seconds to wait for the next query (or for a slow client to take the answer)
+BACKLOG = 4096  # what the launcher listens with (netguard.sandboxnet.BACKLOG)
+logger = logging.getLogger("sandgate.dns")
+
+
+class DnsBinding(Protocol):
+    """What DnsGate needs of a sandbox (netguard.proxy.Binding has it)."""
+
+    task: str
+    rules: rules.Ruleset
+    audit: AuditLog
+    learn: bool
+    ask_all: bool
+    approver: Approver | None
+
+    def upstream_dns(self) -> tuple[str, int]: ...
+
+
+def is_name(host: str) -> bool:
+    """Learn and ask apply to names; raw addresses stay governed by cidr rules."""
+    try:
+        return isinstance(rules.normalise(host), str)
+    except hosts.HostError:
+        return False
+
+
+def _audit_name(name: str) -> str:
+    try:
+        return str(hosts.normalise(name))
+    except hosts.HostError:
+        return name
+
+
+class DnsGate:
+    """Decides, answers and audits DNS queries; one instance serves every sandbox, state is per query."""
+
+    def __init__(self, timeout: float = RESOLVE_TIMEOUT) -> None:
+        self.timeout = timeout
+
+    async def answer(self, binding: DnsBinding, wire: bytes, peer: object, *, tcp: bool = False) -> bytes | None:
+        """The reply to one query (None: send nothing). Writes exactly one `dns` decision record."""
+        try:
+            query = dns.message.from_wire(wire)
+        except Exception as e:  # noqa: BLE001 - hostile bytes can make dnspython raise almost anything
+            self._record(binding, None, None, "deny", None, f"malformed DNS message ({type(e).__name__})")
+            return _formerr(wire)
+        first = query.question[0] if query.question else None
+        if query.flags & dns.flags.QR:
+            self._record(binding, first, None, "deny", None, "not a query (QR bit set)")
+            return None  # never answer an answer: no reflection loops
+        if query.opcode() != dns.opcode.QUERY:
+            self._record(binding, first, None, "deny", None,
+                         f"opcode {dns.opcode.to_text(query.opcode())} refused: only QUERY is served")
+            return _wire(_reply(query, dns.rcode.REFUSED), query, tcp)
+        if len(query.question) != 1:
+            self._record(binding, first, None, "deny", None,
+                         f"{len(query.question)} questions refused: exactly one is served")
+            return _wire(_reply(query, dns.rcode.REFUSED), query, tcp)
+        q = query.question[0]
+        verdict, d, would = await self._decide(binding, q.name.to_text(omit_final_dot=True))
+        self._record(binding, q, d.rule, "deny" if verdict == "refuse" else "allow", would, d.reason)
+        if verdict == "refuse":
+            return _wire(_reply(query, dns.rcode.REFUSED), query, tcp)
+        if verdict == "pending":
+            answer = [dns.rrset.from_text(q.name, 1, "IN", "A", str(PENDING_ADDRESS))] \
+                if q.rdtype == dns.rdatatype.A and q.rdclass == dns.rdataclass.IN else []
+            return _wire(_reply(query, dns.rcode.NOERROR, answer), query, tcp)
+        try:
+            up = await self._upstream(binding, q)
+        except (OSError, dns.exception.DNSException, ValueError, TimeoutError) as e:
+            logger.info("dns forward of %s failed: %s", q.name, e or type(e).__name__)
+            return _wire(_reply(query, dns.rcode.SERVFAIL), query, tcp)
+        rcode = up.rcode()
+        if rcode > 15 and query.edns < 0:
+            rcode = dns.rcode.SERVFAIL  # an extended rcode cannot be said to a client without EDNS
+        return _wire(_reply(query, rcode, _belonging(up, q)), query, tcp)
+
+    async def _decide(self, b: DnsBinding, name: str) -> tuple[str, rules.Decision, str | None]:
+        """("forward" | "pending" | "refuse", decision, would): the same pipeline as the proxy's."""
+        d = rules.decide(b.rules, name, None)
+        default_deny = d.action == "deny" and d.rule is None and is_name(name)
+        if d.allowed:
+            return "forward", d, None
+        if default_deny and b.learn:
+            return "forward", rules.Decision("allow", None, f"learn mode: {d.reason}"), "deny"
+        if b.approver is not None and (d.action == "ask" or (default_deny and b.ask_all)):
+            return "pending", rules.Decision("allow", d.rule, f"{d.reason}: needs approval; answered with a "
+                                                               "placeholder address, not looked up upstream"), None
+        if d.action == "ask":
+            d = rules.Decision("deny", d.rule, d.reason + " (no approval channel; denied)")
+        return "refuse", d, None
+
+    async def _upstream(self, b: DnsBinding, q: dns.rrset.RRset) -> dns.message.Message:
+        """A fresh query: only the lower-cased name, type and class of the client's ever leave."""
+        host, port = b.upstream_dns()
+        fresh = dns.message.make_query(q.name.canonicalize(), q.rdtype, q.rdclass, use_edns=0)
+        resp = await dns.asyncquery.udp(fresh, host, port=port, timeout=self.timeout)
+        if resp.flags & dns.flags.TC:
+            resp = await dns.asyncquery.tcp(fresh, host, port=port, timeout=self.timeout)
+        return resp
+
+    def _record(self, b: DnsBinding, q: dns.rrset.RRset | None, rule: str | None, action: str,
+                would: str | None, reason: str) -> None:
+        host = _audit_name(q.name.to_text(omit_final_dot=True)) if q is not None else None
+        qtype = dns.rdatatype.to_text(q.rdtype) if q is not None else None
+        b.audit.write(decision_record(b.task, uuid.uuid4().hex[:12], "dns", action, host, None, qtype=qtype,
+                                      rule=rule, reason=reason, would=would))
+
+
+def _belonging(up: dns.message.Message, q: dns.rrset.RRset) -> list[dns.rrset.RRset]:
+    """Answer RRsets at the question's name and along its CNAME chain; everything else is dropped
+    (a resolver's extra records are not the sandbox's business, nor a covert channel into it)."""
+    out: list[dns.rrset.RRset] = []
+    name: dns.name.Name = q.name
+    seen: set[dns.name.Name] = set()
+    for _ in range(MAX_CNAME_CHAIN + 1):
+        seen.add(name)
+        target: dns.name.Name | None = None
+        for rrset in up.answer:
+            if rrset.name != name or rrset.rdclass != q.rdclass:
+                continue
+            if rrset.rdtype == q.rdtype or q.rdtype == dns.rdatatype.ANY:
+                out.append(_spelled(rrset, q.name))
+            elif rrset.rdtype == dns.rdatatype.CNAME and len(rrset) == 1:
+                out.append(_spelled(rrset, q.name))
+                target = rrset[0].target
+        if target is None or target in seen:
+            break
+        name = target
+    return out
+
+
+def _spelled(rrset: dns.rrset.RRset, qname: dns.name.Name) -> dns.rrset.RRset:
+    """The question's own owner name as the client spelled it (0x20 case checks); others unchanged."""
+    if rrset.name != qname or rrset.name.labels == qname.labels:
+        return rrset
+    return dns.rrset.from_rdata_list(qname, rrset.ttl, list(rrset))
+
+
+def _reply(query: dns.message.Message, rcode: dns.rcode.Rcode, answer: list[dns.rrset.RRset] | None = None) -> dns.message.Message:
+    """A response built from the client's request: its id and question, our flags, EDNS without options."""
+    r = dns.message.Message(id=query.id)
+    r.flags = dns.flags.QR | dns.flags.RA | (query.flags & dns.flags.RD)
+    r.set_opcode(query.opcode())
+    if query.opcode() == dns.opcode.QUERY:
+        r.question = list(query.question)
+    if query.edns >= 0:
+        r.use_edns(0, 0, UDP_MAX)
+    r.set_rcode(rcode)
+    r.answer = list(answer or [])
+    return r
+
+
+def _wire(r: dns.message.Message, query: dns.message.Message, tcp: bool) -> bytes:
+    """Encoded within what the client can take; over UDP a too-large answer is sent empty with TC set."""
+    limit = 65535 if tcp else max(UDP_DEFAULT, min(query.payload, UDP_MAX)) if query.edns >= 0 else UDP_DEFAULT
+    try:
+        return r.to_wire(max_size=limit)
+    except dns.exception.TooBig:
+        r.answer = []
+        r.flags |= dns.flags.TC
+        return r.to_wire(max_size=limit)
+
+
+def _formerr(wire: bytes) -> bytes | None:
+    """FORMERR for a message with a readable header that is a query; nothing for shorter garbage."""
+    if len(wire) < 12 or wire[2] & 0x80:
+        return None
+    qid, flags = struct.unpack_from("!HH", wire)
+    flags = 0x8000 | (flags & 0x7900) | dns.rcode.FORMERR  # QR, the client's opcode and RD
+    return struct.pack("!HHHHHH", qid, flags, 0, 0, 0, 0)
+
+
+# ---- serving sockets ------------------------------------------------------------------------
+
+
+class _Udp(asyncio.DatagramProtocol):
+    def __init__(self, binding: DnsBinding, gate: DnsGate) -> None:
+        self.binding, self.gate = binding, gate
+        self.transport: asyncio.DatagramTransport | None = None
+        self.inflight: set[asyncio.Task[None]] = set()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.DatagramTransport)
+        self.transport = transport
+
+    def datagram_received(self, data: bytes, addr: tuple[str | int, int]) -> None:
+        if len(self.inflight) >= MAX_INFLIGHT:
+            return  # dropped like on a congested link; the client retries
+        task = asyncio.get_running_loop().create_task(self._answer(data, addr))
+        self.inflight.add(task)
+        task.add_done_callback(self.inflight.discard)
+
+    async def _answer(self, data: bytes, addr: tuple[str | int, int]) -> None:
+        try:
+            reply = await self.gate.answer(self.binding, data, addr)
+        except Exception:  # one bad query must not stop this sandbox's resolver
+            logger.exception("dns: unexpected error answering a query")
+            return
+        if reply is not None and self.transport is not None and not self.transport.is_closing():
+            self.transport.sendto(reply, addr)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        for task in list(self.inflight):
+            task.cancel()
+
+
+class DnsService:
+    """A running UDP or TCP DNS listener; close() stops it and cuts its open connections."""
+
+    def __init__(self, close: list[asyncio.BaseTransport | asyncio.Server], conns: set[asyncio.StreamWriter]) -> None:
+        self._closables = close
+        self._conns = conns
+
+    def close(self) -> None:
+        for c in self._closables:
+            c.close()
+        for w in list(self._conns):
+            w.transport.abort()
+
+
+async def serve_udp(sock: socket.socket, binding: DnsBinding, gate: DnsGate) -> DnsService:
+    """Answer queries arriving on a bound UDP socket (passed in: never bound or connected here)."""
+    transport, _ = await asyncio.get_running_loop().create_datagram_endpoint(lambda: _Udp(binding, gate), sock=sock)
+    return DnsService([transport], set())
+
+
+async def serve_tcp(sock: socket.socket, binding: DnsBinding, gate: DnsGate) -> DnsService:
+    """DNS over TCP on a listening socket: 2-byte length framing, several queries per connection, bounded."""
+    conns: set[asyncio.StreamWriter] = set()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if len(conns) >= TCP_MAX_CONNS:
+            writer.transport.abort()
+            return
+        conns.add(writer)
+        try:
+            await _tcp_session(reader, writer, binding, gate)
+        except Exception:  # contained to this connection
+            logger.exception("dns: unexpected error on a TCP connection")
+        finally:
+            conns.discard(writer)
+            writer.transport.abort()
+
+    # backlog: asyncio re-runs listen(); never shrink the queue the launcher sized for a cold start
+    server = await asyncio.start_server(handle, sock=sock, limit=2 ** 16 + 2, backlog=BACKLOG)
+    return DnsService([server], conns)
+
+
+async def _tcp_session(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, binding: DnsBinding,
+                       gate: DnsGate) -> None:
+    peer = writer.get_extra_info("peername")
+    for _ in range(TCP_MAX_QUERIES):
+        try:
+            (n,) = struct.unpack("!H", await asyncio.wait_for(reader.readexactly(2), TCP_IDLE))
+            wire = await asyncio.wait_for(reader.readexactly(n), TCP_IDLE)
+        except (TimeoutError, asyncio.IncompleteReadError, ConnectionError):
+            return
+        reply = await gate.answer(binding, wire, peer, tcp=True)
+        if reply is None:
+            return
+        writer.write(struct.pack("!H", len(reply)) + reply)
+        await asyncio.wait_for(writer.drain(), TCP_IDLE)

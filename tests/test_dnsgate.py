@@ -1,0 +1,350 @@
+"""DnsGate: what a sandbox's DNS query may carry out, and what may come back in.
+
+A fake upstream resolver on 127.0.0.1 records every query it receives, so each test can
+show both sides: the client's answer, and exactly what (if anything) left the proxy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import select
+import socket
+import struct
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import dns.edns
+import dns.flags
+import dns.message
+import dns.name
+import dns.opcode
+import dns.rcode
+import dns.rdataclass
+import dns.rdatatype
+import dns.rrset
+import dns.update
+import pytest
+
+from netguard import dnsgate, proxy, rules
+from netguard.asking import Approver
+from netguard.audit import AuditLog, read_records
+from netguard.policy import parse_network
+
+Handler = Callable[[dns.message.Message, str], dns.message.Message | None]
+
+
+class FakeDns:
+    """An upstream resolver on 127.0.0.1 (UDP and TCP, same port) that records what it is asked."""
+
+    def __init__(self, handler: Handler | None = None) -> None:
+        self.handler = handler or standard_answer
+        self.queries: list[tuple[str, dns.message.Message]] = []
+        self.udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.udp.bind(("127.0.0.1", 0))
+        self.port = self.udp.getsockname()[1]
+        self.tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.tcp.bind(("127.0.0.1", self.port))
+        self.tcp.listen(8)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            ready, _, _ = select.select([self.udp, self.tcp], [], [], 0.1)
+            for s in ready:
+                if s is self.udp:
+                    wire, addr = self.udp.recvfrom(65535)
+                    reply = self._answer(wire, "udp")
+                    if reply is not None:
+                        self.udp.sendto(reply, addr)
+                else:
+                    conn, _ = self.tcp.accept()
+                    with conn:
+                        conn.settimeout(2)
+                        (n,) = struct.unpack("!H", _recv_exact(conn, 2))
+                        reply = self._answer(_recv_exact(conn, n), "tcp")
+                        if reply is not None:
+                            conn.sendall(struct.pack("!H", len(reply)) + reply)
+
+    def _answer(self, wire: bytes, proto: str) -> bytes | None:
+        q = dns.message.from_wire(wire)
+        self.queries.append((proto, q))
+        r = self.handler(q, proto)
+        return None if r is None else r.to_wire()
+
+    def names(self) -> list[str]:
+        return [q.question[0].name.to_text() for _, q in self.queries]
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(2)
+        self.udp.close()
+        self.tcp.close()
+
+
+def _recv_exact(conn: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = conn.recv(n - len(data))
+        if not chunk:
+            raise ConnectionError("short read")
+        data += chunk
+    return data
+
+
+def standard_answer(q: dns.message.Message, proto: str) -> dns.message.Message | None:
+    """allowed.test-like names: an A record; chain.test: a CNAME chain plus records that do not belong;
+    nx.test: NXDOMAIN; tc.test: truncated over UDP; big.test: more than 512 bytes of A records."""
+    r = dns.message.make_response(q)
+    qname = q.question[0].name
+    first = qname.labels[0].lower()
+    if first == b"nx":
+        r.set_rcode(dns.rcode.NXDOMAIN)
+    elif first == b"tc" and proto == "udp":
+        r.flags |= dns.flags.TC
+    elif first == b"chain":
+        r.answer.append(dns.rrset.from_text(qname, 60, "IN", "CNAME", "cdn.elsewhere.test."))
+        r.answer.append(dns.rrset.from_text("cdn.elsewhere.test.", 60, "IN", "CNAME", "edge.cdn.test."))
+        r.answer.append(dns.rrset.from_text("edge.cdn.test.", 60, "IN", "A", "192.0.2.7"))
+        r.answer.append(dns.rrset.from_text("unrelated.test.", 60, "IN", "A", "6.6.6.6"))
+        r.authority.append(dns.rrset.from_text("test.", 60, "IN", "NS", "ns.attacker.test."))
+        r.additional.append(dns.rrset.from_text("ns.attacker.test.", 60, "IN", "A", "6.6.6.7"))
+    elif first == b"big":
+        r.answer.append(dns.rrset.from_text(qname, 60, "IN", "A", *(f"192.0.2.{i}" for i in range(1, 60))))
+    else:
+        r.answer.append(dns.rrset.from_text(qname, 60, "IN", "A", "192.0.2.1"))
+    return r
+
+
+@pytest.fixture
+def upstream() -> Iterator[FakeDns]:
+    srv = FakeDns()
+    try:
+        yield srv
+    finally:
+        srv.close()
+
+
+def make_binding(tmp_path: Path, upstream: FakeDns, *, learn: bool = False, ask_all: bool = False,
+                 approver: Approver | None = None) -> proxy.Binding:
+    pol = parse_network({"allow": ["allowed.test", "*.wild.test", "chain.test", "nx.test", "tc.test", "big.test",
+                                   {"cidr": "127.0.0.0/8", "ports": [80]}],
+                         "deny": ["evil.wild.test"], "ask": ["ask.test"],
+                         "resolver": f"127.0.0.1:{upstream.port}"}, "test.yaml")
+    return proxy.Binding("t1", rules.compile_policy(pol), AuditLog(tmp_path / "audit.jsonl"), learn=learn,
+                         ask_all=ask_all, approver=approver)
+
+
+def ask(b: proxy.Binding, wire: bytes, *, tcp: bool = False) -> dns.message.Message | None:
+    out = asyncio.run(dnsgate.DnsGate(timeout=2).answer(b, wire, ("10.0.0.2", 5353), tcp=tcp))
+    return None if out is None else dns.message.from_wire(out)
+
+
+def query(name: str, rdtype: str = "A", **kw: Any) -> dns.message.Message:
+    return dns.message.make_query(name, rdtype, **kw)
+
+
+def records(tmp_path: Path) -> list[dict[str, Any]]:
+    return [r for r in read_records(tmp_path / "audit.jsonl") if r["event"] == "decision"]
+
+
+# ---- what leaves --------------------------------------------------------------------------
+
+
+def test_allowed_name_is_answered_from_a_fresh_lower_cased_query(tmp_path: Path, upstream: FakeDns) -> None:
+    b = make_binding(tmp_path, upstream)
+    q = query("AlLoWeD.TeSt")
+    r = ask(b, q.to_wire())
+    assert r is not None and r.rcode() == dns.rcode.NOERROR and r.id == q.id
+    assert r.question[0].name.labels == q.question[0].name.labels  # the client's spelling comes back
+    assert [rr.to_text() for rr in r.answer[0]] == ["192.0.2.1"]
+    assert r.answer[0].name.labels == (b"AlLoWeD", b"TeSt", b"")
+    (proto, sent), = upstream.queries
+    assert proto == "udp" and sent.question[0].name.labels == (b"allowed", b"test", b"")
+    assert sent.flags & dns.flags.RD and sent.edns == 0 and sent.options == ()
+    rec, = records(tmp_path)
+    assert (rec["kind"], rec["action"], rec["host"], rec["qtype"], rec["port"]) == ("dns", "allow", "allowed.test",
+                                                                                     "A", None)
+    assert rec["rule"] == "test.yaml"
+
+
+def test_edns_options_and_additional_records_are_not_forwarded(tmp_path: Path, upstream: FakeDns) -> None:
+    b = make_binding(tmp_path, upstream)
+    secret = b"exfiltrated-secret-token"
+    q = query("allowed.test", "TXT", use_edns=0, payload=4096, want_dnssec=True,
+              options=[dns.edns.GenericOption(dns.edns.OptionType.make(65001), secret), dns.edns.ECSOption("10.1.2.0", 24)])
+    q.additional.append(dns.rrset.from_text("leak.test.", 60, "IN", "TXT", '"' + secret.decode() + '"'))
+    r = ask(b, q.to_wire())
+    assert r is not None and r.rcode() == dns.rcode.NOERROR
+    (_, sent), = upstream.queries
+    assert sent.options == () and sent.additional == [] and not sent.ednsflags & dns.flags.DO
+    assert secret not in sent.to_wire()
+    assert r.options == () and r.additional == []  # and nothing of ours or upstream's comes back in them
+
+
+def test_answer_keeps_only_the_question_and_its_cname_chain(tmp_path: Path, upstream: FakeDns) -> None:
+    r = ask(make_binding(tmp_path, upstream), query("chain.test").to_wire())
+    assert r is not None
+    got = sorted(rrset.to_text() for rrset in r.answer)
+    assert got == ["cdn.elsewhere.test. 60 IN CNAME edge.cdn.test.", "chain.test. 60 IN CNAME cdn.elsewhere.test.",
+                   "edge.cdn.test. 60 IN A 192.0.2.7"]
+    assert r.authority == [] and r.additional == []
+
+
+def test_upstream_rcode_and_tcp_fallback(tmp_path: Path, upstream: FakeDns) -> None:
+    b = make_binding(tmp_path, upstream)
+    r = ask(b, query("nx.test").to_wire())
+    assert r is not None and r.rcode() == dns.rcode.NXDOMAIN
+    r = ask(b, query("tc.test").to_wire())
+    assert r is not None and r.rcode() == dns.rcode.NOERROR and r.answer
+    assert [p for p, q in upstream.queries if q.question[0].name.labels[0] == b"tc"] == ["udp", "tcp"]
+
+
+def test_udp_answer_too_large_for_the_client_is_truncated(tmp_path: Path, upstream: FakeDns) -> None:
+    b = make_binding(tmp_path, upstream)
+    r = ask(b, query("big.test", use_edns=False).to_wire())
+    assert r is not None and r.flags & dns.flags.TC and r.answer == []
+    r = ask(b, query("big.test", use_edns=False).to_wire(), tcp=True)
+    assert r is not None and not r.flags & dns.flags.TC and len(r.answer[0]) == 59
+
+
+def test_unreachable_upstream_is_servfail(tmp_path: Path, upstream: FakeDns) -> None:
+    upstream.handler = lambda q, proto: None  # never answers
+    r = ask(make_binding(tmp_path, upstream), query("allowed.test").to_wire())
+    assert r is not None and r.rcode() == dns.rcode.SERVFAIL
+
+
+# ---- what is refused without leaving -----------------------------------------------------------
+
+
+def test_denied_names_are_refused_and_never_sent(tmp_path: Path, upstream: FakeDns) -> None:
+    b = make_binding(tmp_path, upstream)
+    for name, qtype in (("blocked.test", "A"), ("c2VjcmV0.exfil.test", "TXT"), ("evil.wild.test", "A"),
+                        ("exfil.test", "ANY"), ("ask.test", "A")):
+        r = ask(b, query(name, qtype).to_wire())
+        assert r is not None and r.rcode() == dns.rcode.REFUSED, name
+    assert upstream.queries == []
+    recs = records(tmp_path)
+    assert [(x["host"], x["action"]) for x in recs] == [
+        ("blocked.test", "deny"), ("c2vjcmv0.exfil.test", "deny"), ("evil.wild.test", "deny"),
+        ("exfil.test", "deny"), ("ask.test", "deny")]
+    assert recs[3]["qtype"] == "ANY" and "no approval channel" in recs[4]["reason"]
+
+
+def test_more_than_one_question_is_refused(tmp_path: Path, upstream: FakeDns) -> None:
+    b = make_binding(tmp_path, upstream)
+    q = query("allowed.test")
+    q.question.append(dns.rrset.RRset(dns.name.from_text("blocked.test"), dns.rdataclass.IN, dns.rdatatype.A))
+    r = ask(b, q.to_wire())
+    assert r is not None and r.rcode() == dns.rcode.REFUSED and r.id == q.id
+    assert upstream.queries == []
+    rec, = records(tmp_path)
+    assert rec["action"] == "deny" and "2 questions" in rec["reason"]
+
+
+def test_update_and_other_opcodes_are_refused(tmp_path: Path, upstream: FakeDns) -> None:
+    b = make_binding(tmp_path, upstream)
+    u = dns.update.UpdateMessage("allowed.test.")
+    u.add("www", 60, "A", "192.0.2.99")
+    r = ask(b, u.to_wire())
+    assert r is not None and r.rcode() == dns.rcode.REFUSED and r.opcode() == dns.opcode.UPDATE
+    n = query("allowed.test")
+    n.set_opcode(dns.opcode.NOTIFY)
+    r = ask(b, n.to_wire())
+    assert r is not None and r.rcode() == dns.rcode.REFUSED
+    assert upstream.queries == []
+    assert [x["reason"].split(" refused")[0] for x in records(tmp_path)] == ["opcode UPDATE", "opcode NOTIFY"]
+
+
+def test_unparsable_messages(tmp_path: Path, upstream: FakeDns) -> None:
+    b = make_binding(tmp_path, upstream)
+    assert ask(b, b"\x12") is None  # not even a header: nothing to answer to
+    garbage = struct.pack("!HHHHHH", 0xBEEF, 0x0100, 1, 0, 0, 0) + b"\x05abc"  # a question cut short
+    out = asyncio.run(dnsgate.DnsGate().answer(b, garbage, None))
+    assert out is not None
+    qid, flags = struct.unpack_from("!HH", out)
+    assert qid == 0xBEEF and flags & 0x8000 and flags & 0xF == dns.rcode.FORMERR and flags & 0x0100
+    answer = dns.message.make_response(query("allowed.test")).to_wire()  # a response, not a query
+    assert ask(b, answer) is None
+    assert upstream.queries == []
+    assert [x["action"] for x in records(tmp_path)] == ["deny", "deny", "deny"]
+
+
+# ---- learn and ask ----------------------------------------------------------------------------
+
+
+def test_learn_mode_forwards_default_deny_names_as_would_deny(tmp_path: Path, upstream: FakeDns) -> None:
+    b = make_binding(tmp_path, upstream, learn=True)
+    r = ask(b, query("unknown.test").to_wire())
+    assert r is not None and r.rcode() == dns.rcode.NOERROR and r.answer
+    r = ask(b, query("evil.wild.test").to_wire())  # an explicit deny stays a deny in learn mode
+    assert r is not None and r.rcode() == dns.rcode.REFUSED
+    assert upstream.names() == ["unknown.test."]
+    recs = records(tmp_path)
+    assert (recs[0]["action"], recs[0]["would"]) == ("allow", "deny")
+    assert (recs[1]["action"], recs[1]["would"]) == ("deny", None)
+
+
+def test_ask_names_get_a_placeholder_and_are_not_looked_up(tmp_path: Path, upstream: FakeDns) -> None:
+    b = make_binding(tmp_path, upstream, ask_all=True, approver=Approver("/nonexistent.sock", 1))
+    for name in ("ask.test", "Other.Test"):
+        r = ask(b, query(name).to_wire())
+        assert r is not None and r.rcode() == dns.rcode.NOERROR
+        assert [rr.to_text() for rr in r.answer[0]] == [str(dnsgate.PENDING_ADDRESS)]
+    r = ask(b, query("ask.test", "AAAA").to_wire())
+    assert r is not None and r.rcode() == dns.rcode.NOERROR and r.answer == []
+    assert upstream.queries == []
+    assert all(x["action"] == "allow" and "placeholder" in x["reason"] for x in records(tmp_path))
+
+
+# ---- serving sockets ------------------------------------------------------------------------
+
+
+def test_serve_udp_and_tcp_on_given_sockets(tmp_path: Path, upstream: FakeDns) -> None:
+    b = make_binding(tmp_path, upstream)
+    udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    udp.bind(("127.0.0.1", 0))
+    tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    tcp.bind(("127.0.0.1", 0))
+    tcp.listen(8)
+    uport, tport = udp.getsockname()[1], tcp.getsockname()[1]
+
+    async def main() -> list[dns.message.Message]:
+        gate = dnsgate.DnsGate(timeout=2)
+        services = [await dnsgate.serve_udp(udp, b, gate), await dnsgate.serve_tcp(tcp, b, gate)]
+        try:
+            out = [await asyncio.to_thread(_udp_ask, uport, query("allowed.test"))]
+            out += await asyncio.to_thread(_tcp_ask, tport, [query("sub.wild.test"), query("blocked.test")])
+            return out
+        finally:
+            for s in services:
+                s.close()
+
+    a, s, blocked = asyncio.run(main())
+    assert a.rcode() == s.rcode() == dns.rcode.NOERROR and blocked.rcode() == dns.rcode.REFUSED
+    assert upstream.names() == ["allowed.test.", "sub.wild.test."]
+    with pytest.raises(OSError):  # closed with its service
+        socket.create_connection(("127.0.0.1", tport), timeout=1)
+
+
+def _udp_ask(port: int, q: dns.message.Message) -> dns.message.Message:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.settimeout(3)
+        s.sendto(q.to_wire(), ("127.0.0.1", port))
+        return dns.message.from_wire(s.recv(65535))
+
+
+def _tcp_ask(port: int, qs: list[dns.message.Message]) -> list[dns.message.Message]:
+    """Several queries on one connection, answered in order."""
+    with socket.create_connection(("127.0.0.1", port), timeout=3) as s:
+        out = []
+        for q in qs:
+            w = q.to_wire()
+            s.sendall(struct.pack("!H", len(w)) + w)
+            (n,) = struct.unpack("!H", _recv_exact(s, 2))
+            out.append(dns.message.from_wire(_recv_exact(s, n)))
+        return out
