@@ -6,11 +6,12 @@ netguard.policy). Every user mistake becomes a PolicyFileError naming FILE:LINE.
 
 from __future__ import annotations
 
+import functools
+import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 from fsguard import policy as fspolicy
 from netguard import policy as netpolicy
@@ -62,11 +63,7 @@ class LocList(list[Any]):
     lines: dict[int, int]
 
 
-class _Loader(yaml.SafeLoader):
-    pass
-
-
-def _construct_map(loader: _Loader, node: yaml.MappingNode) -> LocDict:
+def _construct_map(loader: Any, node: Any) -> LocDict:
     loader.flatten_mapping(node)
     d = LocDict()
     d.line, d.lines = node.start_mark.line + 1, {}
@@ -79,20 +76,34 @@ def _construct_map(loader: _Loader, node: yaml.MappingNode) -> LocDict:
     return d
 
 
-def _construct_seq(loader: _Loader, node: yaml.SequenceNode) -> LocList:
+def _construct_seq(loader: Any, node: Any) -> LocList:
     lst = LocList(loader.construct_object(n, deep=True) for n in node.value)
     lst.line = node.start_mark.line + 1
     lst.lines = {i: n.start_mark.line + 1 for i, n in enumerate(node.value)}
     return lst
 
 
-_Loader.add_constructor("tag:yaml.org,2002:map", _construct_map)  # type: ignore[arg-type]
-_Loader.add_constructor("tag:yaml.org,2002:seq", _construct_seq)  # type: ignore[arg-type]
+@functools.cache
+def _loader() -> Any:
+    """PyYAML's SafeLoader with line numbers; built on first use (importing yaml costs ~15 ms a run)."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.add_constructor("tag:yaml.org,2002:map", _construct_map)
+    Loader.add_constructor("tag:yaml.org,2002:seq", _construct_seq)
+    return Loader
 
 
 def parse_yaml(text: str, where: str) -> Any:
+    cached = _cache_get(text)
+    if cached is not _MISS:
+        return cached
+    import yaml
+
     try:
-        return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+        doc = yaml.load(text, Loader=_loader())  # noqa: S506 - a SafeLoader subclass
     except netpolicy.PolicyError as e:
         raise PolicyFileError(where, e.line, str(e)) from None
     except yaml.MarkedYAMLError as e:
@@ -100,6 +111,77 @@ def parse_yaml(text: str, where: str) -> Any:
         raise PolicyFileError(where, mark.line + 1 if mark else None, f"invalid YAML: {e.problem or e.context}") from None
     except yaml.YAMLError as e:
         raise PolicyFileError(where, None, f"invalid YAML: {e}") from None
+    _cache_put(text, doc)
+    return doc
+
+
+# ---- a cache of parsed documents, keyed by their exact text ------------------------------
+# Only for speed (every run parses the bundled lists). It lives in sandgate's runtime
+# directory, which the sandbox can neither see nor write: a sandbox able to write this cache
+# could widen its own next policy. Keyed by the SHA-256 of the text, so a hit is always the
+# same document; anything odd (unreadable, malformed, a type JSON cannot hold) is a miss.
+
+_MISS = object()
+CACHE_DIR: Path | None = None  # set by the run path (launcher/cli.py); None: no cache
+
+
+def _cache_file(text: str) -> Path | None:
+    if CACHE_DIR is None:
+        return None
+    import hashlib
+
+    return CACHE_DIR / f"{hashlib.sha256(text.encode()).hexdigest()}.json"
+
+
+def _cache_get(text: str) -> Any:
+    path = _cache_file(text)
+    if path is None:
+        return _MISS
+    try:
+        return _decode(json.loads(path.read_bytes()))
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return _MISS
+
+
+def _cache_put(text: str, doc: Any) -> None:
+    path = _cache_file(text)
+    if path is None:
+        return
+    try:
+        data = json.dumps(_encode(doc)).encode()
+        path.parent.mkdir(mode=0o700, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        tmp.replace(path)
+    except (OSError, TypeError, ValueError):
+        pass
+
+
+def _encode(v: Any) -> Any:
+    if isinstance(v, LocDict):
+        return {"m": [[k, _encode(x), v.lines.get(k)] for k, x in v.items()], "l": v.line}
+    if isinstance(v, LocList):
+        return {"s": [_encode(x) for x in v], "l": v.line, "ls": [v.lines.get(i) for i in range(len(v))]}
+    if v is None or isinstance(v, (str, int, float, bool)):
+        return v
+    raise TypeError(f"not cacheable: {type(v).__name__}")  # e.g. a YAML timestamp
+
+
+def _decode(v: Any) -> Any:
+    if isinstance(v, dict):
+        if "m" in v:
+            d = LocDict()
+            d.line, d.lines = v["l"], {}
+            for k, x, line in v["m"]:
+                d[k] = _decode(x)
+                d.lines[k] = line
+            return d
+        lst = LocList(_decode(x) for x in v["s"])
+        lst.line, lst.lines = v["l"], dict(enumerate(v["ls"]))
+        return lst
+    return v
 
 
 # ---- files and includes -----------------------------------------------------------------

@@ -190,3 +190,34 @@ def test_cli_allowlists_lists_every_bundled_list() -> None:
     assert r.returncode == 0
     for name in bundled_names():
         assert any(line.startswith(name + " ") for line in r.stdout.splitlines()), name
+
+
+def test_the_parsed_document_cache_gives_back_the_same_document_with_its_lines(tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    from launcher import policy as lp
+    text = "version: 1\nnetwork:\n  allow:\n    - a.test\n    - {host: b.test, ports: [8443]}\n"
+    monkeypatch.setattr(lp, "CACHE_DIR", None)
+    fresh = lp.parse_yaml(text, "p.yaml")
+    monkeypatch.setattr(lp, "CACHE_DIR", tmp_path / "cache")
+    lp.parse_yaml(text, "p.yaml")  # fills the cache
+    (entry,) = (tmp_path / "cache").iterdir()
+    assert (tmp_path / "cache").stat().st_mode & 0o777 == 0o700 and entry.stat().st_mode & 0o777 == 0o600
+    cached = lp.parse_yaml(text, "p.yaml")
+    assert cached == fresh
+    allow, fallow = cached["network"]["allow"], fresh["network"]["allow"]
+    assert (cached.lines, allow.lines, allow[1].lines) == (fresh.lines, fallow.lines, fallow[1].lines)
+    assert isinstance(allow, lp.LocList) and isinstance(allow[1], lp.LocDict)
+
+
+def test_a_damaged_cache_entry_is_a_miss_and_odd_types_are_never_cached(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    from launcher import policy as lp
+    monkeypatch.setattr(lp, "CACHE_DIR", tmp_path)
+    text = "version: 1\nnetwork:\n  allow: [a.test]\n"
+    lp.parse_yaml(text, "p.yaml")
+    (entry,) = tmp_path.iterdir()
+    entry.write_text('{"m": [["version", 1')  # truncated
+    assert lp.parse_yaml(text, "p.yaml")["network"]["allow"] == ["a.test"]
+    entry.unlink()
+    lp.parse_yaml("version: 1\ndescription: 2026-12-01\n", "d.yaml")  # a YAML timestamp
+    assert not list(tmp_path.glob("*.json"))
