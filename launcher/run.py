@@ -106,6 +106,7 @@ class Confinement:
     landlock: landlock.Plan | None  # None: the kernel has no Landlock (and it was not required)
     env: dict[str, str]
     env_dropped: list[str]
+    home: str
 
 
 # ---- the sequence -------------------------------------------------------------------------
@@ -165,7 +166,16 @@ def _inside(opts: RunOptions, conf: Confinement, paths: runstate.RunPaths) -> sa
     (paths.dir / "empty").touch(0o444)
     (paths.dir / "hosttmp").mkdir(0o700, exist_ok=True)
     return sandbox.Inside(tuple(opts.cmd), conf.env, ident, conf.mounts, conf.landlock, paths.dir, PORTS,
-                          own_netns=own_netns, keep_net_admin="netadmin" in weak)
+                          own_netns=own_netns, keep_net_admin="netadmin" in weak, make_dirs=_hidden_home(conf))
+
+
+def _hidden_home(conf: Confinement) -> tuple[str, ...]:
+    """A home under the host's /tmp vanishes in the private /tmp: give the task an empty one in its place."""
+    m = conf.mounts
+    under = conf.home.startswith("/tmp/")
+    if m.private_tmp and under and not any(conf.home == r or conf.home.startswith(r + "/") for r in m.tmp_rebinds):
+        return (conf.home,)
+    return ()
 
 
 def _launch(opts: RunOptions, ins: sandbox.Inside, daemon: daemonctl.Daemon, audit: AuditLog,
@@ -245,6 +255,13 @@ def _confinement(opts: RunOptions, audit: AuditLog, rt: Path) -> Confinement:
     own = (str(rt), *((opts.approvals,) if opts.approvals else ()))
     eff = fspolicy.effective(opts.policy.filesystem, cwd=os.getcwd(), home=home, extra_write=opts.write,
                              extra_read_deny=(*opts.read_deny, *own))
+    # The audit log, wherever it lives, is never writable or removable from inside (the threat: a
+    # task forging or erasing its own record). Inside a writable root it is bound read-only over
+    # itself (a mount point cannot be unlinked or renamed, and its directories are pinned).
+    # Outside every writable root Landlock already refuses it (and a private /tmp hides it).
+    log = str(opts.audit_path)
+    if any(log.startswith(r.rstrip("/") + "/") for r in eff.write if r != "/tmp"):
+        eff = dataclasses.replace(eff, protect=(*eff.protect, (log, False)))
     weak = weakened()
     if weak:
         print(f"sandgate: WARNING: boundary deliberately weakened for a self-test: {', '.join(sorted(weak))}",
@@ -280,7 +297,7 @@ def _confinement(opts: RunOptions, audit: AuditLog, rt: Path) -> Confinement:
         print(f"sandgate: hidden: {', '.join([*mplan.hide_dirs, *mplan.hide_files]) or '-'}", file=sys.stderr)
         print(f"sandgate: environment dropped: {', '.join(dropped) or '-'}", file=sys.stderr)
         print(f"sandgate: landlock ABI {abi}", file=sys.stderr)
-    return Confinement(mplan, lplan, env, dropped)
+    return Confinement(mplan, lplan, env, dropped, home)
 
 
 def summary(path: Path, task: str) -> str:

@@ -50,6 +50,7 @@ class Inside:
     ports: Ports
     own_netns: bool = True  # False only for the self-test's "firewall" weakening
     keep_net_admin: bool = False  # True only for the self-test's "netadmin" weakening
+    make_dirs: tuple[str, ...] = ()  # empty directories the command's user gets inside (a home under /tmp)
 
 
 def start_holder(parent: int, ins: Inside) -> tuple[int, socket.socket]:
@@ -174,6 +175,9 @@ def _init(ins: Inside, sig_r: int) -> None:
     mounts.make_private()
     mounts.fresh_proc_sys()
     mounts.build(ins.mounts, ins.run_dir, {"/etc/resolv.conf": ins.run_dir / "resolv.conf"} if ins.own_netns else {})
+    for d in ins.make_dirs:  # in the private /tmp only: nothing here reaches the host
+        os.makedirs(d, mode=0o700, exist_ok=True)
+        os.chown(d, ins.ident.uid, ins.ident.gid)
     caps.join_session_keyring()  # the threat: the caller's keyring readable from inside
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.set_wakeup_fd(wake_w)
