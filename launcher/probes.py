@@ -12,7 +12,8 @@ Stdlib only: the sandbox's python may have nothing else. One JSON object per lin
 was written), "blocked" (it failed), "unsupported" (the probe could not run here, or the probe
 itself broke: a bug in a probe must never read as a pass). The orchestrator also checks the
 canary servers' logs, so every network probe carries a marker: HTTP path `/verify/<ctx>/<probe>`,
-TCP/UDP payload `verify:<ctx>:<probe>\\n`, DNS name `<probe>-<ctx>.<exfil_domain>` ("_" -> "-").
+TCP/UDP payload `verify:<ctx>:<probe>\\n`, DNS name `<probe>-<ctx>.<exfil_domain>` ("_" -> "-");
+<ctx> is the context, or `<context>-<tag>` when the spec has a "marker_tag" (one per verify pass).
 
 Contexts: the runner (context "child") runs every probe, then itself again through `sh -c` as a
 "grandchild" (output relayed), then forks a "daemon" (double fork + setsid, stdio on /dev/null)
@@ -115,19 +116,25 @@ class Ctx:
         return int(self.spec[key])
 
     @property
+    def mark(self) -> str:
+        """The context as markers spell it, `<context>-<tag>` when verify runs passes (spec "marker_tag")."""
+        tag = self.spec.get("marker_tag")
+        return f"{self.context}-{tag}" if tag else self.context
+
+    @property
     def path(self) -> str:
         """HTTP marker: the request path."""
-        return f"/verify/{self.context}/{self.probe}"
+        return f"/verify/{self.mark}/{self.probe}"
 
     @property
     def marker(self) -> bytes:
         """TCP/UDP/unix marker: the payload."""
-        return f"verify:{self.context}:{self.probe}\n".encode()
+        return f"verify:{self.mark}:{self.probe}\n".encode()
 
     @property
     def label(self) -> str:
-        """DNS marker: `<probe>-<context>`, lowercase and label-safe."""
-        return dns_label(f"{self.probe}-{self.context}")
+        """DNS marker: `<probe>-<mark>`, lowercase and label-safe."""
+        return dns_label(f"{self.probe}-{self.mark}")
 
     def dns_name(self) -> str:
         return f"{self.label}.{self.s('exfil_domain')}"
@@ -169,9 +176,14 @@ def probe(group: str, name: str, expected: str, contexts: Iterable[str] = CONTEX
     return register
 
 
+def ordered() -> list[Probe]:
+    """Every probe in run order: by group (GROUPS), then as registered (probes_host.py registers last)."""
+    return sorted(REGISTRY.values(), key=lambda p: GROUPS.index(p.group))
+
+
 def probe_list() -> list[tuple[str, str, str]]:
     """(group, probe, expected) of every registered probe, in run order (for documentation)."""
-    return [(p.group, p.name, p.expected) for p in REGISTRY.values()]
+    return [(p.group, p.name, p.expected) for p in ordered()]
 
 
 def select_probes(context: str, only: Iterable[str] | None = None) -> list[Probe]:
@@ -179,7 +191,7 @@ def select_probes(context: str, only: Iterable[str] | None = None) -> list[Probe
     wanted = set(only) if only else None
     if wanted is not None and (unknown := wanted - REGISTRY.keys() - set(GROUPS)):
         raise ValueError(f"unknown probe(s) or group(s): {', '.join(sorted(unknown))}")
-    return [p for p in REGISTRY.values()
+    return [p for p in ordered()
             if context in p.contexts and (wanted is None or p.name in wanted or p.group in wanted)]
 
 
@@ -627,15 +639,6 @@ def unix_canary(address: str | bytes, payload: bytes, shown: str) -> Result:
     return "permitted", f"connected to {shown}, reply {reply[:60]!r}"
 
 
-def default_gateway() -> str:
-    """The default route's gateway from /proc/net/route."""
-    for line in Path("/proc/net/route").read_text().splitlines()[1:]:
-        f = line.split()
-        if len(f) >= 8 and f[1] == "00000000" and f[7] == "00000000" and int(f[3], 16) & 0x2:
-            return socket.inet_ntoa(struct.pack("<I", int(f[2], 16)))
-    raise Unsupported("no default route in /proc/net/route")
-
-
 def icmp_checksum(data: bytes) -> int:
     if len(data) % 2:
         data += b"\0"
@@ -860,14 +863,6 @@ def raw_icmp(c: Ctx) -> Result:
     target = c.s("blocked_ip")
     return combine([("raw socket", attempt(_icmp_ping, target, c.marker, socket.SOCK_RAW)),
                     ("ping socket", attempt(_icmp_ping, target, c.marker, socket.SOCK_DGRAM))], need="any")
-
-
-@probe("network", "gateway_service", "blocked")
-def gateway_service(c: Ctx) -> Result:
-    """A service on the sandbox's gateway (the host side of the veth): the host's own ports."""
-    gw, port = default_gateway(), c.port("gateway_port")
-    return combine([("tcp", attempt(tcp_canary, gw, port, c.marker)),
-                    ("udp", attempt(udp_echo, gw, port, c.marker))], need="any")
 
 
 @probe("network", "abstract_unix", "blocked")
@@ -1390,5 +1385,8 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+from launcher import probes_host  # noqa: E402,F401 - registers the v2 host-boundary probes
+
+if __name__ == "__main__":  # run as __main__, this file's REGISTRY lacks probes_host's: use the package's
+    from launcher import probes as _package  # noqa: PLW0406 - the package's copy, not __main__
+    sys.exit(_package.main())

@@ -1,10 +1,13 @@
 """`sandgate verify`: prove the boundary on this machine, with this kernel and this policy.
 
 Builds a disposable world (a network namespace with canary servers that log everything they
-see, a fake home with a fake key, a git workspace), runs the probe runner (launcher/probes.py)
-inside a real `sandgate run` against it, from the command itself, a grandchild and a setsid
-daemon, and judges every probe twice: by what the probe saw, and by what the canaries saw.
-A blocked probe whose marker reached a canary is a failure, whatever the probe thought.
+see; run by an ordinary user, inside a user namespace of its own), plants host state for the
+probes to reach for (a SysV segment, a key, the file handle of a fake key), and runs the probe
+runner (launcher/probes.py, probes_host.py) inside a real `sandgate run`, from the command
+itself, a grandchild and a setsid daemon, in two passes: the command as root inside and as an
+unprivileged command (the rows' "identity"). Every probe is judged twice: by what the probe
+saw, and by what the canaries or the host saw. A blocked probe whose marker reached a canary,
+or that left a trace on the host, is a failure, whatever the probe thought.
 
 Nothing leaves the world: its namespace has no route out, every canary lives inside it, and
 everything is removed afterwards (also on Ctrl-C).
@@ -15,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import pty
+import pwd
 import select
 import shutil
 import subprocess
@@ -26,15 +30,18 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from launcher import probes
+from fsguard.policy import DEFAULT_READ_DENY
+from launcher import probes, probes_host
 from launcher.world import World
 
 REPO = Path(__file__).resolve().parent.parent
 ALLOWED, BLOCKED, ROGUE = "198.51.100.10", "198.51.100.20", "198.51.100.54"
 ALLOWED_HOST, BLOCKED_HOST = "allowed.verify.test", "blocked.verify.test"
 LOOPBACK_HOST, METADATA_HOST, EXFIL = "loopback.verify.test", "metadata.verify.test", "exfil.verify.test"
-TCP_PORT, UDP_PORT, QUIC_PORT, OTHER_PORT, GATEWAY_PORT = 9000, 9999, 443, 8080, 2222
+TCP_PORT, UDP_PORT, QUIC_PORT, OTHER_PORT, HOST_LOOPBACK_PORT = 9000, 9999, 443, 8080, 2222
 RUN_TIMEOUT = 150.0
+SECRET_ENV, VISIBLE_ENV = "SANDGATE_VERIFY_TOKEN", "SANDGATE_VERIFY_VISIBLE"
+FALLBACK_PYTHONS = ("/usr/bin/python3", "/bin/python3")
 
 POLICY = f"""\
 # sandgate verify's own policy: the canaries it may reach (merged with any --policy given)
@@ -56,10 +63,12 @@ class Row:
     observed: str
     ok: bool
     evidence: str
+    identity: str = "root"  # who the command was inside the sandbox: "root" (uid 0) or "user" (no privilege)
 
     def as_text(self) -> str:
         mark = "ok  " if self.ok else ("SKIP" if self.observed == "unsupported" else "FAIL")
-        line = f"{mark} {self.group:<10} {self.probe:<24} {self.context:<10} expected {self.expected:<9} observed {self.observed}"
+        line = (f"{mark} {self.group:<10} {self.probe:<24} {self.context:<10} {self.identity:<4} "
+                f"expected {self.expected:<9} observed {self.observed}")
         return line + (f"\n       evidence: {self.evidence}" if not self.ok and self.evidence else "")
 
 
@@ -67,10 +76,49 @@ class VerifyError(Exception):
     pass
 
 
-def _markers(probe: str, ctx: str) -> tuple[str, ...]:
-    """How a probe's traffic is recognised in canary logs (see launcher/probes.py)."""
-    return (f"/verify/{ctx}/{probe}", f"verify:{ctx}:{probe}", f"{probe}-{ctx}.".replace("_", "-"),
-            f"{probe}-{ctx}.")
+@dataclass(frozen=True)
+class Pass:
+    """One run of the probe set: who the command is inside, and whose files it works on."""
+
+    identity: str  # "root" | "user": the rows' identity, and the markers' tag
+    run_args: tuple[str, ...]  # how `sandgate run` is told (--user ...)
+    uid: int  # owner of the pass's workspace, home and outside files: the command's host ids,
+    gid: int  # so that only sandgate (never file modes) keeps the command out
+    python: str  # an interpreter this command can execute (root's may live under a 0700 /root)
+    name_home: bool  # sandgate knows another home (--user NAME): name the fake home's secrets for it
+
+
+def _passes() -> list[Pass]:
+    """Root verify: CMD as root (the default) and as `nobody`; rootless: as root inside (--user 0) and as itself."""
+    if os.geteuid() != 0:
+        uid, gid = os.getuid(), os.getgid()
+        return [Pass("root", ("--user", "0"), uid, gid, sys.executable, False),
+                Pass("user", (), uid, gid, sys.executable, False)]
+    nobody = pwd.getpwnam("nobody")
+    return [Pass("root", (), 0, 0, sys.executable, False),
+            Pass("user", ("--user", "nobody"), nobody.pw_uid, nobody.pw_gid, _python_for(nobody), True)]
+
+
+def _python_for(user: pwd.struct_passwd) -> str:
+    """The first interpreter `user` can run the probes with (stdlib only, Python >= 3.10)."""
+    check = "import sys, launcher.probes; sys.exit(sys.version_info < (3, 10))"
+    for python in (sys.executable, *FALLBACK_PYTHONS):
+        try:
+            r = subprocess.run([python, "-c", check], user=user.pw_uid, group=user.pw_gid, extra_groups=[],
+                               env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}, cwd="/",
+                               capture_output=True, timeout=30)
+        except OSError:
+            continue
+        if r.returncode == 0:
+            return python
+    raise VerifyError(f"no Python >= 3.10 that user {user.pw_name} can run the probes with "
+                      f"(tried {sys.executable}, {', '.join(FALLBACK_PYTHONS)}; {REPO} must be readable)")
+
+
+def _markers(probe: str, mark: str) -> tuple[str, ...]:
+    """How a probe's traffic is recognised in canary logs (see launcher/probes.py); mark = <context>-<tag>."""
+    return (f"/verify/{mark}/{probe}", f"verify:{mark}:{probe}", f"{probe}-{mark}.".replace("_", "-"),
+            f"{probe}-{mark}.")
 
 
 #: Probes whose correct outcome sends the marker to the *allowed* host (the name wins over the
@@ -78,14 +126,14 @@ def _markers(probe: str, ctx: str) -> tuple[str, ...]:
 NAME_WINS = ("sni_spoof", "host_mismatch")
 
 
-def _canary_hits(world: World, probe: str, ctx: str) -> list[dict[str, Any]]:
+def _canary_hits(world: World, probe: str, mark: str) -> list[dict[str, Any]]:
     hits = []
     for server in world.servers:
         if probe in NAME_WINS and server.ip != BLOCKED:
             continue
         for rec in server.log_records():
             text = json.dumps(rec)
-            if any(m in text for m in _markers(probe, ctx)):
+            if any(m in text for m in _markers(probe, mark)):
                 hits.append({"server": f"{server.kind} {server.name} {server.address}", **rec})
     return hits
 
@@ -96,22 +144,24 @@ def _sandbox_view() -> list[str]:
 
 
 def run_verify(policies: list[Path], only: str | None = None) -> list[Row]:
-    if os.geteuid() != 0:
-        raise VerifyError("sandgate verify needs root (it builds namespaces and runs sandgate run)")
+    """Root: the world is named network namespaces; anyone else: a world in a user namespace of its own."""
+    passes = _passes()
     scratch = Path(tempfile.mkdtemp(prefix="sandgate-verify-", dir="/var/tmp"))
+    scratch.chmod(0o755)  # the unprivileged pass's command must reach its own tree below
     sockdir = Path(tempfile.mkdtemp(prefix="sandgate-verify-", dir="/tmp"))
     sockdir.chmod(0o755)  # like an ssh-agent dir a user could enter: only sandgate may keep the probe out
     try:
         with World(prefix="sandgate-v") as w:
-            return _in_world(w, scratch, sockdir, policies, only)
+            return _in_world(w, scratch, sockdir, policies, only, passes)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
         shutil.rmtree(sockdir, ignore_errors=True)
 
 
-def _in_world(w: World, scratch: Path, sockdir: Path, policies: list[Path], only: str | None) -> list[Row]:
+def _build_world(w: World, scratch: Path, sockdir: Path, token: str) -> dict[str, Any]:
+    """Fake hosts and canaries, shared by every pass; returns their part of the probes' spec."""
     # A routing host is the worst case: without sandgate's rules, packets would reach the canaries.
-    w.run(["sysctl", "-q", "-w", "net.ipv4.ip_forward=1"], check=True)
+    w.admin(["sysctl", "-q", "-w", "net.ipv4.ip_forward=1"])
     w.add_host(ALLOWED_HOST, ALLOWED)
     w.add_host(BLOCKED_HOST, BLOCKED)
     w.add_host(LOOPBACK_HOST, "127.0.0.1")
@@ -121,54 +171,107 @@ def _in_world(w: World, scratch: Path, sockdir: Path, policies: list[Path], only
                                  ("https", BLOCKED, 443, BLOCKED_HOST), ("tcp", BLOCKED, TCP_PORT, BLOCKED_HOST),
                                  ("udp", BLOCKED, UDP_PORT, BLOCKED_HOST), ("udp", BLOCKED, QUIC_PORT, BLOCKED_HOST),
                                  ("dns", ROGUE, 53, "rogue-resolver"), ("http", "127.0.0.1", 80, "loopback"),
-                                 ("tcp", "0.0.0.0", GATEWAY_PORT, "gateway-service")):
+                                 # the sandgate host's own loopback services: inside, 127.0.0.1 is the sandbox's
+                                 ("tcp", "127.0.0.1", HOST_LOOPBACK_PORT, "host-loopback"),
+                                 ("udp", "127.0.0.1", HOST_LOOPBACK_PORT, "host-loopback")):
         w.serve(kind, ip, port, name)
-    token = uuid.uuid4().hex[:10]
     abstract = f"sandgate-verify-{token}"
     path_sock = sockdir / "agent.sock"
     w.serve_unix("abstract", abstract, "abstract-socket")  # the host's netns: where X11 and D-Bus listen
     w.serve_unix("unix", str(path_sock), "path-socket")
     _control_unix(w, ["\0" + abstract, str(path_sock)])
+    dev, dev_path = probes_host.root_device()
+    return {
+        "allowed_host": ALLOWED_HOST, "allowed_ip": ALLOWED, "blocked_host": BLOCKED_HOST, "blocked_ip": BLOCKED,
+        "tcp_port": TCP_PORT, "udp_port": UDP_PORT, "quic_port": QUIC_PORT, "other_port": OTHER_PORT,
+        "rogue_resolver": ROGUE, "exfil_domain": EXFIL, "rebind_loopback_host": LOOPBACK_HOST,
+        "rebind_metadata_host": METADATA_HOST, "host_loopback_port": HOST_LOOPBACK_PORT,
+        "abstract_socket": abstract, "path_socket": str(path_sock), "secret_env": SECRET_ENV,
+        "visible_env": f"{VISIBLE_ENV}={token}", "world_netns": str(w.netns_file(scratch / "world-netns")),
+        "root_dev": list(dev), "root_dev_path": dev_path,
+    }
 
-    ws, home, outside = scratch / "ws", scratch / "home", scratch / "outside"
+
+def _in_world(w: World, scratch: Path, sockdir: Path, policies: list[Path], only: str | None,
+              passes: list[Pass]) -> list[Row]:
+    token = uuid.uuid4().hex[:10]
+    shared = _build_world(w, scratch, sockdir, token)
+    policy = scratch / "verify.yaml"
+    policy.write_text(POLICY)
+    policy.chmod(0o644)
+    planted = probes_host.Planted.plant(token)
+    rows: list[Row] = []
+    try:
+        planted.controls()
+        for p in passes:
+            rows += _run_pass(w, p, scratch / p.identity, {**shared, **planted.spec()}, [policy, *policies],
+                              only, planted, token)
+    finally:
+        planted.remove()
+    return rows
+
+
+def _make_tree(base: Path, secret: str, p: Pass) -> tuple[Path, Path, Path]:
+    """The pass's workspace (a git checkout), fake home with a fake key, and an outside directory."""
+    ws, home, outside = base / "ws", base / "home", base / "outside"
     for d in (ws / "results", home / ".ssh", outside):
         d.mkdir(parents=True)
-    secret = f"FAKE-KEY-{token}"
     (home / ".ssh" / "id_ed25519").write_text(secret + "\n")
     (home / ".bashrc").write_text("# verify\n")
     (outside / "victim.txt").write_text("original\n")
     for args in (["init", "-q"], ["config", "user.email", "verify@sandgate.test"], ["config", "user.name", "verify"]):
         subprocess.run(["git", "-C", str(ws), *args], check=True, capture_output=True)
+    if (p.uid, p.gid) != (os.getuid(), os.getgid()):  # the user's own files: no file mode keeps it out
+        for d in (base, ws, home, outside):
+            for path in (d, *d.rglob("*")):
+                os.lchown(path, p.uid, p.gid)
+    base.chmod(0o755)
+    return ws, home, outside
+
+
+def _run_pass(w: World, p: Pass, base: Path, shared: dict[str, Any], policies: list[Path], only: str | None,
+              planted: probes_host.Planted, token: str) -> list[Row]:
+    secret = f"FAKE-KEY-{token}"
+    ws, home, outside = _make_tree(base, secret, p)
+    key = home / ".ssh" / "id_ed25519"
+    handle = probes_host.file_handle(key)
+    _handle_control(handle, secret)
     shutil.copy(w.ca_pem, ws / "ca.pem")
-    daemon_token = f"sgvd{token}"
-    spec = {
-        "ca": str(ws / "ca.pem"), "allowed_host": ALLOWED_HOST, "allowed_ip": ALLOWED, "blocked_host": BLOCKED_HOST,
-        "blocked_ip": BLOCKED, "tcp_port": TCP_PORT, "udp_port": UDP_PORT, "quic_port": QUIC_PORT,
-        "other_port": OTHER_PORT, "rogue_resolver": ROGUE, "exfil_domain": EXFIL,
-        "rebind_loopback_host": LOOPBACK_HOST, "rebind_metadata_host": METADATA_HOST, "gateway_port": GATEWAY_PORT,
-        "abstract_socket": abstract, "path_socket": str(path_sock), "home": str(home),
-        "outside_file": str(outside / "victim.txt"), "outside_dir": str(outside), "secret_env": "SANDGATE_VERIFY_TOKEN",
-        "secret_marker": secret, "results_dir": str(ws / "results"), "daemon_token": daemon_token,
-        "python": sys.executable, "only": only,
-    }
+    daemon_token = f"sgvd{token}{p.identity[0]}"
+    spec = {**shared, "ca": str(ws / "ca.pem"), "home": str(home), "outside_file": str(outside / "victim.txt"),
+            "outside_dir": str(outside), "secret_marker": secret, "results_dir": str(ws / "results"),
+            "daemon_token": daemon_token, "python": p.python, "only": only, "marker_tag": p.identity,
+            "ssh_key_handle": handle}
     (ws / "spec.json").write_text(json.dumps(spec))
-    policy = scratch / "verify.yaml"
-    policy.write_text(POLICY)
-    cmd = [sys.executable, "-m", "launcher.cli", "run", "-q", *_sandbox_view(), "--policy", str(policy),
-           *(a for p in policies for a in ("--policy", str(p.resolve()))), "--audit-log", str(scratch / "audit.jsonl"),
-           "--", sys.executable, "-m", "launcher.probes", str(ws / "spec.json")]
+    # nobody's passwd home is not the fake one: tell sandgate the same secret paths its default
+    # rules (DEFAULT_READ_DENY) would hide in a home it knew.
+    deny = [a for d in DEFAULT_READ_DENY for a in ("--read-deny", d.replace("~", str(home), 1))] if p.name_home else []
+    cmd = [sys.executable, "-m", "launcher.cli", "run", "-q", *p.run_args, *deny, *_sandbox_view(),
+           *(a for pol in policies for a in ("--policy", str(pol.resolve()))),
+           "--audit-log", str(base / "audit.jsonl"), "--", p.python, "-m", "launcher.probes", str(ws / "spec.json")]
     env = {"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"), "HOME": str(home),
-           "PYTHONPATH": str(REPO), "LANG": "C.UTF-8", "SANDGATE_VERIFY_TOKEN": secret}
+           "PYTHONPATH": str(REPO), "LANG": "C.UTF-8", SECRET_ENV: secret, VISIBLE_ENV: token}
     if os.environ.get("SANDGATE_INTERNAL_WEAKEN"):
         env["SANDGATE_INTERNAL_WEAKEN"] = os.environ["SANDGATE_INTERNAL_WEAKEN"]
     out, err, code = _run_on_a_terminal(w, cmd, ws, env)
     results = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     if not results:
-        raise VerifyError(f"the probe runner produced no results (exit {code}): {err.strip()[-500:]}")
-    rows = [_judge(w, r) for r in results if only is None or r["group"] == only]
+        raise VerifyError(f"the probe runner ({p.identity}) produced no results (exit {code}): {err.strip()[-500:]}")
+    host = planted.evidence(ws, p.identity)
+    rows = [_judge(w, r, p.identity, host) for r in results if only is None or r["group"] == only]
     if only in (None, "process"):
-        rows.append(_daemon_row(daemon_token, ws / "results" / f"daemon-{daemon_token}.heartbeat"))
+        rows.append(_daemon_row(daemon_token, ws / "results" / f"daemon-{daemon_token}.heartbeat", p.identity))
     return rows
+
+
+def _handle_control(handle: dict[str, Any], secret: str) -> None:
+    """Outside, the handle opens the key (where we may): so a refusal inside is the sandbox's doing."""
+    if os.geteuid() != 0:
+        return  # open_by_handle_at needs CAP_DAC_READ_SEARCH: an ordinary user cannot run the control
+    fh = probes_host.handle_from_spec(handle)
+    observed, detail = probes.attempt(probes_host.read_by_handle, "/", fh, secret)
+    if observed != "permitted" or "read the secret" not in detail:
+        raise VerifyError(f"the file handle of the fake key does not open outside the sandbox: {detail}")
 
 
 CONTROL = """\
@@ -240,18 +343,22 @@ def _take_terminal() -> None:
     fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
 
-def _judge(w: World, r: dict[str, Any]) -> Row:
+def _judge(w: World, r: dict[str, Any], tag: str, host: dict[tuple[str, str], str]) -> Row:
+    """The probe's view, overruled by what the canaries or the host saw for a blocked probe."""
     probe, ctx, expected, observed = r["probe"], r["context"], r["expected"], r["observed"]
     evidence = r.get("detail", "")
-    hits = _canary_hits(w, probe, ctx) if r["group"] == "network" else []
+    hits = _canary_hits(w, probe, f"{ctx}-{tag}") if r["group"] == "network" else []
+    seen = host.get((probe, ctx)) or host.get((probe, "*"))
     if expected == "blocked" and hits:
         observed = "permitted"
         evidence = "canary saw it: " + "; ".join(json.dumps(h, sort_keys=True)[:300] for h in hits[:3])
+    elif expected == "blocked" and seen:
+        observed, evidence = "permitted", f"the host shows it: {seen}; probe: {evidence}"
     ok = observed == expected
-    return Row(r["group"], probe, ctx, expected, observed, ok, evidence)
+    return Row(r["group"], probe, ctx, expected, observed, ok, evidence, tag)
 
 
-def _daemon_row(token: str, heartbeat: Path) -> Row:
+def _daemon_row(token: str, heartbeat: Path, identity: str) -> Row:
     """After the run: the daemon must be gone, and must have stopped reaching anything."""
     alive = subprocess.run(["pgrep", "-f", token], capture_output=True, text=True).stdout.split()
     before = heartbeat.read_text() if heartbeat.exists() else ""
@@ -260,13 +367,14 @@ def _daemon_row(token: str, heartbeat: Path) -> Row:
     still_writing = after != before
     observed = "permitted" if alive or still_writing else "blocked"
     evidence = (f"processes {alive} still running" if alive else "") + (" heartbeat still growing" if still_writing else "")
-    return Row("process", "daemon_after_run", "daemon", "blocked", observed, observed == "blocked", evidence.strip())
+    return Row("process", "daemon_after_run", "daemon", "blocked", observed, observed == "blocked", evidence.strip(),
+               identity)
 
 
 def coverage_markdown() -> str:
     """The README's "What the boundary covers" table, generated from the probe list."""
     lines = ["| group | probe | expected | what it tries |", "|---|---|---|---|"]
-    for p in probes.REGISTRY.values():
+    for p in probes.ordered():
         where = "" if p.contexts == frozenset(probes.CONTEXTS) else f" ({', '.join(sorted(p.contexts))} only)"
         lines.append(f"| {p.group} | `{p.name}` | {p.expected} | {p.threat.rstrip('.')}{where} |")
     lines.append("| process | `daemon_after_run` | blocked | a setsid daemon started by the task is still running, "

@@ -9,6 +9,13 @@ Canary servers (launcher/canary.py, run as ``python -m launcher.canary``) run in
 everything they see: that log is the evidence. TLS certificates come from a throwaway CA
 (launcher/certs.py) whose key never leaves this process.
 
+Rootless mode (automatic when euid != 0, as for `sandgate verify` run without sudo): the world is
+a user+network+mount namespace of its own, held by a small helper (_UserNs) that kept its
+capabilities there; setup commands (ip, sysctl, bind mounts) run through it, everything else
+enters with `nsenter --user --net --mount --preserve-credentials`: the same user, no capability,
+exactly how a user starts sandgate. No /run/netns name, no /etc/netns files (the world's mount
+namespace binds its resolv.conf over /etc/resolv.conf), no Clients; it vanishes with the helper.
+
 Safety: nothing here ever touches the host namespace's interfaces, routes or nftables; every
 interface is created directly inside our own namespaces; processes are killed by PID only
 (process groups we created while the leader is unreaped, plus processes found *inside our own
@@ -192,7 +199,11 @@ def _write_netns_etc(ns: str, nameserver: str) -> Path:
     nsswitch.conf is pinned to `hosts: files dns` because nss-resolve/nscd would ask the HOST's
     resolver over a unix socket (not bound by the netns) and leak the query to the real network.
     """
-    d = NETNS_ETC / ns
+    return _write_etc(NETNS_ETC / ns, nameserver)
+
+
+def _write_etc(d: Path, nameserver: str) -> Path:
+    """resolv.conf (and hosts, nsswitch.conf where the host has them) for a namespace, in `d`."""
     d.mkdir(parents=True, exist_ok=True)
     (d / "resolv.conf").write_text(f"nameserver {nameserver}\noptions timeout:2 attempts:1\n")
     # ip netns exec can only bind over files that exist (else it warns on every command).
@@ -291,9 +302,13 @@ class _NetnsRunner:
         kw.setdefault("env", _clean_env())
         kw.setdefault("stdin", subprocess.DEVNULL)
         kw["start_new_session"] = True
-        proc = subprocess.Popen(["ip", "netns", "exec", self.ns, *map(str, cmd)], **kw)
+        proc = subprocess.Popen(self._argv(cmd, kw), **kw)
         self._track(proc)
         return proc
+
+    def _argv(self, cmd: Sequence[str], kw: dict[str, Any]) -> list[str]:
+        """The command line that runs `cmd` inside (a rootless World enters otherwise)."""
+        return ["ip", "netns", "exec", self.ns, *map(str, cmd)]
 
     def run(self, cmd: Sequence[str], *, timeout: float = 30, **kw: Any) -> subprocess.CompletedProcess[Any]:
         """Like subprocess.run (capture_output=True, text=True by default) but kills the whole group on timeout.
@@ -525,8 +540,12 @@ table inet {t} {{
 class World(_NetnsRunner):
     """Context manager building the fake internet; see the module docstring for the topology."""
 
-    def __init__(self, prefix: str = TEST_PREFIXES[0], client_prefix: str | None = None) -> None:
+    def __init__(self, prefix: str = TEST_PREFIXES[0], client_prefix: str | None = None,
+                 rootless: bool | None = None) -> None:
         """Nothing is created before __enter__. Prefixes: see TEST_PREFIXES / VERIFY_PREFIXES.
+
+        rootless: build the world in a user namespace of its own (see the module docstring);
+        None (the default) means "when not root".
 
         client_prefix defaults to the partner of `prefix` there (sandgate-w -> sandgate-c,
         sandgate-v -> sandgate-vc), else to prefix + "c". cleanup_stale() only knows KNOWN_PREFIXES
@@ -553,6 +572,8 @@ class World(_NetnsRunner):
         self._file_id = 0
         self.dummy_type = ""
         self._records_path = Path()
+        self.rootless = os.geteuid() != 0 if rootless is None else rootless
+        self._userns: _UserNs | None = None
 
     def __repr__(self) -> str:
         return f"<World {self.ns}>"
@@ -584,10 +605,19 @@ class World(_NetnsRunner):
         st = self._stack
         self.tmp = Path(tempfile.mkdtemp(prefix=f"{self.ns}-"))
         st.callback(shutil.rmtree, self.tmp, ignore_errors=True)
-        st.callback(shutil.rmtree, NETNS_ETC / self.ns, ignore_errors=True)
-        _write_netns_etc(self.ns, DNS_IP)
-        _sh(["ip", "netns", "add", self.ns])
-        st.callback(_delete_netns, self.ns)
+        if self.rootless:
+            self._userns = _UserNs(self.tmp)
+            st.callback(self._userns.close)
+            etc = _write_etc(self.tmp / "etc", DNS_IP)
+            for f in sorted(etc.iterdir()):  # what `ip netns exec` does with /etc/netns/NS, in our mount ns
+                self._userns.bind(f, Path("/etc") / f.name)
+            # Canaries serve DNS, HTTP(S) on ports < 1024 without any capability.
+            self.admin(["sysctl", "-q", "-w", "net.ipv4.ip_unprivileged_port_start=0"])
+        else:
+            st.callback(shutil.rmtree, NETNS_ETC / self.ns, ignore_errors=True)
+            _write_netns_etc(self.ns, DNS_IP)
+            _sh(["ip", "netns", "add", self.ns])
+            st.callback(_delete_netns, self.ns)
         self._configure_netns()
         self.ca_pem = self.ca.write_cert(self.tmp / "ca.pem")
         self._records_path = self.tmp / "dns-records.json"
@@ -595,20 +625,50 @@ class World(_NetnsRunner):
         self.dns = self.serve("dns", DNS_IP, 53, name="dns")
 
     def _configure_netns(self) -> None:
-        ns = self.ns
         # IPv4-only fake internet: new interfaces get no IPv6 (lo keeps ::1).
-        _sh(["ip", "netns", "exec", ns, "sysctl", "-q", "-w", "net.ipv6.conf.default.disable_ipv6=1"])
-        _sh(["ip", "-n", ns, "link", "set", "lo", "up"])
+        self.admin(["sysctl", "-q", "-w", "net.ipv6.conf.default.disable_ipv6=1"])
+        self._ip("link", "set", "lo", "up")
         self.dummy_type = self._add_dummy()
-        _sh(["ip", "-n", ns, "link", "set", DUMMY_IF, "up"])
-        if _sh(["ip", "-n", ns, "route", "show", "default"]).stdout.strip():
-            raise RuntimeError(f"{ns} unexpectedly has a default route")
+        self._ip("link", "set", DUMMY_IF, "up")
+        if self._ip("route", "show", "default").stdout.strip():
+            raise RuntimeError(f"{self.ns} unexpectedly has a default route")
+
+    def _ip(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """`ip ARGS` in the world's network namespace, with the rights to change it."""
+        if self._userns is not None:
+            return self._userns.call(["ip", *args], check=check)
+        return _sh(["ip", "-n", self.ns, *args], check=check)
+
+    def admin(self, cmd: Sequence[str], *, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """Run a setup command (sysctl, ip, nft...) inside the world with the rights to change it."""
+        if self._userns is not None:
+            return self._userns.call(list(cmd), check=check)
+        return _sh(["ip", "netns", "exec", self.ns, *cmd], check=check)
+
+    def netns_file(self, where: Path) -> Path:
+        """A file naming the world's network namespace that processes run in it can open (setns probes).
+
+        As root that is /run/netns/NS and `where` is unused; rootless, `where` (created here, on a
+        filesystem the sandbox sees) is bound onto the namespace in the world's mount namespace only.
+        """
+        if self._userns is None:
+            return Path("/run/netns") / self.ns
+        where.touch(0o644)
+        self._userns.bind(Path(f"/proc/{self._userns.pid}/ns/net"), where)
+        return where
+
+    def _argv(self, cmd: Sequence[str], kw: dict[str, Any]) -> list[str]:
+        if self._userns is None:
+            return super()._argv(cmd, kw)
+        cwd = os.path.abspath(kw.pop("cwd", None) or os.getcwd())  # setns(mnt) resets it: cd by name inside
+        return [*self._userns.enter(), "/bin/sh", "-c", 'cd -- "$1" || exit 125; shift; exec "$@"', "sandgate-world",
+                cwd, *map(str, cmd)]
 
     def _add_dummy(self) -> str:
         """sgw0 as a dummy; kernels built without CONFIG_DUMMY get an ifb/bridge, which hold local /32s the same way."""
         errors = []
         for link_type in ("dummy", "ifb", "bridge"):
-            res = _sh(["ip", "-n", self.ns, "link", "add", DUMMY_IF, "type", link_type], check=False)
+            res = self._ip("link", "add", DUMMY_IF, "type", link_type, check=False)
             if res.returncode == 0:
                 return link_type
             errors.append(f"{link_type}: {res.stderr.strip()}")
@@ -626,7 +686,7 @@ class World(_NetnsRunner):
             raise ValueError(f"{ip} is not in {TEST_NET}; the world only holds TEST-NET-2 addresses")
         if ip in self._held:
             return
-        _sh(["ip", "-n", self.ns, "addr", "add", f"{ip}/32", "dev", DUMMY_IF])
+        self._ip("addr", "add", f"{ip}/32", "dev", DUMMY_IF)
         self._held.add(ip)
 
     def _write_records(self) -> None:
@@ -719,7 +779,7 @@ class World(_NetnsRunner):
         err = log.with_suffix(".stderr")
         log.touch()
         with open(err, "wb") as errf:
-            proc = subprocess.Popen(["ip", "netns", "exec", self.ns, *cmd], stdin=subprocess.DEVNULL,
+            proc = subprocess.Popen(self._argv(cmd, {}), stdin=subprocess.DEVNULL,
                                     stdout=subprocess.PIPE, stderr=errf, env=env, start_new_session=True)
         server = Server(kind, ip, port, name, log, err, proc, path=path)
         self._stack.callback(server.stop)
@@ -734,6 +794,8 @@ class World(_NetnsRunner):
         world end sgc<k>w 198.18.k.1/30, client end sgc<k>c 198.18.k.2/30. Interfaces are created
         directly inside the two namespaces, never in the host's.
         """
+        if self.rootless:
+            raise RuntimeError("a rootless World has no clients (they need named namespaces and veths)")
         if name_suffix and not re.fullmatch(r"[a-z0-9]{1,16}", name_suffix):
             raise ValueError("name_suffix must be 1-16 chars of [a-z0-9]")
         index = len(self.clients) + 1
@@ -757,3 +819,116 @@ class World(_NetnsRunner):
         _sh(["ip", "-n", ns, "link", "set", client.client_if, "up"])
         _sh(["ip", "-n", ns, "route", "add", "default", "via", client.world_ip])
         return client
+
+
+# ---------------------------------------------------------------- rootless: the world's own user namespace
+
+# Runs as `unshare --user --map-current-user --net --mount --keep-caps -- python -I -S -c SRC PPID`:
+# the caller's uid mapped to itself (so a sandbox started inside may map it again), capabilities
+# kept over the new namespaces only. One JSON request per line: {"argv", "input"} -> {"rc", "out",
+# "err"}, or {"bind": [src, dst]} (a bind mount in the world's mount namespace) -> {"rc", "err"}.
+_USERNS_HELPER = r"""
+import ctypes, json, os, subprocess, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG SIGKILL: never outlive the World's process
+if os.getppid() != int(sys.argv[1]):
+    raise SystemExit("sandgate-world: parent already gone")
+print(json.dumps({"pid": os.getpid()}), flush=True)
+for line in sys.stdin:
+    req = json.loads(line)
+    if "bind" in req:
+        src, dst = req["bind"]
+        ok = libc.mount(src.encode(), dst.encode(), None, 4096, None) == 0  # MS_BIND
+        rep = {"rc": 0 if ok else 1, "out": "", "err": "" if ok else os.strerror(ctypes.get_errno())}
+    else:
+        try:
+            r = subprocess.run(req["argv"], input=req.get("input"), capture_output=True, text=True, timeout=30)
+            rep = {"rc": r.returncode, "out": r.stdout, "err": r.stderr}
+        except (OSError, subprocess.TimeoutExpired) as e:
+            rep = {"rc": 127, "out": "", "err": str(e)}
+    print(json.dumps(rep), flush=True)
+"""
+
+
+class _UserNs:
+    """The rootless world's namespaces: a helper holding them (and its capabilities there) for our requests."""
+
+    def __init__(self, tmp: Path) -> None:
+        self._lock = threading.Lock()
+        tool = shutil.which("unshare") or "unshare"
+        with open(tmp / "userns-helper.log", "wb") as log:
+            self.proc = subprocess.Popen(
+                [tool, "--user", "--map-current-user", "--net", "--mount", "--keep-caps", "--",
+                 sys.executable, "-I", "-S", "-c", _USERNS_HELPER, str(os.getpid())],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True, cwd="/")
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        first = self.proc.stdout.readline()
+        if not first.startswith("{"):
+            self.proc.wait(5)
+            raise RuntimeError(f"cannot create the rootless world's namespaces (unshare --user --net --mount, exit "
+                               f"{self.proc.returncode}): {(tmp / 'userns-helper.log').read_text().strip()[-300:]}")
+        self.pid = int(json.loads(first)["pid"])
+        self.net = os.stat(f"/proc/{self.pid}/ns/net").st_ino
+
+    def _ask(self, req: dict[str, Any]) -> dict[str, Any]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        with self._lock:
+            self.proc.stdin.write(json.dumps(req) + "\n")
+            self.proc.stdin.flush()
+            line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError("the rootless world's helper is gone")
+        reply: dict[str, Any] = json.loads(line)
+        return reply
+
+    def call(self, argv: list[str], *, input: str | None = None,
+             check: bool = True) -> subprocess.CompletedProcess[str]:
+        """Run an admin command inside, with the helper's capabilities (errors carry its stderr, like _sh)."""
+        rep = self._ask({"argv": argv, "input": input})
+        if check and rep["rc"] != 0:
+            raise RuntimeError(f"{' '.join(argv)!r} failed ({rep['rc']}): {rep['err'].strip()}")
+        return subprocess.CompletedProcess(argv, rep["rc"], rep["out"], rep["err"])
+
+    def bind(self, src: Path, dst: Path) -> None:
+        rep = self._ask({"bind": [str(src), str(dst)]})
+        if rep["rc"] != 0:
+            raise RuntimeError(f"cannot bind {src} over {dst} in the rootless world: {rep['err']}")
+
+    def enter(self) -> list[str]:
+        """The prefix that runs a command inside as the caller itself, holding no capability."""
+        tool = shutil.which("nsenter") or "nsenter"
+        return [tool, "-t", str(self.pid), "--user", "--net", "--mount", "--preserve-credentials", "--"]
+
+    def pids(self) -> list[int]:
+        """Processes in the world's network namespace (only ours can be: it is entered only through us)."""
+        out = []
+        for d in os.listdir("/proc"):
+            if d.isdigit() and int(d) not in (os.getpid(), self.pid):
+                with contextlib.suppress(OSError):
+                    if os.stat(f"/proc/{d}/ns/net").st_ino == self.net:
+                        out.append(int(d))
+        return out
+
+    def close(self) -> None:
+        """Kill, by PID, what still runs inside (daemons that left our process groups), then the helper."""
+        for sig, grace in ((signal.SIGTERM, 2.0), (signal.SIGKILL, 2.0)):
+            pids = self.pids()
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, sig)
+            deadline = time.monotonic() + grace
+            while pids and time.monotonic() < deadline:
+                time.sleep(0.05)
+                pids = self.pids()
+            if not pids:
+                break
+        if self.proc.stdin is not None:
+            with contextlib.suppress(OSError):
+                self.proc.stdin.close()
+        try:
+            self.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()  # our own unreaped child
+            self.proc.wait(5)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()

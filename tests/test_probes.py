@@ -5,6 +5,8 @@ filesystem probes here must report "permitted": that is what shows they can see 
 boundary. Network tests talk only to 127.0.0.1 listeners started here (a guard turns any other
 address into a test failure); the process probes that touch pid 1 and the terminal probe are
 not run here, nor are the grandchild and daemon machinery (sandgate verify exercises those).
+The host-boundary probes that would change the host (sethostname, netns_tamper) run in a forked
+child with a private UTS / network namespace; the others touch only what the test planted.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import os
 import socket
 import ssl
 import struct
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -25,6 +29,9 @@ from typing import Any
 import pytest
 
 from launcher import probes as P
+from launcher import probes_host as H
+
+REPO = Path(__file__).resolve().parent.parent
 
 SECRET = "FAKE-KEY-0123456789"
 
@@ -639,3 +646,118 @@ def test_daemon_files() -> None:
     f = P.DaemonFiles.of({"results_dir": "/r", "daemon_token": "sgvd.1"})
     assert (str(f.partial), str(f.done), str(f.heartbeat), str(f.log)) == (
         "/r/daemon-sgvd.1.jsonl", "/r/daemon-sgvd.1.done.jsonl", "/r/daemon-sgvd.1.heartbeat", "/r/daemon-sgvd.1.log")
+
+
+# ---- the v2 host-boundary probes (launcher/probes_host.py): without a sandbox they must see the host ------
+
+
+
+def test_markers_carry_the_pass_tag_and_host_probes_are_registered_in_group_order() -> None:
+    c = P.Ctx({"exfil_domain": "exfil.test", "marker_tag": "user"}, "daemon", "udp")
+    assert (c.path, c.marker, c.dns_name()) == ("/verify/daemon-user/udp", b"verify:daemon-user:udp\n",
+                                                "udp-daemon-user.exfil.test")
+    groups = [g for g, _, _ in P.probe_list()]
+    assert groups == sorted(groups, key=P.GROUPS.index)
+    names = {n for _, n, _ in P.probe_list()}
+    assert {"setns_host_netns", "netns_tamper", "host_loopback_service", "open_by_handle", "mknod_disk",
+            "proc_environ", "sysv_shm_host", "keyring_read", "sethostname", "bpf_map"} <= names
+    assert "gateway_service" not in names  # v2 has no gateway
+
+
+def test_planted_shm_and_key_are_reached_without_a_sandbox_and_the_host_shows_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    token = f"t{os.getpid()}"
+    planted = H.Planted.plant(token)
+    try:
+        planted.controls()
+        spec = {**planted.spec(), "marker_tag": "t", "root_dev": [0, 0], "root_dev_path": ""}
+        assert planted.evidence(tmp_path, "t") == {}  # nothing touched yet: no false alarm
+        rec = run("sysv_shm_host", spec)
+        assert rec["observed"] == "permitted" and f"sandgate-verify-shm-{token}" in rec["detail"], rec
+        rec = run("keyring_read", spec)
+        assert rec["observed"] == "permitted" and "keyctl answered" in rec["detail"], rec
+        rec = run("mknod_disk", spec, "grandchild")  # block 0:0: a node nobody can open (ENXIO), safe to make
+        assert rec["observed"] == "permitted" and "made sandgate-disk-grandchild-t" in rec["detail"], rec
+        seen = planted.evidence(tmp_path, "t")
+        assert {("sysv_shm_host", "child"), ("mknod_disk", "grandchild")} <= set(seen), seen
+    finally:
+        planted.remove()
+    with pytest.raises(OSError):  # invalidated (the kernel's collector removes it from /proc/keys soon after)
+        H.syscall("keyctl", H.KEYCTL_READ, planted.key, None, 0)
+    assert str(planted.shm_id) not in [ln.split()[1] for ln in Path("/proc/sysvipc/shm").read_text().splitlines()[1:]]
+
+
+def test_open_by_handle_reads_the_key_its_path_no_longer_names(fs_spec: dict[str, Any]) -> None:
+    key = Path(fs_spec["home"]) / ".ssh" / "id_ed25519"
+    spec = {**fs_spec, "ssh_key_handle": H.file_handle(key)}
+    rec = run("open_by_handle", spec)
+    assert rec["observed"] == "permitted" and "read the secret" in rec["detail"], rec
+    key.rename(key.with_name("moved"))  # the handle names the inode, not the path
+    assert "read the secret" in run("open_by_handle", spec)["detail"]
+
+
+def test_bpf_and_sethostname_succeed_for_root_without_a_sandbox() -> None:
+    rec = run("bpf_map", {})
+    assert rec["observed"] == "permitted" and "BPF array map" in rec["detail"], rec
+    hostname = socket.gethostname()
+
+    def in_own_uts() -> P.Result:  # a private UTS namespace: the host's name is never touched
+        os.unshare(os.CLONE_NEWUTS)
+        r = run("sethostname", {"marker_tag": "t"})
+        return r["observed"], r["detail"]
+    observed, detail = H.in_child(in_own_uts)
+    assert observed == "permitted" and "verify-child-t" in detail, detail
+    assert socket.gethostname() == hostname
+
+
+def test_proc_environ_finds_a_secret_in_another_process(tmp_path: Path) -> None:
+    secret = f"FAKE-SECRET-{os.getpid()}"
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"secret_marker": secret, "visible_env": "SANDGATE_T_VISIBLE=yes"}))
+    argv = [sys.executable, "-m", "launcher.probes", str(spec), "--context", "grandchild", "--only", "proc_environ"]
+    env = {"PYTHONPATH": str(REPO), "SANDGATE_T_VISIBLE": "yes", "PATH": "/usr/bin:/bin"}
+    holder = subprocess.Popen(["sleep", "30"], env={"SANDGATE_T_SECRET": secret})
+    try:
+        rec = json.loads(subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60).stdout)
+        assert rec["observed"] == "permitted" and str(holder.pid) in rec["detail"], rec
+    finally:
+        holder.kill()
+        holder.wait()
+    rec = json.loads(subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60).stdout)
+    assert rec["observed"] == "blocked" and "none holds the secret" in rec["detail"], rec
+    del env["SANDGATE_T_VISIBLE"]  # without the control variable it cannot tell
+    rec = json.loads(subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60).stdout)
+    assert rec["observed"] == "unsupported", rec
+
+
+def test_host_loopback_service_reaches_a_local_listener(listeners: list[Listener]) -> None:
+    canary = tcp_server(listeners, b"tcp-canary\n")
+    rec = run("host_loopback_service", {"host_loopback_port": canary.port})
+    assert rec["observed"] == "permitted" and canary.seen == [b"verify:child:host_loopback_service\n"], rec
+
+
+def test_setns_into_the_world_reaches_its_canary(world: Any) -> None:
+    canary = world.serve("tcp", "127.0.0.1", 9000, "world-loopback")  # exists only in the world's namespace
+    spec = {"world_netns": f"/run/netns/{world.ns}", "blocked_ip": "127.0.0.1", "tcp_port": 9000}
+    rec = run("setns_host_netns", spec, "daemon")
+    assert rec["observed"] == "permitted" and "tcp-canary" in rec["detail"], rec
+    assert canary.wait_for(lambda r: r.get("data") == "verify:daemon:setns_host_netns\n", timeout=5)
+    rec = run("setns_host_netns", {**spec, "world_netns": "/run/netns/sandgate-none-such"})
+    assert rec["observed"] == "blocked" and "not visible" in rec["detail"], rec
+
+
+def test_netns_tamper_reports_each_change_and_undoes_it() -> None:
+    def in_own_netns() -> P.Result:  # a throwaway network namespace: the host's table and links are never touched
+        os.unshare(os.CLONE_NEWNET)
+        subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+        subprocess.run(["nft", "add", "table", "inet", "sgtest"], check=True)
+        r = run("netns_tamper", {"blocked_ip": "127.0.0.1", "tcp_port": 9, "udp_port": 9})
+        links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+        table = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout
+        return r["observed"], f"{r['detail']} | links: {links.count('sgvt')} | tables: {table.strip()}"
+    observed, detail = H.in_child(in_own_netns, timeout=30)
+    assert observed == "blocked" and "ECONNREFUSED" in detail, detail  # nothing listens: the canary's verdict
+    for change in ("nft flush ruleset: done", "ip link add veth: done", "ip route replace default: done"):
+        assert change in detail, detail
+    assert "links: 0" in detail and "table inet sgtest" in detail, detail  # all undone

@@ -491,3 +491,44 @@ def test_cleanup_stale_removes_dead_runs_only() -> None:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
             if (NETNS_ETC / ns).exists():
                 (NETNS_ETC / ns).rmdir()
+
+
+# ---------------------------------------------------------------- rootless mode (sandgate verify without sudo)
+
+
+def test_a_rootless_world_serves_the_same_canaries_and_leaves_nothing_behind() -> None:
+    """Forced here as root (the real unprivileged run is tests/test_verify.py's): the same harness
+    through a user namespace of its own, with no /run/netns name and no /etc/netns files."""
+    assert host_traces() == []
+    netns_before = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    with World(rootless=True) as w:
+        assert w.rootless and not (NETNS_ETC / w.ns).exists()
+        w.add_host("a.test", "198.51.100.10")
+        srv = w.serve("http", "198.51.100.10", 80, name="a")  # port 80 with no capability: unprivileged ports
+        res = w.run(["curl", "-sS", "--max-time", "5", "http://a.test/"], cwd="/tmp")
+        assert (res.returncode, res.stdout) == (0, "hello from a\n"), res.stderr
+        assert w.run(["pwd"], cwd="/tmp").stdout.strip() == "/tmp"  # cwd survives entering the mount namespace
+        assert w.run(["cat", "/etc/resolv.conf"]).stdout.startswith("nameserver 198.51.100.53")
+        # Sealed like a root world: lo and the dummy only, no route out.
+        assert w.run(["ip", "route", "show", "default"]).stdout.strip() == ""
+        links = {line.split(":")[1].strip() for line in w.run(["ip", "-o", "link"]).stdout.splitlines()}
+        assert links == {"lo", "sgw0"}
+        # Entered processes live in the world's own user namespace (as root, uid 0 stays mapped to 0
+        # there, so only the unprivileged run shows them holding no capability: test_verify.py).
+        userns = w.run(["stat", "-L", "-c", "%i", "/proc/self/ns/user"]).stdout.strip()
+        assert userns != str(os.stat("/proc/self/ns/user").st_ino)
+        handle = w.netns_file(w.tmp / "netns")
+        inside = w.run(["stat", "-L", "-c", "%i", str(handle)]).stdout.strip()
+        assert inside == w.run(["stat", "-L", "-c", "%i", "/proc/self/ns/net"]).stdout.strip()
+        escaped = int(w.run(["sh", "-c", "setsid sleep 60 >/dev/null 2>&1 & echo $!"]).stdout)
+        helper, tmp = w._userns.pid if w._userns else 0, w.tmp
+        with pytest.raises(RuntimeError, match="no clients"):
+            w.sandbox()
+        assert host_traces() == []
+        assert srv.log_records("http")
+    assert subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout == netns_before
+    assert not tmp.exists() and gone(helper) and srv.proc.returncode is not None
+    deadline = time.monotonic() + 2
+    while not gone(escaped) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert gone(escaped)  # swept by the namespace it was in, though it left our process groups
