@@ -1,0 +1,155 @@
+"""The `env:` section: which environment variables a sandboxed command never sees.
+
+A variable is dropped when its NAME looks like a credential or its VALUE carries one; a
+secret in the environment is one `curl` away from an allowed host. Pure: names and values
+in, a filtered copy and the dropped names out (never the values: they go to the audit log
+and the terminal).
+
+Precedence, first match wins:
+
+1. `env.keep` (the user's patterns): kept, whatever the name or value.
+2. `env.drop` (the user's patterns): dropped.
+3. The value carries a credential (SECRET_VALUES): dropped, even for a name in DEFAULT_ENV_KEEP
+   (a well-known name does not make its value safe).
+4. DEFAULT_ENV_KEEP: well-known non-secrets a name pattern would otherwise catch
+   (AWS_CA_BUNDLE, PWD, ...): kept.
+5. DEFAULT_ENV_DROP: dropped.
+
+Name patterns are shell-style (`*`, `?`, `[...]`) and match the whole name, case-insensitively
+for every list, the user's too (`openai_api_key` is as secret as `OPENAI_API_KEY`).
+
+Values are dropped for:
+
+- a URL with a password, whatever the variable's name: `scheme://user:password@host`
+  (DATABASE_URL, REDIS_URL, PIP_INDEX_URL, a proxy with credentials). A user without a
+  password (`ssh://git@host`) is not a secret; a token used as the user is caught by its format;
+- a connection string with a `Password=`/`Pwd=`/`AccountKey=`/`SharedAccessKey=` field;
+- a PEM private key;
+- a token in a well-known format anywhere in the value: GitHub (`ghp_` `gho_` `ghu_` `ghs_`
+  `ghr_` + 36, `github_pat_`), GitLab (`glpat-`), Slack (`xox?-`), OpenAI/Anthropic-style
+  `sk-` + 20 or more, Stripe (`sk_live_`/`rk_test_`...), AWS access key ids (`AKIA`/`ASIA` + 16),
+  npm (`npm_` + 36), PyPI (`pypi-AgE...`), Hugging Face (`hf_` + 30), Google API keys (`AIza` + 35),
+  DigitalOcean (`dop_v1_` + 64 hex), and JSON Web Tokens (Kubernetes service-account tokens).
+
+False positives are accepted on the side of dropping: a wrongly dropped variable costs one line
+of `env.keep` (and `-v` names it); a wrongly kept one costs the secret. So `*_KEY` drops GPG_KEY
+(a public fingerprint) and KUBECONFIG (a path) is dropped too, while the name families avoid
+catching everyday names: `*_AUTH`/`*_AUTH_*` rather than `*_AUTH*` (GIT_AUTHOR_NAME), `*TOKEN` and
+`*_TOKEN_*` rather than `*TOKEN*` (TOKENIZERS_PARALLELISM), `*_PWD` (PWD, OLDPWD are kept), `*_PASS`
+(not BYPASS, SSH_ASKPASS). CI metadata (GITHUB_SHA, CI_COMMIT_REF_NAME) is kept; only credentials go.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from functools import cache
+
+#: Credential-looking names, in families first, then names the families miss.
+DEFAULT_ENV_DROP: tuple[str, ...] = (
+    # families
+    "*_KEY", "*_KEYS", "*_KEY_*", "*API_KEY*", "*APIKEY*", "*KEYFILE*",
+    "*TOKEN", "*_TOKEN_*",
+    "*SECRET*", "*PASSWORD*", "*PASSWD*", "*PASSPHRASE*", "*_PWD", "*_PASS",
+    "*CREDENTIAL*", "*_CREDS", "*_AUTH", "*_AUTH_*", "*AUTHTOKEN*", "*_PAT",
+    "*_DSN", "*CONNECTION_STRING*", "*WEBHOOK*",
+    # providers whose credentials have names no family catches (AWS_ACCESS_KEY_ID is caught,
+    # AZURE_DEVOPS_EXT_PAT too; AZURE_USERNAME/AZURE_CLIENT_CERTIFICATE_PATH are not)
+    "AWS_*", "AZURE_*",
+    # one-offs: agent sockets (they sign with keys the sandbox must not use), tools' own names
+    "SSH_AUTH_SOCK", "GPG_AGENT_INFO", "KUBECONFIG", "SSHPASS", "BW_SESSION", "OP_SESSION_*",
+)
+
+#: Well-known non-secrets that a name pattern above catches or might catch: CA bundles (a
+#: TLS client inside needs them), the shell's working directories, AWS settings that are not keys.
+DEFAULT_ENV_KEEP: tuple[str, ...] = (
+    "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "NODE_EXTRA_CA_CERTS",
+    "GIT_SSL_CAINFO", "GIT_SSL_CAPATH", "PIP_CERT", "NIX_SSL_CERT_FILE", "CARGO_HTTP_CAINFO",
+    "AWS_CA_BUNDLE", "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_PROFILE",
+    "PWD", "OLDPWD",
+)
+
+#: Values that carry a credential, whatever the variable is called (see the module docstring).
+SECRET_VALUES: tuple[str, ...] = (
+    r"(?i:[a-z][a-z0-9+.-]*://[^\s/?#@:]*:[^\s/?#]+@)",  # scheme://user:password@
+    r"(?i:(?:^|;)\s*(?:password|pwd|accountkey|sharedaccesskey)\s*=\s*[^;\s])",  # connection string
+    r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY",
+    r"(?<![A-Za-z0-9_])gh[pousr]_[A-Za-z0-9]{36}",
+    r"(?<![A-Za-z0-9_])github_pat_[A-Za-z0-9_]{22,}",
+    r"(?<![A-Za-z0-9_-])glpat-[A-Za-z0-9_-]{20,}",
+    r"(?<![A-Za-z0-9_-])xox[abeoprs]-[A-Za-z0-9-]{10,}",
+    r"(?<![A-Za-z0-9_-])sk-[A-Za-z0-9_-]{20,}",
+    r"(?<![A-Za-z0-9_])[rs]k_(?:live|test)_[A-Za-z0-9]{16,}",
+    r"(?<![A-Z0-9])(?:AKIA|ASIA)[A-Z0-9]{16}(?![A-Z0-9])",
+    r"(?<![A-Za-z0-9_])npm_[A-Za-z0-9]{36}",
+    r"(?<![A-Za-z0-9_-])pypi-AgE[A-Za-z0-9_-]{16,}",
+    r"(?<![A-Za-z0-9_])hf_[A-Za-z0-9]{30,}",
+    r"(?<![A-Za-z0-9_-])AIza[A-Za-z0-9_-]{35}",
+    r"(?<![A-Za-z0-9_])do[opr]_v1_[a-f0-9]{64}",
+    r"(?<![A-Za-z0-9_-])eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.",  # a JWT: header.payload.
+)
+
+
+@dataclass(frozen=True)
+class EnvPolicy:
+    drop: tuple[str, ...] = ()  # in addition to DEFAULT_ENV_DROP
+    keep: tuple[str, ...] = ()  # wins over every rule, the defaults' too
+
+
+def names_matcher(patterns: Iterable[str]) -> re.Pattern[str] | None:
+    """One case-insensitive regex for shell-style name patterns (None: no pattern, matches nothing)."""
+    parts = [fnmatch.translate(p) for p in patterns]
+    return re.compile("|".join(parts), re.IGNORECASE) if parts else None
+
+
+@cache
+def _defaults() -> tuple[re.Pattern[str], re.Pattern[str], re.Pattern[str]]:
+    """Compiled once, on first use: most of sandgate never filters an environment."""
+    drop, keep = names_matcher(DEFAULT_ENV_DROP), names_matcher(DEFAULT_ENV_KEEP)
+    assert drop is not None and keep is not None
+    return drop, keep, re.compile("|".join(SECRET_VALUES))
+
+
+def _matches(matcher: re.Pattern[str] | None, name: str) -> bool:
+    return matcher is not None and matcher.match(name) is not None
+
+
+def value_is_secret(value: str) -> bool:
+    """Whether the value carries a credential (a URL password, a key, a well-known token format)."""
+    return _defaults()[2].search(value) is not None
+
+
+def _reason(name: str, value: str, user_keep: re.Pattern[str] | None,
+            user_drop: re.Pattern[str] | None) -> str | None:
+    drop, keep, values = _defaults()
+    if _matches(user_keep, name):
+        return None
+    if _matches(user_drop, name):
+        return "env.drop"
+    if values.search(value) is not None:
+        return "value"
+    if keep.match(name) is not None:
+        return None
+    if drop.match(name) is not None:
+        return "name"
+    return None
+
+
+def why_dropped(name: str, value: str, policy: EnvPolicy = EnvPolicy()) -> str | None:
+    """Why this variable is dropped: "env.drop", "value" or "name" (a default pattern); None: kept."""
+    return _reason(name, value, names_matcher(policy.keep), names_matcher(policy.drop))
+
+
+def filter_env(env: Mapping[str, str], policy: EnvPolicy = EnvPolicy()) -> tuple[dict[str, str], list[str]]:
+    """(environment for the task, names dropped, sorted). Never returns or records a dropped value."""
+    user_keep, user_drop = names_matcher(policy.keep), names_matcher(policy.drop)
+    kept: dict[str, str] = {}
+    dropped: list[str] = []
+    for name, value in env.items():
+        if _reason(name, value, user_keep, user_drop) is None:
+            kept[name] = value
+        else:
+            dropped.append(name)
+    return kept, sorted(dropped)
