@@ -5,6 +5,25 @@ network namespace, and it forwards the client's bytes. Here an allowed query is 
 its name, type and class alone, so EDNS options, additional records, letter case (anything a
 sandbox could hide data in) never leave; and only answer records that belong to the question
 (its name and the CNAME chain from it) come back. Denied names are never sent upstream at all.
+
+Query types. A name allowed by an exact host rule is served every type. A name allowed ONLY
+through a wildcard rule (`*.example.org`) is forwarded for A and AAAA (their answers bring the
+CNAME chain to the addresses along); SVCB and HTTPS are answered empty here, without asking
+upstream, which is what most names on the internet answer, so curl and browsers fall back to
+A/AAAA at once; every other type (TXT, NULL, MX, SRV, CNAME, ANY...) is REFUSED and the audit
+record says why, unless the policy entry lists it (`{host: "*.example.org", dns: [TXT]}`).
+
+What a wildcard allow still lets through (the residual channel, in plain words): every name a
+sandbox looks up under an allowed wildcard, `<anything>.example.org`, travels through the
+upstream resolver to the authoritative servers of example.org. The query name itself is the
+message: whoever runs that domain (or any zone delegated below it) can read data the sandbox
+spells into labels, about 250 bytes a query, as many queries as it likes, even when no TCP
+connection is ever allowed. Answers come back the same way: A and AAAA records (4 and 16 bytes
+each, many per answer) and the names in the CNAME chain can carry data into the sandbox. Limiting
+the types takes away the easy carriers of DNS tunnels (kilobyte TXT and NULL answers) and nothing
+but name, type and class ever leaves, but the channel stays open: a wildcard allow is only as safe
+as the people who run that domain. Prefer exact names, and never allow a wildcard on a domain
+where others can create names (hosting, dynamic DNS, a shared cloud suffix).
 """
 
 from __future__ import annotations
@@ -102,10 +121,12 @@ class DnsGate:
                          f"{len(query.question)} questions refused: exactly one is served")
             return _wire(_reply(query, dns.rcode.REFUSED), query, tcp)
         q = query.question[0]
-        verdict, d, would = await self._decide(binding, q.name.to_text(omit_final_dot=True))
-        self._record(binding, q, d.rule, "deny" if verdict == "refuse" else "allow", would, d.reason)
+        verdict, d, would = await self._decide(binding, q)
+        self._record(binding, q, d.rule, "allow" if d.allowed else "deny", would, d.reason)
         if verdict == "refuse":
             return _wire(_reply(query, dns.rcode.REFUSED), query, tcp)
+        if verdict == "empty":
+            return _wire(_reply(query, dns.rcode.NOERROR), query, tcp)
         if verdict == "pending":
             answer = [dns.rrset.from_text(q.name, 1, "IN", "A", str(PENDING_ADDRESS))] \
                 if q.rdtype == dns.rdatatype.A and q.rdclass == dns.rdataclass.IN else []
@@ -120,12 +141,13 @@ class DnsGate:
             rcode = dns.rcode.SERVFAIL  # an extended rcode cannot be said to a client without EDNS
         return _wire(_reply(query, rcode, _belonging(up, q)), query, tcp)
 
-    async def _decide(self, b: DnsBinding, name: str) -> tuple[str, rules.Decision, str | None]:
-        """("forward" | "pending" | "refuse", decision, would): the same pipeline as the proxy's."""
+    async def _decide(self, b: DnsBinding, q: dns.rrset.RRset) -> tuple[str, rules.Decision, str | None]:
+        """("forward" | "pending" | "empty" | "refuse", decision, would): the same pipeline as the proxy's."""
+        name = q.name.to_text(omit_final_dot=True)
         d = rules.decide(b.rules, name, None)
         default_deny = d.action == "deny" and d.rule is None and is_name(name)
         if d.allowed:
-            return "forward", d, None
+            return _by_type(b, name, q, d)
         if default_deny and b.learn:
             return "forward", rules.Decision("allow", None, f"learn mode: {d.reason}"), "deny"
         if b.approver is not None and (d.action == "ask" or (default_deny and b.ask_all)):
@@ -150,6 +172,27 @@ class DnsGate:
         qtype = dns.rdatatype.to_text(q.rdtype) if q is not None else None
         b.audit.write(decision_record(b.task, uuid.uuid4().hex[:12], "dns", action, host, None, qtype=qtype,
                                       rule=rule, reason=reason, would=would))
+
+
+def _by_type(b: DnsBinding, name: str, q: dns.rrset.RRset, d: rules.Decision) -> tuple[str, rules.Decision, str | None]:
+    """An allowed name's query by its type: a name matched only by wildcard rules is a channel to
+    whoever runs that domain, so only address types (plus the entry's `dns:` list) are forwarded."""
+    types = rules.dns_types(b.rules, name)
+    is_in = q.rdclass == dns.rdataclass.IN
+    if types is None or (is_in and q.rdtype in types):
+        return "forward", d, None
+    qtype = dns.rdatatype.to_text(q.rdtype)
+    only = f"{_audit_name(name)} is allowed only by a wildcard rule ({d.reason})"
+    if not is_in:
+        verdict, why = "refuse", f"class {dns.rdataclass.to_text(q.rdclass)} refused: {only}, which serves class IN"
+    elif q.rdtype in rules.DNS_EMPTY_TYPES:
+        verdict, why = "empty", f"type {qtype} not forwarded: {only}; answered empty, clients fall back to A/AAAA"
+    else:
+        verdict, why = "refuse", (f"type {qtype} refused: {only}, which serves A and AAAA; "
+                                  f"add 'dns: [{qtype}]' to that entry to allow it")
+    if b.learn:
+        return "forward", rules.Decision("allow", d.rule, f"learn mode: {why}"), "deny"
+    return verdict, rules.Decision("deny", d.rule, why), None
 
 
 def _belonging(up: dns.message.Message, q: dns.rrset.RRset) -> list[dns.rrset.RRset]:

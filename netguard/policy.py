@@ -4,10 +4,21 @@ Pure: takes already-loaded YAML values (plain dicts/lists, optionally carrying
 `.line`/`.lines` attributes from the launcher's loader) and returns immutable
 rules. Every rule remembers where it came from (`origin`, "FILE:LINE") so a
 decision in the audit log can be traced back to the exact line that allowed it.
+
+DNS through a wildcard: a name allowed only by a `*.suffix` entry is looked up for A and AAAA
+(with the CNAME chain leading to them) and nothing else, because every such query is a message to
+whoever runs that domain and a TXT answer is an easy way back (netguard.dnsgate says more). An
+allow entry can list more types for its names:
+
+    - host: "*.example.org"
+      dns: [TXT, SRV]        # also forward these query types for names under example.org
+
+Exact host entries need nothing: their name is fixed, every type is served.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -21,7 +32,7 @@ RuleKind = Literal["host", "wildcard", "cidr"]
 DEFAULT_ALLOW_PORTS: frozenset[int] = frozenset({80, 443})
 
 SECTION_KEYS = ("allow", "deny", "ask", "resolver")
-ENTRY_KEYS = ("host", "cidr", "ports")
+ENTRY_KEYS = ("host", "cidr", "ports", "dns")
 
 
 class PolicyError(ValueError):
@@ -40,6 +51,7 @@ class Rule:
     value: str | Network  # exact name, wildcard suffix (without "*."), or network
     ports: frozenset[int] | None
     origin: str
+    dns: frozenset[int] | None = None  # extra DNS query types (numbers) a wildcard allow forwards
 
     def describe(self) -> str:
         pat = f"*.{self.value}" if self.kind == "wildcard" else str(self.value)
@@ -88,7 +100,7 @@ def parse_network(section: Any, source: str) -> NetworkPolicy:
             raise PolicyError(f"'network.{name}' must be a list", line_of(section, name))
         default_ports = None if name == "deny" else DEFAULT_ALLOW_PORTS
         lists[name] = tuple(
-            parse_entry(entry, source, line_of(entries, i) or line_of(section, name), default_ports)
+            parse_entry(entry, source, line_of(entries, i) or line_of(section, name), default_ports, list_name=name)
             for i, entry in enumerate(entries)
         )
     resolver = None
@@ -99,15 +111,16 @@ def parse_network(section: Any, source: str) -> NetworkPolicy:
     return NetworkPolicy(lists["allow"], lists["deny"], lists["ask"], resolver, resolver_origin)
 
 
-def parse_entry(entry: Any, source: str, line: int | None, default_ports: frozenset[int] | None) -> Rule:
-    """One allow/deny/ask item: "host", "*.suffix", "1.2.3.0/24", or a mapping with host|cidr and ports."""
+def parse_entry(entry: Any, source: str, line: int | None, default_ports: frozenset[int] | None, *,
+                list_name: str = "allow") -> Rule:
+    """One allow/deny/ask item: "host", "*.suffix", "1.2.3.0/24", or a mapping with host|cidr, ports (and dns)."""
     ports: frozenset[int] | None = default_ports
     if isinstance(entry, str):
         target, is_cidr = entry, False
     elif isinstance(entry, dict):
         for key in entry:
             if key not in ENTRY_KEYS:
-                raise PolicyError(f"unknown key '{key}' in entry (expected host or cidr, and ports)", line_of(entry, key))
+                raise PolicyError(f"unknown key '{key}' in entry (expected host or cidr, ports, dns)", line_of(entry, key))
         if ("host" in entry) == ("cidr" in entry):
             raise PolicyError("an entry needs exactly one of 'host' or 'cidr'", line)
         is_cidr = "cidr" in entry
@@ -120,8 +133,40 @@ def parse_entry(entry: Any, source: str, line: int | None, default_ports: frozen
         raise PolicyError(f"an entry must be a host string or a mapping, not {_typename(entry)}", line)
     origin = _origin(source, line)
     if is_cidr or "/" in target:
-        return Rule("cidr", parse_cidr(target, line), ports, origin)
-    return parse_host_pattern(target, ports, origin, line)
+        rule = Rule("cidr", parse_cidr(target, line), ports, origin)
+    else:
+        rule = parse_host_pattern(target, ports, origin, line)
+    if isinstance(entry, dict) and "dns" in entry:
+        where = line_of(entry, "dns")
+        if list_name != "allow":
+            raise PolicyError(f"'dns' belongs on allow entries, not {list_name} entries", where)
+        if rule.kind != "wildcard":
+            raise PolicyError("'dns' is only for wildcard hosts ('*.example.org'): an exact name is served every "
+                              "query type", where)
+        rule = dataclasses.replace(rule, dns=parse_dns_types(entry["dns"], where))
+    return rule
+
+
+def parse_dns_types(value: Any, line: int | None) -> frozenset[int]:
+    """`[TXT, SRV]`: DNS query types by name; meta types (ANY, AXFR, ...) are not types of data."""
+    import dns.rdatatype  # only here: dnspython costs ~15 ms at import and most policies never get here
+
+    items = value if isinstance(value, list) else [value]
+    if not items:
+        raise PolicyError("'dns' is empty; leave it out for addresses only or list query types", line)
+    types: set[int] = set()
+    for i, item in enumerate(items):
+        where = line_of(items, i) or line
+        if not isinstance(item, str):
+            raise PolicyError(f"'dns' lists query type names like TXT, not {_typename(item)}", where)
+        try:
+            rdtype = dns.rdatatype.from_text(item.strip())
+        except (dns.rdatatype.UnknownRdatatype, ValueError):
+            raise PolicyError(f"'dns': unknown query type '{item}'", where) from None
+        if rdtype == 0 or dns.rdatatype.is_metatype(rdtype):
+            raise PolicyError(f"'dns': {item} is not a record type; list the types it should cover", where)
+        types.add(int(rdtype))
+    return frozenset(types)
 
 
 def parse_host_pattern(text: str, ports: frozenset[int] | None, origin: str, line: int | None) -> Rule:

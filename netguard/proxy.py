@@ -9,8 +9,9 @@ for the daemon, whose sandboxes all listen on the same ports inside their own na
 
 Why every decision ends in `server_connect`: mitmproxy calls that hook before *any*
 upstream connection, whatever layer asked for it. We resolve the allowed name
-ourselves, veto loopback/private/metadata answers (rebinding, SSRF) and then pin
-the connection to the checked address, so the name that was judged is the only
+ourselves, veto loopback/private/metadata answers and this host's own addresses
+(rebinding, SSRF: netguard.localaddrs, rules.check_address) and then pin the
+connection to the checked address, so the name that was judged is the only
 thing that can be reached. TLS is never intercepted: after the decision the bytes
 are relayed untouched. No mitmproxy addon but ours and the listener runs, so no
 flow is stored, no CA is offered to clients and bodies are streamed.
@@ -19,7 +20,6 @@ flow is stored, no CA is offered to clients and bodies are streamed.
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
 import socket
 import time
@@ -28,7 +28,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import dns.asyncresolver
-import dns.exception
 import dns.resolver
 from mitmproxy import connection, http
 from mitmproxy.addons.proxyserver import Proxyserver
@@ -42,15 +41,14 @@ from mitmproxy.proxy.layers.http import HTTPMode
 from mitmproxy.proxy.layers.tls import parse_client_hello
 from mitmproxy.proxy.mode_specs import RegularMode
 
-from netguard import dnsgate, hosts, rules
+from netguard import dnsgate, hosts, localaddrs, rules
 from netguard.asking import Approver
 from netguard.audit import AuditLog, Kind, close_record, decision_record
 from netguard.dnsgate import PENDING_ADDRESS, is_name
+from netguard.localaddrs import RESOLVE_TIMEOUT
 
 __all__ = ["PENDING_ADDRESS", "Binding", "Gate", "Listeners", "ProxyError", "make_master", "serve"]
 
-Address = ipaddress.IPv4Address | ipaddress.IPv6Address
-RESOLVE_TIMEOUT = 5.0
 logger = logging.getLogger("sandgate.proxy")
 
 
@@ -149,6 +147,7 @@ class Gate:
     def __init__(self, bindings: dict[int, Binding]) -> None:
         self.bindings = bindings
         self._conns: dict[str, _Conn] = {}
+        self.local = localaddrs.LocalAddrs()  # this host's own addresses: read now, refreshed when stale
 
     # ---- bookkeeping ------------------------------------------------------------------
 
@@ -219,19 +218,7 @@ class Gate:
 
     async def _resolve_checked(self, b: Binding, name: str, port: int,
                                d: rules.Decision) -> tuple[rules.Decision, str | None]:
-        try:
-            addrs = await _resolve(b, name, port)
-        except (OSError, dns.exception.DNSException) as e:
-            return rules.Decision("deny", d.rule, f"cannot resolve {name}: {e or type(e).__name__}"), None
-        if not addrs:
-            return rules.Decision("deny", d.rule, f"cannot resolve {name}: no address"), None
-        vetoes = []
-        for a in addrs:
-            veto = rules.check_address(b.rules, a, port)
-            if veto is None:
-                return d, str(a)
-            vetoes.append(veto)
-        return vetoes[0], None
+        return await localaddrs.resolve_checked(b.resolver(), b.rules, name, port, d, self.local.table())
 
     # ---- layers: what each listener speaks ----------------------------------------------
 
@@ -392,28 +379,6 @@ def _refusal(v: Verdict) -> http.Response:
     body = f"sandgate: blocked {v.host}:{v.port}: {v.decision.reason}{rule}\n"
     return http.Response.make(403, body, {"Content-Type": "text/plain; charset=utf-8", "Connection": "close",
                                           "X-Sandgate": "blocked"})
-
-
-async def _resolve(b: Binding, name: str, port: int) -> list[Address]:
-    """All addresses of `name`, IPv4 first, via the policy's resolver or the system's."""
-    r = b.resolver()
-    found: list[Address] = []
-    if r is None:
-        infos = await asyncio.wait_for(
-            asyncio.get_running_loop().getaddrinfo(name, port, type=socket.SOCK_STREAM), RESOLVE_TIMEOUT)
-        for info in infos:
-            a = ipaddress.ip_address(str(info[4][0]).split("%")[0])
-            if a not in found:
-                found.append(a)
-    else:
-        for rdtype in ("A", "AAAA"):
-            try:
-                answer = await r.resolve(name, rdtype, search=False)
-            except (dns.resolver.NXDOMAIN, dns.resolver.NoAnswer):
-                continue
-            found.extend(ipaddress.ip_address(rr.address) for rr in answer)
-    found.sort(key=lambda a: a.version)
-    return found
 
 
 @dataclass(frozen=True)

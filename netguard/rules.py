@@ -10,6 +10,10 @@ name rule can never be satisfied by spelling the destination as an address.
 
 Lookups cost O(labels) for names and O(prefix lengths) for addresses, never
 O(rules): policies built from many bundled lists stay fast per connection.
+
+Where an allowed name resolved is judged again (check_address): special-purpose ranges and
+the proxy host's own addresses are refused unless a cidr rule covers them, and dns_types says
+which DNS query types a name may be asked for (all for exact names, addresses for wildcards).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import functools
 import ipaddress
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -26,31 +31,97 @@ from netguard.policy import NetworkPolicy, Rule
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 Action = Literal["allow", "deny", "ask"]
 
-# Where an allowed *name* must not lead: the sandbox's own host, its cloud metadata
-# service and the operator's private networks (SSRF / DNS rebinding). Only an explicit
-# cidr allow rule for the range reopens it.
-SPECIAL_RANGES: tuple[tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, str], ...] = tuple(
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+class PrefixTable:
+    """Networks, each with a reason; longest-prefix lookup in O(distinct prefix lengths), never O(networks).
+
+    The veto runs on every connection: a handful of dict probes, not a scan over dozens of ranges.
+    """
+
+    __slots__ = ("_levels",)
+
+    def __init__(self, entries: Iterable[tuple[Network, str]]) -> None:
+        by_len: dict[tuple[int, int], dict[int, str]] = defaultdict(dict)
+        for net, why in entries:
+            shift = net.max_prefixlen - net.prefixlen
+            by_len[(net.version, net.prefixlen)].setdefault(int(net.network_address) >> shift, why)
+        # Per version, longest prefix first: the first hit is the most specific range and its reason.
+        levels: dict[int, list[tuple[int, dict[int, str]]]] = {4: [], 6: []}
+        for (version, plen), nets in sorted(by_len.items(), key=lambda kv: -kv[0][1]):
+            levels[version].append(((32 if version == 4 else 128) - plen, nets))
+        self._levels = {version: tuple(found) for version, found in levels.items()}
+
+    def lookup(self, ip: Address) -> str | None:
+        """The reason of the most specific network holding `ip`, None when none does."""
+        value = int(ip)
+        for shift, nets in self._levels[ip.version]:
+            why = nets.get(value >> shift)
+            if why is not None:
+                return why
+        return None
+
+
+# Where an allowed *name* must not lead: the sandbox's own host, its cloud metadata service, the
+# operator's private networks (SSRF / DNS rebinding), and every address the IANA special-purpose
+# registries say is not an ordinary destination on the internet. Only an explicit cidr allow rule
+# covering the address (on that port) reopens it: names never reach further than address rules would.
+#
+# Deliberately NOT here (would also break every end-to-end test):
+#   198.51.100.0/24  TEST-NET-2: the test worlds' fake internet (launcher/world.py holds its hosts);
+#                    documentation space that no real network routes, so leaving it open costs nothing.
+#   198.18.0.0/15    benchmarking: the test worlds' sandbox links and dnsgate.PENDING_ADDRESS, and on
+#                    real hosts the answers of fake-IP resolvers (Clash, sing-box) whose TUN routes every
+#                    allowed name through 198.18/15. An address of it that this host holds (a link end,
+#                    a TUN address) is still refused as one of the host's own (OWN_EXEMPT below).
+SPECIAL_RANGES: tuple[tuple[Network, str], ...] = tuple(
     (ipaddress.ip_network(net), why)
     for net, why in (
         ("0.0.0.0/8", "unspecified"),
-        ("127.0.0.0/8", "loopback"),
         ("10.0.0.0/8", "private"),
-        ("172.16.0.0/12", "private"),
-        ("192.168.0.0/16", "private"),
         ("100.64.0.0/10", "shared (carrier-grade NAT)"),
+        ("127.0.0.0/8", "loopback"),
         ("169.254.0.0/16", "link-local (cloud metadata)"),
+        ("172.16.0.0/12", "private"),
+        ("192.0.0.0/24", "IETF protocol assignment"),
+        ("192.0.2.0/24", "documentation (TEST-NET-1)"),
+        ("192.88.99.0/24", "6to4 relay anycast (deprecated)"),
+        ("192.168.0.0/16", "private"),
+        ("203.0.113.0/24", "documentation (TEST-NET-3)"),
         ("224.0.0.0/4", "multicast"),
         ("240.0.0.0/4", "reserved"),
+        ("255.255.255.255/32", "limited broadcast"),
+        # IPv6. ::ffff:0:0/96 (IPv4-mapped) is not listed: check_address judges its embedded IPv4
+        # address instead, which is what a dual-stack socket connects to.
         ("::/128", "unspecified"),
         ("::1/128", "loopback"),
-        ("fe80::/10", "link-local"),
-        ("fc00::/7", "private (unique local)"),
-        ("ff00::/8", "multicast"),
         ("64:ff9b::/96", "NAT64 (embeds an IPv4 address)"),
+        ("64:ff9b:1::/48", "local-use NAT64 (embeds an IPv4 address)"),
+        ("100::/64", "discard-only"),
+        ("100:0:0:1::/64", "dummy prefix"),
+        ("2001::/23", "IETF protocol assignment"),
+        ("2001::/32", "Teredo (embeds an IPv4 address)"),
+        ("2001:db8::/32", "documentation"),
         ("2002::/16", "6to4 (embeds an IPv4 address)"),
+        ("3fff::/20", "documentation"),
+        ("5f00::/16", "SRv6 segment identifiers"),
+        ("fc00::/7", "private (unique local)"),
+        ("fe80::/10", "link-local"),
+        ("fec0::/10", "site-local (deprecated)"),
+        ("ff00::/8", "multicast"),
+        # Everything outside global unicast 2000::/3 that the lines above leave: unassigned, IETF reserved.
+        ("::/3", "reserved (not global unicast)"),
+        ("4000::/2", "reserved (not global unicast)"),
+        ("8000::/1", "reserved (not global unicast)"),
     )
 )
+SPECIAL = PrefixTable(SPECIAL_RANGES)
 
+#: Addresses of this host that stay usable for names: the test worlds' fake hosts are addresses of the
+#: very namespace the proxy runs in (see SPECIAL_RANGES). Real hosts never hold TEST-NET-2.
+OWN_EXEMPT: tuple[Network, ...] = (ipaddress.ip_network("198.51.100.0/24"),)
+OWN_REASON = "this host's own"
 
 #: Pure, so memoised: the same few names are decided on every connection of a task.
 normalise = functools.lru_cache(maxsize=4096)(hosts.normalise)
@@ -163,26 +234,86 @@ def special_range(ip: Address) -> str | None:
     """Why `ip` is off-limits for names (loopback, private, metadata...), or None for ordinary public addresses."""
     if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
         ip = ip.ipv4_mapped
-    for net, why in SPECIAL_RANGES:
-        if ip.version == net.version and ip in net:
-            return why
+    return SPECIAL.lookup(ip)
+
+
+def own_table(addresses: Iterable[Network]) -> PrefixTable:
+    """The host's own addresses (and local routes) as a veto table; OWN_EXEMPT ranges left out."""
+    return PrefixTable((net, OWN_REASON) for net in addresses
+                       if not any(net.network_address in ex and net.broadcast_address in ex for ex in OWN_EXEMPT))
+
+
+def embedded_ipv4(ip: ipaddress.IPv6Address) -> tuple[ipaddress.IPv4Address, ...]:
+    """IPv4 addresses a translation prefix (NAT64 64:ff9b::/96, 6to4, Teredo server and client) carries."""
+    value = int(ip)
+    if value >> 32 == _NAT64_WKP:
+        return (ipaddress.IPv4Address(value & 0xFFFFFFFF),)
+    if ip.sixtofour is not None:
+        return (ip.sixtofour,)
+    if ip.teredo is not None:
+        return ip.teredo
+    return ()
+
+
+_NAT64_WKP = int(ipaddress.IPv6Address("64:ff9b::")) >> 32
+
+
+def check_address(rs: Ruleset, ip: Address, port: int, own: PrefixTable | None = None) -> Decision | None:
+    """Veto for the address an allowed destination resolved to; None when it may be used.
+
+    Guards against rebinding and SSRF: an allowed name that resolves to the host's loopback or one of
+    its own addresses (`own`: every interface address, public ones too, from netguard.localaddrs), a
+    metadata service, a private network or any other special-purpose range is refused unless a cidr
+    allow rule covers the address (on that port). Deny cidrs always win. An IPv6 address that embeds
+    an IPv4 one (NAT64, 6to4, Teredo) must pass for both: reopening a translation prefix with a cidr
+    rule does not reopen the loopback or metadata address it translates to.
+    """
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped  # what a dual-stack socket really connects to
+    if (veto := _veto(rs, ip, port, own)) is not None:
+        return Decision("deny", veto[0], f"resolved to {veto[1]}")
+    if isinstance(ip, ipaddress.IPv6Address):
+        for inner in embedded_ipv4(ip):
+            if (veto := _veto(rs, inner, port, own)) is not None:
+                return Decision("deny", veto[0], f"resolved to {ip}, which embeds {veto[1]}")
     return None
 
 
-def check_address(rs: Ruleset, ip: Address, port: int) -> Decision | None:
-    """Veto for the address an allowed destination resolved to; None when it may be used.
-
-    Guards against rebinding and SSRF: an allowed name that resolves to the host's
-    loopback, a metadata service or a private network is refused unless a cidr
-    allow rule names that range (and port) explicitly. Deny cidrs always win.
-    """
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
+def _veto(rs: Ruleset, ip: Address, port: int, own: PrefixTable | None) -> tuple[str | None, str] | None:
+    """(deciding rule, what is wrong) when `ip` must not be reached through a name, else None."""
     if r := _first_on_port(rs.deny.addr_rules(ip), port):
-        return Decision("deny", r.origin, f"resolved address {ip} denied by rule {r.describe()}")
-    why = special_range(ip)
-    if why is None:
+        return r.origin, f"address {ip} (denied by rule {r.describe()})"
+    why = SPECIAL.lookup(ip) or (own.lookup(ip) if own is not None else None)
+    if why is None or _first_on_port(rs.allow.addr_rules(ip), port):
         return None
-    if _first_on_port(rs.allow.addr_rules(ip), port):
+    return None, f"{why} address {ip}; allow it with a cidr rule if intended"
+
+
+# ---- DNS: which query types a name may be asked for ------------------------------------------------
+
+#: Forwarded for a name allowed only through a wildcard rule: the address types. Their answers bring
+#: the CNAME chain leading to the addresses along (dnsgate keeps exactly that chain).
+DNS_ADDRESS_TYPES: frozenset[int] = frozenset({1, 28})  # A, AAAA
+#: Answered empty (NOERROR, no records) without asking upstream for such a name: SVCB and HTTPS, which
+#: browsers and curl ask beside A/AAAA and, finding nothing, fall back from at once (REFUSED would make
+#: glibc and c-ares count a server failure and retry). Their records could carry data (SvcParams).
+DNS_EMPTY_TYPES: frozenset[int] = frozenset({64, 65})  # SVCB, HTTPS
+
+
+def dns_types(rs: Ruleset, name: str) -> frozenset[int] | None:
+    """Query types an allowed `name` may be forwarded with; None: every type (an exact host rule names it).
+
+    A wildcard allow is a two-way channel to whoever runs that domain (see netguard.dnsgate), so a name
+    matched only by wildcard rules gets the address types plus what those rules list under `dns:`.
+    """
+    try:
+        dest = normalise(name)
+    except hosts.HostError:
+        return DNS_ADDRESS_TYPES
+    if not isinstance(dest, str):
         return None
-    return Decision("deny", None, f"resolved to {why} address {ip}; allow it with a cidr rule if intended")
+    found = rs.allow.name_rules(dest)
+    if any(r.kind == "host" for r in found):
+        return None
+    extra = frozenset(t for r in found if r.dns for t in r.dns)
+    return DNS_ADDRESS_TYPES | extra

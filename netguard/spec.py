@@ -17,7 +17,7 @@ from netguard.policy import NetworkPolicy, Rule
 
 SPEC_KEYS = ("task", "policy", "learn", "ask_all", "approval_socket", "ask_timeout")
 POLICY_KEYS = ("allow", "deny", "ask", "resolver", "resolver_origin")
-RULE_KEYS = ("kind", "value", "ports", "origin")
+RULE_KEYS = ("kind", "value", "ports", "origin", "dns")
 RULE_KINDS = ("host", "wildcard", "cidr")
 MAX_TASK = 200
 MAX_TEXT = 4096
@@ -63,7 +63,7 @@ def encode(spec: BindingSpec) -> dict[str, Any]:
 
 def _encode_rule(r: Rule) -> dict[str, Any]:
     return {"kind": r.kind, "value": str(r.value), "ports": sorted(r.ports) if r.ports is not None else None,
-            "origin": r.origin}
+            "origin": r.origin, "dns": sorted(r.dns) if r.dns else None}
 
 
 # ---- decode ---------------------------------------------------------------------------------
@@ -116,6 +116,14 @@ def _decode_rule(obj: Any, where: str) -> Rule:
             raise SpecError(f"{where}.ports must be null or a list of port numbers from 1 to 65535")
         ports = frozenset(ports)
     origin = _text(d["origin"], f"{where}.origin", MAX_TEXT)
+    dns = d["dns"]
+    if dns is not None:
+        if not isinstance(dns, list) or not dns or any(isinstance(t, bool) or not isinstance(t, int)
+                                                       or not 0 < t < 65536 for t in dns):
+            raise SpecError(f"{where}.dns must be null or a non-empty list of DNS type numbers from 1 to 65535")
+        if kind != "wildcard":
+            raise SpecError(f"{where}.dns is only meaningful on a wildcard rule")
+        dns = frozenset(dns)
     if kind == "cidr":
         return Rule("cidr", _network(value, where), ports, origin)
     # A non-canonical name would silently never match: refuse it so the launcher's bug is seen.
@@ -125,7 +133,7 @@ def _decode_rule(obj: Any, where: str) -> Rule:
         raise SpecError(f"{where}.value: {e}") from None
     if canonical != value:
         raise SpecError(f"{where}.value {value!r} is not in canonical form ({canonical!r})")
-    return Rule("host" if kind == "host" else "wildcard", value, ports, origin)
+    return Rule("host" if kind == "host" else "wildcard", value, ports, origin, dns)
 
 
 def _network(text: str, where: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:

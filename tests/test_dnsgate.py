@@ -115,6 +115,8 @@ def standard_answer(q: dns.message.Message, proto: str) -> dns.message.Message |
         r.additional.append(dns.rrset.from_text("ns.attacker.test.", 60, "IN", "A", "6.6.6.7"))
     elif first == b"big":
         r.answer.append(dns.rrset.from_text(qname, 60, "IN", "A", *(f"192.0.2.{i}" for i in range(1, 60))))
+    elif q.question[0].rdtype == dns.rdatatype.TXT:
+        r.answer.append(dns.rrset.from_text(qname, 60, "IN", "TXT", '"data from upstream"'))
     else:
         r.answer.append(dns.rrset.from_text(qname, 60, "IN", "A", "192.0.2.1"))
     return r
@@ -132,7 +134,7 @@ def upstream() -> Iterator[FakeDns]:
 def make_binding(tmp_path: Path, upstream: FakeDns, *, learn: bool = False, ask_all: bool = False,
                  approver: Approver | None = None) -> proxy.Binding:
     pol = parse_network({"allow": ["allowed.test", "*.wild.test", "chain.test", "nx.test", "tc.test", "big.test",
-                                   {"cidr": "127.0.0.0/8", "ports": [80]}],
+                                   {"cidr": "127.0.0.0/8", "ports": [80]}, {"host": "*.txt.test", "dns": ["TXT", "mx"]}],
                          "deny": ["evil.wild.test"], "ask": ["ask.test"],
                          "resolver": f"127.0.0.1:{upstream.port}"}, "test.yaml")
     return proxy.Binding("t1", rules.compile_policy(pol), AuditLog(tmp_path / "audit.jsonl"), learn=learn,
@@ -348,3 +350,77 @@ def _tcp_ask(port: int, qs: list[dns.message.Message]) -> list[dns.message.Messa
             (n,) = struct.unpack("!H", _recv_exact(s, 2))
             out.append(dns.message.from_wire(_recv_exact(s, n)))
         return out
+
+
+# ---- query types: a wildcard allow is a channel to whoever runs that domain ------------------------
+
+
+def test_the_upstream_query_is_built_fresh_whatever_the_client_sent(tmp_path: Path, upstream: FakeDns) -> None:
+    """One question, lower-cased, RD only, EDNS without options: no client bit or byte rides along."""
+    b = make_binding(tmp_path, upstream)
+    q = query("MiXeD.WiLd.TeSt", use_edns=0, payload=1232, options=[dns.edns.GenericOption(65001, b"x" * 40)])
+    q.flags |= dns.flags.CD | dns.flags.AD
+    r = ask(b, q.to_wire())
+    assert r is not None and r.rcode() == dns.rcode.NOERROR and r.answer
+    (_, sent), = upstream.queries
+    assert len(sent.question) == 1 and sent.question[0].name.labels == (b"mixed", b"wild", b"test", b"")
+    assert sent.flags == dns.flags.RD and sent.opcode() == dns.opcode.QUERY
+    assert sent.options == () and sent.additional == [] and sent.answer == [] and sent.authority == []
+
+
+def rcodes(b: proxy.Binding, *questions: tuple[str, str] | tuple[str, str, str]) -> list[str]:
+    out = []
+    for name, qtype, *rdclass in questions:
+        r = ask(b, query(name, qtype, rdclass=rdclass[0] if rdclass else "IN").to_wire())
+        assert r is not None
+        out.append(dns.rcode.to_text(r.rcode()))
+    return out
+
+
+def sent(upstream: FakeDns) -> list[tuple[str, str]]:
+    return [(q.question[0].name.to_text(), dns.rdatatype.to_text(q.question[0].rdtype)) for _, q in upstream.queries]
+
+
+def test_wildcard_names_get_addresses_only_and_the_rest_is_refused_unsent(tmp_path: Path, upstream: FakeDns) -> None:
+    b = make_binding(tmp_path, upstream)
+    assert rcodes(b, ("sub.wild.test", "A"), ("sub.wild.test", "AAAA")) == ["NOERROR"] * 2
+    r = ask(b, query("chain.wild.test").to_wire())  # the CNAME chain to the address comes along
+    assert r is not None and [rrset.rdtype for rrset in r.answer] == [dns.rdatatype.CNAME] * 2 + [dns.rdatatype.A]
+    secret, refused = "c2VjcmV0LXRva2Vu", ["TXT", "NULL", "MX", "SRV", "CNAME", "ANY", "NS", "PTR", "CAA"]
+    assert rcodes(b, *((f"{secret}.wild.test", t) for t in refused)) == ["REFUSED"] * len(refused)
+    for qtype in ("HTTPS", "SVCB"):  # answered empty here: clients fall back to A/AAAA at once
+        r = ask(b, query("sub.wild.test", qtype).to_wire())
+        assert r is not None and r.rcode() == dns.rcode.NOERROR and r.answer == [], qtype
+    assert upstream.names() == ["sub.wild.test."] * 2 + ["chain.wild.test."]  # none of the refused or empty left
+    recs = records(tmp_path)[3:]
+    assert [(x["action"], x["qtype"]) for x in recs] == [("deny", t) for t in refused + ["HTTPS", "SVCB"]]
+    assert recs[0]["rule"] == "test.yaml" and recs[0]["reason"] == (
+        f"type TXT refused: {secret.lower()}.wild.test is allowed only by a wildcard rule (allowed by rule "
+        "*.wild.test:80,443), which serves A and AAAA; add 'dns: [TXT]' to that entry to allow it")
+    assert "answered empty" in recs[-1]["reason"]
+
+
+def test_a_dns_list_on_the_wildcard_entry_lets_those_types_through(tmp_path: Path, upstream: FakeDns) -> None:
+    b = make_binding(tmp_path, upstream)
+    r = ask(b, query("x.txt.test", "TXT").to_wire())
+    assert r is not None and [rr.to_text() for rr in r.answer[0]] == ['"data from upstream"']
+    assert rcodes(b, ("x.txt.test", "MX"), ("x.txt.test", "NULL")) == ["NOERROR", "REFUSED"]
+    assert sent(upstream) == [("x.txt.test.", "TXT"), ("x.txt.test.", "MX")]
+
+
+def test_exact_names_keep_every_type_and_other_classes_are_refused_for_wildcards(tmp_path: Path,
+                                                                                 upstream: FakeDns) -> None:
+    b = make_binding(tmp_path, upstream)
+    types = ["TXT", "NULL", "HTTPS", "ANY", "MX"]
+    assert rcodes(b, *(("allowed.test", t) for t in types)) == ["NOERROR"] * 5
+    assert sent(upstream) == [("allowed.test.", t) for t in types]
+    assert rcodes(b, ("version.wild.test", "TXT", "CH"), ("x.txt.test", "TXT", "CH")) == ["REFUSED"] * 2
+    assert len(upstream.queries) == 5 and records(tmp_path)[-1]["reason"].startswith("class CH refused")
+
+
+def test_learn_mode_forwards_a_refused_type_as_would_deny(tmp_path: Path, upstream: FakeDns) -> None:
+    b = make_binding(tmp_path, upstream, learn=True)
+    assert rcodes(b, ("sub.wild.test", "TXT")) == ["NOERROR"]
+    assert upstream.names() == ["sub.wild.test."]
+    rec, = records(tmp_path)
+    assert (rec["action"], rec["would"]) == ("allow", "deny") and rec["reason"].startswith("learn mode: type TXT")

@@ -49,7 +49,8 @@ def test_a_parsed_policy_round_trips() -> None:
                          "deny": ["evil.pypi.org"], "ask": ["ask.test"], "resolver": "[2001:db8::1]:5353"}, "p.yaml")
     s = BindingSpec("task-1", pol, learn=True, approval_socket="/run/x.sock", ask_timeout=5)
     enc = encode(s)
-    assert enc["policy"]["allow"][0] == {"kind": "host", "value": "pypi.org", "ports": [80, 443], "origin": "p.yaml"}
+    assert enc["policy"]["allow"][0] == {"kind": "host", "value": "pypi.org", "ports": [80, 443], "origin": "p.yaml",
+                                         "dns": None}
     assert enc["policy"]["allow"][3]["ports"] == [22, 80] and enc["policy"]["deny"][0]["ports"] is None
     assert enc["policy"]["resolver"] == ["2001:db8::1", 5353]
     assert decode(enc) == s
@@ -116,3 +117,18 @@ def test_decode_refuses_non_objects() -> None:
         with pytest.raises(SpecError, match="spec must be an object"):
             decode(obj)
     assert isinstance(SpecError("x"), ValueError)
+
+
+def test_a_wildcards_extra_dns_types_travel_to_the_daemon() -> None:
+    pol = parse_network({"allow": [{"host": "*.x.test", "dns": ["TXT", "SRV"]}]}, "p.yaml")
+    enc = encode(BindingSpec("t", pol))
+    assert enc["policy"]["allow"][0]["dns"] == [16, 33]
+    assert decode(enc).policy.allow[0].dns == frozenset({16, 33})
+    bad = encode(BindingSpec("t", pol))
+    bad["policy"]["allow"][0]["kind"] = "host"
+    bad["policy"]["allow"][0]["value"] = "x.test"
+    with pytest.raises(SpecError, match="only meaningful on a wildcard"):
+        decode(bad)
+    bad["policy"]["allow"][0]["dns"] = [0]
+    with pytest.raises(SpecError, match="DNS type numbers"):
+        decode(bad)
