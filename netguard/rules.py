@@ -69,8 +69,11 @@ class PrefixTable:
 # covering the address (on that port) reopens it: names never reach further than address rules would.
 #
 # Deliberately NOT here (would also break every end-to-end test):
-#   198.51.100.0/24  TEST-NET-2: the test worlds' fake internet (launcher/world.py holds its hosts);
-#                    documentation space that no real network routes, so leaving it open costs nothing.
+#   192.0.2.0/24, 198.51.100.0/24, 203.0.113.0/24 (and IPv6 2001:db8::/32, 3fff::/20): documentation
+#                    space. TEST-NET-2 is the test worlds' fake internet (launcher/world.py), and
+#                    private package mirrors answer from these ranges in the wild (on the machines this
+#                    project is built on, every registry resolves to 203.0.113.80). They reach no host
+#                    service of ours, so refusing them would only break real work.
 #   198.18.0.0/15    benchmarking: the test worlds' sandbox links and dnsgate.PENDING_ADDRESS, and on
 #                    real hosts the answers of fake-IP resolvers (Clash, sing-box) whose TUN routes every
 #                    allowed name through 198.18/15. An address of it that this host holds (a link end,
@@ -85,10 +88,8 @@ SPECIAL_RANGES: tuple[tuple[Network, str], ...] = tuple(
         ("169.254.0.0/16", "link-local (cloud metadata)"),
         ("172.16.0.0/12", "private"),
         ("192.0.0.0/24", "IETF protocol assignment"),
-        ("192.0.2.0/24", "documentation (TEST-NET-1)"),
         ("192.88.99.0/24", "6to4 relay anycast (deprecated)"),
         ("192.168.0.0/16", "private"),
-        ("203.0.113.0/24", "documentation (TEST-NET-3)"),
         ("224.0.0.0/4", "multicast"),
         ("240.0.0.0/4", "reserved"),
         ("255.255.255.255/32", "limited broadcast"),
@@ -102,9 +103,7 @@ SPECIAL_RANGES: tuple[tuple[Network, str], ...] = tuple(
         ("100:0:0:1::/64", "dummy prefix"),
         ("2001::/23", "IETF protocol assignment"),
         ("2001::/32", "Teredo (embeds an IPv4 address)"),
-        ("2001:db8::/32", "documentation"),
         ("2002::/16", "6to4 (embeds an IPv4 address)"),
-        ("3fff::/20", "documentation"),
         ("5f00::/16", "SRv6 segment identifiers"),
         ("fc00::/7", "private (unique local)"),
         ("fe80::/10", "link-local"),

@@ -239,12 +239,13 @@ def test_test_world_ranges_and_public_addresses_pass() -> None:
     ip = ipaddress.ip_address
     # 198.51.100.0/24 and 198.18.0.0/15 stay open on purpose (the test worlds, fake-IP resolvers).
     for ok in ("198.51.100.7", "198.18.0.1", "198.19.255.254", "8.8.8.8", "1.1.1.1", "2606:4700::1111",
+               "192.0.2.1", "203.0.113.80", "2001:db8::5", "3fff::1",  # documentation: registry mirrors use them
                "2001:4860:4860::8888", "2a00:1450::1", "::ffff:198.51.100.7", "2001:200::1"):
         assert check_address(r, ip(ok), 443) is None, ok
-    for bad, why in (("192.0.2.1", "documentation"), ("203.0.113.1", "documentation"), ("192.0.0.8", "IETF"),
+    for bad, why in (("192.0.0.8", "IETF"),
                      ("255.255.255.255", "limited broadcast"), ("240.0.0.1", "reserved"), ("192.88.99.1", "6to4"),
                      ("2001::1", "Teredo"), ("2001:2::1", "IETF protocol"), ("64:ff9b:1::1", "local-use NAT64"),
-                     ("100::1", "discard"), ("3fff::1", "documentation"), ("5f00::1", "SRv6"), ("fec0::1", "site-local"),
+                     ("100::1", "discard"), ("5f00::1", "SRv6"), ("fec0::1", "site-local"),
                      ("::7f00:1", "reserved"), ("4000::1", "reserved"), ("::ffff:10.1.2.3", "private")):
         v = check_address(r, ip(bad), 443)
         assert v is not None and why in v.reason, bad
