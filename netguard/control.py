@@ -23,6 +23,7 @@ import os
 import socket
 import stat
 import struct
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -160,9 +161,26 @@ class ControlClient:
 
 
 def socket_path(runtime_dir: Path) -> Path:
-    """The daemon socket for this network namespace: a daemon connects upstream from its own netns,
-    so a launcher must never be served by one that lives in another."""
-    return runtime_dir / f"daemon-{os.stat('/proc/self/ns/net').st_ino}.sock"
+    """The daemon socket for this network namespace and this code: a daemon connects upstream from
+    its own netns, so a launcher must never be served by one that lives in another; and a daemon
+    still running an older sandgate (an upgrade, a checkout that moved on) must not decide for a
+    newer launcher. The old one is left to its idle exit."""
+    return runtime_dir / f"daemon-{os.stat('/proc/self/ns/net').st_ino}-{code_id()}.sock"
+
+
+def code_id() -> str:
+    """A short fingerprint of the daemon's code: the interpreter and every netguard module (size, mtime).
+
+    ~20 stat calls: cheap enough for every run, and any edit or reinstall changes it.
+    """
+    import hashlib  # noqa: PLC0415 - only here: control is on the launcher's fast path
+
+    here = Path(__file__).resolve().parent
+    h = hashlib.sha256(sys.executable.encode())
+    for f in sorted(here.glob("*.py")):
+        st = f.stat()
+        h.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns};".encode())
+    return h.hexdigest()[:10]
 
 
 def runtime_base(environ: Mapping[str, str], uid: int) -> Path:

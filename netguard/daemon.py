@@ -367,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--verbose", action="store_true", help="also log every proxied connection (mitmproxy's INFO)")
     args = ap.parse_args(argv)
     path = os.path.abspath(args.socket)
-    named = re.fullmatch(r"daemon-(\d+)\.sock", os.path.basename(path))
+    named = re.fullmatch(r"daemon-(\d+)(?:-[0-9a-f]+)?\.sock", os.path.basename(path))
     if named and int(named.group(1)) != os.stat("/proc/self/ns/net").st_ino:
         # It would connect upstream from the wrong namespace (e.g. started from inside a sandbox).
         log(f"{path} names another network namespace than this process's; not serving it")

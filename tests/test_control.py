@@ -142,9 +142,14 @@ def test_client_checks_fd_count_and_unreachable_daemon(short_dir: Path) -> None:
 # ---- where the socket lives -----------------------------------------------------------------
 
 
-def test_socket_path_names_the_network_namespace(tmp_path: Path) -> None:
+def test_socket_path_names_the_network_namespace_and_the_code(tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     ino = os.stat("/proc/self/ns/net").st_ino
-    assert control.socket_path(tmp_path) == tmp_path / f"daemon-{ino}.sock"
+    first = control.socket_path(tmp_path)
+    assert first.parent == tmp_path and first.name.startswith(f"daemon-{ino}-") and first.suffix == ".sock"
+    assert control.socket_path(tmp_path) == first  # stable while nothing changes
+    monkeypatch.setattr(control.sys, "executable", "/another/venv/bin/python")
+    assert control.socket_path(tmp_path) != first  # another installation: another daemon
 
 
 def test_runtime_base(tmp_path: Path) -> None:
