@@ -234,12 +234,15 @@ def runtime_dir() -> Path:
 
 
 class DaemonSocket:
-    """The control socket at PATH, created under a flock on PATH.lock so two starting daemons
+    """The control socket at PATH, created under a flock on daemon.lock beside it so two starting daemons
     never both bind, and removed at exit only if PATH is still ours (a successor may own it)."""
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self.lock_fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        # One lock file for every daemon socket in the directory: the critical sections are short,
+        # and a lock file per socket (per network namespace and code version) would pile up.
+        self.lock_fd = os.open(os.path.join(os.path.dirname(path), "daemon.lock"),
+                               os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
         self.sock: socket.socket | None = None
         self._ino: tuple[int, int] | None = None
 
