@@ -53,12 +53,20 @@ def default_audit_path() -> Path:
 
 
 def _policy_from_args(args: argparse.Namespace) -> lpolicy.Policy:
+    """--policy files and --allow/--deny; with neither, ./.sandgate.yaml, which only narrows until trusted."""
+    from launcher import trust
+
     files = [Path(p) for p in args.policy]
-    if not files and not args.allow and Path(".sandgate.yaml").exists():
-        files = [Path(".sandgate.yaml")]
-    if not files and not args.allow:
+    implicit = not files and not args.allow and os.path.lexists(".sandgate.yaml")
+    if not files and not args.allow and not implicit:
         raise UsageError("no policy: give --policy FILE or --allow NAME (see 'sandgate allowlists'); nothing would be reachable")
-    return lpolicy.build_policy(files, args.allow, args.deny)
+    checks = lpolicy.Checks.current(allow_wide_cidr=getattr(args, "allow_wide_cidr", False), user=getattr(args, "user", None))
+    writable = tuple(Path(os.path.expanduser(w)).absolute() for w in getattr(args, "write", ()))  # run --write
+    pol = lpolicy.build_policy(files, args.allow, args.deny, workspace=Path(".sandgate.yaml") if implicit else None,
+                               store=trust.Store.default(writable) if implicit else None, checks=checks)
+    if pol.narrowed is not None and pol.narrowed.ignored:
+        print(pol.narrowed.notice(), file=sys.stderr)
+    return pol
 
 
 def cmd_proxy(args: argparse.Namespace) -> int:
@@ -130,9 +138,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     except control.ControlError as e:
         raise UsageError(str(e)) from None
     pol = _policy_from_args(args)  # parsed once, here: the daemon gets the compiled result, never YAML
-    files = [Path(p).resolve() for p in args.policy]
-    if not args.policy and not args.allow and Path(".sandgate.yaml").exists():
-        files = [Path(".sandgate.yaml").resolve()]
+    files = list(pol.files)  # --policy files or a trusted ./.sandgate.yaml: "always" answers go to the first
     root_inside = args.user in ("0", "root")
     opts = run.RunOptions(
         cmd=cmd, audit_path=(Path(args.audit_log) if args.audit_log else default_audit_path()).absolute(),
@@ -269,6 +275,34 @@ def cmd_daemon(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_trust(args: argparse.Namespace) -> int:
+    """`sandgate trust [FILE]`: let a workspace policy widen the defaults, until its content changes."""
+    from launcher import trust
+
+    store = trust.Store.default()
+    path = Path(args.file or ".sandgate.yaml")
+    try:
+        if args.list:
+            for key, rec in sorted(store.records().items()):
+                try:
+                    now: str = trust.status_of({key: rec}, key, trust.read_file(Path(key), lpolicy.MAX_BYTES))
+                except trust.Unreadable:
+                    now = "unreadable" if os.path.lexists(key) else "missing"
+                print(f"{now:<8} {key}  sha256 {rec.sha256[:12]}  since {rec.trusted_at}")
+            return 0
+        if args.revoke:
+            done = store.revoke(path)
+            print(f"sandgate: {'no longer trusted' if done else 'was not trusted'}: {trust.key(path)}", file=sys.stderr)
+            return 0
+        if (problem := store.problem((Path.cwd(), path.absolute().parent))) is not None:
+            raise UsageError(problem)
+        for key, digest in store.add(lpolicy.trust_chain(path)):
+            print(f"sandgate: trusted {key} (sha256 {digest[:12]}); any change to it revokes this", file=sys.stderr)
+    except trust.TrustError as e:
+        raise UsageError(str(e)) from None
+    return 0
+
+
 def cmd_allowlists(args: argparse.Namespace) -> int:
     rows = lpolicy.describe_bundled()
     width = max(len(n) for n, _, _ in rows)
@@ -353,6 +387,13 @@ def build_parser() -> argparse.ArgumentParser:
         d.add_argument("--json", action="store_true", help=argparse.SUPPRESS if name != "status" else "as JSON")
         d.set_defaults(func=cmd_daemon)
 
+    tr = sub.add_parser("trust", help="let ./.sandgate.yaml (or FILE) widen the defaults, until its content changes")
+    tr.add_argument("file", nargs="?", metavar="FILE", help="the policy file (default ./.sandgate.yaml)")
+    which = tr.add_mutually_exclusive_group()
+    which.add_argument("--revoke", action="store_true", help="forget FILE: it only narrows again")
+    which.add_argument("--list", action="store_true", help="every trusted file, and whether it changed since")
+    tr.set_defaults(func=cmd_trust)
+
     al = sub.add_parser("allowlists", help="list the bundled allowlists")
     al.set_defaults(func=cmd_allowlists)
     return p
@@ -363,6 +404,8 @@ def _policy_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allow", action="append", default=[], metavar="NAME|HOST[:PORT]",
                    help="a bundled allowlist name or a host to allow (repeatable)")
     p.add_argument("--deny", action="append", default=[], metavar="HOST[:PORT]", help="a host to deny (repeatable)")
+    p.add_argument("--allow-wide-cidr", action="store_true",
+                   help="accept allow/ask cidrs wider than a /8 (IPv4) or /16 (IPv6), or more than four such in all")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -432,10 +432,19 @@ def test_next_run_removes_what_a_killed_run_left(e: Env) -> None:
 
 
 def test_dot_sandgate_yaml_is_the_default_policy(e: Env) -> None:
+    """Used with no --policy; but it comes with the checkout, so it only narrows until `sandgate trust`."""
     proj = e.world.tmp / f"proj-{time.monotonic_ns()}"
     proj.mkdir()
     (proj / ".sandgate.yaml").write_text("version: 1\nnetwork:\n  allow: [blocked.test]\n")
-    r = e.world.run([*RUN, "-q", "--", *curl_args(e, "http://blocked.test/")], cwd=proj,
-                    env={**env(), "PYTHONPATH": str(REPO)})
+    run_env = {**env(), "PYTHONPATH": str(REPO), "XDG_STATE_HOME": str(e.world.tmp / "state")}
+    before = e.mark()
+    r = e.world.run([*RUN, "-q", "--", *curl_args(e, "http://blocked.test/", "-o", "/dev/null", "-w", "%{http_code}")],
+                    cwd=proj, env=run_env)
+    assert r.stdout == "403" and e.untouched(before, "blocked"), r.stderr
+    notice = ("sandgate: .sandgate.yaml is not trusted, so only what it forbids applies; ignored: network.allow; "
+              "to trust it: sandgate trust .sandgate.yaml")
+    assert r.stderr.splitlines() == [notice]
+    assert e.world.run([*SANDGATE, "trust"], cwd=proj, env=run_env).returncode == 0
+    r = e.world.run([*RUN, "-q", "--", *curl_args(e, "http://blocked.test/")], cwd=proj, env=run_env)
     assert r.stdout.strip() == "hello from blocked.test", r.stderr
     assert list((proj / ".sandgate").glob("audit-*.jsonl"))  # the default log lands next to the project
