@@ -14,7 +14,9 @@ sandbox's first process and mounts, in this order:
 4. pins: each directory between a writable root and a protected path is bound onto itself,
    so it becomes a mount point and cannot be renamed away to plant a fresh copy;
 5. protected paths bound read-only over themselves; missing ones are covered by a
-   placeholder the launcher created, so they cannot be created either;
+   placeholder the launcher created, so they cannot be created either. Git directories
+   inside a read-only modules/ or worktrees/ are bound back writable first (fsguard/gitguard.py
+   decides what in a repository is protected); steps 4-5 go shallowest path first;
 6. single files bound over host files (resolv.conf pointing at our DNS listener);
 7. hidden paths: files (and unix sockets) under an empty read-only file, then directories
    (secrets, sandgate's own state and approval sockets) under an empty read-only tmpfs;
@@ -33,6 +35,7 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fsguard import gitguard
 from fsguard.policy import Effective
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -74,6 +77,8 @@ class MountPlan:
     hide_files: tuple[str, ...]
     write_roots: tuple[str, ...]  # real paths, for Landlock
     notes: tuple[str, ...] = field(default=())
+    reopen: tuple[str, ...] = ()  # git directories inside a read-only modules/ or worktrees/, bound back writable
+    filled: tuple[tuple[str, str], ...] = ()  # (placeholder, text) for placeholders that must not be empty
 
 
 def _under(path: str, root: str) -> bool:
@@ -81,53 +86,34 @@ def _under(path: str, root: str) -> bool:
 
 
 def plan(eff: Effective) -> MountPlan:
-    """What to mount for this run. Reads the filesystem (lstat/realpath), changes nothing.
+    """What to mount for this run. Reads the filesystem (lstat/realpath/scandir), changes nothing.
 
     Raises MountError for what cannot be protected reliably: a missing writable root, or a
     protected path reached through a symlink the sandbox could swap.
     """
-    roots: list[str] = []
+    pairs: list[tuple[str, str]] = []  # (writable path as the policy names it, its real path)
     for w in eff.write:
         if w == "/tmp" and eff.private_tmp:
-            roots.append("/tmp")
+            pairs.append((w, "/tmp"))
             continue
         if not os.path.exists(w):
             raise MountError(2, f"writable path {w} does not exist; create it or remove it from the policy")
-        roots.append(os.path.realpath(w))
-    roots = list(dict.fromkeys(roots))
+        pairs.append((w, os.path.realpath(w)))
+    roots = list(dict.fromkeys(r for _, r in pairs))
     tmp_rebinds = tuple(r for r in roots if eff.private_tmp and r != "/tmp" and _under(r, "/tmp"))
 
+    # `.git/<name>` protections apply to every repository found below the roots (issue 10).
+    names, rest = gitguard.split(eff.protect, [w for w, _ in pairs], [r for _, r in pairs])
+    try:
+        git = gitguard.plan(names)
+    except gitguard.GitGuardError as e:
+        raise MountError(e.errno, e.strerror) from None
     pins: list[str] = []
     protect: list[str] = []
     placeholders: list[tuple[str, bool]] = []
-    notes: list[str] = []
-    for path, is_dir in eff.protect:
-        root = next((r for r in roots if r != "/tmp" and _under(path, r)), None)
-        if root is None:
-            root = os.path.dirname(path)  # outside every writable root: Landlock already refuses writes
-        # Walk from the root down; every existing component must be a real directory (no symlink
-        # the sandbox could replace), the first missing one gets a placeholder.
-        rel = [c for c in path[len(root):].split("/") if c]
-        cur = root
-        chain = [root]
-        for i, comp in enumerate(rel):
-            cur = posixpath.join(cur, comp)
-            try:
-                st = os.lstat(cur)
-            except FileNotFoundError:
-                placeholders.append((cur, is_dir or i < len(rel) - 1))
-                break
-            except NotADirectoryError:
-                break  # a parent is a file: the path cannot exist; that file is pinned read-only below
-            if stat.S_ISLNK(st.st_mode):
-                raise MountError(
-                    40, f"protected path {path} passes through the symlink {cur} -> {os.readlink(cur)}; "
-                        "sandgate cannot protect it reliably: remove the symlink or protect its target")
-            if i == len(rel) - 1 or not stat.S_ISDIR(st.st_mode):
-                protect.append(cur)  # the path itself, or a file standing where a directory would be
-                break
-            chain.append(cur)
-        pins.extend(chain if _under(path, root) and root in roots else [])
+    notes: list[str] = list(git.notes)
+    for path, is_dir in (*rest, *git.protect):
+        _walk_protected(path, is_dir, roots, pins, protect, placeholders)
     hide_dirs: list[str] = []
     hide_files: list[str] = []
     for p in (*eff.read_deny, *HOST_SOCKETS):
@@ -146,7 +132,38 @@ def plan(eff: Effective) -> MountPlan:
         pins=tuple(sorted(dict.fromkeys(pins), key=lambda p: p.count("/"))),
         protect=tuple(dict.fromkeys(protect)), placeholders=tuple(dict.fromkeys(placeholders)),
         hide_dirs=tuple(dict.fromkeys(hide_dirs)), hide_files=tuple(dict.fromkeys(hide_files)),
-        write_roots=tuple(roots), notes=tuple(notes))
+        write_roots=tuple(roots), notes=tuple(notes), reopen=tuple(git.reopen),
+        filled=tuple((p, text) for p, text in git.filled.items() if (p, False) in placeholders))
+
+
+def _walk_protected(path: str, is_dir: bool, roots: list[str], pins: list[str], protect: list[str],
+                    placeholders: list[tuple[str, bool]]) -> None:
+    """Walk from the root down to one protected path; every existing component must be a real
+    directory (no symlink the sandbox could replace), the first missing one gets a placeholder."""
+    root = next((r for r in roots if r != "/tmp" and _under(path, r)), None)
+    if root is None:
+        root = os.path.dirname(path)  # outside every writable root: Landlock already refuses writes
+    rel = [c for c in path[len(root):].split("/") if c]
+    cur = root
+    chain = [root]
+    for i, comp in enumerate(rel):
+        cur = posixpath.join(cur, comp)
+        try:
+            st = os.lstat(cur)
+        except FileNotFoundError:
+            placeholders.append((cur, is_dir or i < len(rel) - 1))
+            break
+        except NotADirectoryError:
+            break  # a parent is a file: the path cannot exist; that file is pinned read-only below
+        if stat.S_ISLNK(st.st_mode):
+            raise MountError(
+                40, f"protected path {path} passes through the symlink {cur} -> {os.readlink(cur)}; "
+                    "sandgate cannot protect it reliably: remove the symlink or protect its target")
+        if i == len(rel) - 1 or not stat.S_ISDIR(st.st_mode):
+            protect.append(cur)  # the path itself, or a file standing where a directory would be
+            break
+        chain.append(cur)
+    pins.extend(chain if _under(path, root) and root in roots else [])
 
 
 # ---- launcher side: placeholders for missing protected paths -------------------------------------
@@ -155,15 +172,21 @@ def plan(eff: Effective) -> MountPlan:
 def create_placeholders(p: MountPlan) -> list[str]:
     """Create the placeholders (empty, root-owned, read-only) on the host; returns what was created.
 
-    They exist only for the run: `remove_placeholders` deletes them afterwards if still empty.
+    They exist only for the run: `remove_placeholders` deletes them afterwards if still empty
+    (or still holding their text: a git `commondir` placeholder reads "." so git keeps working).
     """
     made: list[str] = []
+    filled = dict(p.filled)
     for path, is_dir in p.placeholders:
         try:
             if is_dir:
                 os.mkdir(path, 0o555)
             else:
-                os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o444))
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o444)
+                try:
+                    os.write(fd, filled.get(path, "").encode())
+                finally:
+                    os.close(fd)
         except FileExistsError:
             continue  # appeared since planning; the bind below still covers it
         except OSError as e:
@@ -179,17 +202,25 @@ def remove_placeholders(paths: list[str]) -> None:
             st = os.lstat(path)
             if stat.S_ISDIR(st.st_mode):
                 os.rmdir(path)  # only if still empty
-            elif stat.S_ISREG(st.st_mode) and st.st_size == 0:
+            elif stat.S_ISREG(st.st_mode) and (st.st_size == 0 or _holds_placeholder_text(path, st.st_size)):
                 os.unlink(path)
         except OSError:
             pass
+
+
+def _holds_placeholder_text(path: str, size: int) -> bool:
+    if size > max(len(t) for t in gitguard.PLACEHOLDER_TEXTS):
+        return False
+    with open(path, "rb") as f:
+        return f.read().decode(errors="replace") in gitguard.PLACEHOLDER_TEXTS
 
 
 # ---- sandbox side ----------------------------------------------------------------------------------
 
 
 def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
-    if _libc.mount(source.encode() if source else None, target.encode(), fstype.encode() if fstype else None,
+    # fsencode: a path found by walking the tree may hold bytes that are not UTF-8 (surrogate-escaped).
+    if _libc.mount(os.fsencode(source) if source else None, os.fsencode(target), fstype.encode() if fstype else None,
                    flags, data.encode() if data else None) != 0:
         e = ctypes.get_errno()
         raise MountError(e, f"mount {target}: {os.strerror(e)}")
@@ -275,6 +306,29 @@ def build(p: MountPlan, run_dir: Path, files: dict[str, Path]) -> None:
         os.close(fd)
 
 
+def _protect_mounts(p: MountPlan) -> None:
+    """Steps 4-5, shallowest path first, so each mount lands on top of its ancestors' and a
+    recursive bind copies none of ours: a pin (bound onto itself) keeps the mode of what it lies
+    in, read-only inside a protected directory; a reopened git directory inside a read-only
+    modules/ or worktrees/ is bound from a descriptor opened before any of it, so it is the
+    writable original; protected paths and placeholders are bound read-only on top."""
+    ops = sorted([(d, 0) for d in p.pins] + [(d, 1) for d in p.reopen]
+                 + [(x, 2) for x in (*p.protect, *(ph for ph, _ in p.placeholders))],
+                 key=lambda op: (op[0].rstrip("/").count("/"), op[1]))
+    fds = {d: os.open(d, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC) for d in p.reopen}
+    try:
+        for path, kind in ops:
+            if kind == 0:
+                _mount(path, path, None, MS_BIND | MS_REC)
+            elif kind == 1:
+                _mount(f"/proc/self/fd/{fds[path]}", path, None, MS_BIND | MS_REC)
+            else:
+                _bind_readonly(path, path)
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+
+
 def _build(p: MountPlan, run_dir: Path, files: dict[str, Path]) -> None:
     if p.private_tmp:
         stage = run_dir / "hosttmp"
@@ -289,10 +343,7 @@ def _build(p: MountPlan, run_dir: Path, files: dict[str, Path]) -> None:
             _libc.umount2(f"/proc/self/fd/{sfd}".encode(), MNT_DETACH)
         finally:
             os.close(sfd)
-    for d in p.pins:
-        _mount(d, d, None, MS_BIND | MS_REC)
-    for path in (*p.protect, *(ph for ph, _ in p.placeholders)):
-        _bind_readonly(path, path)
+    _protect_mounts(p)
     for target, source in files.items():
         real = os.path.realpath(target)
         if not os.path.isfile(real):

@@ -1,5 +1,5 @@
-"""The `filesystem:` and `env:` sections: what a task may write, what it must not read, and
-which environment variables it never sees.
+"""The `filesystem:` and `env:` sections: what a task may write and what it must not read (the
+`env:` section is parsed here; which variables it never sees is fsguard/env.py).
 
 Pure: values in, immutable plans out; path math only (no stat, no I/O). Defaults are
 always on and entries extend them, so forgetting a line never *removes* a protection.
@@ -7,23 +7,62 @@ always on and entries extend them, so forgetting a line never *removes* a protec
 
 from __future__ import annotations
 
-import fnmatch
 import posixpath
 from dataclasses import dataclass
 from typing import Any
 
+# Re-exported: launcher/policy.py builds the `env:` section's EnvPolicy from here.
+from fsguard.env import EnvPolicy as EnvPolicy  # noqa: PLC0414
+
 #: Writable roots when no policy names any: the workspace and a private /tmp.
 DEFAULT_WRITE: tuple[str, ...] = (".", "/tmp")
-#: Secrets a task could read and send to an allowed host.
-DEFAULT_READ_DENY: tuple[str, ...] = ("~/.ssh", "~/.aws", "~/.gnupg", "~/.config/gh", "~/.netrc",
-                                      "~/.docker/config.json", "~/.kube")
-#: Read-only even inside writable roots: code that runs later outside the sandbox (hooks,
-#: git config aliases/fsmonitor) and sandgate's own policy and logs. Trailing "/" = a directory.
-DEFAULT_PROTECT: tuple[str, ...] = (".git/hooks/", ".git/config", ".sandgate.yaml", ".sandgate/")
-#: Credentials commonly passed in the environment (srt #58: a cluster-admin token passed straight in).
-DEFAULT_ENV_DROP: tuple[str, ...] = ("*_TOKEN", "*_SECRET*", "*_PASSWORD*", "AWS_*", "GITHUB_TOKEN", "SSH_AUTH_SOCK")
+#: Secrets a task could read and send to an allowed host (an npm token leaves through the
+#: allowed registry itself). Credential files and stores only, not whole tool configurations
+#: a build needs (~/.gradle, ~/.m2/settings.xml stay readable); missing ones cost nothing.
+DEFAULT_READ_DENY: tuple[str, ...] = (
+    # keys and agents' stores
+    "~/.ssh", "~/.gnupg", "~/.password-store", "~/.local/share/keyrings", "~/.config/op",
+    "~/.config/sops", "~/.vault-token",
+    # cloud providers
+    "~/.aws", "~/.config/gcloud", "~/.azure", "~/.oci", "~/.config/doctl", "~/.boto", "~/.s3cfg",
+    "~/.config/rclone", "~/.kube", "~/.terraform.d/credentials.tfrc.json", "~/.terraformrc",
+    # git hosts and generic login files
+    "~/.netrc", "~/.git-credentials", "~/.config/git/credentials", "~/.config/gh", "~/.config/hub",
+    "~/.config/glab-cli",
+    # package registries (a token here can publish, or leave through the registry)
+    "~/.npmrc", "~/.yarnrc.yml", "~/.pypirc", "~/.cargo/credentials", "~/.cargo/credentials.toml",
+    "~/.gem/credentials", "~/.config/composer/auth.json", "~/.composer/auth.json",
+    "~/.m2/settings-security.xml", "~/.cache/huggingface/token", "~/.huggingface/token",
+    # container registries
+    "~/.docker/config.json", "~/.dockercfg", "~/.config/containers/auth.json",
+    # databases
+    "~/.pgpass", "~/.my.cnf",
+)
+#: Names inside a git directory through which git finds config, hooks or a program to run, or
+#: is sent elsewhere (issue 10: `echo ../evil > .git/commondir` moved config and hooks out of
+#: reach). `.git/<name>` protections apply to EVERY git directory found below a writable root
+#: (nested repositories, submodules' modules/<name>/, worktrees/<id>/): fsguard/gitguard.py,
+#: which also keeps every other existing non-state entry read-only. Why each: docs/git-protection.md.
+GIT_DIR_PROTECT: tuple[str, ...] = (
+    "config", "config.worktree", "commondir", "hooks/", "info/", "modules/", "worktrees/",
+    "branches/", "remotes/", "objects/info/alternates", "objects/info/http-alternates",
+)
+#: sandgate's own policy and logs: a workspace must not write the policy the user later trusts.
+SANDGATE_PROTECT: tuple[str, ...] = (".sandgate.yaml", ".sandgate/")
+#: Editor and agent configuration that runs code when the user next opens the folder or starts
+#: the agent (tasks, hooks, MCP servers, direnv), outside any sandbox. `filesystem.unprotect`
+#: may open one of these, and only these. The files (.envrc, .mcp.json) carry a "/" too: when
+#: missing they are covered by an empty directory, which git does not see, so a sandboxed
+#: `git add -A` cannot commit the placeholder; an existing file is bound read-only as a file.
+TOOL_PROTECT: tuple[str, ...] = (
+    ".vscode/", ".idea/", ".envrc/", ".mcp.json/", ".claude/", ".codex/", ".cursor/", ".devcontainer/",
+    ".zed/", ".gemini/",
+)
+#: Read-only even inside writable roots: code that runs later outside the sandbox, and
+#: sandgate's own policy and logs. Trailing "/" = a directory.
+DEFAULT_PROTECT: tuple[str, ...] = (*(".git/" + n for n in GIT_DIR_PROTECT), *SANDGATE_PROTECT, *TOOL_PROTECT)
 
-FS_KEYS = ("write", "read_deny", "protect")
+FS_KEYS = ("write", "read_deny", "protect", "unprotect")
 ENV_KEYS = ("drop", "keep")
 
 
@@ -40,12 +79,7 @@ class FsPolicy:
     write: tuple[str, ...] | None = None  # None: no file named any, so DEFAULT_WRITE applies
     read_deny: tuple[str, ...] = ()  # in addition to DEFAULT_READ_DENY
     protect: tuple[str, ...] = ()  # in addition to DEFAULT_PROTECT
-
-
-@dataclass(frozen=True)
-class EnvPolicy:
-    drop: tuple[str, ...] = ()  # in addition to DEFAULT_ENV_DROP
-    keep: tuple[str, ...] = ()
+    unprotect: tuple[str, ...] = ()  # TOOL_PROTECT entries to leave writable (normalised, no trailing "/")
 
 
 @dataclass(frozen=True)
@@ -99,7 +133,30 @@ def parse_filesystem(section: Any) -> FsPolicy:
     protect = _strings(section, "protect", "filesystem")
     for i, p in enumerate(protect):
         check_path(p, _line(section["protect"], i), must_not_be_root=True)
-    return FsPolicy(write, read_deny, protect)
+    unprotect = _strings(section, "unprotect", "filesystem")
+    opened = tuple(check_unprotect(p, _line(section["unprotect"], i) or _line(section, "unprotect"))
+                   for i, p in enumerate(unprotect))
+    return FsPolicy(write, read_deny, protect, opened)
+
+
+def _bare(p: str) -> str:
+    return posixpath.normpath(p.removeprefix("./")).rstrip("/")
+
+
+def check_unprotect(p: str, line: int | None) -> str:
+    """The TOOL_PROTECT entry `p` names, normalised. Opening anything else would widen what the
+    defaults guarantee: git's indirections and sandgate's own files are never negotiable."""
+    check_path(p, line)
+    bare = _bare(p)
+    parts = [c.lower() for c in bare.split("/")]
+    if ".git" in parts or any(c.startswith(".sandgate") for c in parts):
+        raise FsPolicyError(f"'{p}' cannot be unprotected: git's files and sandgate's own stay read-only", line)
+    if p.startswith(("/", "~")):
+        raise FsPolicyError(f"'{p}': unprotect takes a default protection's relative name, e.g. '.vscode/'", line)
+    if bare not in {_bare(t) for t in TOOL_PROTECT}:
+        raise FsPolicyError(f"'{p}' is not a default protection that can be opened "
+                            f"(one of: {', '.join(_bare(t) for t in TOOL_PROTECT)})", line)
+    return bare
 
 
 def check_path(p: str, line: int | None, must_not_be_root: bool = False) -> None:
@@ -124,6 +181,7 @@ def merge_fs(parts: list[FsPolicy]) -> FsPolicy:
         write=tuple(w for ws in writes for w in ws) if writes else None,
         read_deny=tuple(x for p in parts for x in p.read_deny),
         protect=tuple(x for p in parts for x in p.protect),
+        unprotect=tuple(x for p in parts for x in p.unprotect),
     )
 
 
@@ -148,7 +206,8 @@ def effective(fs: FsPolicy, *, cwd: str, home: str, extra_write: tuple[str, ...]
                                                        *extra_write)])
     read_deny = _dedupe([_absolute(p, cwd, home) for p in (*DEFAULT_READ_DENY, *fs.read_deny, *extra_read_deny)])
     protect: list[tuple[str, bool]] = []
-    for entry in (*DEFAULT_PROTECT, *fs.protect):
+    defaults = (e for e in DEFAULT_PROTECT if _bare(e) not in fs.unprotect)  # `protect:` entries always stay
+    for entry in (*defaults, *fs.protect):
         is_dir = entry.endswith("/")
         if entry.startswith(("/", "~")):
             protect.append((_absolute(entry, cwd, home), is_dir))
@@ -157,17 +216,3 @@ def effective(fs: FsPolicy, *, cwd: str, home: str, extra_write: tuple[str, ...]
             if root != "/tmp":
                 protect.append((posixpath.normpath(posixpath.join(root, entry)), is_dir))
     return Effective(write, "/tmp" in write, read_deny, tuple(dict.fromkeys(protect)))
-
-
-def filter_env(env: dict[str, str], policy: EnvPolicy) -> tuple[dict[str, str], list[str]]:
-    """(environment for the task, names dropped). `keep` wins over `drop`; matching is case-sensitive, like the names."""
-    drop = (*DEFAULT_ENV_DROP, *policy.drop)
-    kept: dict[str, str] = {}
-    dropped: list[str] = []
-    for name, value in env.items():
-        if any(fnmatch.fnmatchcase(name, k) for k in policy.keep) or not any(
-                fnmatch.fnmatchcase(name, d) for d in drop):
-            kept[name] = value
-        else:
-            dropped.append(name)
-    return kept, sorted(dropped)

@@ -153,12 +153,29 @@ def cmd_run(args: argparse.Namespace) -> int:
             fspolicy.check_path(p, None, must_not_be_root=True)
         except fspolicy.FsPolicyError as e:
             raise UsageError(f"--write/--read-deny {e}") from None
+    _check_write_roots(args, pol)
     try:
         return run.run(opts)
     except (run.RunError, nft.NftError, sandboxnet.SandboxNetError) as e:
         raise UsageError(str(e)) from None
     except mounts.MountError as e:
         raise UsageError(e.strerror or str(e)) from None
+
+
+def _check_write_roots(args: argparse.Namespace, pol: lpolicy.Policy) -> None:
+    """Never `/`, a home or a directory holding one as a writable root, by default or by --write.
+
+    The threat: from `cd / && sandgate run` or `cd ~`, the default writable workspace would let a
+    command plant ~/.bashrc, ~/.ssh/authorized_keys or /etc files that run outside the sandbox.
+    """
+    checks = lpolicy.Checks.current(user=getattr(args, "user", None))
+    if pol.filesystem.write is None and (problem := lpolicy.write_root_problem(".", checks)) is not None:
+        raise UsageError(f"the current directory {os.getcwd()} would be writable, and it is "
+                         f"{problem.split(' is ', 1)[1].split(':', 1)[0]}; run sandgate from a project directory, "
+                         "or name what the command may write with --write or a policy's filesystem.write")
+    for w in args.write:
+        if (problem := lpolicy.write_root_problem(w, checks)) is not None:
+            raise UsageError(f"--write {problem.split('entry ', 1)[1]}")
 
 
 def _approvals_path(spec: str | None) -> str | None:

@@ -38,7 +38,8 @@ CLONE_NEWNET = 0x40000000
 SYSCALLS = {"x86_64": {"bpf": 321, "add_key": 248, "keyctl": 250},
             "aarch64": {"bpf": 280, "add_key": 217, "keyctl": 219}}
 KEYCTL_SETPERM, KEYCTL_SEARCH, KEYCTL_READ, KEYCTL_SET_TIMEOUT, KEYCTL_INVALIDATE = 5, 10, 11, 15, 21
-KEY_SPEC_USER_KEYRING = -4
+KEY_SPEC_USER_KEYRING, KEY_SPEC_SESSION_KEYRING = -4, -3
+KEYCTL_JOIN_SESSION_KEYRING, KEYCTL_LINK = 1, 8
 #: Possessor: everything; user and others: view, read, search. Only sandgate may keep the command
 #: out, never the key's permissions (so the unprivileged pass tests the boundary, not DAC).
 KEY_PERM = 0x3F000000 | 0x000B0000 | 0x0000000B
@@ -395,6 +396,11 @@ class Planted:
             raise _errno_error("madvise(MADV_DONTFORK)")
         ctypes.memmove(addr, f"sandgate-verify-shm-{token}".encode(), 20 + len(token))
         desc, payload = f"sandgate-verify:{token}", f"KEY-{token}".encode()
+        # A session keyring of our own that links the user keyring: the key we add is then ours to
+        # set permissions on (possessed) whatever session we were started from (a setpriv'd user
+        # inherits root's), and the sandgate run below inherits exactly this, as a user's shell would.
+        syscall("keyctl", KEYCTL_JOIN_SESSION_KEYRING, None)
+        syscall("keyctl", KEYCTL_LINK, KEY_SPEC_USER_KEYRING, KEY_SPEC_SESSION_KEYRING)
         key = syscall("add_key", b"user", desc.encode(), payload, len(payload), KEY_SPEC_USER_KEYRING)
         syscall("keyctl", KEYCTL_SETPERM, key, KEY_PERM)
         syscall("keyctl", KEYCTL_SET_TIMEOUT, key, 900)  # gone by itself even if verify is SIGKILLed

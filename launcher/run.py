@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from fsguard import env as fsenv
 from fsguard import landlock, mounts, userns
 from fsguard import policy as fspolicy
 from launcher import daemonctl, runstate, sandbox
@@ -249,10 +250,12 @@ class _Handover:
 def _confinement(opts: RunOptions, audit: AuditLog, rt: Path) -> Confinement:
     """Plan the filesystem and process boundary; refuse what cannot be enforced as asked."""
     home = opts.user.home if opts.user else os.environ.get("HOME") or pwd.getpwuid(os.getuid()).pw_dir
-    # sandgate's own state (the daemon's control socket, the approval socket) and an embedding
-    # tool's approval socket are never the sandbox's business: it must not be able to answer its
-    # own questions or bind itself a wider policy.
-    own = (str(rt), *((opts.approvals,) if opts.approvals else ()))
+    # sandgate's own state (the daemon's control socket, the approval socket, the trusted policy
+    # records) and an embedding tool's approval socket are never the sandbox's business: it must
+    # not be able to answer its own questions, bind itself a wider policy, or learn what is trusted.
+    from launcher import trust
+
+    own = (str(rt), str(trust.state_dir()), *((opts.approvals,) if opts.approvals else ()))
     eff = fspolicy.effective(opts.policy.filesystem, cwd=os.getcwd(), home=home, extra_write=opts.write,
                              extra_read_deny=(*opts.read_deny, *own))
     # The audit log, wherever it lives, is never writable or removable from inside (the threat: a
@@ -281,7 +284,7 @@ def _confinement(opts: RunOptions, audit: AuditLog, rt: Path) -> Confinement:
         warnings.append("Landlock is not available on this kernel: writes are NOT restricted to the writable paths")
     else:
         lplan = landlock.plan(mplan.write_roots, abi=abi)
-    env, dropped = fspolicy.filter_env({k: v for k, v in os.environ.items() if k != WEAKEN_ENV}, opts.policy.env)
+    env, dropped = fsenv.filter_env({k: v for k, v in os.environ.items() if k != WEAKEN_ENV}, opts.policy.env)
     audit.write(policy_record(
         opts.task, write=list(mplan.write_roots), private_tmp=mplan.private_tmp,
         protect=[*mplan.protect, *(p for p, _ in mplan.placeholders)], hidden=[*mplan.hide_dirs, *mplan.hide_files],
