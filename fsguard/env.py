@@ -98,41 +98,96 @@ class EnvPolicy:
     keep: tuple[str, ...] = ()  # wins over every rule, the defaults' too
 
 
-def names_matcher(patterns: Iterable[str]) -> re.Pattern[str] | None:
-    """One case-insensitive regex for shell-style name patterns (None: no pattern, matches nothing)."""
-    parts = [fnmatch.translate(p) for p in patterns]
-    return re.compile("|".join(parts), re.IGNORECASE) if parts else None
+class NameMatcher:
+    """Shell-style name patterns, case-insensitive. Plain `*` globs (all the defaults) are matched with
+    string operations: compiling them into a regex cost every run a few milliseconds."""
+
+    def __init__(self, patterns: Iterable[str]) -> None:
+        self.simple: list[tuple[str, ...]] = []
+        other: list[str] = []
+        for p in patterns:
+            up = p.upper()
+            if "?" in up or "[" in up:
+                other.append(fnmatch.translate(up))
+            else:
+                self.simple.append(tuple(up.split("*")))
+        self.regex = re.compile("|".join(other)) if other else None
+
+    def __bool__(self) -> bool:
+        return bool(self.simple) or self.regex is not None
+
+    def match(self, name: str) -> bool:
+        up = name.upper()
+        for parts in self.simple:
+            if _glob(parts, up):
+                return True
+        return self.regex is not None and self.regex.match(up) is not None
+
+
+def _glob(parts: tuple[str, ...], name: str) -> bool:
+    """`name` matches the pattern that `"*".join(parts)` spells (only `*` wildcards)."""
+    if len(parts) == 1:
+        return name == parts[0]
+    first, *middle, last = parts
+    if not name.startswith(first) or not name.endswith(last) or len(name) < len(first) + len(last):
+        return False
+    pos, end = len(first), len(name) - len(last)
+    for m in middle:
+        pos = name.find(m, pos, end)
+        if pos < 0:
+            return False
+        pos += len(m)
+    return True
+
+
+def names_matcher(patterns: Iterable[str]) -> NameMatcher | None:
+    """A case-insensitive matcher for shell-style name patterns (None: no pattern, matches nothing)."""
+    m = NameMatcher(patterns)
+    return m if m else None
+
+
+#: Literal pieces one of which every SECRET_VALUES match contains (upper-cased): values without
+#: any skip the regex, and the regex is compiled only when some value needs it.
+_VALUE_HINTS = ("@", "PASSWORD", "PWD", "ACCOUNTKEY", "SHAREDACCESSKEY", "PRIVATE KEY", "GHP_", "GHO_", "GHU_",
+                "GHS_", "GHR_", "GITHUB_PAT_", "GLPAT-", "XOX", "SK-", "K_LIVE_", "K_TEST_", "AKIA", "ASIA",
+                "NPM_", "PYPI-AGE", "HF_", "AIZA", "_V1_", "EYJ")
 
 
 @cache
-def _defaults() -> tuple[re.Pattern[str], re.Pattern[str], re.Pattern[str]]:
-    """Compiled once, on first use: most of sandgate never filters an environment."""
-    drop, keep = names_matcher(DEFAULT_ENV_DROP), names_matcher(DEFAULT_ENV_KEEP)
-    assert drop is not None and keep is not None
-    return drop, keep, re.compile("|".join(SECRET_VALUES))
+def _defaults() -> tuple[NameMatcher, NameMatcher]:
+    """Built once, on first use: most of sandgate never filters an environment."""
+    return NameMatcher(DEFAULT_ENV_DROP), NameMatcher(DEFAULT_ENV_KEEP)
 
 
-def _matches(matcher: re.Pattern[str] | None, name: str) -> bool:
-    return matcher is not None and matcher.match(name) is not None
+@cache
+def _values() -> re.Pattern[str]:
+    return re.compile("|".join(SECRET_VALUES))
+
+
+def _matches(matcher: NameMatcher | None, name: str) -> bool:
+    return matcher is not None and matcher.match(name)
 
 
 def value_is_secret(value: str) -> bool:
     """Whether the value carries a credential (a URL password, a key, a well-known token format)."""
-    return _defaults()[2].search(value) is not None
+    up = value.upper()
+    if not any(h in up for h in _VALUE_HINTS):
+        return False
+    return _values().search(value) is not None
 
 
-def _reason(name: str, value: str, user_keep: re.Pattern[str] | None,
-            user_drop: re.Pattern[str] | None) -> str | None:
-    drop, keep, values = _defaults()
+def _reason(name: str, value: str, user_keep: NameMatcher | None,
+            user_drop: NameMatcher | None) -> str | None:
+    drop, keep = _defaults()
     if _matches(user_keep, name):
         return None
     if _matches(user_drop, name):
         return "env.drop"
-    if values.search(value) is not None:
+    if value_is_secret(value):
         return "value"
-    if keep.match(name) is not None:
+    if keep.match(name):
         return None
-    if drop.match(name) is not None:
+    if drop.match(name):
         return "name"
     return None
 

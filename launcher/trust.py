@@ -14,7 +14,6 @@ import contextlib
 import dataclasses
 import fcntl
 import functools
-import hashlib
 import json
 import os
 import stat
@@ -45,8 +44,14 @@ class Record:
 # ---- pure: records, digests, narrowing -------------------------------------------------------
 
 
+try:  # CPython's own SHA-256 (HACL*): hashlib would load OpenSSL first (~4 ms on every run)
+    from _sha2 import sha256 as _sha256
+except ImportError:  # another interpreter
+    from hashlib import sha256 as _sha256
+
+
 def digest(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
+    return _sha256(data).hexdigest()
 
 
 def status_of(records: Mapping[str, Record], key: str, data: bytes) -> Status:
