@@ -34,7 +34,8 @@ from fsguard import landlock, mounts, userns
 from fsguard import policy as fspolicy
 from launcher import daemonctl, runstate, sandbox
 from launcher import policy as lpolicy
-from netguard import control
+from netguard import control, rules
+from netguard import policy as netpolicy
 from netguard.audit import AuditLog, decision_record, policy_record, read_records
 from netguard.nft import Ports
 from netguard.spec import BindingSpec
@@ -304,16 +305,40 @@ def _confinement(opts: RunOptions, audit: AuditLog, rt: Path) -> Confinement:
 
 
 def summary(path: Path, task: str) -> str:
+    """The exit line, then (when something was refused) the denied destinations and what would allow each."""
     counts = {"allow": 0, "deny": 0, "would": 0}
+    records: list[dict[str, object]] = []
     try:
-        for r in read_records(path):
-            if r.get("task") == task and r.get("event") == "decision":
-                counts[r["action"]] = counts.get(r["action"], 0) + 1
-                counts["would"] += r.get("would") == "deny"
-    except OSError:
+        records = [r for r in read_records(path) if r.get("task") == task]
+    except (OSError, ValueError):
         pass
+    for r in records:
+        if r.get("event") == "decision":
+            action = str(r.get("action"))
+            counts[action] = counts.get(action, 0) + 1
+            counts["would"] += r.get("would") == "deny"
     would = f" ({counts['would']} would have been denied)" if counts["would"] else ""
-    return f"sandgate: {counts['allow']} allowed{would}, {counts['deny']} denied -> {path}"
+    line = f"sandgate: {counts['allow']} allowed{would}, {counts['deny']} denied -> {path}"
+    if not counts["deny"]:
+        return line
+    from launcher import denials
+
+    return "\n".join([line, *denials.lines(records, task, _bundled_rulesets())])
+
+
+def _bundled_rulesets() -> dict[str, rules.Ruleset]:
+    """Each bundled allowlist compiled, to say which one would allow a denied host (parse cache: fast)."""
+    out: dict[str, rules.Ruleset] = {}
+    for name in lpolicy.bundled_names():
+        path = lpolicy.bundled_path(name)
+        if path is None:
+            continue
+        try:
+            sections = lpolicy.load_policy_file(path)
+        except lpolicy.PolicyFileError:
+            continue
+        out[name] = rules.compile_policy(netpolicy.merge([s.network for s in sections]))
+    return out
 
 
 def _tell_terminal(text: str) -> None:

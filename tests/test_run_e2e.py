@@ -448,3 +448,15 @@ def test_dot_sandgate_yaml_is_the_default_policy(e: Env) -> None:
     r = e.world.run([*RUN, "-q", "--", *curl_args(e, "http://blocked.test/")], cwd=proj, env=run_env)
     assert r.stdout.strip() == "hello from blocked.test", r.stderr
     assert list((proj / ".sandgate").glob("audit-*.jsonl"))  # the default log lands next to the project
+
+
+def test_the_exit_line_names_each_denied_destination_and_the_flag_that_would_allow_it(e: Env) -> None:
+    before = e.mark()
+    r = e.sandgate("--", "sh", "-c", " ; ".join([" ".join(curl_args(e, "https://blocked.test/")),
+                                                 " ".join(curl_args(e, "https://blocked.test/")),
+                                                 " ".join(e.probe_cmd("tcp", f"{BLOCKED}:9000")), "true"]))
+    assert r.returncode == 0, r.stderr
+    lines = [x for x in r.stderr.splitlines() if x.startswith("sandgate: denied ")]
+    assert lines[0] == "sandgate: denied blocked.test:443 (2x): allow it with --allow blocked.test", r.stderr
+    assert lines[1] == f"sandgate: denied {BLOCKED}:9000: allow it with --allow {BLOCKED}/32:9000", r.stderr
+    assert e.untouched(before, "blocked_tls", "blocked_tcp")  # and the destinations really saw nothing
