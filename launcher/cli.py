@@ -59,7 +59,15 @@ def _policy_from_args(args: argparse.Namespace) -> lpolicy.Policy:
     files = [Path(p) for p in args.policy]
     implicit = not files and not args.allow and os.path.lexists(".sandgate.yaml")
     if not files and not args.allow and not implicit:
-        raise UsageError("no policy: give --policy FILE or --allow NAME (see 'sandgate allowlists'); nothing would be reachable")
+        if args.command != "run":
+            raise UsageError("no policy: give --policy FILE or --allow NAME (see 'sandgate allowlists'); "
+                             "nothing would be reachable")
+        if getattr(args, "learn", False):
+            print("sandgate: no policy given: learn mode lets every destination through and records it "
+                  "(then: sandgate audit suggest LOG)", file=sys.stderr)
+        elif not getattr(args, "quiet", False):
+            print("sandgate: no policy given: the command gets no network (allow destinations with --allow NAME "
+                  "or --policy FILE; see 'sandgate allowlists')", file=sys.stderr)
     checks = lpolicy.Checks.current(allow_wide_cidr=getattr(args, "allow_wide_cidr", False), user=getattr(args, "user", None))
     writable = tuple(Path(os.path.expanduser(w)).absolute() for w in getattr(args, "write", ()))  # run --write
     pol = lpolicy.build_policy(files, args.allow, args.deny, workspace=Path(".sandgate.yaml") if implicit else None,
@@ -328,8 +336,23 @@ def cmd_allowlists(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Version(argparse.Action):
+    """--version, read from the installed metadata only when asked (importlib.metadata is slow to import)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
+        from importlib import metadata
+
+        try:
+            version = metadata.version("sandgate")
+        except metadata.PackageNotFoundError:
+            version = "unknown (not installed)"
+        print(f"sandgate {version}")
+        parser.exit(0)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="sandgate", description="Run untrusted commands behind a kernel-enforced allowlist.")
+    p.add_argument("--version", action=_Version, nargs=0, help="print the version and exit")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     px = sub.add_parser("proxy", help="run the allowlisting egress proxy alone (explicit mode) until Ctrl-C")
@@ -443,7 +466,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         _fail(f"{e}")
     except UsageError as e:
         _fail(str(e))
-
+    except BrokenPipeError:
+        # `sandgate audit summary LOG | head -1`: the reader left; no traceback, and no second error
+        # when the interpreter flushes stdout at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, as a shell reports it
     except KeyboardInterrupt:
         return 130
 

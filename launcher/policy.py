@@ -642,9 +642,30 @@ def build_policy(files: list[Path], allow: list[str], deny: list[str], *, worksp
                   fspolicy.merge_env([p.env for p in parts]), tuple(full), narrowed)
 
 
+_SCHEME_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443, "git": 9418, "ssh": 22, "ftp": 21}
+
+
+def _url_host_port(url: str, where: str) -> str:
+    """`https://pypi.org/simple` -> `pypi.org:443`; a path, query or user part is dropped."""
+    from urllib.parse import urlsplit
+
+    try:
+        u = urlsplit(url)
+        port = u.port or _SCHEME_PORTS.get(u.scheme.lower())
+    except ValueError as e:
+        raise PolicyFileError(where, None, f"not a usable URL ({e}); use HOST or HOST:PORT") from None
+    if not u.hostname or port is None:
+        raise PolicyFileError(where, None, "a URL needs a host and a known scheme or an explicit port; "
+                                           "use HOST or HOST:PORT")
+    host = f"[{u.hostname}]" if ":" in u.hostname else u.hostname
+    return f"{host}:{port}"
+
+
 def flag_entry(ref: str, which: str) -> netpolicy.NetworkPolicy:
     """`--allow HOST[:PORT]` / `--deny HOST[:PORT]` as a one-entry network section."""
     where = f"--{which} {ref}"
+    if "://" in ref:  # a URL (what people paste): its host, and its port or the scheme's
+        ref = _url_host_port(ref, where)
     host, port = ref, None
     if ref.startswith("["):
         inner, _, rest = ref[1:].partition("]")

@@ -230,7 +230,10 @@ def _exec_cmd(ins: Inside) -> None:
         os.closerange(3, os.sysconf("SC_OPEN_MAX") if os.sysconf("SC_OPEN_MAX") > 0 else 65536)
         os.execvpe(name, list(ins.cmd), ins.env)
     except FileNotFoundError:
-        os.write(2, f"sandgate: error: {name}: command not found\n".encode())
+        hint = ""
+        if name.startswith("/tmp/") and not os.path.exists(name):
+            hint = " (the sandbox has its own, empty /tmp: run it from elsewhere, or add its directory with --write)"
+        os.write(2, f"sandgate: error: {name}: command not found{hint}\n".encode())
         os._exit(127)
     except PermissionError as e:
         os.write(2, f"sandgate: error: {name}: {e.strerror}\n".encode())

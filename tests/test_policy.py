@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import subprocess
 import sys
@@ -573,3 +574,34 @@ def test_cli_prints_one_line_for_an_untrusted_workspace_policy(tmp_path: Path) -
     assert r.stdout.strip() == "[] ['b.test']", r.stderr
     assert r.stderr.splitlines() == [("sandgate: .sandgate.yaml is not trusted, so only what it forbids applies; "
                                       "ignored: network.allow; to trust it: sandgate trust .sandgate.yaml")]
+
+
+@pytest.mark.parametrize("url,host,port", [("https://pypi.org/simple", "pypi.org", 443),
+                                           ("http://Example.TEST:8080/x?y#z", "example.test", 8080),
+                                           ("https://user@files.pythonhosted.org/", "files.pythonhosted.org", 443),
+                                           ("ssh://git@github.com/org/repo.git", "github.com", 22)])
+def test_allow_takes_a_url_as_its_host_and_port(url: str, host: str, port: int) -> None:
+    from launcher import policy as lp
+    (rule,) = lp.flag_entry(url, "allow").allow
+    assert (rule.value, rule.ports) == (host, frozenset({port}))
+
+
+def test_a_url_without_host_or_known_port_is_one_clear_error() -> None:
+    from launcher import policy as lp
+    for bad in ("https:///nohost", "gopher://x.test/"):
+        with pytest.raises(lp.PolicyFileError, match="URL needs a host"):
+            lp.flag_entry(bad, "allow")
+
+
+def test_version_and_a_closed_pipe(tmp_path: Path) -> None:
+    r = run_cli("--version")
+    assert r.returncode == 0 and r.stdout.startswith("sandgate ")
+    log = tmp_path / "a.jsonl"
+    log.write_text("".join(json.dumps({"ts": "2026-12-01T00:00:00.000Z", "task": "t", "event": "decision",
+                                       "id": str(i), "kind": "connect", "action": "deny", "would": None,
+                                       "host": f"h{i}.test", "port": 443, "ip": None, "proto": None,
+                                       "method": None, "url": None, "qtype": None, "rule": None,
+                                       "reason": "no allow rule matches"}) + "\n" for i in range(3000)))
+    p = subprocess.run(f"{sys.executable} -m launcher.cli audit summary --json {log} | head -c 10",
+                       shell=True, capture_output=True, text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert "Traceback" not in p.stderr and "BrokenPipe" not in p.stderr, p.stderr

@@ -460,3 +460,29 @@ def test_the_exit_line_names_each_denied_destination_and_the_flag_that_would_all
     assert lines[0] == "sandgate: denied blocked.test:443 (2x): allow it with --allow blocked.test", r.stderr
     assert lines[1] == f"sandgate: denied {BLOCKED}:9000: allow it with --allow {BLOCKED}/32:9000", r.stderr
     assert e.untouched(before, "blocked_tls", "blocked_tcp")  # and the destinations really saw nothing
+
+
+def test_no_policy_means_no_network_and_says_so_in_one_line(e: Env) -> None:
+    ws = e.world.tmp / f"nopol-{time.monotonic_ns()}"
+    ws.mkdir()
+    before = e.mark()
+    r = e.world.run([*RUN, "--audit-log", str(ws / "a.jsonl"), "--", *curl_args(e, "http://allowed.test/")],
+                    cwd=ws, env=env())
+    assert r.returncode != 0 or "hello" not in r.stdout
+    assert r.stderr.splitlines()[0].startswith("sandgate: no policy given: the command gets no network"), r.stderr
+    assert e.untouched(before, "allowed")
+
+
+def test_learn_needs_no_policy(e: Env) -> None:
+    ws = e.world.tmp / f"learn-{time.monotonic_ns()}"
+    ws.mkdir()
+    r = e.world.run([*RUN, "--learn", "--audit-log", str(ws / "a.jsonl"), "--", *curl_args(e, "http://allowed.test/")],
+                    cwd=ws, env=env())
+    assert r.stdout.strip() == "hello from allowed.test", r.stderr
+    recs = [json.loads(x) for x in (ws / "a.jsonl").read_text().splitlines()]
+    assert any(x.get("would") == "deny" and x.get("host") == "allowed.test" for x in recs)
+
+
+def test_a_command_under_the_hosts_tmp_gets_a_hint(e: Env) -> None:
+    r = e.sandgate("-q", "--", "/tmp/sandgate-no-such-tool")
+    assert r.returncode == 127 and "own, empty /tmp" in r.stderr, r.stderr
