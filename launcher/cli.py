@@ -48,8 +48,9 @@ def parse_addr(text: str, default_host: str = "127.0.0.1") -> tuple[str, int]:
 
 
 def default_audit_path() -> Path:
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    return Path(".sandgate") / f"audit-{stamp}-{uuid.uuid4().hex[:6]}.jsonl"
+    from launcher import auditlogs
+
+    return auditlogs.new_path()
 
 
 def _policy_from_args(args: argparse.Namespace) -> lpolicy.Policy:
@@ -197,10 +198,24 @@ def _approvals_path(spec: str | None) -> str | None:
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
-    from launcher import report
+    from launcher import auditlogs, report
 
+    if args.audit_command is None:  # `sandgate audit`: the recent runs' logs
+        logs = auditlogs.recent()
+        if not logs:
+            print(f"sandgate: no audit logs in {auditlogs.log_dir()}", file=sys.stderr)
+        for mtime, size, path in logs:
+            stamp = datetime.fromtimestamp(mtime).strftime("%Y-%m-%d %H:%M:%S")
+            print(f"{stamp}  {size / 1024:8.1f} KiB  {path}")
+        return 0
+    paths = [Path(p) for p in args.logs]
+    if not paths:
+        last = auditlogs.latest()
+        if last is None:
+            raise UsageError(f"no audit logs in {auditlogs.log_dir()}; name one: sandgate audit {args.audit_command} LOG")
+        paths = [last]
     try:
-        records = report.read_logs([Path(p) for p in args.logs])
+        records = report.read_logs(paths)
     except report.ReportError as e:
         raise UsageError(str(e)) from None
     if args.audit_command == "summary":
@@ -361,7 +376,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="explicit proxy listener (default 127.0.0.1:3128)")
     px.add_argument("--transparent", metavar="HOST:PORT", help="also accept nftables-redirected TCP here")
     px.add_argument("--dns", metavar="HOST:PORT", help="also answer DNS here (allowed names only)")
-    px.add_argument("--audit-log", metavar="PATH", help="JSON-lines audit log (default .sandgate/audit-<time>.jsonl)")
+    px.add_argument("--audit-log", metavar="PATH", help="JSON-lines audit log (default: ~/.local/state/sandgate/audit/, root: /var/log/sandgate/)")
     px.add_argument("--task", metavar="ID", help="task id written in every audit record (default: random)")
     px.add_argument("-q", "--quiet", action="store_true", help="no ready/summary lines")
     px.add_argument("--learn", action="store_true",
@@ -375,7 +390,7 @@ def build_parser() -> argparse.ArgumentParser:
     rn = sub.add_parser("run", help="run CMD in a sandbox whose only way out is the allowlisting proxy",
                         usage="sandgate run [options] -- CMD [ARGS...]")
     _policy_args(rn)
-    rn.add_argument("--audit-log", metavar="PATH", help="JSON-lines audit log (default .sandgate/audit-<time>.jsonl)")
+    rn.add_argument("--audit-log", metavar="PATH", help="JSON-lines audit log (default: ~/.local/state/sandgate/audit/, root: /var/log/sandgate/)")
     rn.add_argument("--user", metavar="USER",
                     help="run CMD as USER (root only; default: the sudo caller, else you); "
                          "--user 0 or root: uid 0 inside the sandbox's own user namespace, no host privilege")
@@ -405,14 +420,17 @@ def build_parser() -> argparse.ArgumentParser:
     vf.add_argument("--only", choices=("network", "filesystem", "process"), help="only this group of probes")
     vf.set_defaults(func=cmd_verify)
 
-    au = sub.add_parser("audit", help="read audit logs: what a task reached, and the policy it needed")
-    au_sub = au.add_subparsers(dest="audit_command", required=True, parser_class=_Parser)
-    su = au_sub.add_parser("summary", help="one row per destination, riskiest first")
-    su.add_argument("logs", nargs="+", metavar="LOG")
+    au = sub.add_parser("audit", help="read audit logs: what a task reached, and the policy it needed "
+                                      "(alone: list the recent runs' logs)")
+    au.set_defaults(func=cmd_audit)
+    au_sub = au.add_subparsers(dest="audit_command", parser_class=_Parser)
+    su = au_sub.add_parser("summary", help="one row per destination, riskiest first (default: the last run)")
+    su.add_argument("logs", nargs="*", metavar="LOG")
     su.add_argument("--json", action="store_true")
     su.set_defaults(func=cmd_audit)
-    sg = au_sub.add_parser("suggest", help="print a policy that allows exactly what the runs needed")
-    sg.add_argument("logs", nargs="+", metavar="LOG")
+    sg = au_sub.add_parser("suggest", help="print a policy that allows exactly what the runs needed "
+                                           "(default: the last run)")
+    sg.add_argument("logs", nargs="*", metavar="LOG")
     sg.add_argument("--name", help="description for the suggested policy")
     sg.set_defaults(func=cmd_audit)
 

@@ -1386,6 +1386,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 from launcher import probes_host  # noqa: E402,F401 - registers the v2 host-boundary probes
+from launcher import probes_review  # noqa: E402,F401 - registers the v1-review probes
 
 if __name__ == "__main__":  # run as __main__, this file's REGISTRY lacks probes_host's: use the package's
     from launcher import probes as _package  # noqa: PLW0406 - the package's copy, not __main__

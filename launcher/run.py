@@ -254,9 +254,9 @@ def _confinement(opts: RunOptions, audit: AuditLog, rt: Path) -> Confinement:
     # sandgate's own state (the daemon's control socket, the approval socket, the trusted policy
     # records) and an embedding tool's approval socket are never the sandbox's business: it must
     # not be able to answer its own questions, bind itself a wider policy, or learn what is trusted.
-    from launcher import trust
+    from launcher import auditlogs, trust
 
-    own = (str(rt), str(trust.state_dir()), *((opts.approvals,) if opts.approvals else ()))
+    own = (str(rt), str(trust.state_dir()), str(auditlogs.log_dir()), *((opts.approvals,) if opts.approvals else ()))
     eff = fspolicy.effective(opts.policy.filesystem, cwd=os.getcwd(), home=home, extra_write=opts.write,
                              extra_read_deny=(*opts.read_deny, *own))
     # The audit log, wherever it lives, is never writable or removable from inside (the threat: a

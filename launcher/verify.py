@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from fsguard.policy import DEFAULT_READ_DENY
-from launcher import probes, probes_host
+from launcher import probes, probes_host, probes_review
 from launcher.world import World
 
 REPO = Path(__file__).resolve().parent.parent
@@ -237,27 +237,29 @@ def _run_pass(w: World, p: Pass, base: Path, shared: dict[str, Any], policies: l
     handle = probes_host.file_handle(key)
     _handle_control(handle, secret)
     shutil.copy(w.ca_pem, ws / "ca.pem")
+    staged = probes_review.Staged.stage(ws, home, token, p.uid, p.gid)
+    staged.controls()
     daemon_token = f"sgvd{token}{p.identity[0]}"
     spec = {**shared, "ca": str(ws / "ca.pem"), "home": str(home), "outside_file": str(outside / "victim.txt"),
             "outside_dir": str(outside), "secret_marker": secret, "results_dir": str(ws / "results"),
             "daemon_token": daemon_token, "python": p.python, "only": only, "marker_tag": p.identity,
-            "ssh_key_handle": handle}
+            "ssh_key_handle": handle, **staged.spec()}
     (ws / "spec.json").write_text(json.dumps(spec))
     # nobody's passwd home is not the fake one: tell sandgate the same secret paths its default
     # rules (DEFAULT_READ_DENY) would hide in a home it knew.
     deny = [a for d in DEFAULT_READ_DENY for a in ("--read-deny", d.replace("~", str(home), 1))] if p.name_home else []
     cmd = [sys.executable, "-m", "launcher.cli", "run", "-q", *p.run_args, *deny, *_sandbox_view(),
            *(a for pol in policies for a in ("--policy", str(pol.resolve()))),
-           "--audit-log", str(base / "audit.jsonl"), "--", p.python, "-m", "launcher.probes", str(ws / "spec.json")]
+           "--audit-log", str(staged.audit_log), "--", p.python, "-m", "launcher.probes", str(ws / "spec.json")]
     env = {"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"), "HOME": str(home),
-           "PYTHONPATH": str(REPO), "LANG": "C.UTF-8", SECRET_ENV: secret, VISIBLE_ENV: token}
+           "PYTHONPATH": str(REPO), "LANG": "C.UTF-8", SECRET_ENV: secret, VISIBLE_ENV: token, **staged.env()}
     if os.environ.get("SANDGATE_INTERNAL_WEAKEN"):
         env["SANDGATE_INTERNAL_WEAKEN"] = os.environ["SANDGATE_INTERNAL_WEAKEN"]
     out, err, code = _run_on_a_terminal(w, cmd, ws, env)
     results = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     if not results:
         raise VerifyError(f"the probe runner ({p.identity}) produced no results (exit {code}): {err.strip()[-500:]}")
-    host = planted.evidence(ws, p.identity)
+    host = {**planted.evidence(ws, p.identity), **staged.evidence()}
     rows = [_judge(w, r, p.identity, host) for r in results if only is None or r["group"] == only]
     if only in (None, "process"):
         rows.append(_daemon_row(daemon_token, ws / "results" / f"daemon-{daemon_token}.heartbeat", p.identity))

@@ -447,7 +447,22 @@ def test_dot_sandgate_yaml_is_the_default_policy(e: Env) -> None:
     assert e.world.run([*SANDGATE, "trust"], cwd=proj, env=run_env).returncode == 0
     r = e.world.run([*RUN, "-q", "--", *curl_args(e, "http://blocked.test/")], cwd=proj, env=run_env)
     assert r.stdout.strip() == "hello from blocked.test", r.stderr
-    assert list((proj / ".sandgate").glob("audit-*.jsonl"))  # the default log lands next to the project
+    assert sorted(p.name for p in proj.iterdir()) == [".sandgate.yaml"]  # sandgate left nothing in the workspace
+
+
+def test_default_audit_logs_live_outside_the_workspace_and_are_listed(e: Env) -> None:
+    proj = e.world.tmp / f"logs-{time.monotonic_ns()}"
+    proj.mkdir()
+    pol = write_policy(e.world, "version: 1\nnetwork:\n  allow: [allowed.test]\n", f"logs{time.monotonic_ns()}")
+    r = e.world.run([*RUN, "--policy", str(pol), "--", *curl_args(e, "http://blocked.test/", "-o", "/dev/null")],
+                    cwd=proj, env=env())
+    log = Path(r.stderr.strip().splitlines()[0].rsplit("-> ", 1)[1])
+    assert log.parent == Path("/var/log/sandgate") and log.is_file(), r.stderr  # root's default
+    assert list(proj.iterdir()) == []  # nothing of sandgate's in the workspace, during or after
+    listed = e.world.run([*SANDGATE, "audit"], cwd=proj, env=env())
+    assert str(log) in listed.stdout.splitlines()[0], listed.stdout  # newest first
+    summary = e.world.run([*SANDGATE, "audit", "summary", "--json"], cwd=proj, env=env())  # no path: the last run
+    assert any(row["host"] == "blocked.test" for row in json.loads(summary.stdout)), summary.stdout
 
 
 def test_the_exit_line_names_each_denied_destination_and_the_flag_that_would_allow_it(e: Env) -> None:
