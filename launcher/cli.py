@@ -255,8 +255,7 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
         raise UsageError(str(e)) from None
     with runstate.lock(rt):  # never between another run's placeholder creation and its state file
         removed = runstate.cleanup_stale(rt)
-    sock = control.socket_path(rt)
-    if sock.exists():
+    for sock in sorted(rt.glob("daemon-*.sock")):  # every netns and code version's daemon
         try:
             control.ControlClient.connect(sock, timeout=2.0).close()
         except (OSError, control.ControlError):

@@ -120,3 +120,15 @@ def test_a_fresh_daemon_is_started_on_demand_and_stops_on_request(w: World) -> N
     r = w.run([*SANDGATE, "daemon", "stop"], cwd=w.tmp, env=env())
     assert r.returncode == 0 and "stopped" in r.stderr
     wait_for(lambda: subprocess.run(["kill", "-0", str(st["pid"])], capture_output=True).returncode != 0)
+
+
+def test_cleanup_removes_a_dead_daemons_socket(w: World) -> None:
+    assert w.run([*SANDGATE, "daemon", "start"], cwd=w.tmp, env=env()).returncode == 0
+    ino = w.run(["stat", "-L", "-c", "%i", "/proc/self/ns/net"]).stdout.strip()
+    (sock,) = Path("/run/sandgate").glob(f"daemon-{ino}-*.sock")
+    os.kill(int(str(status(w)["pid"])), signal.SIGKILL)
+    wait_for(lambda: bindings(w) == -1)
+    assert sock.exists()  # SIGKILL: no chance to remove it
+    r = w.run([*SANDGATE, "cleanup"], cwd=w.tmp, env=env())
+    assert r.returncode == 0 and f"removed dead daemon socket {sock}" in r.stderr, r.stderr
+    assert not sock.exists()
