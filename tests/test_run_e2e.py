@@ -501,3 +501,40 @@ def test_learn_needs_no_policy(e: Env) -> None:
 def test_a_command_under_the_hosts_tmp_gets_a_hint(e: Env) -> None:
     r = e.sandgate("-q", "--", "/tmp/sandgate-no-such-tool")
     assert r.returncode == 127 and "own, empty /tmp" in r.stderr, r.stderr
+
+
+CTRL_C_TRIALS = textwrap.dedent("""\
+    # 20 times: sandgate on a real terminal, Ctrl-C once the command runs; print each exit status
+    # and whether sandgate blamed its proxy (it must not: the daemon is in a session of its own).
+    import os, pty, select, sys, time
+    for trial in range(20):
+        pid, fd = pty.fork()
+        if pid == 0:
+            os.execv(sys.executable, [sys.executable, *sys.argv[1:]])
+        buf, deadline = b"", time.time() + 30
+        while b"tty=yes" not in buf and time.time() < deadline:
+            if select.select([fd], [], [], 0.5)[0]:
+                try:
+                    buf += os.read(fd, 1024)
+                except OSError:
+                    break
+        os.write(fd, b"\\x03")
+        while True:
+            try:
+                chunk = os.read(fd, 1024)
+            except OSError:
+                break
+            if not chunk:
+                break
+            buf += chunk
+        _, status = os.waitpid(pid, 0)
+        print(os.waitstatus_to_exitcode(status), b"daemon exited" in buf or b"proxy exited" in buf, flush=True)
+    """)
+
+
+def test_twenty_ctrl_c_never_blame_the_proxy_and_end_with_130(e: Env) -> None:
+    r = e.world.run([sys.executable, "-c", CTRL_C_TRIALS, "-m", "launcher.cli", "run", *VIEW, "-q", "--policy",
+                     str(e.policy), "--audit-log", str(e.world.tmp / "ctrlc.jsonl"), "--", "sh", "-c",
+                     "echo tty=yes; exec sleep 30"], cwd=e.world.tmp, env=env(), timeout=240)
+    results = r.stdout.split("\n")[:20]
+    assert results == ["130 False"] * 20, (r.stdout, r.stderr)
