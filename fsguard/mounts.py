@@ -113,6 +113,10 @@ def plan(eff: Effective) -> MountPlan:
     placeholders: list[tuple[str, bool]] = []
     notes: list[str] = list(git.notes)
     for path, is_dir in (*rest, *git.protect):
+        if path in eff.existing_only and not os.path.lexists(path):
+            continue  # a default protection in an extra writable root: only where it exists
+        if eff.private_tmp and _under(path, "/tmp") and not any(_under(path, r) for r in tmp_rebinds):
+            continue  # under the host's /tmp, which the private /tmp leaves out anyway
         _walk_protected(path, is_dir, roots, pins, protect, placeholders)
     hide_dirs: list[str] = []
     hide_files: list[str] = []

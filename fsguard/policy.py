@@ -90,6 +90,10 @@ class Effective:
     private_tmp: bool  # /tmp is a writable root: give the sandbox its own, empty /tmp
     read_deny: tuple[str, ...]
     protect: tuple[tuple[str, bool], ...]  # (path, is_dir_hint)
+    # Default protections in writable roots other than the workspace: protected where they exist,
+    # never covered by a placeholder (an extra --write root such as ~/.cache/pip must not sprout
+    # .vscode/ or .sandgate.yaml while a run lasts: apt and friends warn about strangers in theirs).
+    existing_only: frozenset[str] = frozenset()
 
 
 def _line(container: Any, key: Any) -> int | None:
@@ -206,6 +210,8 @@ def effective(fs: FsPolicy, *, cwd: str, home: str, extra_write: tuple[str, ...]
                                                        *extra_write)])
     read_deny = _dedupe([_absolute(p, cwd, home) for p in (*DEFAULT_READ_DENY, *fs.read_deny, *extra_read_deny)])
     protect: list[tuple[str, bool]] = []
+    existing_only: set[str] = set()
+    workspace = _absolute(".", cwd, home)
     defaults = (e for e in DEFAULT_PROTECT if _bare(e) not in fs.unprotect)  # `protect:` entries always stay
     for entry in (*defaults, *fs.protect):
         is_dir = entry.endswith("/")
@@ -214,5 +220,8 @@ def effective(fs: FsPolicy, *, cwd: str, home: str, extra_write: tuple[str, ...]
             continue
         for root in write:  # a relative protection applies inside every writable root but the private /tmp
             if root != "/tmp":
-                protect.append((posixpath.normpath(posixpath.join(root, entry)), is_dir))
-    return Effective(write, "/tmp" in write, read_deny, tuple(dict.fromkeys(protect)))
+                path = posixpath.normpath(posixpath.join(root, entry))
+                protect.append((path, is_dir))
+                if root != workspace and entry not in fs.protect:
+                    existing_only.add(path)
+    return Effective(write, "/tmp" in write, read_deny, tuple(dict.fromkeys(protect)), frozenset(existing_only))

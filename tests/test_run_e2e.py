@@ -538,3 +538,18 @@ def test_twenty_ctrl_c_never_blame_the_proxy_and_end_with_130(e: Env) -> None:
                      "echo tty=yes; exec sleep 30"], cwd=e.world.tmp, env=env(), timeout=240)
     results = r.stdout.split("\n")[:20]
     assert results == ["130 False"] * 20, (r.stdout, r.stderr)
+
+
+def test_an_extra_write_root_gets_no_placeholders_and_nothing_is_left(e: Env) -> None:
+    ws, extra = e.world.tmp / f"ws-{time.monotonic_ns()}", e.world.tmp / f"cache-{time.monotonic_ns()}"
+    ws.mkdir()
+    extra.mkdir()
+    (extra / ".vscode").mkdir()  # an existing protected name is still protected there
+    r = e.world.run([*RUN, "-q", "--policy", str(e.policy), "--audit-log", str(e.world.tmp / "x.jsonl"),
+                     "--write", str(extra), "--", "sh", "-c",
+                     f"ls -A {extra}; echo ---; ls -A .; touch {extra}/.vscode/x 2>/dev/null || echo ro"],
+                    cwd=ws, env=env())
+    extra_seen, ws_seen = r.stdout.split("---")
+    assert extra_seen.split() == [".vscode"], r.stdout  # no .sandgate.yaml, .idea, .envrc... sprouted there
+    assert ".sandgate.yaml" in ws_seen.split() and "ro" in ws_seen.split(), r.stdout  # the workspace: covered
+    assert sorted(p.name for p in extra.iterdir()) == [".vscode"] and list(ws.iterdir()) == []
