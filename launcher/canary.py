@@ -15,7 +15,11 @@ Kinds and records (every record also has "server" (--name) and "t" (unix time)):
   http/https  {"kind":"connect","peer","tls"}                    each accepted TCP connection
               {"kind":"tls","peer","sni","ok","error"}           https: each TLS handshake
               {"kind":"http"|"https","method","path","host","peer","body_len"(,"sni")}
-  dns         {"kind":"dns","proto":"udp"|"tcp","qname","qtype","peer"} every query, even malformed
+  dns         {"kind":"dns","proto":"udp"|"tcp","qname","qtype","peer"} every query, even malformed;
+              qname is the first question's, lower-cased. Parsed queries add "opcode", "qdcount",
+              "questions" (every name as received, case kept), "records" (answer/authority/
+              additional RRsets as text: UPDATE RRs, an additional TXT) and "edns_options"
+              ([{"code","data"}], data latin-1); unparsable ones "error" and "data" (the bytes, latin-1)
   udp         {"kind":"udp","peer","data"}                        every datagram (echoed back)
   tcp         {"kind":"tcp","peer","data"}                        every connection ("tcp-canary\n" reply)
   unix        {"kind":"unix","address","data","pid","uid","gid"}  every connection ("unix-canary\n" reply)
@@ -53,6 +57,7 @@ from typing import Any
 
 import dns.flags
 import dns.message
+import dns.opcode
 import dns.rcode
 import dns.rdatatype
 import dns.rrset
@@ -60,6 +65,7 @@ import dns.rrset
 CHUNK = 64 * 1024
 DNS_TTL = 1  # short so tests that change a record (rebinding) are not defeated by caches
 DATA_LIMIT = 100
+RAW_LIMIT = 512  # dns: per record text, and of an unparsable message
 IP_KINDS = ("http", "https", "dns", "udp", "tcp")
 UNIX_KINDS = ("unix", "abstract")
 KINDS = IP_KINDS + UNIX_KINDS
@@ -238,6 +244,18 @@ def make_tls_context(cert: str, key: str) -> ssl.SSLContext:
 # ---------------------------------------------------------------- dns
 
 
+def dns_details(query: dns.message.Message) -> dict[str, Any]:
+    """Everything in a query that could carry data besides the first name: the evidence for smuggling."""
+    return {
+        "opcode": dns.opcode.to_text(query.opcode()),
+        "qdcount": len(query.question),
+        "questions": [q.name.to_text(omit_final_dot=True) for q in query.question],  # case as received
+        "records": [rrset.to_text()[:RAW_LIMIT] for section in query.sections[1:] for rrset in section],
+        "edns_options": [{"code": int(opt.otype), "data": opt.to_wire().decode("latin-1")[:RAW_LIMIT]}
+                         for opt in query.options],
+    }
+
+
 class DNSAnswerer:
     """Answers from a JSON {name: ipv4 | [ipv4...]} file re-read per query, so World.add_host needs no reload signal."""
 
@@ -258,17 +276,18 @@ class DNSAnswerer:
             query = dns.message.from_wire(wire)
         except Exception as exc:  # malformed packets are evidence too
             self.log.write({"kind": "dns", "proto": proto, "qname": None, "qtype": None, "peer": peer,
-                            "error": f"{type(exc).__name__}: {exc}"})
+                            "error": f"{type(exc).__name__}: {exc}", "data": wire[:RAW_LIMIT].decode("latin-1")})
             return None
         if not query.question:
-            self.log.write({"kind": "dns", "proto": proto, "qname": None, "qtype": None, "peer": peer})
+            self.log.write({"kind": "dns", "proto": proto, "qname": None, "qtype": None, "peer": peer,
+                            **dns_details(query)})
             resp = dns.message.make_response(query)
             resp.set_rcode(dns.rcode.FORMERR)
             return resp.to_wire()
         q = query.question[0]
         qname = q.name.to_text(omit_final_dot=True).lower()
         self.log.write({"kind": "dns", "proto": proto, "qname": qname,
-                        "qtype": dns.rdatatype.to_text(q.rdtype), "peer": peer})
+                        "qtype": dns.rdatatype.to_text(q.rdtype), "peer": peer, **dns_details(query)})
         resp = dns.message.make_response(query)
         resp.flags |= dns.flags.AA
         value = self.load().get(qname)

