@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fsguard import gitguard
+from fsguard.homeoverlay import HomeOverlay
 from fsguard.policy import Effective
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -79,6 +80,7 @@ class MountPlan:
     notes: tuple[str, ...] = field(default=())
     reopen: tuple[str, ...] = ()  # git directories inside a read-only modules/ or worktrees/, bound back writable
     filled: tuple[tuple[str, str], ...] = ()  # (placeholder, text) for placeholders that must not be empty
+    home: HomeOverlay | None = None  # ~ inside: the real home under a sandgate-owned writable layer
 
 
 def _under(path: str, root: str) -> bool:
@@ -135,7 +137,9 @@ def plan(eff: Effective) -> MountPlan:
         private_tmp=eff.private_tmp, tmp_rebinds=tmp_rebinds,
         pins=tuple(sorted(dict.fromkeys(pins), key=lambda p: p.count("/"))),
         protect=tuple(dict.fromkeys(protect)), placeholders=tuple(dict.fromkeys(placeholders)),
-        hide_dirs=tuple(dict.fromkeys(hide_dirs)), hide_files=tuple(dict.fromkeys(hide_files)),
+        # A directory under another hidden one vanishes with it (and could not be mounted over after).
+        hide_dirs=tuple(d for d in dict.fromkeys(hide_dirs) if not any(d != o and _under(d, o) for o in hide_dirs)),
+        hide_files=tuple(f for f in dict.fromkeys(hide_files) if not any(_under(f, o) for o in hide_dirs)),
         write_roots=tuple(roots), notes=tuple(notes), reopen=tuple(git.reopen),
         filled=tuple((p, text) for p, text in git.filled.items() if (p, False) in placeholders))
 
@@ -333,7 +337,28 @@ def _protect_mounts(p: MountPlan) -> None:
             os.close(fd)
 
 
+def _home_overlay(h: HomeOverlay) -> None:
+    """Step 3b: ~ becomes the overlay; writable roots inside it are bound back to the real ones."""
+    keep = [(r, os.open(r, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)) for r in h.rebinds]
+    try:
+        try:
+            _mount("overlay", h.home, "overlay", MS_NOSUID | MS_NODEV,
+                   f"lowerdir={h.home},upperdir={h.upper},workdir={h.work}")
+        except MountError as e:
+            # Fail soft, never open: the home simply stays as it was (read-only to the command).
+            os.write(2, f"sandgate: warning: the home directory stays read-only inside ({e.strerror})\n".encode())
+            return
+        for root, fd in keep:
+            os.makedirs(root, exist_ok=True)  # in the upper layer only, if it was not there
+            _mount(f"/proc/self/fd/{fd}", root, None, MS_BIND | MS_REC)
+    finally:
+        for _, fd in keep:
+            os.close(fd)
+
+
 def _build(p: MountPlan, run_dir: Path, files: dict[str, Path]) -> None:
+    if p.home is not None:
+        _home_overlay(p.home)
     if p.private_tmp:
         stage = run_dir / "hosttmp"
         _mount("/tmp", str(stage), None, MS_BIND | MS_REC)

@@ -6,8 +6,9 @@ into the host's network namespaces, open_by_handle_at, mknod real devices, load 
 change the host's hostname (threat model: "host capabilities kept by a root command").
 
 How uids map (`plan`, pure):
-  started by root, no --user/sudo caller  inside 0 = host root, nothing else mapped: a root-owned
-                                          workspace (CI, containers) stays usable, but other
+  started by root, no --user/sudo caller  inside 0 = host root, and apt's `_apt` sandbox account,
+                                          nothing else: a root-owned workspace (CI, containers)
+                                          stays usable and apt can drop privileges, but other
                                           users' files appear as `nobody` and root's
                                           DAC_OVERRIDE does not reach them
   started by root for user U (sudo, --user) inside U = host U (and 0 = 0 for sandgate's own
@@ -55,15 +56,19 @@ class Identity:
 
 
 def plan(launcher_uid: int, launcher_gid: int, target: tuple[int, int, tuple[int, ...]] | None,
-         root_inside: bool) -> Identity:
+         root_inside: bool, helpers: tuple[tuple[int, int], ...] = ()) -> Identity:
     """Maps for a sandbox started by `launcher_uid`; `target` (uid, gid, groups) is the host user to run as.
 
-    `root_inside`: the caller asked for uid 0 inside (`--user 0`/`--user root`).
+    `root_inside`: the caller asked for uid 0 inside (`--user 0`/`--user root`). `helpers`: (uid, gid)
+    of the accounts root tools drop to (apt's `_apt`), mapped too so root inside can switch to them;
+    their files are all they add to what root inside may override.
     """
     if launcher_uid == 0:
         if root_inside or target is None or target[0] == 0:
-            one = (IdMap(0, 0),)
-            return Identity(one, one, False, 0, 0, (), False)
+            uids = tuple(dict.fromkeys((0, *(u for u, _ in helpers))))
+            gids = tuple(dict.fromkeys((0, *(g for _, g in helpers))))
+            return Identity(tuple(IdMap(u, u) for u in uids), tuple(IdMap(g, g) for g in gids), False, 0, 0, (),
+                            False)
         uid, gid, groups = target
         gids = tuple(dict.fromkeys((0, gid, *groups)))
         return Identity((IdMap(0, 0), IdMap(uid, uid)), tuple(IdMap(g, g) for g in gids), False, uid, gid,

@@ -271,6 +271,30 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_cache(args: argparse.Namespace) -> int:
+    """`sandgate cache clear`: forget what sandboxed runs wrote under ~ (caches, and anything else)."""
+    from fsguard import homeoverlay
+
+    user = run_user_uid(args.user)
+    try:
+        removed = homeoverlay.clear(user, os.geteuid())
+    except homeoverlay.HomeOverlayError as e:
+        raise UsageError(e.strerror or str(e)) from None
+    print(f"sandgate: removed {removed}" if removed else "sandgate: nothing to clear", file=sys.stderr)
+    return 0
+
+
+def run_user_uid(spec: str | None) -> int:
+    """The uid whose sandbox home `cache clear` means: --user, else the sudo caller, else you."""
+    from launcher import run
+
+    try:
+        user = run.resolve_user(spec)
+    except run.RunError as e:
+        raise UsageError(str(e)) from None
+    return user.uid if user else os.getuid()
+
+
 def cmd_daemon(args: argparse.Namespace) -> int:
     """`sandgate daemon status|stop|start`: the per-user proxy daemon that `sandgate run` starts on demand."""
     from launcher import daemonctl
@@ -435,6 +459,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     cl = sub.add_parser("cleanup", help="remove what killed runs left: placeholders, state, a dead daemon's socket")
     cl.set_defaults(func=cmd_cleanup)
+
+    ca = sub.add_parser("cache", help="the sandbox's home (caches): writes under ~ kept apart from the real home")
+    ca_sub = ca.add_subparsers(dest="cache_command", required=True, parser_class=_Parser)
+    cc = ca_sub.add_parser("clear", help="forget everything sandboxed runs wrote under ~")
+    cc.add_argument("--user", metavar="USER", help="the home of USER's sandboxed runs (root only)")
+    cc.set_defaults(func=cmd_cache)
 
     dm = sub.add_parser("daemon", help="the proxy daemon that serves every sandbox (started on demand)")
     dm_sub = dm.add_subparsers(dest="daemon_command", required=True, parser_class=_Parser)

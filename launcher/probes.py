@@ -936,12 +936,19 @@ def write_workspace(c: Ctx) -> Result:
 
 @probe("filesystem", "write_outside", "blocked")
 def write_outside(c: Ctx) -> Result:
-    """Writes outside the workspace: tampering with other projects, dotfiles, persistence."""
+    """Writes outside the workspace: tampering with other projects, dotfiles, persistence.
+
+    ~/.bashrc is written too, but inside ~ is the sandbox's own overlay: that write may succeed
+    there, and verify judges it by the REAL file on the host afterwards (it must be unchanged)."""
     line = b"# " + c.marker
+    try:
+        with open(Path(c.s("home")) / ".bashrc", "ab") as f:
+            f.write(line + b"\n")
+    except OSError:
+        pass  # refused outright is fine too
     return combine([
         ("outside_file", attempt(try_append, c.s("outside_file"), line, create=False)),
         ("outside_dir", attempt(try_append, Path(c.s("outside_dir")) / f"verify-{c.context}.txt", line, create=True)),
-        (".bashrc", attempt(try_append, Path(c.s("home")) / ".bashrc", line, create=True)),
     ], need="any")
 
 

@@ -12,6 +12,10 @@ host back after each pass, so a blocked row is judged by the probe AND by what t
 dns_smuggling hides data in a query's other parts (an additional record, an EDNS option, an
 UPDATE, a second question, the letter case of an allowed name); the world's DNS canary logs all
 of them (launcher/canary.py), so verify finds the marker there, or the mixed case (case_name).
+
+wildcard_dns_types asks for TXT, NULL and MX under verify's `*.wild.verify.test` allow (refused by
+the sandbox's resolver: the DNS canary must never see the name); rebind_own_address fetches an
+allowed name that resolves to an address the world (the proxy host) holds outside 198.51.100.0/24.
 """
 
 from __future__ import annotations
@@ -28,8 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from launcher.probes import (DNS_TIMEOUT, QTYPE_A, QTYPE_TXT, Blocked, Ctx, DnsMessage, Result, Unsupported, _git_dir,
-                             _tag, attempt, build_query, combine, encode_name, parse_message, probe, system_resolver,
-                             try_append)
+                             _http_verdict, _tag, attempt, build_query, combine, encode_name, fetch, parse_message,
+                             probe, system_resolver, try_append)
 
 GIT_TIMEOUT = 15.0
 #: Inside `.git`: through these git finds config, hooks or code elsewhere (v1: commondir).
@@ -254,6 +258,55 @@ def dns_smuggling(c: Ctx) -> Result:
                     ("UPDATE", attempt(_smuggle, server, update, "UPDATE accepted")),
                     ("two questions", attempt(_smuggle, server, two)),
                     ("mixed case", attempt(_smuggle, server, case))], need="any")
+
+
+# ------------------------------------------------- wildcard DNS types, own-address rebinding
+
+QTYPE_NULL, QTYPE_MX, RCODE_REFUSED = 10, 15, 5
+WILD_TYPES = (("TXT", QTYPE_TXT), ("NULL", QTYPE_NULL), ("MX", QTYPE_MX))
+
+
+def wild_control_name(label: str, wild_domain: str) -> str:
+    """The control name of wildcard_dns_types: `<label>-a.<wild domain>` (not the marker `<label>.`)."""
+    return f"{label}-a.{wild_domain}"
+
+
+def _typed_query(server: str, name: str, qtype: int) -> Result:
+    """REFUSED is the sandbox's resolver saying no; any other answer means the query went upstream."""
+    try:
+        reply = _send(server, build_query(name, qtype))
+    except TimeoutError as e:
+        raise Blocked(str(e)) from e
+    detail = f"rcode {reply.rcode_text}, {len(reply.answers)} answer(s)"
+    return ("blocked" if reply.rcode == RCODE_REFUSED else "permitted"), detail
+
+
+@probe("network", "wildcard_dns_types", "blocked")
+def wildcard_dns_types(c: Ctx) -> Result:
+    """TXT, NULL and MX queries for a name allowed only by a wildcard rule: a DNS tunnel to whoever runs that domain."""
+    server, wild = system_resolver(), c.s("wild_domain")
+    control = wild_control_name(c.label, wild)
+    try:
+        reply = _send(server, build_query(control))
+    except TimeoutError as e:
+        raise Unsupported(f"the control (A {control}) got no answer: {e}: cannot tell") from e
+    if c.s("wild_ip") not in [r.data for r in reply.answers]:
+        raise Unsupported(f"the control (A {control}) was not answered from the canary: rcode {reply.rcode_text}, "
+                          f"{[r.data for r in reply.answers]}: cannot tell")
+    name = f"{c.label}.{wild}"  # what the canary log is searched for
+    return combine([(t, attempt(_typed_query, server, name, q)) for t, q in WILD_TYPES], need="any")
+
+
+def _fetch_verdict(url: str, c: Ctx, env_proxy: bool) -> Result:
+    return _http_verdict(*fetch(url, c.spec, env_proxy=env_proxy))
+
+
+@probe("network", "rebind_own_address", "blocked")
+def rebind_own_address(c: Ctx) -> Result:
+    """An allowed name resolving to an address the proxy host holds itself (not loopback): SSRF into its own services."""
+    url = c.url("http", c.s("rebind_own_host"))
+    return combine([("explicit proxy", attempt(_fetch_verdict, url, c, True)),
+                    ("transparent", attempt(_fetch_verdict, url, c, False))], need="any")
 
 
 # ------------------------------------------------ the outside halves: run by verify, never inside

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fsguard import env as fsenv
-from fsguard import landlock, mounts, userns
+from fsguard import homeoverlay, landlock, mounts, userns
 from fsguard import policy as fspolicy
 from launcher import daemonctl, runstate, sandbox
 from launcher import policy as lpolicy
@@ -157,7 +157,7 @@ def run(opts: RunOptions) -> int:
 def _inside(opts: RunOptions, conf: Confinement, paths: runstate.RunPaths) -> sandbox.Inside:
     target = (opts.user.uid, opts.user.gid, tuple(opts.user.groups)) if opts.user else None
     try:
-        ident = userns.plan(os.getuid(), os.getgid(), target, opts.root_inside)
+        ident = userns.plan(os.getuid(), os.getgid(), target, opts.root_inside, helpers=_root_helpers())
     except userns.UsernsError as e:
         raise RunError(str(e)) from None
     weak = weakened()
@@ -169,6 +169,18 @@ def _inside(opts: RunOptions, conf: Confinement, paths: runstate.RunPaths) -> sa
     (paths.dir / "hosttmp").mkdir(0o700, exist_ok=True)
     return sandbox.Inside(tuple(opts.cmd), conf.env, ident, conf.mounts, conf.landlock, paths.dir, PORTS,
                           own_netns=own_netns, keep_net_admin="netadmin" in weak, make_dirs=_hidden_home(conf))
+
+
+def _root_helpers() -> tuple[tuple[int, int], ...]:
+    """Accounts that root tools drop privileges to (apt downloads as `_apt`, group nogroup)."""
+    out = []
+    for name in ("_apt",):
+        try:
+            pw = pwd.getpwnam(name)
+        except KeyError:
+            continue
+        out.append((pw.pw_uid, pw.pw_gid))
+    return tuple(out)
 
 
 def _hidden_home(conf: Confinement) -> tuple[str, ...]:
@@ -276,6 +288,12 @@ def _confinement(opts: RunOptions, audit: AuditLog, rt: Path) -> Confinement:
         mplan = mounts.plan(eff)
     except mounts.MountError as e:
         raise RunError(e.strerror or str(e)) from None
+    try:
+        overlay = homeoverlay.plan(home, mplan.write_roots, uid=opts.user.uid if opts.user else os.getuid(),
+                                   owner=os.geteuid())
+    except homeoverlay.HomeOverlayError as e:
+        raise RunError(e.strerror or str(e)) from None
+    mplan = dataclasses.replace(mplan, home=overlay)
     warnings = list(mplan.notes)
     abi = landlock.abi_version()
     lplan: landlock.Plan | None = None
@@ -284,7 +302,7 @@ def _confinement(opts: RunOptions, audit: AuditLog, rt: Path) -> Confinement:
             raise RunError("this kernel has no Landlock (disabled or too old), and --require-landlock was given")
         warnings.append("Landlock is not available on this kernel: writes are NOT restricted to the writable paths")
     else:
-        lplan = landlock.plan(mplan.write_roots, abi=abi)
+        lplan = landlock.plan((*mplan.write_roots, *((overlay.home,) if overlay else ())), abi=abi)
     env, dropped = fsenv.filter_env({k: v for k, v in os.environ.items() if k != WEAKEN_ENV}, opts.policy.env)
     audit.write(policy_record(
         opts.task, write=list(mplan.write_roots), private_tmp=mplan.private_tmp,
@@ -301,6 +319,9 @@ def _confinement(opts: RunOptions, audit: AuditLog, rt: Path) -> Confinement:
         print(f"sandgate: hidden: {', '.join([*mplan.hide_dirs, *mplan.hide_files]) or '-'}", file=sys.stderr)
         print(f"sandgate: environment dropped: {', '.join(dropped) or '-'}", file=sys.stderr)
         print(f"sandgate: landlock ABI {abi}", file=sys.stderr)
+        if overlay is not None:
+            print(f"sandgate: home: {overlay.home} writable inside, writes kept in {overlay.upper} "
+                  "(the real home never changes; sandgate cache clear)", file=sys.stderr)
     return Confinement(mplan, lplan, env, dropped, home)
 
 

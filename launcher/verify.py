@@ -32,12 +32,16 @@ from typing import Any
 
 from fsguard.policy import DEFAULT_READ_DENY
 from launcher import probes, probes_host, probes_review
-from launcher.world import World
+from launcher.world import DUMMY_IF, World
 
 REPO = Path(__file__).resolve().parent.parent
 ALLOWED, BLOCKED, ROGUE = "198.51.100.10", "198.51.100.20", "198.51.100.54"
 ALLOWED_HOST, BLOCKED_HOST = "allowed.verify.test", "blocked.verify.test"
 LOOPBACK_HOST, METADATA_HOST, EXFIL = "loopback.verify.test", "metadata.verify.test", "exfil.verify.test"
+WILD_DOMAIN = "wild.verify.test"  # allowed only as *.wild.verify.test: A/AAAA forwarded, TXT/NULL/MX refused
+#: An address the world (the proxy host) holds outside TEST-NET-2, so not exempt from the own-address veto.
+OWN_IP, OWN_HOST = "203.0.113.77", "own.verify.test"
+IDENTITIES = ("root", "user")
 TCP_PORT, UDP_PORT, QUIC_PORT, OTHER_PORT, HOST_LOOPBACK_PORT = 9000, 9999, 443, 8080, 2222
 RUN_TIMEOUT = 150.0
 SECRET_ENV, VISIBLE_ENV = "SANDGATE_VERIFY_TOKEN", "SANDGATE_VERIFY_VISIBLE"
@@ -51,6 +55,8 @@ network:
     - {ALLOWED_HOST}
     - {LOOPBACK_HOST}     # allowed name that resolves to 127.0.0.1: the SSRF guard must refuse it
     - {METADATA_HOST}     # allowed name that resolves to 169.254.169.254
+    - {OWN_HOST}          # allowed name that resolves to {OWN_IP}, an address of the proxy host itself
+    - "*.{WILD_DOMAIN}"   # a wildcard: only address types may be asked for below it
 """
 
 
@@ -157,6 +163,9 @@ def run_verify(policies: list[Path], only: str | None = None) -> list[Row]:
         with World(prefix="sandgate-v") as w:
             return _in_world(w, scratch, sockdir, policies, only, passes)
     finally:
+        from fsguard import homeoverlay
+
+        homeoverlay.forget_under(os.getuid(), str(scratch))  # the fake homes' sandbox layers go with them
         shutil.rmtree(scratch, ignore_errors=True)
         shutil.rmtree(sockdir, ignore_errors=True)
 
@@ -183,6 +192,10 @@ def _build_world(w: World, scratch: Path, sockdir: Path, token: str) -> dict[str
     w.serve_unix("abstract", abstract, "abstract-socket")  # the host's netns: where X11 and D-Bus listen
     w.serve_unix("unix", str(path_sock), "path-socket")
     _control_unix(w, ["\0" + abstract, str(path_sock)])
+    _own_address_canary(w)
+    for ctx in probes.CONTEXTS:  # the canary answers exact names only: the controls of wildcard_dns_types
+        for who in IDENTITIES:
+            w.add_host(_wild_control(ctx, who), ALLOWED)
     dev, dev_path = probes_host.root_device()
     return {
         "allowed_host": ALLOWED_HOST, "allowed_ip": ALLOWED, "blocked_host": BLOCKED_HOST, "blocked_ip": BLOCKED,
@@ -191,8 +204,32 @@ def _build_world(w: World, scratch: Path, sockdir: Path, token: str) -> dict[str
         "rebind_metadata_host": METADATA_HOST, "host_loopback_port": HOST_LOOPBACK_PORT,
         "abstract_socket": abstract, "path_socket": str(path_sock), "secret_env": SECRET_ENV,
         "visible_env": f"{VISIBLE_ENV}={token}", "world_netns": str(w.netns_file(scratch / "world-netns")),
-        "root_dev": list(dev), "root_dev_path": dev_path,
+        "root_dev": list(dev), "root_dev_path": dev_path, "wild_domain": WILD_DOMAIN, "wild_ip": ALLOWED,
+        "rebind_own_host": OWN_HOST,
     }
+
+
+def _wild_control(ctx: str, who: str) -> str:
+    return probes_review.wild_control_name(probes.dns_label(f"wildcard_dns_types-{ctx}-{who}"), WILD_DOMAIN)
+
+
+OWN_CONTROL = """\
+import sys, urllib.request
+opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+with opener.open(f"http://{sys.argv[1]}/verify/control/rebind_own_address", timeout=5) as r:
+    assert r.status == 200 and sys.argv[2].encode() in r.read(4096), r.status
+"""
+
+
+def _own_address_canary(w: World) -> None:
+    """An http canary on an address the world holds outside TEST-NET-2 (the own-address veto's case);
+    outside the sandbox it answers, so a refusal inside is the proxy's doing."""
+    w.admin(["ip", "addr", "add", f"{OWN_IP}/32", "dev", DUMMY_IF])
+    w.add_host(OWN_HOST, OWN_IP)
+    w.serve("http", OWN_IP, 80, OWN_HOST)
+    r = w.run([sys.executable, "-c", OWN_CONTROL, OWN_IP, f"hello from {OWN_HOST}"])
+    if r.returncode != 0:
+        raise VerifyError(f"the canary on {OWN_IP} does not answer even without the sandbox: {r.stderr.strip()[-300:]}")
 
 
 def _in_world(w: World, scratch: Path, sockdir: Path, policies: list[Path], only: str | None,
@@ -263,10 +300,96 @@ def _run_pass(w: World, p: Pass, base: Path, shared: dict[str, Any], policies: l
     if not results:
         raise VerifyError(f"the probe runner ({p.identity}) produced no results (exit {code}): {err.strip()[-500:]}")
     host = {**planted.evidence(ws, p.identity), **staged.evidence()}
+    # ~ is the sandbox's own overlay (writes inside succeed there): the real dotfile must be untouched.
+    if (rc := (home / ".bashrc").read_text(errors="replace")) != "# verify\n":
+        host["write_outside", "*"] = f"the real ~/.bashrc changed: {rc[-120:]!r}"
+        (home / ".bashrc").write_text("# verify\n")
     rows = [_judge(w, r, p.identity, host) for r in results if only is None or r["group"] == only]
     if only in (None, "process"):
         rows.append(_daemon_row(daemon_token, ws / "results" / f"daemon-{daemon_token}.heartbeat", p.identity))
+    if only in (None, "filesystem"):
+        rows.append(_untrusted_row(w, p, base, home, secret, token))
     return rows
+
+
+UNTRUSTED, AUDIT_UNTRUSTED = "untrusted_workspace_policy", "audit-untrusted.jsonl"
+UNTRUSTED_POLICY = f"""\
+# a checkout's own policy, never trusted: every key here would widen the sandbox
+version: 1
+network:
+  allow:
+    - {BLOCKED_HOST}
+    - cidr: 0.0.0.0/1
+    - cidr: 128.0.0.0/1
+env:
+  keep: ["*"]
+filesystem:
+  write: ["~"]
+"""
+UNTRUSTED_SCRIPT = """\
+import json, os, socket, sys, urllib.error, urllib.request
+host, ip, path, secret, visible = sys.argv[1:6]
+out = {"secret_in": sorted(k for k, v in os.environ.items() if secret in v), "visible": visible in os.environ}
+def get(opener, url):
+    try:
+        with opener.open(url, timeout=5) as r:
+            return f"HTTP {r.status}"
+    except urllib.error.HTTPError as e:
+        return f"HTTP {e.code}"
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+out["by name, proxy variables"] = get(urllib.request.build_opener(), f"http://{host}{path}")
+out["by name, transparent"] = get(urllib.request.build_opener(urllib.request.ProxyHandler({})), f"http://{host}{path}")
+try:
+    with socket.create_connection((ip, 80), timeout=5) as s:
+        s.sendall(f"GET {path} HTTP/1.0\\r\\nHost: {host}\\r\\n\\r\\n".encode())
+        out["by IP"] = s.recv(64).decode(errors="replace").split("\\r\\n")[0] or "closed"
+except Exception as e:
+    out["by IP"] = f"{type(e).__name__}: {e}"
+print(json.dumps(out))
+"""
+
+
+def _untrusted_row(w: World, p: Pass, base: Path, home: Path, secret: str, token: str) -> Row:
+    """Outside the probe run: `sandgate run` WITHOUT --policy in a scratch checkout whose own .sandgate.yaml
+    allows the blocked host, every IPv4 address, every variable and the home. Untrusted, only what it
+    forbids may apply: the blocked canary sees nothing, the secret stays out, and sandgate says so."""
+    ws = base / "untrusted"
+    ws.mkdir()
+    (ws / ".sandgate.yaml").write_text(UNTRUSTED_POLICY)
+    audit = ws / AUDIT_UNTRUSTED  # like the probe run's: never under a home sandgate may not know
+    audit.touch()
+    for path in (ws, ws / ".sandgate.yaml", audit):
+        os.lchown(path, p.uid, p.gid)
+    mark = f"untrusted-{p.identity}"
+    cmd = [sys.executable, "-m", "launcher.cli", "run", "-q", *p.run_args, *_sandbox_view(), "--audit-log", str(audit),
+           "--", p.python, "-c",
+           UNTRUSTED_SCRIPT, BLOCKED_HOST, BLOCKED, f"/verify/{mark}/{UNTRUSTED}", secret, VISIBLE_ENV]
+    env = {"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"), "HOME": str(home),
+           "PYTHONPATH": str(REPO), "LANG": "C.UTF-8", SECRET_ENV: secret, VISIBLE_ENV: token}
+    try:
+        r = w.run(cmd, cwd=ws, env=env, timeout=90)
+        out, err = r.stdout, r.stderr
+    except subprocess.TimeoutExpired as e:
+        out, err = str(e.stdout or ""), f"timed out after 90 s; {e.stderr or ''}"
+    seen = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    hits = _canary_hits(w, UNTRUSTED, mark)
+    notice = next((line for line in err.splitlines() if "is not trusted" in line), "")
+    if hits:
+        observed, evidence = "permitted", "canary saw it: " + "; ".join(json.dumps(h, sort_keys=True)[:300]
+                                                                        for h in hits[:3])
+    elif seen and seen[0]["secret_in"]:
+        observed, evidence = "permitted", f"{SECRET_ENV} reached the command as {', '.join(seen[0]['secret_in'])}"
+    elif not seen:
+        observed, evidence = "unsupported", f"the command reported nothing: {err.strip()[-300:]}: cannot tell"
+    elif not seen[0]["visible"]:
+        observed, evidence = "unsupported", f"the control variable {VISIBLE_ENV} is missing inside: cannot tell"
+    elif not notice:
+        observed, evidence = "unsupported", f"no 'is not trusted' notice from sandgate: {err.strip()[-300:]}"
+    else:
+        tries = "; ".join(f"{k}: {v}" for k, v in seen[0].items() if k not in ("secret_in", "visible"))
+        observed, evidence = "blocked", f"{tries}; secret absent; {notice[:200]}"
+    return Row("filesystem", UNTRUSTED, "child", "blocked", observed, observed == "blocked", evidence, p.identity)
 
 
 def _handle_control(handle: dict[str, Any], secret: str) -> None:
@@ -356,6 +479,8 @@ def _judge(w: World, r: dict[str, Any], tag: str, host: dict[tuple[str, str], st
     seen = host.get((probe, ctx)) or host.get((probe, "*"))
     if probe == "dns_smuggling" and observed == "blocked" and not _allowed_query_seen(w):
         observed, evidence = "unsupported", f"no query for {ALLOWED_HOST} reached the DNS canary: cannot tell; {evidence}"
+    if probe == "wildcard_dns_types" and observed == "blocked" and not _qname_seen(w, _wild_control(ctx, tag)):
+        observed, evidence = "unsupported", f"the control A query never reached the DNS canary: cannot tell; {evidence}"
     if expected == "blocked" and hits:
         observed = "permitted"
         evidence = "canary saw it: " + "; ".join(json.dumps(h, sort_keys=True)[:300] for h in hits[:3])
@@ -367,7 +492,11 @@ def _judge(w: World, r: dict[str, Any], tag: str, host: dict[tuple[str, str], st
 
 def _allowed_query_seen(w: World) -> bool:
     """The control of dns_smuggling: allowed queries reach the world's DNS canary at all."""
-    return w.dns is not None and any(r.get("qname") == ALLOWED_HOST for r in w.dns.log_records("dns"))
+    return _qname_seen(w, ALLOWED_HOST)
+
+
+def _qname_seen(w: World, name: str) -> bool:
+    return w.dns is not None and any(r.get("qname") == name for r in w.dns.log_records("dns"))
 
 
 def _daemon_row(token: str, heartbeat: Path, identity: str) -> Row:
@@ -391,6 +520,9 @@ def coverage_markdown() -> str:
         lines.append(f"| {p.group} | `{p.name}` | {p.expected} | {p.threat.rstrip('.')}{where} |")
     lines.append("| process | `daemon_after_run` | blocked | a setsid daemon started by the task is still running, "
                  "or still reaching the network, after `sandgate run` returned |")
+    lines.append(f"| filesystem | `{UNTRUSTED}` | blocked | a checkout's own untrusted `.sandgate.yaml` allows the "
+                 "blocked host, every IPv4 address, every variable and the home: a separate `sandgate run` "
+                 "without --policy |")
     return "\n".join(lines) + "\n"
 
 

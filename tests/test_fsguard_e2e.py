@@ -82,6 +82,9 @@ def fs() -> Iterator[Fs]:
             policy.write_text("version: 1\nnetwork:\n  allow: [pypi.test]\nenv:\n  keep: [KEEP_TOKEN]\n")
             yield Fs(w, base, ws, home, outside, policy)
     finally:
+        from fsguard import homeoverlay
+
+        homeoverlay.forget_under(os.getuid(), str(base))  # the fake home's sandbox layer too
         shutil.rmtree(base, ignore_errors=True)
 
 
@@ -102,7 +105,8 @@ def test_writes_inside_workspace_and_tmp_work_and_outside_fail(fs: Fs, depth: st
         w ws-{depth}.txt; w /tmp/t-{depth}; w {fs.home}/.bashrc; w /etc/sandgate-probe; w /root/sandgate-probe
         w {fs.outside}/victim.txt; w {fs.outside}/new-{depth}.txt""")
     r = fs.run(probe, depth=depth)
-    assert lines(r) == [f"ok ws-{depth}.txt", f"ok /tmp/t-{depth}", f"refused {fs.home}/.bashrc",
+    # ~/.bashrc: written inside the sandbox's home overlay, never the real one (checked below).
+    assert lines(r) == [f"ok ws-{depth}.txt", f"ok /tmp/t-{depth}", f"ok {fs.home}/.bashrc",
                         "refused /etc/sandgate-probe", "refused /root/sandgate-probe",
                         f"refused {fs.outside}/victim.txt", f"refused {fs.outside}/new-{depth}.txt"], r.stderr
     assert (fs.ws / f"ws-{depth}.txt").read_text() == "x\n"
@@ -172,7 +176,9 @@ def test_remount_and_umount_fail_even_for_root(fs: Fs, depth: str) -> None:
 def test_secrets_in_home_are_hidden(fs: Fs, depth: str) -> None:
     r = fs.run("cat ~/.ssh/id_ed25519 ~/.aws/credentials; ls -A ~/.ssh; echo rc=$?; cat ~/.bashrc", depth=depth)
     assert SECRET not in r.stdout + r.stderr
-    assert lines(r) == ["rc=0", "# rc"]  # .ssh is an empty directory now; other files stay readable
+    # .ssh is an empty directory now; other files stay readable (an earlier test of this module may have
+    # appended to ~/.bashrc inside: the sandbox's home layer keeps that, the real file never changes).
+    assert lines(r)[:2] == ["rc=0", "# rc"]
     assert SECRET in fs.bare("cat ~/.ssh/id_ed25519").stdout  # the key is really there
 
 

@@ -99,6 +99,9 @@ def g() -> Iterator[Git]:
             policy.write_text("version: 1\nnetwork:\n  allow: [pypi.test]\n")
             yield Git(w, base, base / "ws", home, policy, base / "marker")
     finally:
+        from fsguard import homeoverlay
+
+        homeoverlay.forget_under(os.getuid(), str(base))  # the fake home's sandbox layer too
         shutil.rmtree(base, ignore_errors=True)
 
 

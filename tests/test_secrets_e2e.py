@@ -74,6 +74,9 @@ def h() -> Iterator[Home]:
             (home / ".config" / "other.conf").write_text("plain-config\n")
             yield Home(w, base, ws, home)
     finally:
+        from fsguard import homeoverlay
+
+        homeoverlay.forget_under(os.getuid(), str(base))  # the fake home's sandbox layer too
         shutil.rmtree(base, ignore_errors=True)
 
 

@@ -68,3 +68,9 @@ def test_a_disabled_user_namespace_names_the_setting_and_the_fix(path: str, valu
 
 def test_nothing_is_blamed_when_the_settings_allow_it() -> None:
     assert userns.unprivileged_userns_problem(lambda p: {"/proc/sys/user/max_user_namespaces": "96363"}.get(p)) is None
+
+
+def test_root_maps_the_accounts_root_tools_drop_to() -> None:
+    ident = userns.plan(0, 0, None, root_inside=False, helpers=((42, 65534),))
+    assert ident.uid_map == (IdMap(0, 0), IdMap(42, 42)) and ident.gid_map == (IdMap(0, 0), IdMap(65534, 65534))
+    assert userns.plan(1000, 1000, None, root_inside=True, helpers=((42, 65534),)).uid_map == (IdMap(0, 1000),)

@@ -89,6 +89,8 @@ OPEN_NETWORK_FAILS = {
     "blocked_transparent", "sni_spoof", "host_mismatch",  # no transparent proxy: the blocked IP answers itself
     "dns_udp_rogue", "dns_tcp_rogue", "dns_txt_exfil",  # any resolver, and the world's relays the secret
     "dns_smuggling",  # the world's resolver sees the client's own bytes: extra records, options, case
+    "wildcard_dns_types",  # the world's resolver answers TXT/NULL/MX for any name: nothing refuses them
+    "rebind_own_address",  # transparently, the name leads straight to the world's own address
     "host_loopback_service",  # the host's own loopback services
     "netns_tamper",  # its final connection goes straight through
 }

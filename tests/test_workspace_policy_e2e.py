@@ -94,6 +94,9 @@ def ws() -> Iterator[Ws]:
         try:
             yield Ws(w, servers, w.tmp / "state", homes)
         finally:
+            from fsguard import homeoverlay
+
+            homeoverlay.forget_under(os.getuid(), str(homes))  # the fake homes' sandbox layers too
             shutil.rmtree(homes, ignore_errors=True)
 
 
@@ -123,8 +126,9 @@ def test_an_untrusted_checkout_policy_gets_nothing_it_asks_for_but_its_denials(w
                     "filesystem.write, env.keep; to trust it: sandgate trust .sandgate.yaml")]
     # The two /1s are ignored: the request by IP never reached the server.
     assert f"http://{BY_IP}/=403" in out and ws.untouched(before, "by_ip", "denied")
-    # write: ["~"] is ignored: $HOME stayed read-only (outside the workspace) and nothing landed there.
-    assert "home-write-failed" in out and not (home / "planted").exists()
+    # write: ["~"] is ignored: whatever the command wrote under ~ went to the sandbox's own home
+    # layer (the overlay), and nothing landed in the real home.
+    assert not (home / "planted").exists()
     # env.keep: ["*"] is ignored: the token stays dropped. Its own drop and read_deny do apply.
     assert "token=dropped" in out and SECRET not in out and "visible=dropped" in out and "notes=\n" in out
     # Its deny rule applies, and is the reason given: the denial names the file's line.
