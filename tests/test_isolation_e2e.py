@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 import pytest
 
-from .e2e import REPO, SANDGATE, env, write_policy
+from .e2e import REPO, RUN, SANDGATE, env, write_policy
 from .rootless import UnprivilegedUser
 from .world import Server, World
 
@@ -53,7 +53,7 @@ class Side:
     def sandgate(self, *args: str, extra_env: dict[str, str] | None = None,
                  timeout: float = 60) -> subprocess.CompletedProcess[str]:
         e = {**env(), "HOME": str(self.home), **(extra_env or {})}
-        return self.runner.run([*SANDGATE, "run", "-q", "--policy", str(self.policy),
+        return self.runner.run([*RUN, "-q", "--policy", str(self.policy),
                                 "--audit-log", str(self.work / "audit.jsonl"), *args],
                                timeout=timeout, cwd=self.work, env=e)
 
@@ -129,7 +129,7 @@ def test_nothing_of_a_sandbox_is_created_in_the_host_namespaces(side: Side) -> N
     assert side.sandgate("--", "true").returncode == 0  # the daemon is up: it is no sandbox's state
     before = host_state()
     flag = side.work / f"flag-{side.name}"
-    cmd = [*SANDGATE, "run", "-q", "--policy", str(side.policy), "--audit-log", str(side.work / "a2.jsonl"), "--",
+    cmd = [*RUN, "-q", "--policy", str(side.policy), "--audit-log", str(side.work / "a2.jsonl"), "--",
            "sh", "-c", f"touch {flag}; sleep 2"]
     proc = side.runner.popen(cmd, cwd=side.work, env={**env(), "HOME": str(side.home)})
     try:
