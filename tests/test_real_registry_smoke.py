@@ -25,12 +25,20 @@ REPO = Path(__file__).resolve().parent.parent
 SANDGATE = [sys.executable, "-m", "launcher.cli", "run"]
 
 
+def _daemon(*args: str) -> int:
+    return subprocess.run([sys.executable, "-m", "launcher.cli", "daemon", *args], cwd=REPO, capture_output=True,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}).returncode
+
+
 @pytest.fixture(scope="module")
 def home() -> Iterator[Path]:
     d = Path(tempfile.mkdtemp(prefix="sandgate-smoke-home-", dir="/var/tmp"))
+    had_daemon = _daemon("status") == 0  # this runs in the host's namespace: someone's daemon may be up
     try:
         yield d
     finally:
+        if not had_daemon:
+            _daemon("stop")  # the one these runs started: leave no process behind
         from fsguard import homeoverlay
 
         homeoverlay.forget_under(os.getuid(), str(d))
