@@ -87,6 +87,11 @@ def _under(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
 
 
+def left_out_by_private_tmp(path: str, private_tmp: bool, rebinds: tuple[str, ...]) -> bool:
+    """Under the host's /tmp and not re-exposed: the sandbox's own /tmp already leaves it out."""
+    return private_tmp and _under(path, "/tmp") and not any(_under(path, r) for r in rebinds)
+
+
 def plan(eff: Effective) -> MountPlan:
     """What to mount for this run. Reads the filesystem (lstat/realpath/scandir), changes nothing.
 
@@ -117,7 +122,7 @@ def plan(eff: Effective) -> MountPlan:
     for path, is_dir in (*rest, *git.protect):
         if path in eff.existing_only and not os.path.lexists(path):
             continue  # a default protection in an extra writable root: only where it exists
-        if eff.private_tmp and _under(path, "/tmp") and not any(_under(path, r) for r in tmp_rebinds):
+        if left_out_by_private_tmp(path, eff.private_tmp, tmp_rebinds):
             continue  # under the host's /tmp, which the private /tmp leaves out anyway
         _walk_protected(path, is_dir, roots, pins, protect, placeholders)
     hide_dirs: list[str] = []
@@ -128,7 +133,7 @@ def plan(eff: Effective) -> MountPlan:
         real = os.path.realpath(p)  # a mount follows symlinks: hide what the name really reaches
         if not os.path.exists(real):
             continue
-        if eff.private_tmp and _under(real, "/tmp") and not any(_under(real, r) for r in tmp_rebinds):
+        if left_out_by_private_tmp(real, eff.private_tmp, tmp_rebinds):
             continue  # the private /tmp already leaves it out (and there is nothing to mount over)
         (hide_dirs if os.path.isdir(real) else hide_files).append(real)
         if real != p:

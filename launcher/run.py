@@ -186,10 +186,7 @@ def _root_helpers() -> tuple[tuple[int, int], ...]:
 def _hidden_home(conf: Confinement) -> tuple[str, ...]:
     """A home under the host's /tmp vanishes in the private /tmp: give the task an empty one in its place."""
     m = conf.mounts
-    under = conf.home.startswith("/tmp/")
-    if m.private_tmp and under and not any(conf.home == r or conf.home.startswith(r + "/") for r in m.tmp_rebinds):
-        return (conf.home,)
-    return ()
+    return (conf.home,) if mounts.left_out_by_private_tmp(conf.home, m.private_tmp, m.tmp_rebinds) else ()
 
 
 def _launch(opts: RunOptions, ins: sandbox.Inside, daemon: daemonctl.Daemon, audit: AuditLog,
