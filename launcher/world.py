@@ -43,7 +43,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
 from . import certs
 
@@ -67,16 +67,22 @@ VERIFY_PREFIXES = ("sandgate-v", "sandgate-vc")
 KNOWN_PREFIXES = TEST_PREFIXES + VERIFY_PREFIXES
 # Only distinctive names: cleanup_stale deletes namespaces by these prefixes. No trailing digit,
 # so the pid that follows is unambiguous.
+C = TypeVar("C", bound="Closable")
 _PREFIX_RE = re.compile(r"sandgate-[a-z]+(?:-[a-z]+)*")
 _PROXY_VARS = {"http_proxy", "https_proxy", "all_proxy", "no_proxy", "ftp_proxy"}
 
 
-class _Registry:
-    """The only module state: live Worlds (for atexit/SIGTERM) and a counter for unique names."""
+class Closable(Protocol):
+    def close(self) -> None: ...
+
+
+class Registry(Generic[C]):
+    """Live things to close at exit or on SIGTERM (Worlds here; the tests' throwaway users too),
+    and a counter for unique names. Each registry chains to the SIGTERM handler installed before it."""
 
     def __init__(self) -> None:
         self.lock = threading.RLock()  # re-entered by the SIGTERM handler on the main thread
-        self.worlds: list[World] = []
+        self.items: list[C] = []
         self.counter = itertools.count()
         self.hooked = False
         self.prev_sigterm: Any = None
@@ -85,25 +91,25 @@ class _Registry:
         with self.lock:
             return next(self.counter)
 
-    def add(self, world: World) -> None:
+    def add(self, item: C) -> None:
         with self.lock:
-            self.worlds.append(world)
+            self.items.append(item)
             if not self.hooked:
                 self.hooked = True
                 atexit.register(self.close_all)
                 self._hook_sigterm()
 
-    def remove(self, world: World) -> None:
+    def remove(self, item: C) -> None:
         with self.lock:
-            if world in self.worlds:
-                self.worlds.remove(world)
+            if item in self.items:
+                self.items.remove(item)
 
     def close_all(self) -> None:
         with self.lock:
-            worlds = list(reversed(self.worlds))
-        for world in worlds:
+            items = list(reversed(self.items))
+        for item in items:
             with contextlib.suppress(Exception):
-                world.close()
+                item.close()
 
     def _hook_sigterm(self) -> None:
         """Clean up then die as SIGTERM would have; only if nobody else handles or ignores SIGTERM."""
@@ -125,7 +131,7 @@ class _Registry:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
-_REGISTRY = _Registry()
+_REGISTRY: Registry[World] = Registry()
 
 
 # ---------------------------------------------------------------- small helpers

@@ -24,11 +24,9 @@ real CLI as a user that exists only for one test. Two problems are solved here:
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import functools
 import grp
-import itertools
 import json
 import os
 import pwd
@@ -39,14 +37,13 @@ import stat
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from launcher.world import _netns_pids, _owner_pid, _pid_alive
+from launcher.world import Registry, _netns_pids, _owner_pid, _pid_alive
 
 from .world import Client, World, _NetnsRunner
 
@@ -269,57 +266,8 @@ def _wait_gone(uid: int, timeout: float) -> list[int]:
 # ---------------------------------------------------------------- registry (atexit / SIGTERM)
 
 
-class _Registry:
-    """Live users, so that atexit and SIGTERM remove them too; a counter for unique names."""
-
-    def __init__(self) -> None:
-        self.lock = threading.RLock()
-        self.users: list[UnprivilegedUser] = []
-        self.counter = itertools.count()
-        self.hooked = False
-        self.prev_sigterm: Any = None
-
-    def add(self, user: UnprivilegedUser) -> None:
-        with self.lock:
-            self.users.append(user)
-            if not self.hooked:
-                self.hooked = True
-                atexit.register(self.close_all)
-                self._hook_sigterm()
-
-    def remove(self, user: UnprivilegedUser) -> None:
-        with self.lock:
-            if user in self.users:
-                self.users.remove(user)
-
-    def close_all(self) -> None:
-        with self.lock:
-            users = list(reversed(self.users))
-        for user in users:
-            with contextlib.suppress(Exception):
-                user.close()
-
-    def _hook_sigterm(self) -> None:
-        """Chain to launcher.world's handler (or the default), whichever was installed first."""
-        if threading.current_thread() is not threading.main_thread():
-            return
-        prev = signal.getsignal(signal.SIGTERM)
-        if prev is signal.SIG_IGN or prev is None:
-            return
-        self.prev_sigterm = prev
-        signal.signal(signal.SIGTERM, self._on_sigterm)
-
-    def _on_sigterm(self, signum: int, frame: Any) -> None:
-        self.close_all()
-        prev = self.prev_sigterm
-        if callable(prev):
-            prev(signum, frame)
-            return
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGTERM)
-
-
-_REGISTRY = _Registry()
+# The same atexit/SIGTERM registry as the Worlds' (it chains to theirs, whichever hooked first).
+_REGISTRY: Registry[UnprivilegedUser] = Registry()
 
 
 def _login_defs(key: str, default: int) -> int:
