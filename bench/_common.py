@@ -28,10 +28,10 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Iterator
 from urllib.parse import parse_qs, urlsplit
 
 LOOPBACK = "127.0.0.1"
@@ -44,7 +44,16 @@ CHUNK = 256 * 1024
 MiB = 1024 * 1024
 
 # Proxy variables in the environment would send "direct" measurements through some other proxy.
-_PROXY_ENV = ("http_proxy", "https_proxy", "all_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY")
+_PROXY_ENV = (
+    "http_proxy",
+    "https_proxy",
+    "all_proxy",
+    "no_proxy",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "ALL_PROXY",
+    "NO_PROXY",
+)
 
 
 def clean_env() -> dict[str, str]:
@@ -134,7 +143,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.request.do_handshake()
         super().setup()
 
-    def do_GET(self) -> None:  # noqa: N802 (http.server naming)
+    def do_GET(self) -> None:
         url = urlsplit(self.path)
         if url.path == "/small":
             body = b"ok\n"
@@ -230,9 +239,18 @@ def local_servers() -> Iterator[Servers]:
         while https_port == http_port:
             https_port = free_port()
         proc = subprocess.Popen(
-            [PYTHON, str(Path(__file__).resolve()), "--serve", str(http_port), str(https_port),
-             str(certs.cert_pem), str(certs.key_pem)],
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            [
+                PYTHON,
+                str(Path(__file__).resolve()),
+                "--serve",
+                str(http_port),
+                str(https_port),
+                str(certs.cert_pem),
+                str(certs.key_pem),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
         )
         _wait_for_line(proc, proc.stdout, "bench-servers: ready", READY_TIMEOUT, "local test servers")
         yield Servers(http_port, https_port, certs, proc)
@@ -277,13 +295,7 @@ class Proxy:
 
 def policy_yaml(ports: list[int]) -> str:
     """An allow-only policy for 127.0.0.1 on exactly `ports` (loopback needs an explicit cidr rule)."""
-    return (
-        "version: 1\n"
-        "network:\n"
-        "  allow:\n"
-        f"    - cidr: {LOOPBACK}/32\n"
-        f"      ports: [{', '.join(map(str, ports))}]\n"
-    )
+    return f"version: 1\nnetwork:\n  allow:\n    - cidr: {LOOPBACK}/32\n      ports: [{', '.join(map(str, ports))}]\n"
 
 
 @contextlib.contextmanager
@@ -297,9 +309,11 @@ def sandgate_proxy(allowed_ports: list[int]) -> Iterator[Proxy]:
         audit = tmp / "audit.jsonl"
         port = free_port()
         proc = subprocess.Popen(
-            [SANDGATE, "proxy", "--policy", str(policy), "--listen", f"{LOOPBACK}:{port}",
-             "--audit-log", str(audit)],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=tmp,
+            [SANDGATE, "proxy", "--policy", str(policy), "--listen", f"{LOOPBACK}:{port}", "--audit-log", str(audit)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            cwd=tmp,
             env=clean_env(),
         )
         _wait_for_line(proc, proc.stderr, "sandgate: proxy ready on", READY_TIMEOUT, "sandgate proxy")

@@ -120,8 +120,10 @@ def main() -> int:
         d, p = samples[f"{scheme} direct"], samples[f"{scheme} proxied"]
         print(f"{scheme:<16} {statistics.median(p) - statistics.median(d):>+10.3f} {p95(p) - p95(d):>+8.3f}")
     print()
-    print(f"proxy RSS after the runs: {mem['VmRSS'] / 1024:.1f} MiB (peak {mem['VmHWM'] / 1024:.1f} MiB); "
-          f"total run time {time.perf_counter() - started:.1f} s")
+    print(
+        f"proxy RSS after the runs: {mem['VmRSS'] / 1024:.1f} MiB (peak {mem['VmHWM'] / 1024:.1f} MiB); "
+        f"total run time {time.perf_counter() - started:.1f} s"
+    )
     return 0
 
 

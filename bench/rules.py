@@ -39,8 +39,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from netguard import policy as npolicy  # noqa: E402
-from netguard import rules as nrules  # noqa: E402
+from netguard import policy as npolicy
+from netguard import rules as nrules
 
 SIZES = (10, 1_000, 100_000)
 CIDR_PREFIXES = (12, 16, 24, 32)
@@ -65,7 +65,12 @@ def build_entries(n: int) -> tuple[list, list]:
         # Distinct networks per prefix length, strict (host bits zero). Policy data only: no traffic.
         k = i // len(CIDR_PREFIXES)
         hi, lo = (k // 256) % 256, k % 256
-        net = {12: f"{20 + k // 16 % 200}.{k % 16 * 16}.0.0", 16: f"100.{lo}.0.0", 24: f"10.{hi}.{lo}.0", 32: f"192.168.{hi}.{lo}"}[plen]
+        net = {
+            12: f"{20 + k // 16 % 200}.{k % 16 * 16}.0.0",
+            16: f"100.{lo}.0.0",
+            24: f"10.{hi}.{lo}.0",
+            32: f"192.168.{hi}.{lo}",
+        }[plen]
         allow.append({"cidr": f"{net}/{plen}", "ports": [443]})
     deny: list = []
     for i in range(n_deny):
@@ -75,8 +80,11 @@ def build_entries(n: int) -> tuple[list, list]:
 
 def build_queries(allow: list, count: int, rng: random.Random) -> list[tuple[str, int]]:
     """A fixed mix: 30% exact hits, 30% wildcard hits, 25% misses, 15% IP literals; ports mostly 443."""
-    exact = [e if isinstance(e, str) else e["host"] for e in allow
-             if (isinstance(e, str) and not e.startswith("*.")) or (isinstance(e, dict) and "host" in e)]
+    exact = [
+        e if isinstance(e, str) else e["host"]
+        for e in allow
+        if (isinstance(e, str) and not e.startswith("*.")) or (isinstance(e, dict) and "host" in e)
+    ]
     wild = [e[2:] for e in allow if isinstance(e, str) and e.startswith("*.")]
     cidrs = [e["cidr"] for e in allow if isinstance(e, dict) and "cidr" in e]
     queries: list[tuple[str, int]] = []
@@ -135,8 +143,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--decisions", type=int, default=20_000, help="decisions timed per pass (default 20000)")
     ap.add_argument("--repeats", type=int, default=5, help="timed passes per size; median reported (default 5)")
-    ap.add_argument("--distinct", type=int, default=1_000,
-                    help="distinct destinations in the warm mix (default 1000, below the name memo's size)")
+    ap.add_argument(
+        "--distinct",
+        type=int,
+        default=1_000,
+        help="distinct destinations in the warm mix (default 1000, below the name memo's size)",
+    )
     ap.add_argument("--seed", type=int, default=1, help="random seed for the query mix (default 1)")
     args = ap.parse_args()
     started = time.perf_counter()
@@ -169,15 +181,21 @@ def main() -> int:
     c10, w10 = rows[0][3], rows[0][4]
     print(f"netguard.rules.decide: {args.decisions} decisions per pass, median of {args.repeats} passes")
     print("  cold: every destination normalised afresh (first sight of a name)")
-    print(f"  warm: {args.distinct} distinct destinations seen before"
-          + (" (name memo hits)" if memo else " (this rules version has no name memo: same work as cold)"))
+    print(
+        f"  warm: {args.distinct} distinct destinations seen before"
+        + (" (name memo hits)" if memo else " (this rules version has no name memo: same work as cold)")
+    )
     print()
-    print(f"{'rules':>8} {'parse ms':>9} {'compile ms':>11} {'cold ns':>8} {'vs 10':>6} {'warm ns':>8} {'vs 10':>6}"
-          f"   outcomes (cold mix)")
+    print(
+        f"{'rules':>8} {'parse ms':>9} {'compile ms':>11} {'cold ns':>8} {'vs 10':>6} {'warm ns':>8} {'vs 10':>6}"
+        f"   outcomes (cold mix)"
+    )
     for n, parse_s, comp_s, cold, warm, actions in rows:
         mix = ", ".join(f"{k} {v / args.decisions:.0%}" for k, v in sorted(actions.items()))
-        print(f"{n:>8,} {parse_s * 1000:>9.1f} {comp_s * 1000:>11.1f} {cold:>8.0f} {cold / c10:>5.2f}x "
-              f"{warm:>8.0f} {warm / w10:>5.2f}x   {mix}")
+        print(
+            f"{n:>8,} {parse_s * 1000:>9.1f} {comp_s * 1000:>11.1f} {cold:>8.0f} {cold / c10:>5.2f}x "
+            f"{warm:>8.0f} {warm / w10:>5.2f}x   {mix}"
+        )
     print()
     print(f"total run time {time.perf_counter() - started:.1f} s")
     return 0

@@ -35,8 +35,14 @@ def timed(cmd: list[str], cwd: Path, env: dict[str, str]) -> float:
 
 
 def stop_daemon(sandgate: list[str], cwd: Path, env: dict[str, str]) -> None:
-    subprocess.run([*sandgate, "daemon", "stop"], cwd=cwd, env=env, stdout=subprocess.DEVNULL,
-                   stderr=subprocess.DEVNULL, check=False)
+    subprocess.run(
+        [*sandgate, "daemon", "stop"],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        check=False,
+    )
 
 
 def row(name: str, samples: list[float], base: float) -> str:
@@ -44,8 +50,9 @@ def row(name: str, samples: list[float], base: float) -> str:
     p90 = sorted(samples)[max(0, int(len(samples) * 0.9) - 1)]
     target = TARGETS.get(name.split()[-1])
     verdict = "" if target is None else f"  target <= {target * 1000:.0f} ms: {'met' if med <= target else 'NOT met'}"
-    return (f"{name:<28} median {med * 1000:8.1f} ms  p90 {p90 * 1000:8.1f} ms  ratio to bare {med / base:7.1f}x"
-            f"{verdict}")
+    return (
+        f"{name:<28} median {med * 1000:8.1f} ms  p90 {p90 * 1000:8.1f} ms  ratio to bare {med / base:7.1f}x{verdict}"
+    )
 
 
 def main() -> int:
@@ -58,12 +65,25 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="sandgate-bench-") as tmp:
         work = Path(tmp)
         sandgate = [sys.executable, "-m", "launcher.cli"]
-        run = [*sandgate, "run", "-q", "--allow", "example.test", "--audit-log", str(work / "audit.jsonl"),
-               "--", "true"]
+        run = [
+            *sandgate,
+            "run",
+            "-q",
+            "--allow",
+            "example.test",
+            "--audit-log",
+            str(work / "audit.jsonl"),
+            "--",
+            "true",
+        ]
         stop_daemon(sandgate, work, env)
         timed(run, work, env)  # warm the page cache for the imports (and start the daemon)
-        rows: dict[str, list[float]] = {"bare `true`": [], "`unshare -Urn true`": [],
-                                        "sandgate run, warm": [], "sandgate run, cold": []}
+        rows: dict[str, list[float]] = {
+            "bare `true`": [],
+            "`unshare -Urn true`": [],
+            "sandgate run, warm": [],
+            "sandgate run, cold": [],
+        }
         for _ in range(args.n):
             rows["bare `true`"].append(timed(["true"], work, env))
             if unshare:

@@ -29,8 +29,20 @@ import _common as c
 
 def curl_download(url: str, nbytes: int, certs: c.Certs, proxy: str | None, timeout: float) -> float:
     """One download with curl; returns bytes/second as curl measured it. Raises on any short or failed transfer."""
-    cmd = ["curl", "-s", "-S", "--fail", "-o", "/dev/null", "--max-time", str(int(timeout)),
-           "-w", "%{speed_download} %{size_download} %{http_code}", "--cacert", str(certs.ca_pem)]
+    cmd = [
+        "curl",
+        "-s",
+        "-S",
+        "--fail",
+        "-o",
+        "/dev/null",
+        "--max-time",
+        str(int(timeout)),
+        "-w",
+        "%{speed_download} %{size_download} %{http_code}",
+        "--cacert",
+        str(certs.ca_pem),
+    ]
     cmd += ["-x", proxy] if proxy else ["--noproxy", "*"]
     cmd.append(url)
     out = subprocess.run(cmd, capture_output=True, text=True, env=c.clean_env(), timeout=timeout + 10)
@@ -45,8 +57,9 @@ def curl_download(url: str, nbytes: int, certs: c.Certs, proxy: str | None, time
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--mb", type=int, default=512, help="MiB per download (default 512)")
-    ap.add_argument("--repeat", type=int, default=1,
-                    help="downloads per mode and path; the median is reported (default 1)")
+    ap.add_argument(
+        "--repeat", type=int, default=1, help="downloads per mode and path; the median is reported (default 1)"
+    )
     ap.add_argument("--timeout", type=float, default=600, help="seconds allowed per download (default 600)")
     args = ap.parse_args()
     if shutil.which("curl") is None:
@@ -68,7 +81,8 @@ def main() -> int:
                 # Alternate direct and proxied so drift (thermal, other load) hits both alike.
                 for path, via in (("direct", None), ("proxied", px.url)):
                     results.setdefault((scheme, path), []).append(
-                        curl_download(url, nbytes, srv.certs, via, args.timeout))
+                        curl_download(url, nbytes, srv.certs, via, args.timeout)
+                    )
             if resettable:
                 peaks[scheme] = px.memory_kib()["VmHWM"]
         mem_after = px.memory_kib()
@@ -83,9 +97,11 @@ def main() -> int:
         peak = f" {peaks[scheme] / 1024:>11.1f} MiB" if scheme in peaks else ""
         print(f"{label:<24} {d:>12.1f} {p:>13.1f} {p / d:>15.2f}{peak}")
     print()
-    print(f"proxy RSS after start: {mem_before['VmRSS'] / 1024:.1f} MiB; "
-          f"after the runs: {mem_after['VmRSS'] / 1024:.1f} MiB; peak over the whole run (VmHWM): "
-          f"{mem_after['VmHWM'] / 1024:.1f} MiB")
+    print(
+        f"proxy RSS after start: {mem_before['VmRSS'] / 1024:.1f} MiB; "
+        f"after the runs: {mem_after['VmRSS'] / 1024:.1f} MiB; peak over the whole run (VmHWM): "
+        f"{mem_after['VmHWM'] / 1024:.1f} MiB"
+    )
     if not peaks:
         print("(per-mode peaks unavailable: /proc/<pid>/clear_refs not writable, so VmHWM could not be reset)")
     print(f"(MB = 10^6 bytes; total run time {time.perf_counter() - started:.1f} s)")

@@ -76,18 +76,20 @@ NAMES: dict[int, str] = {v: k for k, v in dict(globals()).items() if k.startswit
 
 # What a root-inside command keeps: enough for apt/dpkg, chown, pip and test servers. Each acts only
 # on what the user namespace maps and owns; Landlock and the mount namespace still decide where.
-KEEP: frozenset[int] = frozenset({
-    CAP_CHOWN,  # dpkg/tar/pip chown unpacked files to their owners (root:root, _apt, ...)
-    CAP_DAC_OVERRIDE,  # root ignores file modes, as package scripts expect (0600 files, others' dirs)
-    CAP_FOWNER,  # chmod/utime/setxattr on files it does not own (dpkg restores modes and times)
-    CAP_FSETID,  # keep setgid bits on chown/write (dpkg installs setgid dirs/binaries; nnp defuses them)
-    CAP_KILL,  # signal its own processes of other uids (apt's _apt helpers); the pid ns holds only ours
-    CAP_SETGID,  # apt/su-like tools drop to another gid; only gids the namespace maps exist
-    CAP_SETUID,  # apt drops to _apt, test suites switch users; only mapped uids exist
-    CAP_SETPCAP,  # a nested sandbox (bwrap, a test harness) drops its own bounding set; cannot raise it
-    CAP_NET_BIND_SERVICE,  # test servers on ports < 1024, inside the sandbox's own network namespace
-    CAP_SYS_CHROOT,  # debootstrap, dpkg --root, build chroots: inside our mount namespace, under Landlock
-})
+KEEP: frozenset[int] = frozenset(
+    {
+        CAP_CHOWN,  # dpkg/tar/pip chown unpacked files to their owners (root:root, _apt, ...)
+        CAP_DAC_OVERRIDE,  # root ignores file modes, as package scripts expect (0600 files, others' dirs)
+        CAP_FOWNER,  # chmod/utime/setxattr on files it does not own (dpkg restores modes and times)
+        CAP_FSETID,  # keep setgid bits on chown/write (dpkg installs setgid dirs/binaries; nnp defuses them)
+        CAP_KILL,  # signal its own processes of other uids (apt's _apt helpers); the pid ns holds only ours
+        CAP_SETGID,  # apt/su-like tools drop to another gid; only gids the namespace maps exist
+        CAP_SETUID,  # apt drops to _apt, test suites switch users; only mapped uids exist
+        CAP_SETPCAP,  # a nested sandbox (bwrap, a test harness) drops its own bounding set; cannot raise it
+        CAP_NET_BIND_SERVICE,  # test servers on ports < 1024, inside the sandbox's own network namespace
+        CAP_SYS_CHROOT,  # debootstrap, dpkg --root, build chroots: inside our mount namespace, under Landlock
+    }
+)
 
 # Dropped on purpose (everything not in KEEP is dropped; these are the ones an attacker wants most).
 WHY_DROPPED: dict[int, str] = {
@@ -145,9 +147,11 @@ _prctl = ctypes.CFUNCTYPE(
 )(("prctl", _libc))
 _CapDataV3 = _CapData * _LINUX_CAPABILITY_U32S_3
 _capget = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(_CapHeader), ctypes.POINTER(_CapData), use_errno=True)(
-    ("capget", _libc))
+    ("capget", _libc)
+)
 _capset = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(_CapHeader), ctypes.POINTER(_CapData), use_errno=True)(
-    ("capset", _libc))
+    ("capset", _libc)
+)
 _libc.syscall.restype = ctypes.c_long
 
 
@@ -252,7 +256,13 @@ def join_session_keyring() -> None:
     """
     nr = seccomp.syscall_number("keyctl")
     ctypes.set_errno(0)
-    serial = _libc.syscall(ctypes.c_long(nr), ctypes.c_long(KEYCTL_JOIN_SESSION_KEYRING), ctypes.c_void_p(None),
-                           ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0))
+    serial = _libc.syscall(
+        ctypes.c_long(nr),
+        ctypes.c_long(KEYCTL_JOIN_SESSION_KEYRING),
+        ctypes.c_void_p(None),
+        ctypes.c_ulong(0),
+        ctypes.c_ulong(0),
+        ctypes.c_ulong(0),
+    )
     if serial < 0:
         raise _fail("keyctl(KEYCTL_JOIN_SESSION_KEYRING)")

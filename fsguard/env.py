@@ -50,25 +50,61 @@ from functools import cache
 #: Credential-looking names, in families first, then names the families miss.
 DEFAULT_ENV_DROP: tuple[str, ...] = (
     # families
-    "*_KEY", "*_KEYS", "*_KEY_*", "*API_KEY*", "*APIKEY*", "*KEYFILE*",
-    "*TOKEN", "*_TOKEN_*",
-    "*SECRET*", "*PASSWORD*", "*PASSWD*", "*PASSPHRASE*", "*_PWD", "*_PASS",
-    "*CREDENTIAL*", "*_CREDS", "*_AUTH", "*_AUTH_*", "*AUTHTOKEN*", "*_PAT",
-    "*_DSN", "*CONNECTION_STRING*", "*WEBHOOK*",
+    "*_KEY",
+    "*_KEYS",
+    "*_KEY_*",
+    "*API_KEY*",
+    "*APIKEY*",
+    "*KEYFILE*",
+    "*TOKEN",
+    "*_TOKEN_*",
+    "*SECRET*",
+    "*PASSWORD*",
+    "*PASSWD*",
+    "*PASSPHRASE*",
+    "*_PWD",
+    "*_PASS",
+    "*CREDENTIAL*",
+    "*_CREDS",
+    "*_AUTH",
+    "*_AUTH_*",
+    "*AUTHTOKEN*",
+    "*_PAT",
+    "*_DSN",
+    "*CONNECTION_STRING*",
+    "*WEBHOOK*",
     # providers whose credentials have names no family catches (AWS_ACCESS_KEY_ID is caught,
     # AZURE_DEVOPS_EXT_PAT too; AZURE_USERNAME/AZURE_CLIENT_CERTIFICATE_PATH are not)
-    "AWS_*", "AZURE_*",
+    "AWS_*",
+    "AZURE_*",
     # one-offs: agent sockets (they sign with keys the sandbox must not use), tools' own names
-    "SSH_AUTH_SOCK", "GPG_AGENT_INFO", "KUBECONFIG", "SSHPASS", "BW_SESSION", "OP_SESSION_*",
+    "SSH_AUTH_SOCK",
+    "GPG_AGENT_INFO",
+    "KUBECONFIG",
+    "SSHPASS",
+    "BW_SESSION",
+    "OP_SESSION_*",
 )
 
 #: Well-known non-secrets that a name pattern above catches or might catch: CA bundles (a
 #: TLS client inside needs them), the shell's working directories, AWS settings that are not keys.
 DEFAULT_ENV_KEEP: tuple[str, ...] = (
-    "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "NODE_EXTRA_CA_CERTS",
-    "GIT_SSL_CAINFO", "GIT_SSL_CAPATH", "PIP_CERT", "NIX_SSL_CERT_FILE", "CARGO_HTTP_CAINFO",
-    "AWS_CA_BUNDLE", "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_PROFILE",
-    "PWD", "OLDPWD",
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+    "REQUESTS_CA_BUNDLE",
+    "CURL_CA_BUNDLE",
+    "NODE_EXTRA_CA_CERTS",
+    "GIT_SSL_CAINFO",
+    "GIT_SSL_CAPATH",
+    "PIP_CERT",
+    "NIX_SSL_CERT_FILE",
+    "CARGO_HTTP_CAINFO",
+    "AWS_CA_BUNDLE",
+    "AWS_REGION",
+    "AWS_DEFAULT_REGION",
+    "AWS_PROFILE",
+    "PWD",
+    "OLDPWD",
 )
 
 #: Values that carry a credential, whatever the variable is called (see the module docstring).
@@ -148,9 +184,33 @@ def names_matcher(patterns: Iterable[str]) -> NameMatcher | None:
 
 #: Literal pieces one of which every SECRET_VALUES match contains (upper-cased): values without
 #: any skip the regex, and the regex is compiled only when some value needs it.
-_VALUE_HINTS = ("@", "PASSWORD", "PWD", "ACCOUNTKEY", "SHAREDACCESSKEY", "PRIVATE KEY", "GHP_", "GHO_", "GHU_",
-                "GHS_", "GHR_", "GITHUB_PAT_", "GLPAT-", "XOX", "SK-", "K_LIVE_", "K_TEST_", "AKIA", "ASIA",
-                "NPM_", "PYPI-AGE", "HF_", "AIZA", "_V1_", "EYJ")
+_VALUE_HINTS = (
+    "@",
+    "PASSWORD",
+    "PWD",
+    "ACCOUNTKEY",
+    "SHAREDACCESSKEY",
+    "PRIVATE KEY",
+    "GHP_",
+    "GHO_",
+    "GHU_",
+    "GHS_",
+    "GHR_",
+    "GITHUB_PAT_",
+    "GLPAT-",
+    "XOX",
+    "SK-",
+    "K_LIVE_",
+    "K_TEST_",
+    "AKIA",
+    "ASIA",
+    "NPM_",
+    "PYPI-AGE",
+    "HF_",
+    "AIZA",
+    "_V1_",
+    "EYJ",
+)
 
 
 @cache
@@ -176,8 +236,7 @@ def value_is_secret(value: str) -> bool:
     return _values().search(value) is not None
 
 
-def _reason(name: str, value: str, user_keep: NameMatcher | None,
-            user_drop: NameMatcher | None) -> str | None:
+def _reason(name: str, value: str, user_keep: NameMatcher | None, user_drop: NameMatcher | None) -> str | None:
     drop, keep = _defaults()
     if _matches(user_keep, name):
         return None

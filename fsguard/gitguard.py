@@ -46,8 +46,7 @@ PLACEHOLDER_TEXTS: tuple[str, ...] = (COMMONDIR_SELF,)
 
 #: Directories of everyday state that commits, branches, merges, fetches, stashes and rebases write.
 #: Data only: nothing in them names a program (objects/info/alternates is protected separately).
-WRITABLE_DIRS = frozenset({"objects", "refs", "logs", "rebase-merge", "rebase-apply", "sequencer",
-                           "rr-cache", "lfs"})
+WRITABLE_DIRS = frozenset({"objects", "refs", "logs", "rebase-merge", "rebase-apply", "sequencer", "rr-cache", "lfs"})
 #: Files of everyday state, replaced through a `<name>.lock` created next to them.
 WRITABLE_FILES = frozenset({"index", "HEAD", "packed-refs", "shallow", "gc.pid", "gc.log"})
 #: Pseudorefs and per-operation state (ORIG_HEAD, FETCH_HEAD, MERGE_MSG, COMMIT_EDITMSG,
@@ -71,7 +70,8 @@ _INCLUDE_IF = re.compile(r"includeif\..*\.path\Z")
 _COMMAND_KEYS = re.compile(
     r"(core\.(fsmonitor|sshcommand|editor|pager|askpass)|sequence\.editor|diff\.external|gpg\.(.+\.)?program"
     r"|credential\.(.+\.)?helper|filter\..+\.(clean|smudge|process)|merge\..+\.driver|diff\..+\.(textconv|command)"
-    r"|alias\..+|pager\..+|uploadpack\.packobjectshook)\Z")
+    r"|alias\..+|pager\..+|uploadpack\.packobjectshook)\Z"
+)
 _BOOL = frozenset({"", "true", "false", "yes", "no", "on", "off", "1", "0"})
 
 
@@ -92,8 +92,9 @@ def _under(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
 
 
-def split(protect: Iterable[tuple[str, bool]], write: Iterable[str], roots: Iterable[str]
-          ) -> tuple[dict[str, list[tuple[str, bool]]], list[tuple[str, bool]]]:
+def split(
+    protect: Iterable[tuple[str, bool]], write: Iterable[str], roots: Iterable[str]
+) -> tuple[dict[str, list[tuple[str, bool]]], list[tuple[str, bool]]]:
     """Separate `<root>/.git/<rel>` protections (applied to every git directory found below that
     root) from the rest. `write` and `roots` are the policy's writable paths and their real paths."""
     prefixes: list[tuple[str, str]] = []
@@ -106,7 +107,7 @@ def split(protect: Iterable[tuple[str, bool]], write: Iterable[str], roots: Iter
         hit = next(((p, real) for p, real in prefixes if path.startswith(p)), None)
         if hit is None:
             rest.append((path, is_dir))
-        elif (item := (path[len(hit[0]):], is_dir)) not in names.setdefault(hit[1], []):
+        elif (item := (path[len(hit[0]) :], is_dir)) not in names.setdefault(hit[1], []):
             names[hit[1]].append(item)
     return names, rest
 
@@ -123,8 +124,11 @@ def plan(names: dict[str, list[tuple[str, bool]]]) -> GitPlan:
         done.append(root)
         for kind, path in _discover(root, out.notes):
             if kind == "link":
-                raise GitGuardError(errno.ELOOP, f"{path} is a symlink to {os.readlink(path)}; sandgate cannot keep "
-                                    "it from being replaced: make it a .git file containing 'gitdir: <target>'")
+                raise GitGuardError(
+                    errno.ELOOP,
+                    f"{path} is a symlink to {os.readlink(path)}; sandgate cannot keep "
+                    "it from being replaced: make it a .git file containing 'gitdir: <target>'",
+                )
             if kind == "file":
                 out.protect.append((path, False))  # the pointer itself: rewritten, it moves git elsewhere
                 target = _read_gitfile(path)
@@ -144,8 +148,10 @@ def plan(names: dict[str, list[tuple[str, bool]]]) -> GitPlan:
 def _looks_like_gitdir(entries: dict[str, os.DirEntry[str]]) -> bool:
     """git's own test (setup.c is_git_directory): HEAD, and refs/ and objects/ here or in the
     directory a `commondir` names (a linked worktree's git directory has neither of its own)."""
+
     def is_dir(n: str) -> bool:
         return n in entries and entries[n].is_dir(follow_symlinks=False)
+
     return "HEAD" in entries and ("commondir" in entries or (is_dir("refs") and is_dir("objects")))
 
 
@@ -164,8 +170,10 @@ def _discover(root: str, notes: list[str]) -> Iterator[tuple[str, str]]:
         d = stack.pop()
         count += 1
         if count > MAX_SCAN_DIRS:
-            notes.append(f"stopped looking for git repositories in {root} after {MAX_SCAN_DIRS} directories; "
-                         "repositories deeper in it are not protected")
+            notes.append(
+                f"stopped looking for git repositories in {root} after {MAX_SCAN_DIRS} directories; "
+                "repositories deeper in it are not protected"
+            )
             return
         entries = _scan(d)
         if entries is None:
@@ -193,7 +201,7 @@ def _read_gitfile(path: str) -> str:
         first = os.read(fd, 4096).decode(errors="replace").splitlines()[:1]
     finally:
         os.close(fd)
-    return first[0][len("gitdir:"):].strip() if first and first[0].startswith("gitdir:") else ""
+    return first[0][len("gitdir:") :].strip() if first and first[0].startswith("gitdir:") else ""
 
 
 def _treat(gitdir: str, names: list[tuple[str, bool]], out: GitPlan, seen: set[str]) -> None:
@@ -321,10 +329,10 @@ def _read_config(path: str) -> list[tuple[str, str]]:
     for raw in text.replace("\\\n", "").splitlines():
         line = raw.strip()
         if line.startswith("["):
-            head = line[1:line.find("]")] if "]" in line else line[1:]
+            head = line[1 : line.find("]")] if "]" in line else line[1:]
             name, _, sub = head.partition(" ")
             section = name.lower() + (f".{sub.strip().strip(chr(34))}" if sub.strip() else "")
-            line = line[line.find("]") + 1:].strip() if "]" in line else ""
+            line = line[line.find("]") + 1 :].strip() if "]" in line else ""
         if not line or line[0] in "#;" or not section:
             continue
         key, _, value = line.partition("=")

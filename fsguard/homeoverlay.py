@@ -58,8 +58,11 @@ def _private(path: Path, uid: int) -> None:
         raise HomeOverlayError(e.errno or 1, f"cannot create the sandbox's home store {path}: {e.strerror}") from None
     # The threat: /var/tmp is shared; another user creating our name first could read or seed our home.
     if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode) or st.st_uid != uid or st.st_mode & 0o077:
-        raise HomeOverlayError(1, f"refusing {path} as the sandbox's home store: it must be a directory owned by "
-                                  f"uid {uid} with mode 0700; remove it and run again")
+        raise HomeOverlayError(
+            1,
+            f"refusing {path} as the sandbox's home store: it must be a directory owned by "
+            f"uid {uid} with mode 0700; remove it and run again",
+        )
 
 
 def plan(home: str, write_roots: tuple[str, ...], *, uid: int, owner: int) -> HomeOverlay | None:
@@ -137,6 +140,7 @@ def clear(uid: int, owner: int) -> Path | None:
 
 def _force_rmtree(path: Path) -> None:
     """rmtree that also removes what overlayfs leaves unreadable (its work/work is mode 000)."""
+
     def onexc(func: object, p: str, exc: BaseException) -> None:
         if not isinstance(exc, PermissionError) or not os.path.isdir(p) or os.path.islink(p):
             raise exc

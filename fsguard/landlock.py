@@ -217,7 +217,9 @@ def abi_version() -> int:
     """
     try:
         return _syscall(
-            _SYS_LANDLOCK_CREATE_RULESET, ctypes.c_void_p(None), ctypes.c_size_t(0),
+            _SYS_LANDLOCK_CREATE_RULESET,
+            ctypes.c_void_p(None),
+            ctypes.c_size_t(0),
             ctypes.c_ulong(LANDLOCK_CREATE_RULESET_VERSION),
         )
     except OSError as e:
@@ -249,13 +251,15 @@ def apply(p: Plan) -> list[str]:
     _check_abi(p.abi)
     if p.abi == 0:  # no Landlock: running anyway would give the command the whole writable filesystem
         raise LandlockError(
-            errno.EOPNOTSUPP, "Landlock is unavailable (ABI 0): refusing to run without write restrictions")
+            errno.EOPNOTSUPP, "Landlock is unavailable (ABI 0): refusing to run without write restrictions"
+        )
     if p.scope_ipc and p.abi < 6:  # an 8/16-byte attr would silently drop the scope field
         raise LandlockError(errno.EINVAL, f"IPC scoping needs Landlock ABI 6, the plan is for ABI {p.abi}")
     kernel = abi_version()
     if kernel < p.abi:  # the kernel would reject unknown rights (EINVAL); say why instead
         raise LandlockError(
-            errno.EOPNOTSUPP, f"the plan needs Landlock ABI {p.abi} but this kernel offers ABI {kernel}")
+            errno.EOPNOTSUPP, f"the plan needs Landlock ABI {p.abi} but this kernel offers ABI {kernel}"
+        )
     roots = _clean_paths(p.write_roots, "write_roots")  # Plan can be built by hand: re-check what plan() checks
     files = _clean_paths(p.write_files, "write_files")
 
@@ -267,14 +271,26 @@ def apply(p: Plan) -> list[str]:
     )
     warnings: list[str] = []
 
-    if _libc.prctl(ctypes.c_int(PR_SET_NO_NEW_PRIVS), ctypes.c_ulong(1), ctypes.c_ulong(0), ctypes.c_ulong(0),
-                   ctypes.c_ulong(0)) != 0:  # setuid/file-caps binaries could otherwise regain what we drop
+    if (
+        _libc.prctl(
+            ctypes.c_int(PR_SET_NO_NEW_PRIVS),
+            ctypes.c_ulong(1),
+            ctypes.c_ulong(0),
+            ctypes.c_ulong(0),
+            ctypes.c_ulong(0),
+        )
+        != 0
+    ):  # setuid/file-caps binaries could otherwise regain what we drop
         err = ctypes.get_errno()
         raise LandlockError(err, f"prctl(PR_SET_NO_NEW_PRIVS) failed: {os.strerror(err)}")
 
     try:
-        ruleset_fd = _syscall(_SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(attr),
-                              ctypes.c_size_t(_ruleset_attr_size(p.abi)), ctypes.c_ulong(0))
+        ruleset_fd = _syscall(
+            _SYS_LANDLOCK_CREATE_RULESET,
+            ctypes.byref(attr),
+            ctypes.c_size_t(_ruleset_attr_size(p.abi)),
+            ctypes.c_ulong(0),
+        )
     except OSError as e:
         raise LandlockError(e.errno, f"landlock_create_ruleset failed: {os.strerror(e.errno or 0)}") from None
     try:
@@ -286,8 +302,13 @@ def apply(p: Plan) -> list[str]:
                 try:
                     is_dir = stat.S_ISDIR(os.fstat(fd).st_mode)  # fstat the fd we add: no swap between check and use
                     rule = _PathBeneathAttr(allowed_access=_rule_rights(handled, is_dir, device), parent_fd=fd)
-                    _syscall(_SYS_LANDLOCK_ADD_RULE, ctypes.c_long(ruleset_fd),
-                             ctypes.c_ulong(LANDLOCK_RULE_PATH_BENEATH), ctypes.byref(rule), ctypes.c_ulong(0))
+                    _syscall(
+                        _SYS_LANDLOCK_ADD_RULE,
+                        ctypes.c_long(ruleset_fd),
+                        ctypes.c_ulong(LANDLOCK_RULE_PATH_BENEATH),
+                        ctypes.byref(rule),
+                        ctypes.c_ulong(0),
+                    )
                 except OSError as e:
                     reason = os.strerror(e.errno or 0)
                     raise LandlockError(e.errno, f"Landlock cannot grant writes to {what} {path!r}: {reason}") from None

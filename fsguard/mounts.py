@@ -57,9 +57,15 @@ MNT_DETACH = 2
 #: them. Resolver sockets would resolve (and leak) any name over the host's network; the
 #: container engines' sockets are root on the host.
 HOST_SOCKETS: tuple[str, ...] = (
-    "/run/systemd/resolve/io.systemd.Resolve", "/run/systemd/resolve/io.systemd.Resolve.Monitor",
-    "/run/nscd/socket", "/var/run/nscd/socket", "/run/dbus/system_bus_socket",
-    "/run/docker.sock", "/var/run/docker.sock", "/run/containerd/containerd.sock", "/run/podman/podman.sock",
+    "/run/systemd/resolve/io.systemd.Resolve",
+    "/run/systemd/resolve/io.systemd.Resolve.Monitor",
+    "/run/nscd/socket",
+    "/var/run/nscd/socket",
+    "/run/dbus/system_bus_socket",
+    "/run/docker.sock",
+    "/var/run/docker.sock",
+    "/run/containerd/containerd.sock",
+    "/run/podman/podman.sock",
 )
 
 
@@ -139,24 +145,30 @@ def plan(eff: Effective) -> MountPlan:
         if real != p:
             notes.append(f"{p} is a symlink; hiding its target {real}")
     return MountPlan(
-        private_tmp=eff.private_tmp, tmp_rebinds=tmp_rebinds,
+        private_tmp=eff.private_tmp,
+        tmp_rebinds=tmp_rebinds,
         pins=tuple(sorted(dict.fromkeys(pins), key=lambda p: p.count("/"))),
-        protect=tuple(dict.fromkeys(protect)), placeholders=tuple(dict.fromkeys(placeholders)),
+        protect=tuple(dict.fromkeys(protect)),
+        placeholders=tuple(dict.fromkeys(placeholders)),
         # A directory under another hidden one vanishes with it (and could not be mounted over after).
         hide_dirs=tuple(d for d in dict.fromkeys(hide_dirs) if not any(d != o and _under(d, o) for o in hide_dirs)),
         hide_files=tuple(f for f in dict.fromkeys(hide_files) if not any(_under(f, o) for o in hide_dirs)),
-        write_roots=tuple(roots), notes=tuple(notes), reopen=tuple(git.reopen),
-        filled=tuple((p, text) for p, text in git.filled.items() if (p, False) in placeholders))
+        write_roots=tuple(roots),
+        notes=tuple(notes),
+        reopen=tuple(git.reopen),
+        filled=tuple((p, text) for p, text in git.filled.items() if (p, False) in placeholders),
+    )
 
 
-def _walk_protected(path: str, is_dir: bool, roots: list[str], pins: list[str], protect: list[str],
-                    placeholders: list[tuple[str, bool]]) -> None:
+def _walk_protected(
+    path: str, is_dir: bool, roots: list[str], pins: list[str], protect: list[str], placeholders: list[tuple[str, bool]]
+) -> None:
     """Walk from the root down to one protected path; every existing component must be a real
     directory (no symlink the sandbox could replace), the first missing one gets a placeholder."""
     root = next((r for r in roots if r != "/tmp" and _under(path, r)), None)
     if root is None:
         root = os.path.dirname(path)  # outside every writable root: Landlock already refuses writes
-    rel = [c for c in path[len(root):].split("/") if c]
+    rel = [c for c in path[len(root) :].split("/") if c]
     cur = root
     chain = [root]
     for i, comp in enumerate(rel):
@@ -170,8 +182,10 @@ def _walk_protected(path: str, is_dir: bool, roots: list[str], pins: list[str], 
             break  # a parent is a file: the path cannot exist; that file is pinned read-only below
         if stat.S_ISLNK(st.st_mode):
             raise MountError(
-                40, f"protected path {path} passes through the symlink {cur} -> {os.readlink(cur)}; "
-                    "sandgate cannot protect it reliably: remove the symlink or protect its target")
+                40,
+                f"protected path {path} passes through the symlink {cur} -> {os.readlink(cur)}; "
+                "sandgate cannot protect it reliably: remove the symlink or protect its target",
+            )
         if i == len(rel) - 1 or not stat.S_ISDIR(st.st_mode):
             protect.append(cur)  # the path itself, or a file standing where a directory would be
             break
@@ -233,8 +247,16 @@ def _holds_placeholder_text(path: str, size: int) -> bool:
 
 def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
     # fsencode: a path found by walking the tree may hold bytes that are not UTF-8 (surrogate-escaped).
-    if _libc.mount(os.fsencode(source) if source else None, os.fsencode(target), fstype.encode() if fstype else None,
-                   flags, data.encode() if data else None) != 0:
+    if (
+        _libc.mount(
+            os.fsencode(source) if source else None,
+            os.fsencode(target),
+            fstype.encode() if fstype else None,
+            flags,
+            data.encode() if data else None,
+        )
+        != 0
+    ):
         e = ctypes.get_errno()
         raise MountError(e, f"mount {target}: {os.strerror(e)}")
 
@@ -299,8 +321,12 @@ def minimal_dev() -> None:
     os.symlink("pts/ptmx", "/dev/ptmx")
     os.mkdir("/dev/shm", 0o1777)
     _mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")
-    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
-                         ("stderr", "/proc/self/fd/2")):
+    for name, target in (
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ):
         os.symlink(target, f"/dev/{name}")
     _mount(None, "/dev", None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NOEXEC)  # nothing new appears in /dev
 
@@ -313,8 +339,11 @@ def build(p: MountPlan, run_dir: Path, files: dict[str, Path]) -> None:
     """
     fd = os.open(run_dir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        _build(p, Path(f"/proc/self/fd/{fd}"), {k: Path(f"/proc/self/fd/{fd}") / v.relative_to(run_dir)
-                                                for k, v in files.items()})
+        _build(
+            p,
+            Path(f"/proc/self/fd/{fd}"),
+            {k: Path(f"/proc/self/fd/{fd}") / v.relative_to(run_dir) for k, v in files.items()},
+        )
     finally:
         os.close(fd)
 
@@ -325,9 +354,12 @@ def _protect_mounts(p: MountPlan) -> None:
     in, read-only inside a protected directory; a reopened git directory inside a read-only
     modules/ or worktrees/ is bound from a descriptor opened before any of it, so it is the
     writable original; protected paths and placeholders are bound read-only on top."""
-    ops = sorted([(d, 0) for d in p.pins] + [(d, 1) for d in p.reopen]
-                 + [(x, 2) for x in (*p.protect, *(ph for ph, _ in p.placeholders))],
-                 key=lambda op: (op[0].rstrip("/").count("/"), op[1]))
+    ops = sorted(
+        [(d, 0) for d in p.pins]
+        + [(d, 1) for d in p.reopen]
+        + [(x, 2) for x in (*p.protect, *(ph for ph, _ in p.placeholders))],
+        key=lambda op: (op[0].rstrip("/").count("/"), op[1]),
+    )
     fds = {d: os.open(d, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC) for d in p.reopen}
     try:
         for path, kind in ops:
@@ -347,8 +379,13 @@ def _home_overlay(h: HomeOverlay) -> None:
     keep = [(r, os.open(r, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)) for r in h.rebinds]
     try:
         try:
-            _mount("overlay", h.home, "overlay", MS_NOSUID | MS_NODEV,
-                   f"lowerdir={h.home},upperdir={h.upper},workdir={h.work}")
+            _mount(
+                "overlay",
+                h.home,
+                "overlay",
+                MS_NOSUID | MS_NODEV,
+                f"lowerdir={h.home},upperdir={h.upper},workdir={h.work}",
+            )
         except MountError as e:
             # Fail soft, never open: the home simply stays as it was (read-only to the command).
             os.write(2, f"sandgate: warning: the home directory stays read-only inside ({e.strerror})\n".encode())

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 # Re-exported: launcher/policy.py builds the `env:` section's EnvPolicy from here.
-from fsguard.env import EnvPolicy as EnvPolicy  # noqa: PLC0414
+from fsguard.env import EnvPolicy as EnvPolicy
 
 #: Writable roots when no policy names any: the workspace and a private /tmp.
 DEFAULT_WRITE: tuple[str, ...] = (".", "/tmp")
@@ -21,22 +21,51 @@ DEFAULT_WRITE: tuple[str, ...] = (".", "/tmp")
 #: a build needs (~/.gradle, ~/.m2/settings.xml stay readable); missing ones cost nothing.
 DEFAULT_READ_DENY: tuple[str, ...] = (
     # keys and agents' stores
-    "~/.ssh", "~/.gnupg", "~/.password-store", "~/.local/share/keyrings", "~/.config/op",
-    "~/.config/sops", "~/.vault-token",
+    "~/.ssh",
+    "~/.gnupg",
+    "~/.password-store",
+    "~/.local/share/keyrings",
+    "~/.config/op",
+    "~/.config/sops",
+    "~/.vault-token",
     # cloud providers
-    "~/.aws", "~/.config/gcloud", "~/.azure", "~/.oci", "~/.config/doctl", "~/.boto", "~/.s3cfg",
-    "~/.config/rclone", "~/.kube", "~/.terraform.d/credentials.tfrc.json", "~/.terraformrc",
+    "~/.aws",
+    "~/.config/gcloud",
+    "~/.azure",
+    "~/.oci",
+    "~/.config/doctl",
+    "~/.boto",
+    "~/.s3cfg",
+    "~/.config/rclone",
+    "~/.kube",
+    "~/.terraform.d/credentials.tfrc.json",
+    "~/.terraformrc",
     # git hosts and generic login files
-    "~/.netrc", "~/.git-credentials", "~/.config/git/credentials", "~/.config/gh", "~/.config/hub",
+    "~/.netrc",
+    "~/.git-credentials",
+    "~/.config/git/credentials",
+    "~/.config/gh",
+    "~/.config/hub",
     "~/.config/glab-cli",
     # package registries (a token here can publish, or leave through the registry)
-    "~/.npmrc", "~/.yarnrc.yml", "~/.pypirc", "~/.cargo/credentials", "~/.cargo/credentials.toml",
-    "~/.gem/credentials", "~/.config/composer/auth.json", "~/.composer/auth.json",
-    "~/.m2/settings-security.xml", "~/.cache/huggingface/token", "~/.huggingface/token",
+    "~/.npmrc",
+    "~/.yarnrc.yml",
+    "~/.pypirc",
+    "~/.cargo/credentials",
+    "~/.cargo/credentials.toml",
+    "~/.gem/credentials",
+    "~/.config/composer/auth.json",
+    "~/.composer/auth.json",
+    "~/.m2/settings-security.xml",
+    "~/.cache/huggingface/token",
+    "~/.huggingface/token",
     # container registries
-    "~/.docker/config.json", "~/.dockercfg", "~/.config/containers/auth.json",
+    "~/.docker/config.json",
+    "~/.dockercfg",
+    "~/.config/containers/auth.json",
     # databases
-    "~/.pgpass", "~/.my.cnf",
+    "~/.pgpass",
+    "~/.my.cnf",
 )
 #: Names inside a git directory through which git finds config, hooks or a program to run, or
 #: is sent elsewhere (issue 10: `echo ../evil > .git/commondir` moved config and hooks out of
@@ -44,8 +73,17 @@ DEFAULT_READ_DENY: tuple[str, ...] = (
 #: (nested repositories, submodules' modules/<name>/, worktrees/<id>/): fsguard/gitguard.py,
 #: which also keeps every other existing non-state entry read-only. Why each: docs/git-protection.md.
 GIT_DIR_PROTECT: tuple[str, ...] = (
-    "config", "config.worktree", "commondir", "hooks/", "info/", "modules/", "worktrees/",
-    "branches/", "remotes/", "objects/info/alternates", "objects/info/http-alternates",
+    "config",
+    "config.worktree",
+    "commondir",
+    "hooks/",
+    "info/",
+    "modules/",
+    "worktrees/",
+    "branches/",
+    "remotes/",
+    "objects/info/alternates",
+    "objects/info/http-alternates",
 )
 #: sandgate's own policy and logs: a workspace must not write the policy the user later trusts.
 SANDGATE_PROTECT: tuple[str, ...] = (".sandgate.yaml", ".sandgate/")
@@ -55,8 +93,16 @@ SANDGATE_PROTECT: tuple[str, ...] = (".sandgate.yaml", ".sandgate/")
 #: missing they are covered by an empty directory, which git does not see, so a sandboxed
 #: `git add -A` cannot commit the placeholder; an existing file is bound read-only as a file.
 TOOL_PROTECT: tuple[str, ...] = (
-    ".vscode/", ".idea/", ".envrc/", ".mcp.json/", ".claude/", ".codex/", ".cursor/", ".devcontainer/",
-    ".zed/", ".gemini/",
+    ".vscode/",
+    ".idea/",
+    ".envrc/",
+    ".mcp.json/",
+    ".claude/",
+    ".codex/",
+    ".cursor/",
+    ".devcontainer/",
+    ".zed/",
+    ".gemini/",
 )
 #: Read-only even inside writable roots: code that runs later outside the sandbox, and
 #: sandgate's own policy and logs. Trailing "/" = a directory.
@@ -111,8 +157,10 @@ def _strings(section: Any, key: str, where: str) -> tuple[str, ...]:
         raise FsPolicyError(f"'{where}.{key}' must be a list of strings", _line(section, key))
     for i, item in enumerate(value):
         if not isinstance(item, str) or not item or "\0" in item:
-            raise FsPolicyError(f"'{where}.{key}' entries must be non-empty strings, not {item!r}",
-                                _line(value, i) or _line(section, key))
+            raise FsPolicyError(
+                f"'{where}.{key}' entries must be non-empty strings, not {item!r}",
+                _line(value, i) or _line(section, key),
+            )
     return tuple(value)
 
 
@@ -121,7 +169,9 @@ def _mapping(section: Any, keys: tuple[str, ...], where: str) -> None:
         raise FsPolicyError(f"'{where}' must be a mapping with {', '.join(keys)}", getattr(section, "line", None))
     for key in section:
         if key not in keys:
-            raise FsPolicyError(f"unknown key '{where}.{key}' (expected one of: {', '.join(keys)})", _line(section, key))
+            raise FsPolicyError(
+                f"unknown key '{where}.{key}' (expected one of: {', '.join(keys)})", _line(section, key)
+            )
 
 
 def parse_filesystem(section: Any) -> FsPolicy:
@@ -138,8 +188,10 @@ def parse_filesystem(section: Any) -> FsPolicy:
     for i, p in enumerate(protect):
         check_path(p, _line(section["protect"], i), must_not_be_root=True)
     unprotect = _strings(section, "unprotect", "filesystem")
-    opened = tuple(check_unprotect(p, _line(section["unprotect"], i) or _line(section, "unprotect"))
-                   for i, p in enumerate(unprotect))
+    opened = tuple(
+        check_unprotect(p, _line(section["unprotect"], i) or _line(section, "unprotect"))
+        for i, p in enumerate(unprotect)
+    )
     return FsPolicy(write, read_deny, protect, opened)
 
 
@@ -158,8 +210,11 @@ def check_unprotect(p: str, line: int | None) -> str:
     if p.startswith(("/", "~")):
         raise FsPolicyError(f"'{p}': unprotect takes a default protection's relative name, e.g. '.vscode/'", line)
     if bare not in {_bare(t) for t in TOOL_PROTECT}:
-        raise FsPolicyError(f"'{p}' is not a default protection that can be opened "
-                            f"(one of: {', '.join(_bare(t) for t in TOOL_PROTECT)})", line)
+        raise FsPolicyError(
+            f"'{p}' is not a default protection that can be opened "
+            f"(one of: {', '.join(_bare(t) for t in TOOL_PROTECT)})",
+            line,
+        )
     return bare
 
 
@@ -203,11 +258,13 @@ def _dedupe(paths: list[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(paths))
 
 
-def effective(fs: FsPolicy, *, cwd: str, home: str, extra_write: tuple[str, ...] = (),
-              extra_read_deny: tuple[str, ...] = ()) -> Effective:
+def effective(
+    fs: FsPolicy, *, cwd: str, home: str, extra_write: tuple[str, ...] = (), extra_read_deny: tuple[str, ...] = ()
+) -> Effective:
     """Paths for this run: `~` is the invoking user's home, relative paths are relative to the workspace (cwd)."""
-    write = _dedupe([_absolute(p, cwd, home) for p in (*(fs.write if fs.write is not None else DEFAULT_WRITE),
-                                                       *extra_write)])
+    write = _dedupe(
+        [_absolute(p, cwd, home) for p in (*(fs.write if fs.write is not None else DEFAULT_WRITE), *extra_write)]
+    )
     read_deny = _dedupe([_absolute(p, cwd, home) for p in (*DEFAULT_READ_DENY, *fs.read_deny, *extra_read_deny)])
     protect: list[tuple[str, bool]] = []
     existing_only: set[str] = set()

@@ -55,8 +55,13 @@ class Identity:
         return self.uid == 0
 
 
-def plan(launcher_uid: int, launcher_gid: int, target: tuple[int, int, tuple[int, ...]] | None,
-         root_inside: bool, helpers: tuple[tuple[int, int], ...] = ()) -> Identity:
+def plan(
+    launcher_uid: int,
+    launcher_gid: int,
+    target: tuple[int, int, tuple[int, ...]] | None,
+    root_inside: bool,
+    helpers: tuple[tuple[int, int], ...] = (),
+) -> Identity:
     """Maps for a sandbox started by `launcher_uid`; `target` (uid, gid, groups) is the host user to run as.
 
     `root_inside`: the caller asked for uid 0 inside (`--user 0`/`--user root`). `helpers`: (uid, gid)
@@ -67,19 +72,34 @@ def plan(launcher_uid: int, launcher_gid: int, target: tuple[int, int, tuple[int
         if root_inside or target is None or target[0] == 0:
             uids = tuple(dict.fromkeys((0, *(u for u, _ in helpers))))
             gids = tuple(dict.fromkeys((0, *(g for _, g in helpers))))
-            return Identity(tuple(IdMap(u, u) for u in uids), tuple(IdMap(g, g) for g in gids), False, 0, 0, (),
-                            False)
+            return Identity(tuple(IdMap(u, u) for u in uids), tuple(IdMap(g, g) for g in gids), False, 0, 0, (), False)
         uid, gid, groups = target
         gids = tuple(dict.fromkeys((0, gid, *groups)))
-        return Identity((IdMap(0, 0), IdMap(uid, uid)), tuple(IdMap(g, g) for g in gids), False, uid, gid,
-                        tuple(dict.fromkeys(groups)), True)
+        return Identity(
+            (IdMap(0, 0), IdMap(uid, uid)),
+            tuple(IdMap(g, g) for g in gids),
+            False,
+            uid,
+            gid,
+            tuple(dict.fromkeys(groups)),
+            True,
+        )
     if target is not None and target[0] != launcher_uid:
-        raise UsernsError(f"cannot run the command as uid {target[0]} without root; as yourself, "
-                          "leave out --user, or use --user 0 to be root inside the sandbox only")
+        raise UsernsError(
+            f"cannot run the command as uid {target[0]} without root; as yourself, "
+            "leave out --user, or use --user 0 to be root inside the sandbox only"
+        )
     if root_inside:
         return Identity((IdMap(0, launcher_uid),), (IdMap(0, launcher_gid),), True, 0, 0, (), False)
-    return Identity((IdMap(launcher_uid, launcher_uid),), (IdMap(launcher_gid, launcher_gid),), True,
-                    launcher_uid, launcher_gid, (), False)
+    return Identity(
+        (IdMap(launcher_uid, launcher_uid),),
+        (IdMap(launcher_gid, launcher_gid),),
+        True,
+        launcher_uid,
+        launcher_gid,
+        (),
+        False,
+    )
 
 
 def map_text(maps: tuple[IdMap, ...]) -> str:
@@ -122,12 +142,14 @@ def _read_sysctl(path: str) -> str | None:
 def unprivileged_userns_problem(read: Callable[[str], str | None] = _read_sysctl) -> str | None:
     """Why an ordinary user cannot create a user namespace here, naming the setting; None if nothing known."""
     checks = (
-        ("/proc/sys/kernel/unprivileged_userns_clone", "0",
-         "sysctl kernel.unprivileged_userns_clone=1"),
+        ("/proc/sys/kernel/unprivileged_userns_clone", "0", "sysctl kernel.unprivileged_userns_clone=1"),
         ("/proc/sys/user/max_user_namespaces", "0", "sysctl user.max_user_namespaces=15000"),
-        ("/proc/sys/kernel/apparmor_restrict_unprivileged_userns", "1",
-         "sysctl kernel.apparmor_restrict_unprivileged_userns=0 (or an AppArmor profile allowing userns "
-         "for sandgate's python)"),
+        (
+            "/proc/sys/kernel/apparmor_restrict_unprivileged_userns",
+            "1",
+            "sysctl kernel.apparmor_restrict_unprivileged_userns=0 (or an AppArmor profile allowing userns "
+            "for sandgate's python)",
+        ),
     )
     for path, bad, fix in checks:
         if read(path) == bad:

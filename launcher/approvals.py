@@ -33,9 +33,17 @@ CHOICES = {"o": "once", "r": "run", "a": "always", "d": "deny"}
 
 
 class Broker:
-    def __init__(self, internal_path: Path, audit: AuditLog, task: str, timeout: float, *,
-                 channel: str | None = None, policy_file: Path | None = None,
-                 who: Callable[[str, int], str | None] = lambda ip, port: None) -> None:
+    def __init__(
+        self,
+        internal_path: Path,
+        audit: AuditLog,
+        task: str,
+        timeout: float,
+        *,
+        channel: str | None = None,
+        policy_file: Path | None = None,
+        who: Callable[[str, int], str | None] = lambda ip, port: None,
+    ) -> None:
         self.audit, self.task, self.timeout = audit, task, timeout
         self.policy_file, self.who = policy_file, who
         self.code = uuid.uuid4().hex[:4].upper()  # shown before the command starts; authenticates prompts
@@ -98,15 +106,26 @@ class Broker:
                     continue
                 self._spawn(self._answer_proxy, conn, lock, qid, host, port, q.get("kind"), q.get("peer"))
 
-    def _answer_proxy(self, conn: socket.socket, lock: threading.Lock, qid: str, host: str, port: int,
-                      kind: str | None, peer: list[Any] | None) -> None:
+    def _answer_proxy(
+        self,
+        conn: socket.socket,
+        lock: threading.Lock,
+        qid: str,
+        host: str,
+        port: int,
+        kind: str | None,
+        peer: list[Any] | None,
+    ) -> None:
         asked_by = self.who(str(peer[0]), int(peer[1])) if peer else None
         self.audit.write(approval_record(self.task, id=qid, stage="question", host=host, port=port, asked_by=asked_by))
         answer, by = self._ask(qid, host, port, kind or "connect", asked_by)
         if answer == "always":
             self._remember(host, port)
-        self.audit.write(approval_record(self.task, id=qid, stage="answer", host=host, port=port, asked_by=asked_by,
-                                         answer=answer, by=by))
+        self.audit.write(
+            approval_record(
+                self.task, id=qid, stage="answer", host=host, port=port, asked_by=asked_by, answer=answer, by=by
+            )
+        )
         with lock:
             try:
                 conn.sendall((json.dumps({"id": qid, "answer": answer}) + "\n").encode())
@@ -152,8 +171,20 @@ class Broker:
             self._cond.notify_all()
 
     def _ask_client(self, qid: str, host: str, port: int, kind: str, asked_by: str | None) -> tuple[str, str]:
-        request = (json.dumps({"type": "request", "id": qid, "host": host, "port": port, "kind": kind,
-                               "asked_by": asked_by, "timeout": self.timeout}) + "\n").encode()
+        request = (
+            json.dumps(
+                {
+                    "type": "request",
+                    "id": qid,
+                    "host": host,
+                    "port": port,
+                    "kind": kind,
+                    "asked_by": asked_by,
+                    "timeout": self.timeout,
+                }
+            )
+            + "\n"
+        ).encode()
         deadline = time.monotonic() + self.timeout
         sent: set[int] = set()
         with self._cond:
@@ -182,8 +213,10 @@ class Broker:
                 return "deny", "no-terminal"
             try:
                 who = f" asked by {asked_by}" if asked_by else ""
-                prompt = (f"\r\nsandgate [{self.code}] allow {host}:{port} ({kind}){who}? "
-                          f"[o]nce, for this [r]un, [a]lways, [d]eny ({self.timeout:.0f}s): ")
+                prompt = (
+                    f"\r\nsandgate [{self.code}] allow {host}:{port} ({kind}){who}? "
+                    f"[o]nce, for this [r]un, [a]lways, [d]eny ({self.timeout:.0f}s): "
+                )
                 os.write(fd, prompt.encode())
                 deadline = time.monotonic() + self.timeout
                 buf = b""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 KEEP_FILES = 200
@@ -33,7 +33,7 @@ def new_path() -> Path:
     d = log_dir()
     d.mkdir(mode=0o700, parents=True, exist_ok=True)
     prune(d)
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     return d / f"audit-{stamp}-{uuid.uuid4().hex[:6]}.jsonl"
 
 

@@ -72,7 +72,7 @@ KINDS = IP_KINDS + UNIX_KINDS
 
 
 def fmt_peer(addr: Any) -> str:
-    """"ip:port" string; the tests compare peers as plain strings."""
+    """ "ip:port" string; the tests compare peers as plain strings."""
     return f"{addr[0]}:{addr[1]}"
 
 
@@ -139,8 +139,15 @@ class HTTPHandler(BaseHTTPRequestHandler):
             try:
                 tls.do_handshake()
             except (ssl.SSLError, OSError) as exc:
-                srv.log.write({"kind": "tls", "peer": peer, "sni": getattr(tls, "sandgate_sni", None),
-                               "ok": False, "error": str(exc)})
+                srv.log.write(
+                    {
+                        "kind": "tls",
+                        "peer": peer,
+                        "sni": getattr(tls, "sandgate_sni", None),
+                        "ok": False,
+                        "error": str(exc),
+                    }
+                )
                 raise
             tls.settimeout(None)
             self.sni = getattr(tls, "sandgate_sni", None)
@@ -251,8 +258,9 @@ def dns_details(query: dns.message.Message) -> dict[str, Any]:
         "qdcount": len(query.question),
         "questions": [q.name.to_text(omit_final_dot=True) for q in query.question],  # case as received
         "records": [rrset.to_text()[:RAW_LIMIT] for section in query.sections[1:] for rrset in section],
-        "edns_options": [{"code": int(opt.otype), "data": opt.to_wire().decode("latin-1")[:RAW_LIMIT]}
-                         for opt in query.options],
+        "edns_options": [
+            {"code": int(opt.otype), "data": opt.to_wire().decode("latin-1")[:RAW_LIMIT]} for opt in query.options
+        ],
     }
 
 
@@ -275,19 +283,37 @@ class DNSAnswerer:
         try:
             query = dns.message.from_wire(wire)
         except Exception as exc:  # malformed packets are evidence too
-            self.log.write({"kind": "dns", "proto": proto, "qname": None, "qtype": None, "peer": peer,
-                            "error": f"{type(exc).__name__}: {exc}", "data": wire[:RAW_LIMIT].decode("latin-1")})
+            self.log.write(
+                {
+                    "kind": "dns",
+                    "proto": proto,
+                    "qname": None,
+                    "qtype": None,
+                    "peer": peer,
+                    "error": f"{type(exc).__name__}: {exc}",
+                    "data": wire[:RAW_LIMIT].decode("latin-1"),
+                }
+            )
             return None
         if not query.question:
-            self.log.write({"kind": "dns", "proto": proto, "qname": None, "qtype": None, "peer": peer,
-                            **dns_details(query)})
+            self.log.write(
+                {"kind": "dns", "proto": proto, "qname": None, "qtype": None, "peer": peer, **dns_details(query)}
+            )
             resp = dns.message.make_response(query)
             resp.set_rcode(dns.rcode.FORMERR)
             return resp.to_wire()
         q = query.question[0]
         qname = q.name.to_text(omit_final_dot=True).lower()
-        self.log.write({"kind": "dns", "proto": proto, "qname": qname,
-                        "qtype": dns.rdatatype.to_text(q.rdtype), "peer": peer, **dns_details(query)})
+        self.log.write(
+            {
+                "kind": "dns",
+                "proto": proto,
+                "qname": qname,
+                "qtype": dns.rdatatype.to_text(q.rdtype),
+                "peer": peer,
+                **dns_details(query),
+            }
+        )
         resp = dns.message.make_response(query)
         resp.flags |= dns.flags.AA
         value = self.load().get(qname)
@@ -363,8 +389,9 @@ def serve_udp(ip: str, port: int, log: JsonLog) -> socketserver.BaseServer:
     class Handler(socketserver.BaseRequestHandler):
         def handle(self) -> None:
             data, sock = self.request
-            log.write({"kind": "udp", "peer": fmt_peer(self.client_address),
-                       "data": data[:DATA_LIMIT].decode("latin-1")})
+            log.write(
+                {"kind": "udp", "peer": fmt_peer(self.client_address), "data": data[:DATA_LIMIT].decode("latin-1")}
+            )
             sock.sendto(data, self.client_address)
 
     class Server(socketserver.ThreadingUDPServer):
@@ -385,8 +412,9 @@ def serve_tcp(ip: str, port: int, log: JsonLog) -> socketserver.BaseServer:
                 data = conn.recv(4096)
             except (TimeoutError, OSError):
                 data = b""
-            log.write({"kind": "tcp", "peer": fmt_peer(self.client_address),
-                       "data": data[:DATA_LIMIT].decode("latin-1")})
+            log.write(
+                {"kind": "tcp", "peer": fmt_peer(self.client_address), "data": data[:DATA_LIMIT].decode("latin-1")}
+            )
             _reply_and_drain(conn, b"tcp-canary\n")
 
     class Server(socketserver.ThreadingTCPServer):
@@ -425,8 +453,9 @@ def serve_unix(kind: str, path: str, log: JsonLog) -> socketserver.BaseServer:
         def handle(self) -> None:
             conn: socket.socket = self.request
             try:
-                pid, uid, gid = struct.unpack("iII", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
-                                                                    struct.calcsize("iII")))
+                pid, uid, gid = struct.unpack(
+                    "iII", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("iII"))
+                )
             except OSError:
                 pid = uid = gid = -1
             conn.settimeout(1.0)
@@ -434,8 +463,16 @@ def serve_unix(kind: str, path: str, log: JsonLog) -> socketserver.BaseServer:
                 data = conn.recv(4096)
             except (TimeoutError, OSError):
                 data = b""
-            log.write({"kind": "unix", "address": shown, "data": data[:DATA_LIMIT].decode("latin-1"),
-                       "pid": pid, "uid": uid, "gid": gid})
+            log.write(
+                {
+                    "kind": "unix",
+                    "address": shown,
+                    "data": data[:DATA_LIMIT].decode("latin-1"),
+                    "pid": pid,
+                    "uid": uid,
+                    "gid": gid,
+                }
+            )
             _reply_and_drain(conn, b"unix-canary\n")
 
     class Server(socketserver.ThreadingUnixStreamServer):

@@ -51,8 +51,9 @@ def _new_key() -> ec.EllipticCurvePrivateKey:
 
 
 def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                             serialization.NoEncryption())
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
 
 
 def _write(path: Path | str, data: bytes, mode: int) -> Path:
@@ -85,8 +86,12 @@ class CA:
         self._key = _new_key()
         now = datetime.datetime.now(datetime.UTC)
         # A random suffix tells the CAs of concurrent or successive worlds apart in error messages.
-        subject = x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, _ORG),
-                             x509.NameAttribute(NameOID.COMMON_NAME, f"{name} {secrets.token_hex(4)}")])
+        subject = x509.Name(
+            [
+                x509.NameAttribute(NameOID.ORGANIZATION_NAME, _ORG),
+                x509.NameAttribute(NameOID.COMMON_NAME, f"{name} {secrets.token_hex(4)}"),
+            ]
+        )
         ski = x509.SubjectKeyIdentifier.from_public_key(self._key.public_key())
         self._cert = (
             x509.CertificateBuilder()
@@ -97,9 +102,20 @@ class CA:
             .not_valid_before(now - _BACKDATE)
             .not_valid_after(now + datetime.timedelta(days=days))
             .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-            .add_extension(x509.KeyUsage(digital_signature=True, content_commitment=False, key_encipherment=False,
-                                         data_encipherment=False, key_agreement=False, key_cert_sign=True,
-                                         crl_sign=True, encipher_only=False, decipher_only=False), critical=True)
+            .add_extension(
+                x509.KeyUsage(
+                    digital_signature=True,
+                    content_commitment=False,
+                    key_encipherment=False,
+                    data_encipherment=False,
+                    key_agreement=False,
+                    key_cert_sign=True,
+                    crl_sign=True,
+                    encipher_only=False,
+                    decipher_only=False,
+                ),
+                critical=True,
+            )
             .add_extension(ski, critical=False)
             .sign(self._key, hashes.SHA256())
         )
@@ -133,8 +149,9 @@ class CA:
         sans = [_general_name(n) for n in names]
         key = _new_key()
         now = datetime.datetime.now(datetime.UTC)
-        not_after = min(now + datetime.timedelta(days=self.days if days is None else days),
-                        self._cert.not_valid_after_utc)
+        not_after = min(
+            now + datetime.timedelta(days=self.days if days is None else days), self._cert.not_valid_after_utc
+        )
         cert = (
             x509.CertificateBuilder()
             .subject_name(x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, _ORG)]))
@@ -144,11 +161,24 @@ class CA:
             .not_valid_before(now - _BACKDATE)
             .not_valid_after(not_after)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.KeyUsage(digital_signature=True, content_commitment=False, key_encipherment=False,
-                                         data_encipherment=False, key_agreement=False, key_cert_sign=False,
-                                         crl_sign=False, encipher_only=False, decipher_only=False), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
-                           critical=False)
+            .add_extension(
+                x509.KeyUsage(
+                    digital_signature=True,
+                    content_commitment=False,
+                    key_encipherment=False,
+                    data_encipherment=False,
+                    key_agreement=False,
+                    key_cert_sign=False,
+                    crl_sign=False,
+                    encipher_only=False,
+                    decipher_only=False,
+                ),
+                critical=True,
+            )
+            .add_extension(
+                x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
+                critical=False,
+            )
             .add_extension(x509.SubjectAlternativeName(sans), critical=False)
             .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
             .add_extension(self._aki, critical=False)

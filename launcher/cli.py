@@ -10,7 +10,7 @@ import signal
 import sys
 import uuid
 from collections.abc import Sequence
-from datetime import datetime, timezone
+from datetime import datetime
 from pathlib import Path
 from typing import NoReturn
 
@@ -61,18 +61,33 @@ def _policy_from_args(args: argparse.Namespace) -> lpolicy.Policy:
     implicit = not files and not args.allow and os.path.lexists(".sandgate.yaml")
     if not files and not args.allow and not implicit:
         if args.command != "run":
-            raise UsageError("no policy: give --policy FILE or --allow NAME (see 'sandgate allowlists'); "
-                             "nothing would be reachable")
+            raise UsageError(
+                "no policy: give --policy FILE or --allow NAME (see 'sandgate allowlists'); nothing would be reachable"
+            )
         if getattr(args, "learn", False):
-            print("sandgate: no policy given: learn mode lets every destination through and records it "
-                  "(then: sandgate audit suggest LOG)", file=sys.stderr)
+            print(
+                "sandgate: no policy given: learn mode lets every destination through and records it "
+                "(then: sandgate audit suggest LOG)",
+                file=sys.stderr,
+            )
         elif not getattr(args, "quiet", False):
-            print("sandgate: no policy given: the command gets no network (allow destinations with --allow NAME "
-                  "or --policy FILE; see 'sandgate allowlists')", file=sys.stderr)
-    checks = lpolicy.Checks.current(allow_wide_cidr=getattr(args, "allow_wide_cidr", False), user=getattr(args, "user", None))
+            print(
+                "sandgate: no policy given: the command gets no network (allow destinations with --allow NAME "
+                "or --policy FILE; see 'sandgate allowlists')",
+                file=sys.stderr,
+            )
+    checks = lpolicy.Checks.current(
+        allow_wide_cidr=getattr(args, "allow_wide_cidr", False), user=getattr(args, "user", None)
+    )
     writable = tuple(Path(os.path.expanduser(w)).absolute() for w in getattr(args, "write", ()))  # run --write
-    pol = lpolicy.build_policy(files, args.allow, args.deny, workspace=Path(".sandgate.yaml") if implicit else None,
-                               store=trust.Store.default(writable) if implicit else None, checks=checks)
+    pol = lpolicy.build_policy(
+        files,
+        args.allow,
+        args.deny,
+        workspace=Path(".sandgate.yaml") if implicit else None,
+        store=trust.Store.default(writable) if implicit else None,
+        checks=checks,
+    )
     if pol.narrowed is not None and pol.narrowed.ignored:
         print(pol.narrowed.notice(), file=sys.stderr)
     return pol
@@ -99,8 +114,14 @@ def cmd_proxy(args: argparse.Namespace) -> int:
     from netguard.asking import Approver
 
     approver = Approver(args.approval_socket, args.ask_timeout) if args.approval_socket else None
-    binding = proxy.Binding(args.task or uuid.uuid4().hex[:12], rules.compile_policy(pol.network), audit,
-                            learn=args.learn, ask_all=args.ask_all, approver=approver)
+    binding = proxy.Binding(
+        args.task or uuid.uuid4().hex[:12],
+        rules.compile_policy(pol.network),
+        audit,
+        learn=args.learn,
+        ask_all=args.ask_all,
+        approver=approver,
+    )
 
     async def main() -> None:
         stop = asyncio.Event()
@@ -114,8 +135,11 @@ def cmd_proxy(args: argparse.Namespace) -> int:
                 os.close(args.ready_fd)
             if not args.quiet:
                 where = ", ".join(spec for spec, _ in listeners.modes())
-                print(f"sandgate: proxy ready on {where}; policy: {', '.join(pol.sources)}; audit: {audit_path}",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"sandgate: proxy ready on {where}; policy: {', '.join(pol.sources)}; audit: {audit_path}",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
         await proxy.serve([(listeners, binding)], ready=ready, stop=stop)
 
@@ -150,12 +174,21 @@ def cmd_run(args: argparse.Namespace) -> int:
     files = list(pol.files)  # --policy files or a trusted ./.sandgate.yaml: "always" answers go to the first
     root_inside = args.user in ("0", "root")
     opts = run.RunOptions(
-        cmd=cmd, audit_path=(Path(args.audit_log) if args.audit_log else default_audit_path()).absolute(),
-        user=None if root_inside and os.geteuid() != 0 else run.resolve_user(args.user), policy=pol,
-        policy_file=files[0] if files else None, root_inside=root_inside,
-        write=tuple(args.write), read_deny=tuple(args.read_deny),
-        require_landlock=args.require_landlock, quiet=args.quiet, verbose=args.verbose, learn=args.learn,
-        ask=args.ask, ask_timeout=args.ask_timeout, approvals=_approvals_path(args.approvals),
+        cmd=cmd,
+        audit_path=(Path(args.audit_log) if args.audit_log else default_audit_path()).absolute(),
+        user=None if root_inside and os.geteuid() != 0 else run.resolve_user(args.user),
+        policy=pol,
+        policy_file=files[0] if files else None,
+        root_inside=root_inside,
+        write=tuple(args.write),
+        read_deny=tuple(args.read_deny),
+        require_landlock=args.require_landlock,
+        quiet=args.quiet,
+        verbose=args.verbose,
+        learn=args.learn,
+        ask=args.ask,
+        ask_timeout=args.ask_timeout,
+        approvals=_approvals_path(args.approvals),
     )
     for p in (*args.write, *args.read_deny):
         try:
@@ -179,9 +212,11 @@ def _check_write_roots(args: argparse.Namespace, pol: lpolicy.Policy) -> None:
     """
     checks = lpolicy.Checks.current(user=getattr(args, "user", None))
     if pol.filesystem.write is None and (problem := lpolicy.write_root_problem(".", checks)) is not None:
-        raise UsageError(f"the current directory {os.getcwd()} would be writable, and it is "
-                         f"{problem.split(' is ', 1)[1].split(':', 1)[0]}; run sandgate from a project directory, "
-                         "or name what the command may write with --write or a policy's filesystem.write")
+        raise UsageError(
+            f"the current directory {os.getcwd()} would be writable, and it is "
+            f"{problem.split(' is ', 1)[1].split(':', 1)[0]}; run sandgate from a project directory, "
+            "or name what the command may write with --write or a policy's filesystem.write"
+        )
     for w in args.write:
         if (problem := lpolicy.write_root_problem(w, checks)) is not None:
             raise UsageError(f"--write {problem.split('entry ', 1)[1]}")
@@ -212,7 +247,9 @@ def cmd_audit(args: argparse.Namespace) -> int:
     if not paths:
         last = auditlogs.latest()
         if last is None:
-            raise UsageError(f"no audit logs in {auditlogs.log_dir()}; name one: sandgate audit {args.audit_command} LOG")
+            raise UsageError(
+                f"no audit logs in {auditlogs.log_dir()}; name one: sandgate audit {args.audit_command} LOG"
+            )
         paths = [last]
     try:
         records = report.read_logs(paths)
@@ -226,8 +263,12 @@ def cmd_audit(args: argparse.Namespace) -> int:
             print(report.format_table(rows))
         return 0
     from netguard import policy as netpolicy
-    bundled = {n: report.bundled_hosts(netpolicy.merge([s.network for s in lpolicy.load_policy_file(p)]))
-               for n in lpolicy.bundled_names() if (p := lpolicy.bundled_path(n)) is not None}
+
+    bundled = {
+        n: report.bundled_hosts(netpolicy.merge([s.network for s in lpolicy.load_policy_file(p)]))
+        for n in lpolicy.bundled_names()
+        if (p := lpolicy.bundled_path(n)) is not None
+    }
     sys.stdout.write(report.suggest(records, name=args.name, bundled=bundled))
     return 0
 
@@ -263,6 +304,7 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
             removed.append(f"dead daemon socket {sock}")
     if os.geteuid() == 0 and shutil.which("ip"):
         from launcher import world
+
         removed += world.cleanup_stale(world.VERIFY_PREFIXES)  # worlds of a killed `sandgate verify`
     for item in removed:
         print(f"sandgate: removed {item}", file=sys.stderr)
@@ -331,8 +373,10 @@ def cmd_daemon(args: argparse.Namespace) -> int:
         print(json.dumps(st))
     else:
         bindings = st.get("bindings", [])
-        print(f"sandgate: daemon pid {st.get('pid')}, up {float(st.get('uptime', 0)):.0f} s, "
-              f"{len(bindings)} sandbox(es); socket {path}")
+        print(
+            f"sandgate: daemon pid {st.get('pid')}, up {float(st.get('uptime', 0)):.0f} s, "
+            f"{len(bindings)} sandbox(es); socket {path}"
+        )
         for b in bindings:
             print(f"  task {b.get('task')}")
     return 0
@@ -395,64 +439,117 @@ def build_parser() -> argparse.ArgumentParser:
 
     px = sub.add_parser("proxy", help="run the allowlisting egress proxy alone (explicit mode) until Ctrl-C")
     _policy_args(px)
-    px.add_argument("--listen", default="127.0.0.1:3128", metavar="HOST:PORT",
-                    help="explicit proxy listener (default 127.0.0.1:3128)")
+    px.add_argument(
+        "--listen",
+        default="127.0.0.1:3128",
+        metavar="HOST:PORT",
+        help="explicit proxy listener (default 127.0.0.1:3128)",
+    )
     px.add_argument("--transparent", metavar="HOST:PORT", help="also accept nftables-redirected TCP here")
     px.add_argument("--dns", metavar="HOST:PORT", help="also answer DNS here (allowed names only)")
-    px.add_argument("--audit-log", metavar="PATH", help="JSON-lines audit log (default: ~/.local/state/sandgate/audit/, root: /var/log/sandgate/)")
+    px.add_argument(
+        "--audit-log",
+        metavar="PATH",
+        help="JSON-lines audit log (default: ~/.local/state/sandgate/audit/, root: /var/log/sandgate/)",
+    )
     px.add_argument("--task", metavar="ID", help="task id written in every audit record (default: random)")
     px.add_argument("-q", "--quiet", action="store_true", help="no ready/summary lines")
-    px.add_argument("--learn", action="store_true",
-                    help="let names the policy would deny through, recorded as would: deny (to learn a policy)")
+    px.add_argument(
+        "--learn",
+        action="store_true",
+        help="let names the policy would deny through, recorded as would: deny (to learn a policy)",
+    )
     px.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)  # used by `sandgate run`
     px.add_argument("--ask-all", action="store_true", help=argparse.SUPPRESS)  # `sandgate run --ask`
     px.add_argument("--approval-socket", help=argparse.SUPPRESS)  # the launcher's approval broker
     px.add_argument("--ask-timeout", type=float, default=60.0, help=argparse.SUPPRESS)
     px.set_defaults(func=cmd_proxy)
 
-    rn = sub.add_parser("run", help="run CMD in a sandbox whose only way out is the allowlisting proxy",
-                        usage="sandgate run [options] -- CMD [ARGS...]")
+    rn = sub.add_parser(
+        "run",
+        help="run CMD in a sandbox whose only way out is the allowlisting proxy",
+        usage="sandgate run [options] -- CMD [ARGS...]",
+    )
     _policy_args(rn)
-    rn.add_argument("--audit-log", metavar="PATH", help="JSON-lines audit log (default: ~/.local/state/sandgate/audit/, root: /var/log/sandgate/)")
-    rn.add_argument("--user", metavar="USER",
-                    help="run CMD as USER (root only; default: the sudo caller, else you); "
-                         "--user 0 or root: uid 0 inside the sandbox's own user namespace, no host privilege")
-    rn.add_argument("--write", action="append", default=[], metavar="PATH",
-                    help="also writable (repeatable); default writable: the current directory and a private /tmp")
-    rn.add_argument("--read-deny", action="append", default=[], metavar="PATH",
-                    help="also hidden from the command (repeatable); ~/.ssh, ~/.aws... are hidden by default")
-    rn.add_argument("--require-landlock", action="store_true",
-                    help="refuse to run when the kernel has no Landlock (default: warn and run)")
+    rn.add_argument(
+        "--audit-log",
+        metavar="PATH",
+        help="JSON-lines audit log (default: ~/.local/state/sandgate/audit/, root: /var/log/sandgate/)",
+    )
+    rn.add_argument(
+        "--user",
+        metavar="USER",
+        help="run CMD as USER (root only; default: the sudo caller, else you); "
+        "--user 0 or root: uid 0 inside the sandbox's own user namespace, no host privilege",
+    )
+    rn.add_argument(
+        "--write",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="also writable (repeatable); default writable: the current directory and a private /tmp",
+    )
+    rn.add_argument(
+        "--read-deny",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="also hidden from the command (repeatable); ~/.ssh, ~/.aws... are hidden by default",
+    )
+    rn.add_argument(
+        "--require-landlock",
+        action="store_true",
+        help="refuse to run when the kernel has no Landlock (default: warn and run)",
+    )
     rn.add_argument("-v", "--verbose", action="store_true", help="print the effective boundary at start")
-    rn.add_argument("--learn", action="store_true",
-                    help="audit-only for destinations: let through what the policy would deny, and record it "
-                         "(files, direct IPs and UDP stay enforced); then use 'sandgate audit suggest'")
+    rn.add_argument(
+        "--learn",
+        action="store_true",
+        help="audit-only for destinations: let through what the policy would deny, and record it "
+        "(files, direct IPs and UDP stay enforced); then use 'sandgate audit suggest'",
+    )
     rn.add_argument("--ask", action="store_true", help="ask a human about every destination the policy does not allow")
-    rn.add_argument("--ask-timeout", type=float, default=60.0, metavar="SECONDS",
-                    help="deny a question nobody answered in this time (default 60)")
-    rn.add_argument("--approvals", metavar="unix:PATH",
-                    help="serve approval questions to a tool on this unix socket instead of the terminal")
+    rn.add_argument(
+        "--ask-timeout",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="deny a question nobody answered in this time (default 60)",
+    )
+    rn.add_argument(
+        "--approvals",
+        metavar="unix:PATH",
+        help="serve approval questions to a tool on this unix socket instead of the terminal",
+    )
     rn.add_argument("-q", "--quiet", action="store_true", help="no summary line at exit")
     rn.add_argument("cmd", nargs=argparse.REMAINDER, metavar="CMD")
     rn.set_defaults(func=cmd_run)
 
     vf = sub.add_parser("verify", help="prove the boundary on this machine: permitted and blocked actions")
-    vf.add_argument("--policy", action="append", default=[], metavar="FILE",
-                    help="also apply this policy (its filesystem/env sections; repeatable)")
+    vf.add_argument(
+        "--policy",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="also apply this policy (its filesystem/env sections; repeatable)",
+    )
     vf.add_argument("--json", action="store_true", help="one JSON document with every row")
     vf.add_argument("--only", choices=("network", "filesystem", "process"), help="only this group of probes")
     vf.set_defaults(func=cmd_verify)
 
-    au = sub.add_parser("audit", help="read audit logs: what a task reached, and the policy it needed "
-                                      "(alone: list the recent runs' logs)")
+    au = sub.add_parser(
+        "audit",
+        help="read audit logs: what a task reached, and the policy it needed (alone: list the recent runs' logs)",
+    )
     au.set_defaults(func=cmd_audit)
     au_sub = au.add_subparsers(dest="audit_command", parser_class=_Parser)
     su = au_sub.add_parser("summary", help="one row per destination, riskiest first (default: the last run)")
     su.add_argument("logs", nargs="*", metavar="LOG")
     su.add_argument("--json", action="store_true")
     su.set_defaults(func=cmd_audit)
-    sg = au_sub.add_parser("suggest", help="print a policy that allows exactly what the runs needed "
-                                           "(default: the last run)")
+    sg = au_sub.add_parser(
+        "suggest", help="print a policy that allows exactly what the runs needed (default: the last run)"
+    )
     sg.add_argument("logs", nargs="*", metavar="LOG")
     sg.add_argument("--name", help="description for the suggested policy")
     sg.set_defaults(func=cmd_audit)
@@ -468,8 +565,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     dm = sub.add_parser("daemon", help="the proxy daemon that serves every sandbox (started on demand)")
     dm_sub = dm.add_subparsers(dest="daemon_command", required=True, parser_class=_Parser)
-    for name, text in (("status", "is it running, and for which sandboxes"), ("stop", "stop it (running "
-                       "sandboxes lose their network: fail closed)"), ("start", "start it now instead of on demand")):
+    for name, text in (
+        ("status", "is it running, and for which sandboxes"),
+        ("stop", "stop it (running sandboxes lose their network: fail closed)"),
+        ("start", "start it now instead of on demand"),
+    ):
         d = dm_sub.add_parser(name, help=text)
         d.add_argument("--json", action="store_true", help=argparse.SUPPRESS if name != "status" else "as JSON")
         d.set_defaults(func=cmd_daemon)
@@ -488,11 +588,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _policy_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", action="append", default=[], metavar="FILE", help="policy file (repeatable)")
-    p.add_argument("--allow", action="append", default=[], metavar="NAME|HOST[:PORT]",
-                   help="a bundled allowlist name or a host to allow (repeatable)")
+    p.add_argument(
+        "--allow",
+        action="append",
+        default=[],
+        metavar="NAME|HOST[:PORT]",
+        help="a bundled allowlist name or a host to allow (repeatable)",
+    )
     p.add_argument("--deny", action="append", default=[], metavar="HOST[:PORT]", help="a host to deny (repeatable)")
-    p.add_argument("--allow-wide-cidr", action="store_true",
-                   help="accept allow/ask cidrs wider than a /8 (IPv4) or /16 (IPv6), or more than four such in all")
+    p.add_argument(
+        "--allow-wide-cidr",
+        action="store_true",
+        help="accept allow/ask cidrs wider than a /8 (IPv4) or /16 (IPv6), or more than four such in all",
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

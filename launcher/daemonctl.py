@@ -55,8 +55,14 @@ class Daemon:
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "netguard.daemon", "--socket", str(self.path), "--ready-fd", str(w)],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=log, pass_fds=(w,), cwd="/", env=env,
-                start_new_session=True)  # its own session: the terminal's Ctrl-C is not for it
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                pass_fds=(w,),
+                cwd="/",
+                env=env,
+                start_new_session=True,
+            )  # its own session: the terminal's Ctrl-C is not for it
         os.close(w)
         os.set_blocking(r, False)
         self.ready_fd = r

@@ -36,7 +36,9 @@ MAX_RULES = 10_000  # network rules in all; the bundled lists have about 100 tog
 #: 10.0.0.0/8 is common); in IPv6 whole registries hold /12s and the largest ISPs /19s, so a /16
 #: already reaches past any one network. Deny rules only narrow: they may be as wide as wanted.
 WIDE_PREFIX = {4: 8, 6: 16}
-VOCABULARY = frozenset((*TOP_KEYS, *netpolicy.SECTION_KEYS, *netpolicy.ENTRY_KEYS, *fspolicy.FS_KEYS, *fspolicy.ENV_KEYS))
+VOCABULARY = frozenset(
+    (*TOP_KEYS, *netpolicy.SECTION_KEYS, *netpolicy.ENTRY_KEYS, *fspolicy.FS_KEYS, *fspolicy.ENV_KEYS)
+)
 
 
 class PolicyFileError(Exception):
@@ -49,6 +51,7 @@ class PolicyFileError(Exception):
 
 def _printable(text: str, limit: int = 600) -> str:
     """One line of plain text: no newline or terminal escape from a file reaches the user's terminal."""
+
     def plain(c: str) -> str:
         if unicodedata.category(c) not in ("Cc", "Cf", "Zl", "Zp"):
             return c
@@ -177,7 +180,9 @@ def _loader() -> Any:
             try:
                 line = self.peek_event().start_mark.line + 1
                 if self.depth > MAX_DEPTH:
-                    raise _NotPolicy(f"nested deeper than {MAX_DEPTH} levels; a policy needs 6", "nested too deeply", line)
+                    raise _NotPolicy(
+                        f"nested deeper than {MAX_DEPTH} levels; a policy needs 6", "nested too deeply", line
+                    )
                 if self.nodes > MAX_VALUES:
                     raise _NotPolicy(f"more than {MAX_VALUES} values; a policy has a few hundred", "too large", line)
                 return super().compose_node(parent, index)
@@ -188,8 +193,11 @@ def _loader() -> Any:
             try:
                 return super().construct_object(node, deep)
             except (ValueError, OverflowError):  # int("9" * 5000), 2026-13-45 ...
-                raise _NotPolicy("invalid YAML: a value that cannot be read (a number too long, a date that does "
-                                 "not exist?)", "invalid YAML", node.start_mark.line + 1) from None
+                raise _NotPolicy(
+                    "invalid YAML: a value that cannot be read (a number too long, a date that does not exist?)",
+                    "invalid YAML",
+                    node.start_mark.line + 1,
+                ) from None
 
     Loader.add_constructor("tag:yaml.org,2002:map", _construct_map)
     Loader.add_constructor("tag:yaml.org,2002:seq", _construct_seq)
@@ -222,8 +230,9 @@ _YAML_PROBLEMS = (
 
 
 def _yaml_problem(problem: str | None) -> str:
-    return next((f"invalid YAML: {said}" for start, said in _YAML_PROBLEMS if (problem or "").startswith(start)),
-                "invalid YAML")
+    return next(
+        (f"invalid YAML: {said}" for start, said in _YAML_PROBLEMS if (problem or "").startswith(start)), "invalid YAML"
+    )
 
 
 def _check_expanded(doc: Any) -> None:
@@ -232,8 +241,9 @@ def _check_expanded(doc: Any) -> None:
     while stack:
         value, depth = stack.pop()
         if depth > MAX_DEPTH:
-            raise _NotPolicy(f"nested deeper than {MAX_DEPTH} levels (aliases included); a policy needs 6",
-                             "nested too deeply", None)
+            raise _NotPolicy(
+                f"nested deeper than {MAX_DEPTH} levels (aliases included); a policy needs 6", "nested too deeply", None
+            )
         children = list(value.values()) if isinstance(value, dict) else value if isinstance(value, list) else ()
         seen += len(children)
         if seen > MAX_VALUES:
@@ -253,10 +263,13 @@ def _parse(text: str) -> Any:
         raise _NotPolicy("nested too deeply for YAML to read", "nested too deeply", None) from None
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
-        raise _NotPolicy(_yaml_problem(e.problem or e.context), "invalid YAML", mark.line + 1 if mark else None) from None
+        raise _NotPolicy(
+            _yaml_problem(e.problem or e.context), "invalid YAML", mark.line + 1 if mark else None
+        ) from None
     except yaml.reader.ReaderError as e:
-        raise _NotPolicy("invalid YAML: a control character YAML does not allow", "invalid YAML",
-                         text.count("\n", 0, e.position) + 1) from None
+        raise _NotPolicy(
+            "invalid YAML: a control character YAML does not allow", "invalid YAML", text.count("\n", 0, e.position) + 1
+        ) from None
     except yaml.YAMLError:
         raise _NotPolicy("invalid YAML", "invalid YAML", None) from None
     _check_expanded(doc)
@@ -277,8 +290,9 @@ def _document(data: bytes, where: str) -> LocDict:
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise _NotPolicy("not UTF-8 text; save the policy as UTF-8", "not UTF-8 text",
-                         data.count(b"\n", 0, e.start) + 1) from None
+        raise _NotPolicy(
+            "not UTF-8 text; save the policy as UTF-8", "not UTF-8 text", data.count(b"\n", 0, e.start) + 1
+        ) from None
     doc = _parse(text)
     if doc is None:
         raise _NotPolicy("empty policy; it needs at least 'version: 1'", "empty", None)
@@ -289,12 +303,16 @@ def _document(data: bytes, where: str) -> LocDict:
     v = doc["version"]
     if v != 1 or isinstance(v, bool):
         said = f" {v}" if type(v) is int and 0 <= v < 1000 else ""
-        raise _NotPolicy(f"unsupported version{said}; this sandgate reads version 1", "version is not 1",
-                         netpolicy.line_of(doc, "version"))
+        raise _NotPolicy(
+            f"unsupported version{said}; this sandgate reads version 1",
+            "version is not 1",
+            netpolicy.line_of(doc, "version"),
+        )
     for key in doc:  # from here on the file says it is a sandgate policy: messages may quote it
         if key not in TOP_KEYS:
             raise PolicyFileError(
-                where, netpolicy.line_of(doc, key), f"unknown key '{key}' (expected one of: {', '.join(TOP_KEYS)})")
+                where, netpolicy.line_of(doc, key), f"unknown key '{key}' (expected one of: {', '.join(TOP_KEYS)})"
+            )
     return doc
 
 
@@ -409,8 +427,11 @@ def _doc(data: bytes, where: str, ref: tuple[str, int | None, str] | None) -> Lo
 
 def _sections(doc: LocDict, where: str) -> _Sections:
     try:
-        return _Sections(netpolicy.parse_network(doc.get("network"), where),
-                         fspolicy.parse_filesystem(doc.get("filesystem")), fspolicy.parse_env(doc.get("env")))
+        return _Sections(
+            netpolicy.parse_network(doc.get("network"), where),
+            fspolicy.parse_filesystem(doc.get("filesystem")),
+            fspolicy.parse_env(doc.get("env")),
+        )
     except (netpolicy.PolicyError, fspolicy.FsPolicyError) as e:
         raise PolicyFileError(where, e.line, str(e)) from None
 
@@ -443,8 +464,13 @@ class _Reader:
         self.checks, self.check = checks, check
         self.done: set[Path] = set()
 
-    def load(self, path: Path, data: bytes | None = None, stack: tuple[Path, ...] = (),
-             ref: tuple[str, int | None, str] | None = None) -> list[_Sections]:
+    def load(
+        self,
+        path: Path,
+        data: bytes | None = None,
+        stack: tuple[Path, ...] = (),
+        ref: tuple[str, int | None, str] | None = None,
+    ) -> list[_Sections]:
         """Sections of `path` and of everything it includes, depth first, includes before the file itself."""
         where = _display(path)
         real = path.resolve()
@@ -473,7 +499,10 @@ class _Reader:
             return self.load(bundled, None, stack)
         else:
             raise PolicyFileError(
-                where, line, f"unknown allowlist '{ref}' (bundled: {', '.join(bundled_names())}); a file path needs a '/' or '.yaml'")
+                where,
+                line,
+                f"unknown allowlist '{ref}' (bundled: {', '.join(bundled_names())}); a file path needs a '/' or '.yaml'",
+            )
         try:
             data = trust.read_file(target, MAX_BYTES)
         except trust.Unreadable as e:
@@ -518,9 +547,11 @@ def write_root_problem(entry: str, checks: Checks) -> str | None:
         for home in checks.homes:
             if _under(home, p):
                 what = "your home directory" if home == p else "a directory that holds your home"
-                return (f"'filesystem.write' entry '{entry}' is {what} ({home}): a command could plant files that "
-                        "run outside the sandbox (~/.bashrc, ~/.ssh/authorized_keys); name the directories it "
-                        "must write instead, e.g. '~/.cache/pip'")
+                return (
+                    f"'filesystem.write' entry '{entry}' is {what} ({home}): a command could plant files that "
+                    "run outside the sandbox (~/.bashrc, ~/.ssh/authorized_keys); name the directories it "
+                    "must write instead, e.g. '~/.cache/pip'"
+                )
     return None
 
 
@@ -543,13 +574,19 @@ def _covered(nets: list[netpolicy.Network]) -> int:
 
 def wide_cidr_problem(net: netpolicy.NetworkPolicy) -> tuple[netpolicy.Rule, str] | None:
     """The first allow/ask cidr that is too wide alone, or that takes all of them past four such blocks."""
-    rules = [(name, r, r.value) for name, rs in (("allow", net.allow), ("ask", net.ask))
-             for r in rs if not isinstance(r.value, str)]
+    rules = [
+        (name, r, r.value)
+        for name, rs in (("allow", net.allow), ("ask", net.ask))
+        for r in rs
+        if not isinstance(r.value, str)
+    ]
     how = "list the ranges the task needs, or pass --allow-wide-cidr to sandgate if you mean it"
     for name, r, n in rules:
         if n.prefixlen < WIDE_PREFIX[n.version]:
-            return r, (f"network.{name}: cidr {n} covers 1/{2 ** n.prefixlen} of all IPv{n.version} addresses "
-                       f"(one rule may cover at most a /{WIDE_PREFIX[n.version]}); {how}")
+            return r, (
+                f"network.{name}: cidr {n} covers 1/{2**n.prefixlen} of all IPv{n.version} addresses "
+                f"(one rule may cover at most a /{WIDE_PREFIX[n.version]}); {how}"
+            )
     for version, bits in ((4, 32), (6, 128)):
         same = [x for x in rules if x[2].version == version]
         limit = 4 << (bits - WIDE_PREFIX[version])
@@ -560,9 +597,11 @@ def wide_cidr_problem(net: netpolicy.NetworkPolicy) -> tuple[netpolicy.Rule, str
             mid = (lo + hi) // 2
             lo, hi = (lo, mid) if _covered([n for _, _, n in same[:mid]]) > limit else (mid + 1, hi)
         name, r, n = same[lo - 1]
-        share = 2 ** bits // _covered([x[2] for x in same[:lo]])
-        return r, (f"network.{name}: with cidr {n}, the cidr rules cover 1/{share} of all IPv{version} addresses, "
-                   f"more than four /{WIDE_PREFIX[version]}s; {how}")
+        share = 2**bits // _covered([x[2] for x in same[:lo]])
+        return r, (
+            f"network.{name}: with cidr {n}, the cidr rules cover 1/{share} of all IPv{version} addresses, "
+            f"more than four /{WIDE_PREFIX[version]}s; {how}"
+        )
     return None
 
 
@@ -575,8 +614,10 @@ def check_network(net: netpolicy.NetworkPolicy, checks: Checks) -> None:
     """The merged network rules: not too many, and no absurd share of the address space unless the flag says so."""
     rules = (*net.allow, *net.deny, *net.ask)
     if len(rules) > MAX_RULES:
-        raise PolicyFileError(*_at(rules[MAX_RULES].origin), f"more than {MAX_RULES} network rules in all; "
-                              "allow wildcards or cidrs instead of listing every host")
+        raise PolicyFileError(
+            *_at(rules[MAX_RULES].origin),
+            f"more than {MAX_RULES} network rules in all; allow wildcards or cidrs instead of listing every host",
+        )
     if not checks.allow_wide_cidr and (found := wide_cidr_problem(net)) is not None:
         raise PolicyFileError(*_at(found[0].origin), found[1])
 
@@ -591,11 +632,17 @@ def _workspace(path: Path, store: trust.Store | None, checks: Checks) -> tuple[l
     problem = store.problem((Path.cwd(),)) if store is not None else None
     status, unreadable = store.status(path, data) if store is not None and problem is None else ("unknown", None)
     if status == "trusted" and store is not None:
+
         def check(target: Path, content: bytes) -> str | None:
             st, _ = store.status(target, content)
-            return None if st == "trusted" else (
-                f"{'changed since it was trusted' if st == 'changed' else 'is not trusted'}; "
-                f"review it, then run: sandgate trust {where}")
+            return (
+                None
+                if st == "trusted"
+                else (
+                    f"{'changed since it was trusted' if st == 'changed' else 'is not trusted'}; "
+                    f"review it, then run: sandgate trust {where}"
+                )
+            )
 
         return _Reader(checks, check).load(path, data), None
     doc = _doc(data, where, None)
@@ -604,8 +651,15 @@ def _workspace(path: Path, store: trust.Store | None, checks: Checks) -> tuple[l
     return [_Sections(net, fs, env)], trust.Narrowed(where, status, ignored, problem or unreadable)
 
 
-def build_policy(files: list[Path], allow: list[str], deny: list[str], *, workspace: Path | None = None,
-                 store: trust.Store | None = None, checks: Checks | None = None) -> Policy:
+def build_policy(
+    files: list[Path],
+    allow: list[str],
+    deny: list[str],
+    *,
+    workspace: Path | None = None,
+    store: trust.Store | None = None,
+    checks: Checks | None = None,
+) -> Policy:
     """The effective policy from --policy files (trusted: the user named them), an implicit workspace
     file (narrowed unless `store` trusts it) and --allow/--deny entries (each NAME, HOST or HOST:PORT)."""
     checks = checks if checks is not None else Checks.current()
@@ -638,8 +692,14 @@ def build_policy(files: list[Path], allow: list[str], deny: list[str], *, worksp
     except netpolicy.PolicyError as e:
         raise PolicyFileError("policy", None, str(e)) from None
     check_network(network, checks)
-    return Policy(network, tuple(sources), fspolicy.merge_fs([p.filesystem for p in parts]),
-                  fspolicy.merge_env([p.env for p in parts]), tuple(full), narrowed)
+    return Policy(
+        network,
+        tuple(sources),
+        fspolicy.merge_fs([p.filesystem for p in parts]),
+        fspolicy.merge_env([p.env for p in parts]),
+        tuple(full),
+        narrowed,
+    )
 
 
 _SCHEME_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443, "git": 9418, "ssh": 22, "ftp": 21}
@@ -655,8 +715,9 @@ def _url_host_port(url: str, where: str) -> str:
     except ValueError as e:
         raise PolicyFileError(where, None, f"not a usable URL ({e}); use HOST or HOST:PORT") from None
     if not u.hostname or port is None:
-        raise PolicyFileError(where, None, "a URL needs a host and a known scheme or an explicit port; "
-                                           "use HOST or HOST:PORT")
+        raise PolicyFileError(
+            where, None, "a URL needs a host and a known scheme or an explicit port; use HOST or HOST:PORT"
+        )
     host = f"[{u.hostname}]" if ":" in u.hostname else u.hostname
     return f"{host}:{port}"
 
@@ -681,7 +742,9 @@ def flag_entry(ref: str, which: str) -> netpolicy.NetworkPolicy:
         entry = {"cidr": host, **({"ports": entry["ports"]} if "ports" in entry else {})}
     if which == "allow" and "." not in host and ":" not in host and "/" not in host:
         raise PolicyFileError(
-            where, None, f"'{ref}' is neither a bundled allowlist ({', '.join(bundled_names())}) nor a host name with a dot"
+            where,
+            None,
+            f"'{ref}' is neither a bundled allowlist ({', '.join(bundled_names())}) nor a host name with a dot",
         )
     try:
         return netpolicy.parse_network({which: [entry]}, "command line")

@@ -76,10 +76,26 @@ GRANDCHILD_TIMEOUT = 300.0
 USER_AGENT = "sandgate-verify"
 
 #: errno values that mean "the kernel or a boundary said no" (as opposed to a broken probe).
-REFUSAL_ERRNOS = frozenset({errno.EPERM, errno.EACCES, errno.EROFS, errno.EXDEV, errno.EBUSY, errno.ENETUNREACH,
-                            errno.EHOSTUNREACH, errno.EAFNOSUPPORT, errno.ECONNREFUSED})
-REFUSAL_TYPES: tuple[type[BaseException], ...] = (PermissionError, ConnectionRefusedError, ConnectionResetError,
-                                                   TimeoutError, socket.timeout)
+REFUSAL_ERRNOS = frozenset(
+    {
+        errno.EPERM,
+        errno.EACCES,
+        errno.EROFS,
+        errno.EXDEV,
+        errno.EBUSY,
+        errno.ENETUNREACH,
+        errno.EHOSTUNREACH,
+        errno.EAFNOSUPPORT,
+        errno.ECONNREFUSED,
+    }
+)
+REFUSAL_TYPES: tuple[type[BaseException], ...] = (
+    PermissionError,
+    ConnectionRefusedError,
+    ConnectionResetError,
+    TimeoutError,
+    socket.timeout,
+)
 
 Result = tuple[str, str]  # (observed, detail)
 Spec = Mapping[str, Any]
@@ -160,8 +176,9 @@ class Probe:
 REGISTRY: dict[str, Probe] = {}
 
 
-def probe(group: str, name: str, expected: str, contexts: Iterable[str] = CONTEXTS
-          ) -> Callable[[Callable[[Ctx], Result]], Callable[[Ctx], Result]]:
+def probe(
+    group: str, name: str, expected: str, contexts: Iterable[str] = CONTEXTS
+) -> Callable[[Callable[[Ctx], Result]], Callable[[Ctx], Result]]:
     """Register a probe function under a unique name; it returns (observed, detail) or raises."""
     ctxs = frozenset(contexts)
     if group not in GROUPS or expected not in EXPECTED or not ctxs <= set(CONTEXTS) or not ctxs:
@@ -191,8 +208,7 @@ def select_probes(context: str, only: Iterable[str] | None = None) -> list[Probe
     wanted = set(only) if only else None
     if wanted is not None and (unknown := wanted - REGISTRY.keys() - set(GROUPS)):
         raise ValueError(f"unknown probe(s) or group(s): {', '.join(sorted(unknown))}")
-    return [p for p in ordered()
-            if context in p.contexts and (wanted is None or p.name in wanted or p.group in wanted)]
+    return [p for p in ordered() if context in p.contexts and (wanted is None or p.name in wanted or p.group in wanted)]
 
 
 # ------------------------------------------------------------------------------- running probes
@@ -224,11 +240,12 @@ def _last_line(exc: BaseException) -> str:
 
 def _clip(text: str) -> str:
     text = " ".join(text.split())
-    return text if len(text) <= DETAIL_LIMIT else text[:DETAIL_LIMIT - 3] + "..."
+    return text if len(text) <= DETAIL_LIMIT else text[: DETAIL_LIMIT - 3] + "..."
 
 
 def run_one(p: Probe, spec: Spec, context: str, *, watchdog: float | None = PROBE_WATCHDOG) -> dict[str, str]:
     """Run one probe and turn whatever happened into its JSON record (never raises for probe failures)."""
+
     def alarm(_signum: int, _frame: FrameType | None) -> None:
         raise ProbeHung(f"probe still running after {watchdog:g} s (a probe bug: every wait has a timeout)")
 
@@ -248,7 +265,7 @@ def run_one(p: Probe, spec: Spec, context: str, *, watchdog: float | None = PROB
         observed, detail = "unsupported", describe(e)
     except ProbeHung as e:
         observed, detail = "unsupported", describe(e)
-    except Exception as e:  # noqa: BLE001 - the whole point: classify, never crash the runner
+    except Exception as e:
         if is_refusal(e):
             observed, detail = "blocked", describe(e)
         else:
@@ -257,8 +274,14 @@ def run_one(p: Probe, spec: Spec, context: str, *, watchdog: float | None = PROB
         if armed:
             signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, old)
-    return {"group": p.group, "probe": p.name, "context": context, "expected": p.expected,
-            "observed": observed, "detail": _clip(str(detail))}
+    return {
+        "group": p.group,
+        "probe": p.name,
+        "context": context,
+        "expected": p.expected,
+        "observed": observed,
+        "detail": _clip(str(detail)),
+    }
 
 
 def run_probes(spec: Spec, context: str, only: Iterable[str] | None = None) -> Iterator[dict[str, str]]:
@@ -279,7 +302,7 @@ def attempt(fn: Callable[..., Result], *args: Any, **kwargs: Any) -> Result:
         raise
     except Unsupported as e:
         return "unsupported", describe(e)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         if is_refusal(e):
             return "blocked", describe(e)
         return "unsupported", "unexpected " + _last_line(e)
@@ -390,7 +413,7 @@ def _read_name(data: bytes, off: int) -> tuple[str, int]:
             break
         if off + n > len(data):
             raise ValueError("truncated DNS label")
-        labels.append(data[off:off + n].decode("ascii", "replace"))
+        labels.append(data[off : off + n].decode("ascii", "replace"))
         off += n
     return ".".join(labels), (end if end is not None else off)
 
@@ -406,7 +429,7 @@ def parse_message(data: bytes) -> DnsMessage:
         name, off = _read_name(data, off)
         if off + 4 > len(data):
             raise ValueError("truncated DNS question")
-        qtype, _qclass = struct.unpack("!HH", data[off:off + 4])
+        qtype, _qclass = struct.unpack("!HH", data[off : off + 4])
         off += 4
         questions.append((name, qtype))
     answers = []
@@ -414,9 +437,9 @@ def parse_message(data: bytes) -> DnsMessage:
         name, off = _read_name(data, off)
         if off + 10 > len(data):
             raise ValueError("truncated DNS record")
-        rtype, _rclass, ttl, rdlen = struct.unpack("!HHIH", data[off:off + 10])
+        rtype, _rclass, ttl, rdlen = struct.unpack("!HHIH", data[off : off + 10])
         off += 10
-        rdata = data[off:off + rdlen]
+        rdata = data[off : off + rdlen]
         if len(rdata) != rdlen:
             raise ValueError("truncated DNS rdata")
         off += rdlen
@@ -425,7 +448,7 @@ def parse_message(data: bytes) -> DnsMessage:
         elif rtype == QTYPE_TXT:
             parts, i = [], 0
             while i < len(rdata):
-                parts.append(rdata[i + 1:i + 1 + rdata[i]].decode("utf-8", "replace"))
+                parts.append(rdata[i + 1 : i + 1 + rdata[i]].decode("utf-8", "replace"))
                 i += 1 + rdata[i]
             text = "".join(parts)
         else:
@@ -434,8 +457,9 @@ def parse_message(data: bytes) -> DnsMessage:
     return DnsMessage(qid, flags, questions, answers)
 
 
-def dns_exchange(server: str, name: str, qtype: int = QTYPE_A, *, port: int = 53, tcp: bool = False,
-                 timeout: float = DNS_TIMEOUT) -> DnsMessage:
+def dns_exchange(
+    server: str, name: str, qtype: int = QTYPE_A, *, port: int = 53, tcp: bool = False, timeout: float = DNS_TIMEOUT
+) -> DnsMessage:
     """Send one query straight to server:port and return the matching reply (TimeoutError if none)."""
     query = build_query(name, qtype)
     qid = struct.unpack("!H", query[:2])[0]
@@ -561,8 +585,12 @@ def _http_verdict(status: int, body: bytes) -> Result:
 
 def http_exchange(sock: socket.socket, target: str, host: str) -> tuple[int, bytes]:
     """One hand-written GET over an open (TLS or plain) socket: (status, body)."""
-    sock.sendall((f"GET {target} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: {USER_AGENT}\r\nAccept: */*\r\n"
-                  f"Connection: close\r\n\r\n").encode("ascii"))
+    sock.sendall(
+        (
+            f"GET {target} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: {USER_AGENT}\r\nAccept: */*\r\n"
+            f"Connection: close\r\n\r\n"
+        ).encode("ascii")
+    )
     resp = http.client.HTTPResponse(sock, method="GET")  # type: ignore[arg-type]
     try:
         resp.begin()
@@ -667,7 +695,7 @@ def _icmp_ping(target: str, payload: bytes, kind: int) -> Result:
             except TimeoutError:
                 break
             if kind == socket.SOCK_RAW:
-                data = data[(data[0] & 0x0F) * 4:]  # raw sockets deliver the IP header too
+                data = data[(data[0] & 0x0F) * 4 :]  # raw sockets deliver the IP header too
             if addr[0] == target and len(data) >= 8 and data[0] == 0 and payload in data[8:]:
                 return "permitted", f"echo reply from {target}"
     return "blocked", f"no echo reply from {target} within {ECHO_WAIT:g} s"
@@ -710,8 +738,9 @@ def blocked_transparent(c: Ctx) -> Result:
             raise
         why = str(e)
     ip = c.s("blocked_ip")
-    observed, detail = attempt(lambda: _http_verdict(*raw_http(ip, 443, c.path, c.s("blocked_host"),
-                                                               sni=c.s("blocked_host"))))
+    observed, detail = attempt(
+        lambda: _http_verdict(*raw_http(ip, 443, c.path, c.s("blocked_host"), sni=c.s("blocked_host")))
+    )
     return observed, f"{why}; by hand to {ip}:443: {detail}"
 
 
@@ -733,8 +762,12 @@ def connect_ip_literal(c: Ctx) -> Result:
     target = f"{c.s('blocked_ip')}:443"
     proxy = _proxy_address("https")
     with socket.create_connection(proxy, timeout=HTTP_TIMEOUT) as s:
-        s.sendall((f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\nUser-Agent: {USER_AGENT}\r\n"
-                   f"X-Sandgate-Verify: {c.marker.decode().strip()}\r\n\r\n").encode())
+        s.sendall(
+            (
+                f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\nUser-Agent: {USER_AGENT}\r\n"
+                f"X-Sandgate-Verify: {c.marker.decode().strip()}\r\n\r\n"
+            ).encode()
+        )
         head = b""
         while b"\r\n\r\n" not in head and len(head) < BODY_LIMIT:
             got = s.recv(BODY_LIMIT)
@@ -786,8 +819,10 @@ def _host_mismatch_proxy(c: Ctx) -> Result:
 @probe("network", "host_mismatch", "blocked")
 def host_mismatch(c: Ctx) -> Result:
     """Plain HTTP whose Host header names an allowed host while the IP / absolute URI is a blocked one."""
-    return combine([("transparent", attempt(_host_mismatch_transparent, c)),
-                    ("explicit proxy", attempt(_host_mismatch_proxy, c))], need="any")
+    return combine(
+        [("transparent", attempt(_host_mismatch_transparent, c)), ("explicit proxy", attempt(_host_mismatch_proxy, c))],
+        need="any",
+    )
 
 
 @probe("network", "rebind_loopback", "blocked")
@@ -829,7 +864,7 @@ def dns_tcp_rogue(c: Ctx) -> Result:
 def exfil_name(secret: str, context: str, domain: str) -> str:
     """`<hex of secret>-<context>.<domain>`, the first part cut into 63-byte labels if longer."""
     first = dns_label(f"{secret.encode().hex()}-{context}")
-    labels = [first[i:i + 63] for i in range(0, len(first), 63)]
+    labels = [first[i : i + 63] for i in range(0, len(first), 63)]
     return ".".join([*labels, domain])
 
 
@@ -861,8 +896,13 @@ def ipv6(c: Ctx) -> Result:
 def raw_icmp(c: Ctx) -> Result:
     """ICMP echo (raw and ping sockets) to a blocked IP: a classic tunnel that is neither TCP nor UDP."""
     target = c.s("blocked_ip")
-    return combine([("raw socket", attempt(_icmp_ping, target, c.marker, socket.SOCK_RAW)),
-                    ("ping socket", attempt(_icmp_ping, target, c.marker, socket.SOCK_DGRAM))], need="any")
+    return combine(
+        [
+            ("raw socket", attempt(_icmp_ping, target, c.marker, socket.SOCK_RAW)),
+            ("ping socket", attempt(_icmp_ping, target, c.marker, socket.SOCK_DGRAM)),
+        ],
+        need="any",
+    )
 
 
 @probe("network", "abstract_unix", "blocked")
@@ -930,8 +970,13 @@ def _git_dir() -> Path:
 def write_workspace(c: Ctx) -> Result:
     """Control: the command can work in its workspace (cwd) and its private /tmp."""
     stem = f".sandgate-verify-{_tag(c)}"
-    return combine([("workspace", attempt(_roundtrip, Path.cwd(), stem)),
-                    ("/tmp", attempt(_roundtrip, Path("/tmp"), stem.lstrip(".")))], need="all")
+    return combine(
+        [
+            ("workspace", attempt(_roundtrip, Path.cwd(), stem)),
+            ("/tmp", attempt(_roundtrip, Path("/tmp"), stem.lstrip("."))),
+        ],
+        need="all",
+    )
 
 
 @probe("filesystem", "write_outside", "blocked")
@@ -946,10 +991,16 @@ def write_outside(c: Ctx) -> Result:
             f.write(line + b"\n")
     except OSError:
         pass  # refused outright is fine too
-    return combine([
-        ("outside_file", attempt(try_append, c.s("outside_file"), line, create=False)),
-        ("outside_dir", attempt(try_append, Path(c.s("outside_dir")) / f"verify-{c.context}.txt", line, create=True)),
-    ], need="any")
+    return combine(
+        [
+            ("outside_file", attempt(try_append, c.s("outside_file"), line, create=False)),
+            (
+                "outside_dir",
+                attempt(try_append, Path(c.s("outside_dir")) / f"verify-{c.context}.txt", line, create=True),
+            ),
+        ],
+        need="any",
+    )
 
 
 @probe("filesystem", "git_hooks", "blocked")
@@ -1033,10 +1084,13 @@ def _rename_and_restore(src: Path, dst: Path) -> Result:
 def rename_protected(c: Ctx) -> Result:
     """Renaming a protected directory away and putting a writable one in its place."""
     git = _git_dir()
-    return combine([
-        (".git/hooks", attempt(_rename_and_restore, git / "hooks", git / f"hooks-{c.context}")),
-        (".git", attempt(_rename_and_restore, git, Path(f".git-{c.context}"))),
-    ], need="any")
+    return combine(
+        [
+            (".git/hooks", attempt(_rename_and_restore, git / "hooks", git / f"hooks-{c.context}")),
+            (".git", attempt(_rename_and_restore, git, Path(f".git-{c.context}"))),
+        ],
+        need="any",
+    )
 
 
 MS_REMOUNT, MS_BIND = 32, 4096
@@ -1145,8 +1199,14 @@ def process_vm_readv(c: Ctx) -> Result:
     libc = _libc()
     fn = libc.process_vm_readv
     fn.restype = ctypes.c_ssize_t
-    fn.argtypes = [ctypes.c_int, ctypes.POINTER(_IoVec), ctypes.c_ulong, ctypes.POINTER(_IoVec), ctypes.c_ulong,
-                   ctypes.c_ulong]
+    fn.argtypes = [
+        ctypes.c_int,
+        ctypes.POINTER(_IoVec),
+        ctypes.c_ulong,
+        ctypes.POINTER(_IoVec),
+        ctypes.c_ulong,
+        ctypes.c_ulong,
+    ]
     buf = ctypes.create_string_buffer(8)
     addr = _some_address(1)
     local = _IoVec(ctypes.cast(buf, ctypes.c_void_p), 8)
@@ -1242,8 +1302,9 @@ def runner_argv(spec_path: str, spec: Spec, context: str, only: list[str] | None
 
 def run_grandchild(spec_path: str, spec: Spec, only: list[str] | None) -> None:
     """Run the probes again from `sh -c` (a grandchild of the command) and relay its records."""
-    proc = subprocess.Popen(["sh", "-c", shlex.join(runner_argv(spec_path, spec, "grandchild", only))],
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        ["sh", "-c", shlex.join(runner_argv(spec_path, spec, "grandchild", only))], stdout=subprocess.PIPE, text=True
+    )
     assert proc.stdout is not None
     count = sum(relay_line(line) for line in proc.stdout)
     try:
@@ -1326,7 +1387,7 @@ def spawn_daemon(spec_path: str, spec: Spec, only: list[str] | None) -> None:
                 os.dup2(log, 2)
                 os.execv(argv[0], argv)
             code = 0
-        except BaseException:  # noqa: BLE001 - a forked child must never return into the caller
+        except BaseException:
             traceback.print_exc()
         finally:
             os._exit(code)
@@ -1356,11 +1417,19 @@ def _spec_only(spec: Spec) -> list[str] | None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m launcher.probes", description=__doc__.splitlines()[0])
     ap.add_argument("spec", nargs="?", help="SPEC.json written by `sandgate verify`")
-    ap.add_argument("--context", choices=CONTEXTS, default="child",
-                    help="child (default): run, then spawn the grandchild and the daemon; "
-                         "grandchild: run only; daemon: run into the results file, then heartbeat")
-    ap.add_argument("--only", action="append", metavar="NAME", help="only this probe or group (repeatable); "
-                    "default: the spec's 'only'")
+    ap.add_argument(
+        "--context",
+        choices=CONTEXTS,
+        default="child",
+        help="child (default): run, then spawn the grandchild and the daemon; "
+        "grandchild: run only; daemon: run into the results file, then heartbeat",
+    )
+    ap.add_argument(
+        "--only",
+        action="append",
+        metavar="NAME",
+        help="only this probe or group (repeatable); default: the spec's 'only'",
+    )
     ap.add_argument("--no-spawn", action="store_true", help="child: no grandchild, no daemon")
     ap.add_argument("--tag", help="ignored: puts the daemon token on the daemon's command line")
     ap.add_argument("--list", action="store_true", help="print the probe list as JSON lines and exit")
@@ -1392,9 +1461,12 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-from launcher import probes_host  # noqa: E402,F401 - registers the v2 host-boundary probes
-from launcher import probes_review  # noqa: E402,F401 - registers the v1-review probes
+from launcher import (
+    probes_host,  # noqa: F401 - registers the v2 host-boundary probes
+    probes_review,  # noqa: F401 - registers the v1-review probes
+)
 
 if __name__ == "__main__":  # run as __main__, this file's REGISTRY lacks probes_host's: use the package's
-    from launcher import probes as _package  # noqa: PLW0406 - the package's copy, not __main__
+    from launcher import probes as _package
+
     sys.exit(_package.main())

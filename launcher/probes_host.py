@@ -35,8 +35,10 @@ TOOL_TIMEOUT = 5.0  # nft / ip inside the sandbox
 MAX_HANDLE_SZ = 128
 CLONE_NEWNET = 0x40000000
 #: Syscalls glibc does not wrap (bpf, keyctl, add_key), per machine.
-SYSCALLS = {"x86_64": {"bpf": 321, "add_key": 248, "keyctl": 250},
-            "aarch64": {"bpf": 280, "add_key": 217, "keyctl": 219}}
+SYSCALLS = {
+    "x86_64": {"bpf": 321, "add_key": 248, "keyctl": 250},
+    "aarch64": {"bpf": 280, "add_key": 217, "keyctl": 219},
+}
 KEYCTL_SETPERM, KEYCTL_SEARCH, KEYCTL_READ, KEYCTL_SET_TIMEOUT, KEYCTL_INVALIDATE = 5, 10, 11, 15, 21
 KEY_SPEC_USER_KEYRING, KEY_SPEC_SESSION_KEYRING = -4, -3
 KEYCTL_JOIN_SESSION_KEYRING, KEYCTL_LINK = 1, 8
@@ -60,8 +62,11 @@ _libc.setns.argtypes = [ctypes.c_int, ctypes.c_int]
 class FileHandle(ctypes.Structure):
     """struct file_handle with room for the largest handle (MAX_HANDLE_SZ)."""
 
-    _fields_ = [("handle_bytes", ctypes.c_uint), ("handle_type", ctypes.c_int),
-                ("f_handle", ctypes.c_ubyte * MAX_HANDLE_SZ)]
+    _fields_ = [
+        ("handle_bytes", ctypes.c_uint),
+        ("handle_type", ctypes.c_int),
+        ("f_handle", ctypes.c_ubyte * MAX_HANDLE_SZ),
+    ]
 
 
 def _errno_error(what: str) -> OSError:
@@ -144,12 +149,23 @@ def _tamper(link: str) -> tuple[list[tuple[str, Result]], list[list[str]]]:
     """Try each change; returns the labelled outcomes and the commands that undo what took effect."""
     saved = _output(["nft", "list", "ruleset"])  # only readable with CAP_NET_ADMIN
     route = _output(["ip", "route", "show", "default"])
-    tries = (("nft flush ruleset", ["nft", "flush", "ruleset"],
-              ["nft", "-f", "-", "flush ruleset\n" + saved] if saved else None),
-             ("ip link add veth", ["ip", "link", "add", link, "type", "veth", "peer", "name", link + "p"],
-              ["ip", "link", "del", link]),
-             ("ip route replace default", ["ip", "route", "replace", "default", "dev", "lo"],
-              ["ip", "route", "replace", *route.split()] if route.strip() else None))
+    tries = (
+        (
+            "nft flush ruleset",
+            ["nft", "flush", "ruleset"],
+            ["nft", "-f", "-", "flush ruleset\n" + saved] if saved else None,
+        ),
+        (
+            "ip link add veth",
+            ["ip", "link", "add", link, "type", "veth", "peer", "name", link + "p"],
+            ["ip", "link", "del", link],
+        ),
+        (
+            "ip route replace default",
+            ["ip", "route", "replace", "default", "dev", "lo"],
+            ["ip", "route", "replace", *route.split()] if route.strip() else None,
+        ),
+    )
     parts: list[tuple[str, Result]] = []
     undo: list[list[str]] = []
     for label, argv, back in tries:
@@ -205,8 +221,13 @@ def netns_tamper(c: Ctx) -> Result:
 def host_loopback_service(c: Ctx) -> Result:
     """A service on the host's own 127.0.0.1 (databases, admin ports): inside, 127.0.0.1 is the sandbox's."""
     port = c.port("host_loopback_port")
-    return combine([("tcp", attempt(tcp_canary, "127.0.0.1", port, c.marker)),
-                    ("udp", attempt(udp_echo, "127.0.0.1", port, c.marker))], need="any")
+    return combine(
+        [
+            ("tcp", attempt(tcp_canary, "127.0.0.1", port, c.marker)),
+            ("udp", attempt(udp_echo, "127.0.0.1", port, c.marker)),
+        ],
+        need="any",
+    )
 
 
 # --------------------------------------------------------------------------- filesystem probes
@@ -237,8 +258,10 @@ def handle_from_spec(spec: dict[str, Any] | Any) -> FileHandle:
 def open_by_handle(c: Ctx) -> Result:
     """open_by_handle_at of the hidden ~/.ssh key, its handle made outside: no path, so no hidden path."""
     handle, secret = handle_from_spec(c.spec["ssh_key_handle"]), c.s("secret_marker")
-    return combine([(where, attempt(read_by_handle, where, handle, secret))
-                    for where in ("/", c.s("home"), os.getcwd())], need="any")
+    return combine(
+        [(where, attempt(read_by_handle, where, handle, secret)) for where in ("/", c.s("home"), os.getcwd())],
+        need="any",
+    )
 
 
 def _mknod(node: Path, major: int, minor: int) -> Result:
@@ -263,8 +286,13 @@ def _open_dev(path: str) -> Result:
 def mknod_disk(c: Ctx) -> Result:
     """A block node of the host's root disk made in the workspace (or its /dev node opened): raw disk access."""
     major, minor = (int(x) for x in c.spec["root_dev"])
-    return combine([("mknod", attempt(_mknod, Path(f"sandgate-disk-{c.mark}"), major, minor)),
-                    ("open", attempt(_open_dev, c.s("root_dev_path")))], need="any")
+    return combine(
+        [
+            ("mknod", attempt(_mknod, Path(f"sandgate-disk-{c.mark}"), major, minor)),
+            ("open", attempt(_open_dev, c.s("root_dev_path"))),
+        ],
+        need="any",
+    )
 
 
 # ------------------------------------------------------------------------------ process probes
@@ -326,9 +354,13 @@ def keyring_read(c: Ctx) -> Result:
     """Reading a key from the caller's user keyring (Kerberos, ecryptfs, NFS keys): keyrings are per uid."""
     serial, buf = int(c.spec["host_key"]), ctypes.create_string_buffer(4096)
     desc = c.s("host_key_description").encode()
-    return combine([("read by serial", attempt(_keyctl, f"key {serial}", KEYCTL_READ, serial, buf, len(buf))),
-                    ("search @u", attempt(_keyctl, "its name in @u", KEYCTL_SEARCH, KEY_SPEC_USER_KEYRING, b"user",
-                                          desc, 0))], need="any")
+    return combine(
+        [
+            ("read by serial", attempt(_keyctl, f"key {serial}", KEYCTL_READ, serial, buf, len(buf))),
+            ("search @u", attempt(_keyctl, "its name in @u", KEYCTL_SEARCH, KEY_SPEC_USER_KEYRING, b"user", desc, 0)),
+        ],
+        need="any",
+    )
 
 
 @probe("process", "sethostname", "blocked")
@@ -357,7 +389,7 @@ def file_handle(path: Path) -> dict[str, Any]:
     fh.handle_bytes = MAX_HANDLE_SZ
     if _libc.name_to_handle_at(-100, os.fsencode(path), ctypes.byref(fh), ctypes.byref(mount_id), 0) != 0:  # AT_FDCWD
         raise _errno_error(f"name_to_handle_at({path})")
-    return {"type": fh.handle_type, "hex": bytes(fh.f_handle[:fh.handle_bytes]).hex()}
+    return {"type": fh.handle_type, "hex": bytes(fh.f_handle[: fh.handle_bytes]).hex()}
 
 
 def root_device() -> tuple[tuple[int, int], str]:

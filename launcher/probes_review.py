@@ -31,14 +31,38 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from launcher.probes import (DNS_TIMEOUT, QTYPE_A, QTYPE_TXT, Blocked, Ctx, DnsMessage, Result, Unsupported, _git_dir,
-                             _http_verdict, _tag, attempt, build_query, combine, encode_name, fetch, parse_message,
-                             probe, system_resolver, try_append)
+from launcher.probes import (
+    DNS_TIMEOUT,
+    QTYPE_A,
+    QTYPE_TXT,
+    Blocked,
+    Ctx,
+    DnsMessage,
+    Result,
+    Unsupported,
+    _git_dir,
+    _http_verdict,
+    _tag,
+    attempt,
+    build_query,
+    combine,
+    encode_name,
+    fetch,
+    parse_message,
+    probe,
+    system_resolver,
+    try_append,
+)
 
 GIT_TIMEOUT = 15.0
 #: Inside `.git`: through these git finds config, hooks or code elsewhere (v1: commondir).
-GIT_TARGETS = ("commondir", "modules/x/hooks/pre-commit", "config.worktree", "info/attributes",
-               "objects/info/alternates")
+GIT_TARGETS = (
+    "commondir",
+    "modules/x/hooks/pre-commit",
+    "config.worktree",
+    "info/attributes",
+    "objects/info/alternates",
+)
 #: Workspace files an editor or agent runs code from when the user next opens the folder.
 TOOL_TARGETS = (".vscode/settings.json", ".envrc", ".mcp.json", ".claude/settings.json")
 #: Secret names v1's patterns missed, and a lower-case one; DATABASE_URL carries it in a URL.
@@ -67,8 +91,13 @@ def _commit(c: Ctx) -> Result:
     Path(name).write_text(f"committed from {c.mark}\n")
     msg = f"verify commit {c.mark}"
     for args in (["add", "--", name], ["commit", "-q", "-m", msg, "--", name], ["log", "-1", "--format=%s"]):
-        r = subprocess.run(["git", "-c", "safe.directory=*", "-c", "commit.gpgsign=false", *args],
-                           capture_output=True, text=True, timeout=GIT_TIMEOUT, stdin=subprocess.DEVNULL)
+        r = subprocess.run(
+            ["git", "-c", "safe.directory=*", "-c", "commit.gpgsign=false", *args],
+            capture_output=True,
+            text=True,
+            timeout=GIT_TIMEOUT,
+            stdin=subprocess.DEVNULL,
+        )
         if r.returncode != 0:
             return "blocked", f"git {args[0]} failed: {(r.stderr or r.stdout).strip()[:200]}"
     if r.stdout.strip() != msg:
@@ -118,8 +147,14 @@ def credential_files(c: Ctx) -> Result:
         except OSError as e:
             parts.append((name, attempt(_raise, e)))
             continue
-        parts.append((name, ("permitted", "read the secret") if secret in data
-                      else ("blocked", f"readable but without the secret ({len(data)} chars)")))
+        parts.append(
+            (
+                name,
+                ("permitted", "read the secret")
+                if secret in data
+                else ("blocked", f"readable but without the secret ({len(data)} chars)"),
+            )
+        )
     return combine(parts, need="any")
 
 
@@ -172,10 +207,15 @@ def audit_log_forge(c: Ctx) -> Result:
     if not os.path.isfile(log):
         raise Unsupported(f"the audit log {log} is not visible here: cannot tell")
     forged = json.dumps({"event": "decision", "verdict": "allow", "forged": c.marker.decode().strip()}) + "\n"
-    return combine([("append", attempt(try_append, log, forged.encode(), create=False)),
-                    ("truncate", attempt(_truncate, log)),
-                    ("rename", attempt(_rename, log, c.mark)),
-                    ("remove", attempt(_remove, log))], need="any")
+    return combine(
+        [
+            ("append", attempt(try_append, log, forged.encode(), create=False)),
+            ("truncate", attempt(_truncate, log)),
+            ("rename", attempt(_rename, log, c.mark)),
+            ("remove", attempt(_remove, log)),
+        ],
+        need="any",
+    )
 
 
 # ----------------------------------------------------------------------------- dns smuggling
@@ -242,22 +282,33 @@ def dns_smuggling(c: Ctx) -> Result:
     server, host, rd = system_resolver(), c.s("allowed_host"), 0x0100
     control = _send(server, build_query(host))
     if c.s("allowed_ip") not in [r.data for r in control.answers]:
-        raise Unsupported(f"the control (A {host}) was not answered from the canary: rcode {control.rcode_text}, "
-                          f"{[r.data for r in control.answers]}: cannot tell")
+        raise Unsupported(
+            f"the control (A {host}) was not answered from the canary: rcode {control.rcode_text}, "
+            f"{[r.data for r in control.answers]}: cannot tell"
+        )
     smuggled = c.dns_name()  # <probe>-<mark>.<exfil domain>: what the canary log is searched for
     q = [(host, QTYPE_A)]
     additional = _message(rd, q, ar=_rr(smuggled, QTYPE_TXT, CLASS_IN, 0, _txt(c.marker)), counts=(0, 1))
     option = struct.pack("!HH", OPT_CODE, len(c.marker)) + c.marker
     edns = _message(rd, q, ar=_rr(".", QTYPE_OPT, 1232, 0, option), counts=(0, 1))
-    update = _message(5 << 11, [(host, QTYPE_SOA)], counts=(1, 0),
-                      ns=_rr(f"{c.label}.{host}", QTYPE_TXT, CLASS_IN, 60, _txt(c.marker)))
+    update = _message(
+        5 << 11,
+        [(host, QTYPE_SOA)],
+        counts=(1, 0),
+        ns=_rr(f"{c.label}.{host}", QTYPE_TXT, CLASS_IN, 60, _txt(c.marker)),
+    )
     two = _message(rd, [*q, (smuggled, QTYPE_A)])
     case = build_query(case_name(host, c.mark))
-    return combine([("additional TXT", attempt(_smuggle, server, additional)),
-                    ("EDNS option", attempt(_smuggle, server, edns)),
-                    ("UPDATE", attempt(_smuggle, server, update, "UPDATE accepted")),
-                    ("two questions", attempt(_smuggle, server, two)),
-                    ("mixed case", attempt(_smuggle, server, case))], need="any")
+    return combine(
+        [
+            ("additional TXT", attempt(_smuggle, server, additional)),
+            ("EDNS option", attempt(_smuggle, server, edns)),
+            ("UPDATE", attempt(_smuggle, server, update, "UPDATE accepted")),
+            ("two questions", attempt(_smuggle, server, two)),
+            ("mixed case", attempt(_smuggle, server, case)),
+        ],
+        need="any",
+    )
 
 
 # ------------------------------------------------- wildcard DNS types, own-address rebinding
@@ -291,8 +342,10 @@ def wildcard_dns_types(c: Ctx) -> Result:
     except TimeoutError as e:
         raise Unsupported(f"the control (A {control}) got no answer: {e}: cannot tell") from e
     if c.s("wild_ip") not in [r.data for r in reply.answers]:
-        raise Unsupported(f"the control (A {control}) was not answered from the canary: rcode {reply.rcode_text}, "
-                          f"{[r.data for r in reply.answers]}: cannot tell")
+        raise Unsupported(
+            f"the control (A {control}) was not answered from the canary: rcode {reply.rcode_text}, "
+            f"{[r.data for r in reply.answers]}: cannot tell"
+        )
     name = f"{c.label}.{wild}"  # what the canary log is searched for
     return combine([(t, attempt(_typed_query, server, name, q)) for t, q in WILD_TYPES], need="any")
 
@@ -305,8 +358,13 @@ def _fetch_verdict(url: str, c: Ctx, env_proxy: bool) -> Result:
 def rebind_own_address(c: Ctx) -> Result:
     """An allowed name resolving to an address the proxy host holds itself (not loopback): SSRF into its own services."""
     url = c.url("http", c.s("rebind_own_host"))
-    return combine([("explicit proxy", attempt(_fetch_verdict, url, c, True)),
-                    ("transparent", attempt(_fetch_verdict, url, c, False))], need="any")
+    return combine(
+        [
+            ("explicit proxy", attempt(_fetch_verdict, url, c, True)),
+            ("transparent", attempt(_fetch_verdict, url, c, False)),
+        ],
+        need="any",
+    )
 
 
 # ------------------------------------------------ the outside halves: run by verify, never inside
@@ -344,8 +402,10 @@ class Staged:
         for path in (*(home / n for n in (*CRED_FILES, HOME_CONTROL)), audit):
             os.lchown(path, uid, gid)
             path.chmod(0o644)
-        before = {"git_indirection": {ws / ".git" / t: "" for t in GIT_TARGETS},
-                  "tool_configs": {ws / t: "" for t in TOOL_TARGETS}}
+        before = {
+            "git_indirection": {ws / ".git" / t: "" for t in GIT_TARGETS},
+            "tool_configs": {ws / t: "" for t in TOOL_TARGETS},
+        }
         for paths in before.values():
             for path in paths:
                 paths[path] = _state(path)
@@ -356,9 +416,13 @@ class Staged:
         return self.ws / AUDIT_NAME
 
     def spec(self) -> dict[str, Any]:
-        return {"cred_marker": f"sgcred{self.token}", "home_control": f"plain-{self.token}",
-                "env_marker": f"sgenv{self.token}", "plain_env": f"{PLAIN_ENV}=plain-{self.token}",
-                "audit_log": str(self.audit_log)}
+        return {
+            "cred_marker": f"sgcred{self.token}",
+            "home_control": f"plain-{self.token}",
+            "env_marker": f"sgenv{self.token}",
+            "plain_env": f"{PLAIN_ENV}=plain-{self.token}",
+            "audit_log": str(self.audit_log),
+        }
 
     def env(self) -> dict[str, str]:
         secret = f"sgenv{self.token}"
@@ -376,8 +440,9 @@ class Staged:
         """{(probe, "*"): what the host shows} after one pass; empty if the host is untouched."""
         found: dict[tuple[str, str], str] = {}
         for probe_name, paths in self.before.items():
-            changed = [f"{p.relative_to(self.ws)}: {was} -> {now}" for p, was in paths.items()
-                       if (now := _state(p)) != was]
+            changed = [
+                f"{p.relative_to(self.ws)}: {was} -> {now}" for p, was in paths.items() if (now := _state(p)) != was
+            ]
             if changed:
                 found[probe_name, "*"] = "; ".join(changed)
         if why := self._audit_damage():

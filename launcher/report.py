@@ -118,7 +118,7 @@ def _parse_line(line: bytes) -> dict[str, Any] | None:
 
 
 def decision_status(record: Record) -> str:
-    """"allow", "deny", or "would-deny" (learn mode let through what the policy would have denied)."""
+    """ "allow", "deny", or "would-deny" (learn mode let through what the policy would have denied)."""
     action = str(record.get("action"))
     if action == "allow" and record.get("would") == "deny":
         return "would-deny"
@@ -195,11 +195,26 @@ def summarize(records: Iterable[Record]) -> list[Destination]:
         accs[key].up += _int_or_none(c.get("bytes_up")) or 0
         accs[key].down += _int_or_none(c.get("bytes_down")) or 0
     rows = [
-        Destination(host, port, proto, dns, a.count, frozenset(a.decisions), frozenset(a.kinds), frozenset(a.rules),
-                    a.up, a.down, a.first, a.last, frozenset(a.tasks))
+        Destination(
+            host,
+            port,
+            proto,
+            dns,
+            a.count,
+            frozenset(a.decisions),
+            frozenset(a.kinds),
+            frozenset(a.rules),
+            a.up,
+            a.down,
+            a.first,
+            a.last,
+            frozenset(a.tasks),
+        )
         for (host, port, proto, dns), a in accs.items()
     ]
-    rows.sort(key=lambda d: (d.risk, -d.count, d.host or "", d.port if d.port is not None else -1, d.proto or "", d.dns))
+    rows.sort(
+        key=lambda d: (d.risk, -d.count, d.host or "", d.port if d.port is not None else -1, d.proto or "", d.dns)
+    )
     return rows
 
 
@@ -214,17 +229,19 @@ def format_table(rows: Sequence[Destination]) -> str:
     right = {3, 4, 5}
     table = [header]
     for d in rows:
-        table.append((
-            _escape(_status_text(d.decisions)),
-            _escape(d.label) + (" (dns)" if d.dns else ""),
-            _escape(",".join(sorted(d.kinds))),
-            str(d.count),
-            "-" if d.dns else str(d.bytes_up),
-            "-" if d.dns else str(d.bytes_down),
-            _escape(d.first_seen or "-"),
-            _escape(d.last_seen or "-"),
-            _escape(", ".join(sorted(d.rules)) or "-"),
-        ))
+        table.append(
+            (
+                _escape(_status_text(d.decisions)),
+                _escape(d.label) + (" (dns)" if d.dns else ""),
+                _escape(",".join(sorted(d.kinds))),
+                str(d.count),
+                "-" if d.dns else str(d.bytes_up),
+                "-" if d.dns else str(d.bytes_down),
+                _escape(d.first_seen or "-"),
+                _escape(d.last_seen or "-"),
+                _escape(", ".join(sorted(d.rules)) or "-"),
+            )
+        )
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
     lines = []
     for row in table:
@@ -236,10 +253,21 @@ def format_table(rows: Sequence[Destination]) -> str:
 def as_json(rows: Sequence[Destination]) -> list[dict[str, Any]]:
     """Rows as plain JSON values (sets become sorted lists) for `--json`."""
     return [
-        {"host": d.host, "port": d.port, "proto": d.proto, "dns": d.dns, "count": d.count,
-         "decisions": sorted(d.decisions), "kinds": sorted(d.kinds), "rules": sorted(d.rules),
-         "bytes_up": d.bytes_up, "bytes_down": d.bytes_down, "first_seen": d.first_seen,
-         "last_seen": d.last_seen, "tasks": sorted(d.tasks)}
+        {
+            "host": d.host,
+            "port": d.port,
+            "proto": d.proto,
+            "dns": d.dns,
+            "count": d.count,
+            "decisions": sorted(d.decisions),
+            "kinds": sorted(d.kinds),
+            "rules": sorted(d.rules),
+            "bytes_up": d.bytes_up,
+            "bytes_down": d.bytes_down,
+            "first_seen": d.first_seen,
+            "last_seen": d.last_seen,
+            "tasks": sorted(d.tasks),
+        }
         for d in rows
     ]
 
@@ -271,7 +299,7 @@ def registrable_domain(name: str) -> str | None:
     n = suffix.count(".") + 1
     if len(labels) <= n:
         return None
-    return ".".join(labels[-(n + 1):])
+    return ".".join(labels[-(n + 1) :])
 
 
 # ---- suggestion ---------------------------------------------------------------------------
@@ -313,8 +341,9 @@ class _Use:
             self.first = other.first
 
 
-def suggest(records: Sequence[Record], name: str | None = None,
-            bundled: Mapping[str, Iterable[str]] | None = None) -> str:
+def suggest(
+    records: Sequence[Record], name: str | None = None, bundled: Mapping[str, Iterable[str]] | None = None
+) -> str:
     """A `version: 1` policy that would have allowed what the runs were allowed (or learn mode let through).
 
     Denied destinations are never suggested, only listed as comments: the user decides.
@@ -387,8 +416,11 @@ def suggest(records: Sequence[Record], name: str | None = None,
     def ports_form(host: str, use: _Use) -> bool:
         return not use.ports <= DEFAULT_ALLOW_PORTS or bool(denied_web.get(host))
 
-    listed = {h: u for h, u in names.items()
-              if not (h in covered and u.ports <= DEFAULT_ALLOW_PORTS and not denied_web.get(h))}
+    listed = {
+        h: u
+        for h, u in names.items()
+        if not (h in covered and u.ports <= DEFAULT_ALLOW_PORTS and not denied_web.get(h))
+    }
 
     # Wildcards: >= 3 distinct subdomains under one registrable domain, none of them denied.
     groups: dict[str, list[str]] = defaultdict(list)
@@ -450,8 +482,10 @@ def suggest(records: Sequence[Record], name: str | None = None,
     shown = ", ".join(_comment(t) for t in tasks[:_MAX_TASKS_SHOWN])
     if len(tasks) > _MAX_TASKS_SHOWN:
         shown += f", +{len(tasks) - _MAX_TASKS_SHOWN} more"
-    out = [f"# suggested by sandgate audit suggest from {_plural(n_records, 'record')} of {_plural(len(tasks), 'run')}"
-           + (f" (tasks: {shown})" if tasks else "")]
+    out = [
+        f"# suggested by sandgate audit suggest from {_plural(n_records, 'record')} of {_plural(len(tasks), 'run')}"
+        + (f" (tasks: {shown})" if tasks else "")
+    ]
     out.append("version: 1")
     if name is not None:
         out.append(f"description: {_quoted(name)}")

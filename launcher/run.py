@@ -48,8 +48,15 @@ PORTS = Ports()
 
 # Signals a user sends to sandgate that CMD should get. Terminal-generated ones (Ctrl-C, Ctrl-\)
 # already reach CMD directly because it is in the terminal's foreground process group.
-FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT, signal.SIGQUIT,
-             signal.SIGCONT)
+FORWARDED = (
+    signal.SIGTERM,
+    signal.SIGHUP,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+    signal.SIGINT,
+    signal.SIGQUIT,
+    signal.SIGCONT,
+)
 TTY_SIGNALS = (signal.SIGINT, signal.SIGQUIT)
 
 
@@ -131,8 +138,14 @@ def run(opts: RunOptions) -> int:
             # Before planning the mounts: its socket must exist to be hidden from the sandbox.
             from launcher import approvals
 
-            broker = approvals.Broker(paths.dir / "approvals.sock", audit, opts.task, opts.ask_timeout,
-                                      channel=opts.approvals, policy_file=opts.policy_file)
+            broker = approvals.Broker(
+                paths.dir / "approvals.sock",
+                audit,
+                opts.task,
+                opts.ask_timeout,
+                channel=opts.approvals,
+                policy_file=opts.policy_file,
+            )
         with runstate.lock(rt):
             runstate.cleanup_stale(rt)  # first: a killed run's placeholders must not be taken for the workspace's
             conf = _confinement(opts, audit, rt)
@@ -162,13 +175,24 @@ def _inside(opts: RunOptions, conf: Confinement, paths: runstate.RunPaths) -> sa
         raise RunError(str(e)) from None
     weak = weakened()
     own_netns = "firewall" not in weak
-    (paths.dir / "resolv.conf").write_text("# written by sandgate: the sandbox's only resolver is its DNS listener\n"
-                                            "nameserver 127.0.0.1\noptions edns0\n")
+    (paths.dir / "resolv.conf").write_text(
+        "# written by sandgate: the sandbox's only resolver is its DNS listener\nnameserver 127.0.0.1\noptions edns0\n"
+    )
     (paths.dir / "resolv.conf").chmod(0o644)
     (paths.dir / "empty").touch(0o444)
     (paths.dir / "hosttmp").mkdir(0o700, exist_ok=True)
-    return sandbox.Inside(tuple(opts.cmd), conf.env, ident, conf.mounts, conf.landlock, paths.dir, PORTS,
-                          own_netns=own_netns, keep_net_admin="netadmin" in weak, make_dirs=_hidden_home(conf))
+    return sandbox.Inside(
+        tuple(opts.cmd),
+        conf.env,
+        ident,
+        conf.mounts,
+        conf.landlock,
+        paths.dir,
+        PORTS,
+        own_netns=own_netns,
+        keep_net_admin="netadmin" in weak,
+        make_dirs=_hidden_home(conf),
+    )
 
 
 def _root_helpers() -> tuple[tuple[int, int], ...]:
@@ -189,8 +213,14 @@ def _hidden_home(conf: Confinement) -> tuple[str, ...]:
     return (conf.home,) if mounts.left_out_by_private_tmp(conf.home, m.private_tmp, m.tmp_rebinds) else ()
 
 
-def _launch(opts: RunOptions, ins: sandbox.Inside, daemon: daemonctl.Daemon, audit: AuditLog,
-            broker: approvals.Broker | None, paths: runstate.RunPaths) -> int:
+def _launch(
+    opts: RunOptions,
+    ins: sandbox.Inside,
+    daemon: daemonctl.Daemon,
+    audit: AuditLog,
+    broker: approvals.Broker | None,
+    paths: runstate.RunPaths,
+) -> int:
     """Fork the holder, map its ids, take its listeners, hand them on, let CMD start, supervise."""
     holder, chan = sandbox.start_holder(os.getpid(), ins)
     try:
@@ -205,9 +235,14 @@ def _launch(opts: RunOptions, ins: sandbox.Inside, daemon: daemonctl.Daemon, aud
             for fd in fds:
                 os.close(fd)
             _fail_from(msg, holder)
-        spec = BindingSpec(task=opts.task, policy=opts.policy.network, learn=opts.learn, ask_all=opts.ask,
-                           approval_socket=str(paths.dir / "approvals.sock") if broker else None,
-                           ask_timeout=opts.ask_timeout)
+        spec = BindingSpec(
+            task=opts.task,
+            policy=opts.policy.network,
+            learn=opts.learn,
+            ask_all=opts.ask,
+            approval_socket=str(paths.dir / "approvals.sock") if broker else None,
+            ask_timeout=opts.ask_timeout,
+        )
         pending = _Handover(daemon, spec, [os.open(opts.audit_path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC), *fds])
         try:
             pending.try_bind()
@@ -266,8 +301,13 @@ def _confinement(opts: RunOptions, audit: AuditLog, rt: Path) -> Confinement:
     from launcher import auditlogs, trust
 
     own = (str(rt), str(trust.state_dir()), str(auditlogs.log_dir()), *((opts.approvals,) if opts.approvals else ()))
-    eff = fspolicy.effective(opts.policy.filesystem, cwd=os.getcwd(), home=home, extra_write=opts.write,
-                             extra_read_deny=(*opts.read_deny, *own))
+    eff = fspolicy.effective(
+        opts.policy.filesystem,
+        cwd=os.getcwd(),
+        home=home,
+        extra_write=opts.write,
+        extra_read_deny=(*opts.read_deny, *own),
+    )
     # The audit log, wherever it lives, is never writable or removable from inside (the threat: a
     # task forging or erasing its own record). Inside a writable root it is bound read-only over
     # itself (a mount point cannot be unlinked or renamed, and its directories are pinned).
@@ -277,8 +317,10 @@ def _confinement(opts: RunOptions, audit: AuditLog, rt: Path) -> Confinement:
         eff = dataclasses.replace(eff, protect=(*eff.protect, (log, False)))
     weak = weakened()
     if weak:
-        print(f"sandgate: WARNING: boundary deliberately weakened for a self-test: {', '.join(sorted(weak))}",
-              file=sys.stderr)
+        print(
+            f"sandgate: WARNING: boundary deliberately weakened for a self-test: {', '.join(sorted(weak))}",
+            file=sys.stderr,
+        )
     if "git-hooks" in weak:
         eff = dataclasses.replace(eff, protect=tuple(p for p in eff.protect if not p[0].endswith("/.git/hooks")))
     try:
@@ -286,8 +328,9 @@ def _confinement(opts: RunOptions, audit: AuditLog, rt: Path) -> Confinement:
     except mounts.MountError as e:
         raise RunError(e.strerror or str(e)) from None
     try:
-        overlay = homeoverlay.plan(home, mplan.write_roots, uid=opts.user.uid if opts.user else os.getuid(),
-                                   owner=os.geteuid())
+        overlay = homeoverlay.plan(
+            home, mplan.write_roots, uid=opts.user.uid if opts.user else os.getuid(), owner=os.geteuid()
+        )
     except homeoverlay.HomeOverlayError as e:
         raise RunError(e.strerror or str(e)) from None
     mplan = dataclasses.replace(mplan, home=overlay)
@@ -301,24 +344,39 @@ def _confinement(opts: RunOptions, audit: AuditLog, rt: Path) -> Confinement:
     else:
         lplan = landlock.plan((*mplan.write_roots, *((overlay.home,) if overlay else ())), abi=abi)
     env, dropped = fsenv.filter_env({k: v for k, v in os.environ.items() if k != WEAKEN_ENV}, opts.policy.env)
-    audit.write(policy_record(
-        opts.task, write=list(mplan.write_roots), private_tmp=mplan.private_tmp,
-        protect=[*mplan.protect, *(p for p, _ in mplan.placeholders)], hidden=[*mplan.hide_dirs, *mplan.hide_files],
-        env_dropped=dropped, landlock_abi=abi, warnings=warnings))
+    audit.write(
+        policy_record(
+            opts.task,
+            write=list(mplan.write_roots),
+            private_tmp=mplan.private_tmp,
+            protect=[*mplan.protect, *(p for p, _ in mplan.placeholders)],
+            hidden=[*mplan.hide_dirs, *mplan.hide_files],
+            env_dropped=dropped,
+            landlock_abi=abi,
+            warnings=warnings,
+        )
+    )
     for w in warnings:
         print(f"sandgate: warning: {w}", file=sys.stderr)
     if opts.verbose:
         tmp = " (private)" if mplan.private_tmp else ""
-        print(f"sandgate: writable: {', '.join(r + (tmp if r == '/tmp' else '') for r in mplan.write_roots)}",
-              file=sys.stderr)
-        print(f"sandgate: read-only: {', '.join([*mplan.protect, *(p for p, _ in mplan.placeholders)]) or '-'}",
-              file=sys.stderr)
+        print(
+            f"sandgate: writable: {', '.join(r + (tmp if r == '/tmp' else '') for r in mplan.write_roots)}",
+            file=sys.stderr,
+        )
+        print(
+            f"sandgate: read-only: {', '.join([*mplan.protect, *(p for p, _ in mplan.placeholders)]) or '-'}",
+            file=sys.stderr,
+        )
         print(f"sandgate: hidden: {', '.join([*mplan.hide_dirs, *mplan.hide_files]) or '-'}", file=sys.stderr)
         print(f"sandgate: environment dropped: {', '.join(dropped) or '-'}", file=sys.stderr)
         print(f"sandgate: landlock ABI {abi}", file=sys.stderr)
         if overlay is not None:
-            print(f"sandgate: home: {overlay.home} writable inside, writes kept in {overlay.upper} "
-                  "(the real home never changes; sandgate cache clear)", file=sys.stderr)
+            print(
+                f"sandgate: home: {overlay.home} writable inside, writes kept in {overlay.upper} "
+                "(the real home never changes; sandgate cache clear)",
+                file=sys.stderr,
+            )
     return Confinement(mplan, lplan, env, dropped, home)
 
 
@@ -377,8 +435,6 @@ def _asker(netns_pid: int, ip: str, port: int) -> str | None:
 
     found = whoasked.find_asker(netns_pid, ip, port)
     return f"{found.name}[{found.pid}]" if found else None
-
-
 
 
 # ---- while it runs -----------------------------------------------------------------------
@@ -441,8 +497,10 @@ def _daemon_event(handover: _Handover) -> int | None:
             handover.close()  # the waiting connections are reset: no network (fail closed)
             print(f"sandgate: error: {e}; the sandbox has no network (fail closed)", file=sys.stderr)
             return None
-    print("sandgate: error: the proxy daemon exited; the sandbox has no network from now on (fail closed)",
-          file=sys.stderr)
+    print(
+        "sandgate: error: the proxy daemon exited; the sandbox has no network from now on (fail closed)",
+        file=sys.stderr,
+    )
     daemon.close()
     return None
 
@@ -457,9 +515,18 @@ def _drops(chan: socket.socket, audit: AuditLog, task: str) -> bool:
         return False
     if msg[:1] == b"D":
         dst, proto, port = msg[1:].decode(errors="replace").split(" ")
-        audit.write(decision_record(task, uuid.uuid4().hex[:12], "packet", "deny", dst,
-                                    int(port) if port.isdigit() else None, proto=proto,
-                                    reason=f"{proto} packet dropped by the sandbox firewall"))
+        audit.write(
+            decision_record(
+                task,
+                uuid.uuid4().hex[:12],
+                "packet",
+                "deny",
+                dst,
+                int(port) if port.isdigit() else None,
+                proto=proto,
+                reason=f"{proto} packet dropped by the sandbox firewall",
+            )
+        )
     elif msg[:1] == b"E":
         print(f"sandgate: error: {msg[1:].decode(errors='replace')}", file=sys.stderr)
     return True

@@ -34,7 +34,7 @@ HOSTNAME = "sandgate"
 DROP_POLL = 1.0  # seconds between reports of dropped packets while the sandbox lives
 _libc = ctypes.CDLL(None, use_errno=True)
 PR_SET_DUMPABLE = 4
-NS_FLAGS = (os.CLONE_NEWUSER | os.CLONE_NEWNS | os.CLONE_NEWPID | os.CLONE_NEWIPC | os.CLONE_NEWUTS)
+NS_FLAGS = os.CLONE_NEWUSER | os.CLONE_NEWNS | os.CLONE_NEWPID | os.CLONE_NEWIPC | os.CLONE_NEWUTS
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ def start_holder(parent: int, ins: Inside) -> tuple[int, socket.socket]:
         try:
             mine.close()
             _holder(parent, theirs, ins)
-        except BaseException as e:  # noqa: BLE001 - a forked child must never return into the launcher's code
+        except BaseException as e:
             _report(theirs, f"E{e}")
         os._exit(EXIT_ERROR)
     theirs.close()
@@ -102,8 +102,7 @@ def _holder(parent: int, chan: socket.socket, ins: Inside) -> None:
         os.unshare(NS_FLAGS | (os.CLONE_NEWNET if ins.own_netns else 0))
     except OSError as e:
         problem = userns.unprivileged_userns_problem() if os.getuid() != 0 else None
-        _report(chan, f"Ecannot create the sandbox's namespaces: {e.strerror}"
-                      + (f" ({problem})" if problem else ""))
+        _report(chan, f"Ecannot create the sandbox's namespaces: {e.strerror}" + (f" ({problem})" if problem else ""))
         os._exit(EXIT_ERROR)
     chan.send(b"U")
     _expect(chan, b"M")  # the launcher wrote our uid/gid maps (it could not, were we already undumpable)
@@ -125,7 +124,7 @@ def _holder(parent: int, chan: socket.socket, ins: Inside) -> None:
             chan.close()
             os.close(sig_w)
             _init(ins, sig_r)
-        except BaseException as e:  # noqa: BLE001
+        except BaseException as e:
             os.write(2, f"sandgate: error: sandbox setup: {e}\n".encode())
         os._exit(EXIT_ERROR)
     os.close(sig_r)
@@ -241,6 +240,6 @@ def _exec_cmd(ins: Inside) -> None:
     except OSError as e:
         os.write(2, f"sandgate: error: cannot start {name}: {e.strerror or e}\n".encode())
         os._exit(126 if e.errno == 8 else EXIT_ERROR)  # ENOEXEC: exec format error, as a shell says
-    except BaseException as e:  # noqa: BLE001
+    except BaseException as e:
         os.write(2, f"sandgate: error: cannot start {name}: {e}\n".encode())
     os._exit(EXIT_ERROR)

@@ -68,8 +68,13 @@ def decode(raw: bytes) -> dict[str, Record]:
         raise ValueError("not a sandgate trust list")
     out: dict[str, Record] = {}
     for key, rec in doc["files"].items():
-        if not (isinstance(rec, dict) and isinstance(rec.get("sha256"), str) and len(rec["sha256"]) == 64
-                and isinstance(rec.get("trusted_at"), str) and key.startswith("/")):
+        if not (
+            isinstance(rec, dict)
+            and isinstance(rec.get("sha256"), str)
+            and len(rec["sha256"]) == 64
+            and isinstance(rec.get("trusted_at"), str)
+            and key.startswith("/")
+        ):
             raise ValueError("malformed record")
         out[key] = Record(rec["sha256"], rec["trusted_at"])
     return out
@@ -89,13 +94,17 @@ def _split(section: str, value: Any) -> tuple[dict[str, Any], list[str]]:
     """(the kept fields of a section, names of the other fields that are set)."""
     default = type(value)()
     kept = {name: getattr(value, name) for name in KEPT[section]}
-    dropped = [f"{section}.{f.name}" for f in dataclasses.fields(value)
-               if f.compare and f.name not in kept and getattr(value, f.name) != getattr(default, f.name)]
+    dropped = [
+        f"{section}.{f.name}"
+        for f in dataclasses.fields(value)
+        if f.compare and f.name not in kept and getattr(value, f.name) != getattr(default, f.name)
+    ]
     return kept, dropped
 
 
-def narrow(net: netpolicy.NetworkPolicy, fs: fspolicy.FsPolicy, env: fspolicy.EnvPolicy, has_include: bool
-           ) -> tuple[netpolicy.NetworkPolicy, fspolicy.FsPolicy, fspolicy.EnvPolicy, tuple[str, ...]]:
+def narrow(
+    net: netpolicy.NetworkPolicy, fs: fspolicy.FsPolicy, env: fspolicy.EnvPolicy, has_include: bool
+) -> tuple[netpolicy.NetworkPolicy, fspolicy.FsPolicy, fspolicy.EnvPolicy, tuple[str, ...]]:
     """What an untrusted file may do: only forbid more. Returns the kept sections and the keys ignored.
 
     Kept: network.deny, filesystem.read_deny, env.drop, and filesystem.protect inside the workspace
@@ -128,8 +137,10 @@ class Narrowed:
         """The one line printed when something was ignored."""
         why = "changed since you trusted it" if self.status == "changed" else "is not trusted"
         extra = f" (trust records not used: {self.store_problem})" if self.store_problem else ""
-        return (f"sandgate: {self.name} {why}{extra}, so only what it forbids applies; ignored: "
-                f"{', '.join(self.ignored)}; to trust it: sandgate trust {self.name}")
+        return (
+            f"sandgate: {self.name} {why}{extra}, so only what it forbids applies; ignored: "
+            f"{', '.join(self.ignored)}; to trust it: sandgate trust {self.name}"
+        )
 
 
 # ---- reading a file that may be hostile ------------------------------------------------------
@@ -146,9 +157,20 @@ def _pseudo_devices() -> frozenset[int]:
 
 def _check_regular(st: os.stat_result, limit: int) -> None:
     if not stat.S_ISREG(st.st_mode):
-        kind = next((k for test, k in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
-                     (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device"), (stat.S_ISSOCK, "a socket"))
-                     if test(st.st_mode)), "not a file")
+        kind = next(
+            (
+                k
+                for test, k in (
+                    (stat.S_ISDIR, "a directory"),
+                    (stat.S_ISFIFO, "a FIFO"),
+                    (stat.S_ISCHR, "a device"),
+                    (stat.S_ISBLK, "a device"),
+                    (stat.S_ISSOCK, "a socket"),
+                )
+                if test(st.st_mode)
+            ),
+            "not a file",
+        )
         raise Unreadable(f"not a regular file ({kind}); a policy is a YAML file")
     if st.st_size > limit:
         raise Unreadable(f"larger than {limit >> 20} MiB; a policy is a few kilobytes of YAML")
@@ -228,8 +250,10 @@ class Store:
         real = os.path.realpath(self.dir)
         for ws in (*workspaces, *self.writable):
             if _under(real, os.path.realpath(ws)):
-                return (f"the trust list {self.file} is inside {ws}, where a sandboxed command may write; "
-                        "set XDG_STATE_HOME to a directory outside it")
+                return (
+                    f"the trust list {self.file} is inside {ws}, where a sandboxed command may write; "
+                    "set XDG_STATE_HOME to a directory outside it"
+                )
         return None
 
     def records(self) -> dict[str, Record]:
@@ -248,8 +272,10 @@ class Store:
                 raise ValueError("too large")
             return decode(raw)
         except (ValueError, UnicodeDecodeError, RecursionError):
-            raise TrustError(f"the trust list {self.file} is damaged (not what sandgate writes); "
-                             "remove it and trust your files again") from None
+            raise TrustError(
+                f"the trust list {self.file} is damaged (not what sandgate writes); "
+                "remove it and trust your files again"
+            ) from None
 
     def status(self, path: Path, data: bytes) -> tuple[Status, str | None]:
         """(status of `path` with content `data`, why the list could not be read). Never raises: unreadable means untrusted."""
@@ -280,8 +306,10 @@ class Store:
     def _check_owned(self, st: os.stat_result, what: Path) -> None:
         """Only the user (or root) may have written what decides trust."""
         if st.st_uid not in (os.geteuid(), 0) or st.st_mode & 0o022:
-            raise TrustError(f"{what} is writable by others or owned by another user; "
-                             "sandgate will not take trust from it: remove it or fix its owner and mode")
+            raise TrustError(
+                f"{what} is writable by others or owned by another user; "
+                "sandgate will not take trust from it: remove it or fix its owner and mode"
+            )
         if what == self.file and not stat.S_ISREG(st.st_mode):
             raise TrustError(f"the trust list {what} is not a regular file; remove it")
 
@@ -317,7 +345,7 @@ class Store:
                 os.fchmod(fd, 0o600)
                 view = memoryview(data)
                 while view:
-                    view = view[os.write(fd, view):]
+                    view = view[os.write(fd, view) :]
                 os.fsync(fd)
             finally:
                 os.close(fd)

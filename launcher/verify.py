@@ -73,8 +73,10 @@ class Row:
 
     def as_text(self) -> str:
         mark = "ok  " if self.ok else ("SKIP" if self.observed == "unsupported" else "FAIL")
-        line = (f"{mark} {self.group:<10} {self.probe:<24} {self.context:<10} {self.identity:<4} "
-                f"expected {self.expected:<9} observed {self.observed}")
+        line = (
+            f"{mark} {self.group:<10} {self.probe:<24} {self.context:<10} {self.identity:<4} "
+            f"expected {self.expected:<9} observed {self.observed}"
+        )
         return line + (f"\n       evidence: {self.evidence}" if not self.ok and self.evidence else "")
 
 
@@ -98,11 +100,15 @@ def _passes() -> list[Pass]:
     """Root verify: CMD as root (the default) and as `nobody`; rootless: as root inside (--user 0) and as itself."""
     if os.geteuid() != 0:
         uid, gid = os.getuid(), os.getgid()
-        return [Pass("root", ("--user", "0"), uid, gid, sys.executable, False),
-                Pass("user", (), uid, gid, sys.executable, False)]
+        return [
+            Pass("root", ("--user", "0"), uid, gid, sys.executable, False),
+            Pass("user", (), uid, gid, sys.executable, False),
+        ]
     nobody = pwd.getpwnam("nobody")
-    return [Pass("root", (), 0, 0, sys.executable, False),
-            Pass("user", ("--user", "nobody"), nobody.pw_uid, nobody.pw_gid, _python_for(nobody), True)]
+    return [
+        Pass("root", (), 0, 0, sys.executable, False),
+        Pass("user", ("--user", "nobody"), nobody.pw_uid, nobody.pw_gid, _python_for(nobody), True),
+    ]
 
 
 def _python_for(user: pwd.struct_passwd) -> str:
@@ -110,21 +116,34 @@ def _python_for(user: pwd.struct_passwd) -> str:
     check = "import sys, launcher.probes; sys.exit(sys.version_info < (3, 10))"
     for python in (sys.executable, *FALLBACK_PYTHONS):
         try:
-            r = subprocess.run([python, "-c", check], user=user.pw_uid, group=user.pw_gid, extra_groups=[],
-                               env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}, cwd="/",
-                               capture_output=True, timeout=30)
+            r = subprocess.run(
+                [python, "-c", check],
+                user=user.pw_uid,
+                group=user.pw_gid,
+                extra_groups=[],
+                env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+                cwd="/",
+                capture_output=True,
+                timeout=30,
+            )
         except OSError:
             continue
         if r.returncode == 0:
             return python
-    raise VerifyError(f"no Python >= 3.10 that user {user.pw_name} can run the probes with "
-                      f"(tried {sys.executable}, {', '.join(FALLBACK_PYTHONS)}; {REPO} must be readable)")
+    raise VerifyError(
+        f"no Python >= 3.10 that user {user.pw_name} can run the probes with "
+        f"(tried {sys.executable}, {', '.join(FALLBACK_PYTHONS)}; {REPO} must be readable)"
+    )
 
 
 def _markers(probe: str, mark: str) -> tuple[str, ...]:
     """How a probe's traffic is recognised in canary logs (see launcher/probes.py); mark = <context>-<tag>."""
-    return (f"/verify/{mark}/{probe}", f"verify:{mark}:{probe}", f"{probe}-{mark}.".replace("_", "-"),
-            f"{probe}-{mark}.")
+    return (
+        f"/verify/{mark}/{probe}",
+        f"verify:{mark}:{probe}",
+        f"{probe}-{mark}.".replace("_", "-"),
+        f"{probe}-{mark}.",
+    )
 
 
 #: Probes whose correct outcome sends the marker to the *allowed* host (the name wins over the
@@ -178,14 +197,21 @@ def _build_world(w: World, scratch: Path, sockdir: Path, token: str) -> dict[str
     w.add_host(BLOCKED_HOST, BLOCKED)
     w.add_host(LOOPBACK_HOST, "127.0.0.1")
     w.add_host(METADATA_HOST, "169.254.169.254")
-    for kind, ip, port, name in (("http", ALLOWED, 80, ALLOWED_HOST), ("https", ALLOWED, 443, ALLOWED_HOST),
-                                 ("tcp", ALLOWED, OTHER_PORT, ALLOWED_HOST), ("http", BLOCKED, 80, BLOCKED_HOST),
-                                 ("https", BLOCKED, 443, BLOCKED_HOST), ("tcp", BLOCKED, TCP_PORT, BLOCKED_HOST),
-                                 ("udp", BLOCKED, UDP_PORT, BLOCKED_HOST), ("udp", BLOCKED, QUIC_PORT, BLOCKED_HOST),
-                                 ("dns", ROGUE, 53, "rogue-resolver"), ("http", "127.0.0.1", 80, "loopback"),
-                                 # the sandgate host's own loopback services: inside, 127.0.0.1 is the sandbox's
-                                 ("tcp", "127.0.0.1", HOST_LOOPBACK_PORT, "host-loopback"),
-                                 ("udp", "127.0.0.1", HOST_LOOPBACK_PORT, "host-loopback")):
+    for kind, ip, port, name in (
+        ("http", ALLOWED, 80, ALLOWED_HOST),
+        ("https", ALLOWED, 443, ALLOWED_HOST),
+        ("tcp", ALLOWED, OTHER_PORT, ALLOWED_HOST),
+        ("http", BLOCKED, 80, BLOCKED_HOST),
+        ("https", BLOCKED, 443, BLOCKED_HOST),
+        ("tcp", BLOCKED, TCP_PORT, BLOCKED_HOST),
+        ("udp", BLOCKED, UDP_PORT, BLOCKED_HOST),
+        ("udp", BLOCKED, QUIC_PORT, BLOCKED_HOST),
+        ("dns", ROGUE, 53, "rogue-resolver"),
+        ("http", "127.0.0.1", 80, "loopback"),
+        # the sandgate host's own loopback services: inside, 127.0.0.1 is the sandbox's
+        ("tcp", "127.0.0.1", HOST_LOOPBACK_PORT, "host-loopback"),
+        ("udp", "127.0.0.1", HOST_LOOPBACK_PORT, "host-loopback"),
+    ):
         w.serve(kind, ip, port, name)
     abstract = f"sandgate-verify-{token}"
     path_sock = sockdir / "agent.sock"
@@ -198,13 +224,28 @@ def _build_world(w: World, scratch: Path, sockdir: Path, token: str) -> dict[str
             w.add_host(_wild_control(ctx, who), ALLOWED)
     dev, dev_path = probes_host.root_device()
     return {
-        "allowed_host": ALLOWED_HOST, "allowed_ip": ALLOWED, "blocked_host": BLOCKED_HOST, "blocked_ip": BLOCKED,
-        "tcp_port": TCP_PORT, "udp_port": UDP_PORT, "quic_port": QUIC_PORT, "other_port": OTHER_PORT,
-        "rogue_resolver": ROGUE, "exfil_domain": EXFIL, "rebind_loopback_host": LOOPBACK_HOST,
-        "rebind_metadata_host": METADATA_HOST, "host_loopback_port": HOST_LOOPBACK_PORT,
-        "abstract_socket": abstract, "path_socket": str(path_sock), "secret_env": SECRET_ENV,
-        "visible_env": f"{VISIBLE_ENV}={token}", "world_netns": str(w.netns_file(scratch / "world-netns")),
-        "root_dev": list(dev), "root_dev_path": dev_path, "wild_domain": WILD_DOMAIN, "wild_ip": ALLOWED,
+        "allowed_host": ALLOWED_HOST,
+        "allowed_ip": ALLOWED,
+        "blocked_host": BLOCKED_HOST,
+        "blocked_ip": BLOCKED,
+        "tcp_port": TCP_PORT,
+        "udp_port": UDP_PORT,
+        "quic_port": QUIC_PORT,
+        "other_port": OTHER_PORT,
+        "rogue_resolver": ROGUE,
+        "exfil_domain": EXFIL,
+        "rebind_loopback_host": LOOPBACK_HOST,
+        "rebind_metadata_host": METADATA_HOST,
+        "host_loopback_port": HOST_LOOPBACK_PORT,
+        "abstract_socket": abstract,
+        "path_socket": str(path_sock),
+        "secret_env": SECRET_ENV,
+        "visible_env": f"{VISIBLE_ENV}={token}",
+        "world_netns": str(w.netns_file(scratch / "world-netns")),
+        "root_dev": list(dev),
+        "root_dev_path": dev_path,
+        "wild_domain": WILD_DOMAIN,
+        "wild_ip": ALLOWED,
         "rebind_own_host": OWN_HOST,
     }
 
@@ -232,8 +273,9 @@ def _own_address_canary(w: World) -> None:
         raise VerifyError(f"the canary on {OWN_IP} does not answer even without the sandbox: {r.stderr.strip()[-300:]}")
 
 
-def _in_world(w: World, scratch: Path, sockdir: Path, policies: list[Path], only: str | None,
-              passes: list[Pass]) -> list[Row]:
+def _in_world(
+    w: World, scratch: Path, sockdir: Path, policies: list[Path], only: str | None, passes: list[Pass]
+) -> list[Row]:
     token = uuid.uuid4().hex[:10]
     shared = _build_world(w, scratch, sockdir, token)
     policy = scratch / "verify.yaml"
@@ -244,8 +286,9 @@ def _in_world(w: World, scratch: Path, sockdir: Path, policies: list[Path], only
     try:
         planted.controls()
         for p in passes:
-            rows += _run_pass(w, p, scratch / p.identity, {**shared, **planted.spec()}, [policy, *policies],
-                              only, planted, token)
+            rows += _run_pass(
+                w, p, scratch / p.identity, {**shared, **planted.spec()}, [policy, *policies], only, planted, token
+            )
     finally:
         planted.remove()
     return rows
@@ -269,8 +312,16 @@ def _make_tree(base: Path, secret: str, p: Pass) -> tuple[Path, Path, Path]:
     return ws, home, outside
 
 
-def _run_pass(w: World, p: Pass, base: Path, shared: dict[str, Any], policies: list[Path], only: str | None,
-              planted: probes_host.Planted, token: str) -> list[Row]:
+def _run_pass(
+    w: World,
+    p: Pass,
+    base: Path,
+    shared: dict[str, Any],
+    policies: list[Path],
+    only: str | None,
+    planted: probes_host.Planted,
+    token: str,
+) -> list[Row]:
     secret = f"FAKE-KEY-{token}"
     ws, home, outside = _make_tree(base, secret, p)
     key = home / ".ssh" / "id_ed25519"
@@ -280,19 +331,52 @@ def _run_pass(w: World, p: Pass, base: Path, shared: dict[str, Any], policies: l
     staged = probes_review.Staged.stage(ws, home, token, p.uid, p.gid)
     staged.controls()
     daemon_token = f"sgvd{token}{p.identity[0]}"
-    spec = {**shared, "ca": str(ws / "ca.pem"), "home": str(home), "outside_file": str(outside / "victim.txt"),
-            "outside_dir": str(outside), "secret_marker": secret, "results_dir": str(ws / "results"),
-            "daemon_token": daemon_token, "python": p.python, "only": only, "marker_tag": p.identity,
-            "ssh_key_handle": handle, **staged.spec()}
+    spec = {
+        **shared,
+        "ca": str(ws / "ca.pem"),
+        "home": str(home),
+        "outside_file": str(outside / "victim.txt"),
+        "outside_dir": str(outside),
+        "secret_marker": secret,
+        "results_dir": str(ws / "results"),
+        "daemon_token": daemon_token,
+        "python": p.python,
+        "only": only,
+        "marker_tag": p.identity,
+        "ssh_key_handle": handle,
+        **staged.spec(),
+    }
     (ws / "spec.json").write_text(json.dumps(spec))
     # nobody's passwd home is not the fake one: tell sandgate the same secret paths its default
     # rules (DEFAULT_READ_DENY) would hide in a home it knew.
     deny = [a for d in DEFAULT_READ_DENY for a in ("--read-deny", d.replace("~", str(home), 1))] if p.name_home else []
-    cmd = [sys.executable, "-m", "launcher.cli", "run", "-q", *p.run_args, *deny, *_sandbox_view(),
-           *(a for pol in policies for a in ("--policy", str(pol.resolve()))),
-           "--audit-log", str(staged.audit_log), "--", p.python, "-m", "launcher.probes", str(ws / "spec.json")]
-    env = {"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"), "HOME": str(home),
-           "PYTHONPATH": str(REPO), "LANG": "C.UTF-8", SECRET_ENV: secret, VISIBLE_ENV: token, **staged.env()}
+    cmd = [
+        sys.executable,
+        "-m",
+        "launcher.cli",
+        "run",
+        "-q",
+        *p.run_args,
+        *deny,
+        *_sandbox_view(),
+        *(a for pol in policies for a in ("--policy", str(pol.resolve()))),
+        "--audit-log",
+        str(staged.audit_log),
+        "--",
+        p.python,
+        "-m",
+        "launcher.probes",
+        str(ws / "spec.json"),
+    ]
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
+        "HOME": str(home),
+        "PYTHONPATH": str(REPO),
+        "LANG": "C.UTF-8",
+        SECRET_ENV: secret,
+        VISIBLE_ENV: token,
+        **staged.env(),
+    }
     if os.environ.get("SANDGATE_INTERNAL_WEAKEN"):
         env["SANDGATE_INTERNAL_WEAKEN"] = os.environ["SANDGATE_INTERNAL_WEAKEN"]
     out, err, code = _run_on_a_terminal(w, cmd, ws, env)
@@ -362,11 +446,34 @@ def _untrusted_row(w: World, p: Pass, base: Path, home: Path, secret: str, token
     for path in (ws, ws / ".sandgate.yaml", audit):
         os.lchown(path, p.uid, p.gid)
     mark = f"untrusted-{p.identity}"
-    cmd = [sys.executable, "-m", "launcher.cli", "run", "-q", *p.run_args, *_sandbox_view(), "--audit-log", str(audit),
-           "--", p.python, "-c",
-           UNTRUSTED_SCRIPT, BLOCKED_HOST, BLOCKED, f"/verify/{mark}/{UNTRUSTED}", secret, VISIBLE_ENV]
-    env = {"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"), "HOME": str(home),
-           "PYTHONPATH": str(REPO), "LANG": "C.UTF-8", SECRET_ENV: secret, VISIBLE_ENV: token}
+    cmd = [
+        sys.executable,
+        "-m",
+        "launcher.cli",
+        "run",
+        "-q",
+        *p.run_args,
+        *_sandbox_view(),
+        "--audit-log",
+        str(audit),
+        "--",
+        p.python,
+        "-c",
+        UNTRUSTED_SCRIPT,
+        BLOCKED_HOST,
+        BLOCKED,
+        f"/verify/{mark}/{UNTRUSTED}",
+        secret,
+        VISIBLE_ENV,
+    ]
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
+        "HOME": str(home),
+        "PYTHONPATH": str(REPO),
+        "LANG": "C.UTF-8",
+        SECRET_ENV: secret,
+        VISIBLE_ENV: token,
+    }
     try:
         r = w.run(cmd, cwd=ws, env=env, timeout=90)
         out, err = r.stdout, r.stderr
@@ -376,8 +483,10 @@ def _untrusted_row(w: World, p: Pass, base: Path, home: Path, secret: str, token
     hits = _canary_hits(w, UNTRUSTED, mark)
     notice = next((line for line in err.splitlines() if "is not trusted" in line), "")
     if hits:
-        observed, evidence = "permitted", "canary saw it: " + "; ".join(json.dumps(h, sort_keys=True)[:300]
-                                                                        for h in hits[:3])
+        observed, evidence = (
+            "permitted",
+            "canary saw it: " + "; ".join(json.dumps(h, sort_keys=True)[:300] for h in hits[:3]),
+        )
     elif seen and seen[0]["secret_in"]:
         observed, evidence = "permitted", f"{SECRET_ENV} reached the command as {', '.join(seen[0]['secret_in'])}"
     elif not seen:
@@ -424,8 +533,16 @@ def _run_on_a_terminal(w: World, cmd: list[str], cwd: Path, env: dict[str, str])
     """Run sandgate on a fresh pseudo-terminal, so the terminal-injection probe has a real one to attack."""
     master, slave = pty.openpty()
     try:
-        p = w.popen(cmd, cwd=cwd, env=env, stdin=slave, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                    preexec_fn=_take_terminal)  # noqa: PLW1509 - verify is single-threaded here
+        p = w.popen(
+            cmd,
+            cwd=cwd,
+            env=env,
+            stdin=slave,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            preexec_fn=_take_terminal,
+        )
         os.close(slave)
         slave = -1
         deadline = time.monotonic() + RUN_TIMEOUT
@@ -468,6 +585,7 @@ def _take_terminal() -> None:
     """In the child, already a session leader (World.popen starts a new session): adopt the pty as terminal."""
     import fcntl
     import termios
+
     fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
 
@@ -478,7 +596,10 @@ def _judge(w: World, r: dict[str, Any], tag: str, host: dict[tuple[str, str], st
     hits = _canary_hits(w, probe, f"{ctx}-{tag}") if r["group"] == "network" else []
     seen = host.get((probe, ctx)) or host.get((probe, "*"))
     if probe == "dns_smuggling" and observed == "blocked" and not _allowed_query_seen(w):
-        observed, evidence = "unsupported", f"no query for {ALLOWED_HOST} reached the DNS canary: cannot tell; {evidence}"
+        observed, evidence = (
+            "unsupported",
+            f"no query for {ALLOWED_HOST} reached the DNS canary: cannot tell; {evidence}",
+        )
     if probe == "wildcard_dns_types" and observed == "blocked" and not _qname_seen(w, _wild_control(ctx, tag)):
         observed, evidence = "unsupported", f"the control A query never reached the DNS canary: cannot tell; {evidence}"
     if expected == "blocked" and hits:
@@ -507,9 +628,12 @@ def _daemon_row(token: str, heartbeat: Path, identity: str) -> Row:
     after = heartbeat.read_text() if heartbeat.exists() else ""
     still_writing = after != before
     observed = "permitted" if alive or still_writing else "blocked"
-    evidence = (f"processes {alive} still running" if alive else "") + (" heartbeat still growing" if still_writing else "")
-    return Row("process", "daemon_after_run", "daemon", "blocked", observed, observed == "blocked", evidence.strip(),
-               identity)
+    evidence = (f"processes {alive} still running" if alive else "") + (
+        " heartbeat still growing" if still_writing else ""
+    )
+    return Row(
+        "process", "daemon_after_run", "daemon", "blocked", observed, observed == "blocked", evidence.strip(), identity
+    )
 
 
 def coverage_markdown() -> str:
@@ -518,11 +642,15 @@ def coverage_markdown() -> str:
     for p in probes.ordered():
         where = "" if p.contexts == frozenset(probes.CONTEXTS) else f" ({', '.join(sorted(p.contexts))} only)"
         lines.append(f"| {p.group} | `{p.name}` | {p.expected} | {p.threat.rstrip('.')}{where} |")
-    lines.append("| process | `daemon_after_run` | blocked | a setsid daemon started by the task is still running, "
-                 "or still reaching the network, after `sandgate run` returned |")
-    lines.append(f"| filesystem | `{UNTRUSTED}` | blocked | a checkout's own untrusted `.sandgate.yaml` allows the "
-                 "blocked host, every IPv4 address, every variable and the home: a separate `sandgate run` "
-                 "without --policy |")
+    lines.append(
+        "| process | `daemon_after_run` | blocked | a setsid daemon started by the task is still running, "
+        "or still reaching the network, after `sandgate run` returned |"
+    )
+    lines.append(
+        f"| filesystem | `{UNTRUSTED}` | blocked | a checkout's own untrusted `.sandgate.yaml` allows the "
+        "blocked host, every IPv4 address, every variable and the home: a separate `sandgate run` "
+        "without --policy |"
+    )
     return "\n".join(lines) + "\n"
 
 
@@ -534,8 +662,10 @@ def main(policies: list[Path], as_json: bool, only: str | None) -> int:
         for r in rows:
             print(r.as_text())
         bad = [r for r in rows if not r.ok]
-        print(f"\n{len(rows) - len(bad)} of {len(rows)} probes behaved as expected"
-              + (f"; {len(bad)} did not" if bad else ""))
+        print(
+            f"\n{len(rows) - len(bad)} of {len(rows)} probes behaved as expected"
+            + (f"; {len(bad)} did not" if bad else "")
+        )
     return 0 if all(r.ok for r in rows) else 1
 
 

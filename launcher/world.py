@@ -368,8 +368,17 @@ class Server:
     name without its NUL), ip "" and port 0.
     """
 
-    def __init__(self, kind: str, ip: str, port: int, name: str, log_path: Path,
-                 stderr_path: Path, proc: subprocess.Popen[bytes], path: str = "") -> None:
+    def __init__(
+        self,
+        kind: str,
+        ip: str,
+        port: int,
+        name: str,
+        log_path: Path,
+        stderr_path: Path,
+        proc: subprocess.Popen[bytes],
+        path: str = "",
+    ) -> None:
         self.kind = kind
         self.ip = ip
         self.port = port
@@ -385,7 +394,7 @@ class Server:
 
     @property
     def address(self) -> str:
-        """"ip:port", a unix socket path, or "@name" for an abstract socket."""
+        """ "ip:port", a unix socket path, or "@name" for an abstract socket."""
         if self.kind == "abstract":
             return "@" + self.path
         if self.kind == "unix":
@@ -417,8 +426,9 @@ class Server:
                 records.append(rec)
         return records
 
-    def wait_for(self, pred: Callable[[dict[str, Any]], bool] | None = None, timeout: float = 5.0,
-                 kind: str | None = None) -> dict[str, Any]:
+    def wait_for(
+        self, pred: Callable[[dict[str, Any]], bool] | None = None, timeout: float = 5.0, kind: str | None = None
+    ) -> dict[str, Any]:
         """First record matching `pred` (and `kind`), polling until `timeout`; raises TimeoutError."""
         deadline = time.monotonic() + timeout
         while True:
@@ -510,10 +520,14 @@ class Client(_NetnsRunner):
         nat: list[str] = []
         allow: list[str] = []
         if dns_port is not None:
-            nat += [f'iifname "{wif}" udp dport 53 redirect to :{int(dns_port)}',
-                    f'iifname "{wif}" tcp dport 53 redirect to :{int(dns_port)}']
-            allow += [f'iifname "{wif}" ip daddr {self.world_ip} udp dport {int(dns_port)} accept',
-                      f'iifname "{wif}" ip daddr {self.world_ip} tcp dport {int(dns_port)} accept']
+            nat += [
+                f'iifname "{wif}" udp dport 53 redirect to :{int(dns_port)}',
+                f'iifname "{wif}" tcp dport 53 redirect to :{int(dns_port)}',
+            ]
+            allow += [
+                f'iifname "{wif}" ip daddr {self.world_ip} udp dport {int(dns_port)} accept',
+                f'iifname "{wif}" ip daddr {self.world_ip} tcp dport {int(dns_port)} accept',
+            ]
         if tcp_port is not None:
             nat.append(f'iifname "{wif}" tcp dport != 53 redirect to :{int(tcp_port)}')
             allow.append(f'iifname "{wif}" ip daddr {self.world_ip} tcp dport {int(tcp_port)} accept')
@@ -546,8 +560,9 @@ table inet {t} {{
 class World(_NetnsRunner):
     """Context manager building the fake internet; see the module docstring for the topology."""
 
-    def __init__(self, prefix: str = TEST_PREFIXES[0], client_prefix: str | None = None,
-                 rootless: bool | None = None) -> None:
+    def __init__(
+        self, prefix: str = TEST_PREFIXES[0], client_prefix: str | None = None, rootless: bool | None = None
+    ) -> None:
         """Nothing is created before __enter__. Prefixes: see TEST_PREFIXES / VERIFY_PREFIXES.
 
         rootless: build the world in a user namespace of its own (see the module docstring);
@@ -667,8 +682,15 @@ class World(_NetnsRunner):
         if self._userns is None:
             return super()._argv(cmd, kw)
         cwd = os.path.abspath(kw.pop("cwd", None) or os.getcwd())  # setns(mnt) resets it: cd by name inside
-        return [*self._userns.enter(), "/bin/sh", "-c", 'cd -- "$1" || exit 125; shift; exec "$@"', "sandgate-world",
-                cwd, *map(str, cmd)]
+        return [
+            *self._userns.enter(),
+            "/bin/sh",
+            "-c",
+            'cd -- "$1" || exit 125; shift; exec "$@"',
+            "sandgate-world",
+            cwd,
+            *map(str, cmd),
+        ]
 
     def _add_dummy(self) -> str:
         """sgw0 as a dummy; kernels built without CONFIG_DUMMY get an ifb/bridge, which hold local /32s the same way."""
@@ -773,8 +795,9 @@ class World(_NetnsRunner):
         args = [kind, "--path", path, "--log", str(log), "--name", name]
         return self._start(args, kind=kind, path=path, name=name, log=log)
 
-    def _start(self, args: list[str], *, kind: str, name: str, log: Path, ip: str = "", port: int = 0,
-               path: str = "") -> Server:
+    def _start(
+        self, args: list[str], *, kind: str, name: str, log: Path, ip: str = "", port: int = 0, path: str = ""
+    ) -> Server:
         """Run `python -m launcher.canary ARGS` in the world; the Server is stopped when the world closes."""
         cmd = [sys.executable, "-P", "-m", CANARY_MODULE, *args]  # -P: no cwd on sys.path, only PYTHONPATH
         if threading.current_thread() is threading.main_thread():
@@ -785,8 +808,14 @@ class World(_NetnsRunner):
         err = log.with_suffix(".stderr")
         log.touch()
         with open(err, "wb") as errf:
-            proc = subprocess.Popen(self._argv(cmd, {}), stdin=subprocess.DEVNULL,
-                                    stdout=subprocess.PIPE, stderr=errf, env=env, start_new_session=True)
+            proc = subprocess.Popen(
+                self._argv(cmd, {}),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=errf,
+                env=env,
+                start_new_session=True,
+            )
         server = Server(kind, ip, port, name, log, err, proc, path=path)
         self._stack.callback(server.stop)
         self.servers.append(server)
@@ -816,8 +845,23 @@ class World(_NetnsRunner):
         st.callback(_delete_netns, ns)
         self.clients.append(client)
         _sh(["ip", "netns", "exec", ns, "sysctl", "-q", "-w", "net.ipv6.conf.default.disable_ipv6=1"])
-        _sh(["ip", "link", "add", client.world_if, "netns", self.ns, "type", "veth",
-             "peer", "name", client.client_if, "netns", ns])
+        _sh(
+            [
+                "ip",
+                "link",
+                "add",
+                client.world_if,
+                "netns",
+                self.ns,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                client.client_if,
+                "netns",
+                ns,
+            ]
+        )
         _sh(["ip", "-n", self.ns, "addr", "add", f"{client.world_ip}/30", "dev", client.world_if])
         _sh(["ip", "-n", self.ns, "link", "set", client.world_if, "up"])
         _sh(["ip", "-n", ns, "link", "set", "lo", "up"])
@@ -864,15 +908,35 @@ class _UserNs:
         tool = shutil.which("unshare") or "unshare"
         with open(tmp / "userns-helper.log", "wb") as log:
             self.proc = subprocess.Popen(
-                [tool, "--user", "--map-current-user", "--net", "--mount", "--keep-caps", "--",
-                 sys.executable, "-I", "-S", "-c", _USERNS_HELPER, str(os.getpid())],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True, cwd="/")
+                [
+                    tool,
+                    "--user",
+                    "--map-current-user",
+                    "--net",
+                    "--mount",
+                    "--keep-caps",
+                    "--",
+                    sys.executable,
+                    "-I",
+                    "-S",
+                    "-c",
+                    _USERNS_HELPER,
+                    str(os.getpid()),
+                ],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                text=True,
+                cwd="/",
+            )
         assert self.proc.stdin is not None and self.proc.stdout is not None
         first = self.proc.stdout.readline()
         if not first.startswith("{"):
             self.proc.wait(5)
-            raise RuntimeError(f"cannot create the rootless world's namespaces (unshare --user --net --mount, exit "
-                               f"{self.proc.returncode}): {(tmp / 'userns-helper.log').read_text().strip()[-300:]}")
+            raise RuntimeError(
+                f"cannot create the rootless world's namespaces (unshare --user --net --mount, exit "
+                f"{self.proc.returncode}): {(tmp / 'userns-helper.log').read_text().strip()[-300:]}"
+            )
         self.pid = int(json.loads(first)["pid"])
         self.net = os.stat(f"/proc/{self.pid}/ns/net").st_ino
 
@@ -887,8 +951,9 @@ class _UserNs:
         reply: dict[str, Any] = json.loads(line)
         return reply
 
-    def call(self, argv: list[str], *, input: str | None = None,
-             check: bool = True) -> subprocess.CompletedProcess[str]:
+    def call(
+        self, argv: list[str], *, input: str | None = None, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
         """Run an admin command inside, with the helper's capabilities (errors carry its stderr, like _sh)."""
         rep = self._ask({"argv": argv, "input": input})
         if check and rep["rc"] != 0:

@@ -56,12 +56,25 @@ class Approver:
         self._waiting[qid] = waiter
         try:
             writer = await self._connect()
-            writer.write((json.dumps({"id": qid, "host": host, "port": port, "kind": kind,
-                                      "peer": list(peer) if peer else None, "reason": reason}) + "\n").encode())
+            writer.write(
+                (
+                    json.dumps(
+                        {
+                            "id": qid,
+                            "host": host,
+                            "port": port,
+                            "kind": kind,
+                            "peer": list(peer) if peer else None,
+                            "reason": reason,
+                        }
+                    )
+                    + "\n"
+                ).encode()
+            )
             await writer.drain()
             # The launcher enforces the timeout and answers "timeout"; the margin covers a stuck launcher.
             return await asyncio.wait_for(asyncio.shield(waiter), self.timeout + 5)
-        except (OSError, asyncio.TimeoutError, ConnectionError):
+        except (TimeoutError, OSError, ConnectionError):
             return "deny"
         finally:
             self._waiting.pop(qid, None)

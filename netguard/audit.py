@@ -13,50 +13,153 @@ from __future__ import annotations
 
 import json
 import os
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
 Kind = Literal["connect", "http", "tls", "tcp", "dns", "packet", "policy"]
 
-DECISION_FIELDS = ("ts", "task", "event", "id", "kind", "action", "would", "host", "port", "ip", "proto", "method",
-                   "url", "qtype", "rule", "reason")
+DECISION_FIELDS = (
+    "ts",
+    "task",
+    "event",
+    "id",
+    "kind",
+    "action",
+    "would",
+    "host",
+    "port",
+    "ip",
+    "proto",
+    "method",
+    "url",
+    "qtype",
+    "rule",
+    "reason",
+)
 CLOSE_FIELDS = ("ts", "task", "event", "id", "kind", "host", "port", "ip", "bytes_up", "bytes_down", "duration_ms")
 
 
 def now_rfc3339() -> str:
     """UTC with milliseconds and a Z, so logs from different machines sort and compare as text."""
-    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def decision_record(task: str, id: str, kind: Kind, action: str, host: str | None, port: int | None, *,
-                    ip: str | None = None, proto: str | None = None, method: str | None = None, url: str | None = None,
-                    qtype: str | None = None, rule: str | None = None, reason: str = "",
-                    would: str | None = None) -> dict[str, Any]:
-    record = {"ts": now_rfc3339(), "task": task, "event": "decision", "id": id, "kind": kind, "action": action,
-              "would": would, "host": host, "port": port, "ip": ip, "proto": proto, "method": method, "url": url, "qtype": qtype,
-              "rule": rule, "reason": reason}
+def decision_record(
+    task: str,
+    id: str,
+    kind: Kind,
+    action: str,
+    host: str | None,
+    port: int | None,
+    *,
+    ip: str | None = None,
+    proto: str | None = None,
+    method: str | None = None,
+    url: str | None = None,
+    qtype: str | None = None,
+    rule: str | None = None,
+    reason: str = "",
+    would: str | None = None,
+) -> dict[str, Any]:
+    record = {
+        "ts": now_rfc3339(),
+        "task": task,
+        "event": "decision",
+        "id": id,
+        "kind": kind,
+        "action": action,
+        "would": would,
+        "host": host,
+        "port": port,
+        "ip": ip,
+        "proto": proto,
+        "method": method,
+        "url": url,
+        "qtype": qtype,
+        "rule": rule,
+        "reason": reason,
+    }
     return record
 
 
-def close_record(task: str, id: str, kind: Kind, host: str | None, port: int | None, ip: str | None,
-                 bytes_up: int, bytes_down: int, duration_ms: int) -> dict[str, Any]:
-    return {"ts": now_rfc3339(), "task": task, "event": "close", "id": id, "kind": kind, "host": host,
-            "port": port, "ip": ip, "bytes_up": bytes_up, "bytes_down": bytes_down, "duration_ms": duration_ms}
+def close_record(
+    task: str,
+    id: str,
+    kind: Kind,
+    host: str | None,
+    port: int | None,
+    ip: str | None,
+    bytes_up: int,
+    bytes_down: int,
+    duration_ms: int,
+) -> dict[str, Any]:
+    return {
+        "ts": now_rfc3339(),
+        "task": task,
+        "event": "close",
+        "id": id,
+        "kind": kind,
+        "host": host,
+        "port": port,
+        "ip": ip,
+        "bytes_up": bytes_up,
+        "bytes_down": bytes_down,
+        "duration_ms": duration_ms,
+    }
 
 
-def approval_record(task: str, *, id: str, stage: str, host: str, port: int, asked_by: str | None,
-                    answer: str | None = None, by: str | None = None) -> dict[str, Any]:
+def approval_record(
+    task: str,
+    *,
+    id: str,
+    stage: str,
+    host: str,
+    port: int,
+    asked_by: str | None,
+    answer: str | None = None,
+    by: str | None = None,
+) -> dict[str, Any]:
     """A question to a human (stage "question") or its answer (stage "answer", `by` terminal/socket/timeout)."""
-    return {"ts": now_rfc3339(), "task": task, "event": "approval", "kind": "approval", "id": id, "stage": stage,
-            "host": host, "port": port, "asked_by": asked_by, "answer": answer, "by": by}
+    return {
+        "ts": now_rfc3339(),
+        "task": task,
+        "event": "approval",
+        "kind": "approval",
+        "id": id,
+        "stage": stage,
+        "host": host,
+        "port": port,
+        "asked_by": asked_by,
+        "answer": answer,
+        "by": by,
+    }
 
 
-def policy_record(task: str, *, write: list[str], private_tmp: bool, protect: list[str], hidden: list[str],
-                  env_dropped: list[str], landlock_abi: int, warnings: list[str]) -> dict[str, Any]:
-    return {"ts": now_rfc3339(), "task": task, "event": "policy", "kind": "policy", "write": write,
-            "private_tmp": private_tmp, "protect": protect, "hidden": hidden, "env_dropped": env_dropped,
-            "landlock_abi": landlock_abi, "warnings": warnings}
+def policy_record(
+    task: str,
+    *,
+    write: list[str],
+    private_tmp: bool,
+    protect: list[str],
+    hidden: list[str],
+    env_dropped: list[str],
+    landlock_abi: int,
+    warnings: list[str],
+) -> dict[str, Any]:
+    return {
+        "ts": now_rfc3339(),
+        "task": task,
+        "event": "policy",
+        "kind": "policy",
+        "write": write,
+        "private_tmp": private_tmp,
+        "protect": protect,
+        "hidden": hidden,
+        "env_dropped": env_dropped,
+        "landlock_abi": landlock_abi,
+        "warnings": warnings,
+    }
 
 
 class AuditLog:

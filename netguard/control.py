@@ -59,8 +59,9 @@ def recv_raw(sock: socket.socket, flags: int = 0) -> tuple[bytes, list[int], int
 
     b"", no fds and no flags is EOF: the protocol never sends an empty message.
     """
-    data, anc, msg_flags, _ = sock.recvmsg(MAX_MESSAGE + 1, socket.CMSG_SPACE(MAX_FDS * 4),
-                                           flags | socket.MSG_CMSG_CLOEXEC)
+    data, anc, msg_flags, _ = sock.recvmsg(
+        MAX_MESSAGE + 1, socket.CMSG_SPACE(MAX_FDS * 4), flags | socket.MSG_CMSG_CLOEXEC
+    )
     fds: list[int] = []
     for level, kind, payload in anc:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
@@ -79,7 +80,7 @@ def parse_message(data: bytes, msg_flags: int) -> dict[str, Any]:
     except (UnicodeDecodeError, ValueError):
         raise ValueError("message is not JSON") from None
     if not isinstance(msg, dict):
-        raise ValueError("message is not a JSON object")  # noqa: TRY004 - a protocol error, sent back as text
+        raise ValueError("message is not a JSON object")
     return msg
 
 
@@ -222,8 +223,10 @@ def private_dir(path: Path, uid: int | None = None) -> Path:
     if st.st_uid != uid:
         raise ControlError(f"refusing the sandgate runtime directory {path}: it belongs to uid {st.st_uid}, not {uid}")
     if st.st_mode & 0o077:
-        raise ControlError(f"refusing the sandgate runtime directory {path}: mode {stat.S_IMODE(st.st_mode):04o} "
-                           "lets other users in (expected 0700)")
+        raise ControlError(
+            f"refusing the sandgate runtime directory {path}: mode {stat.S_IMODE(st.st_mode):04o} "
+            "lets other users in (expected 0700)"
+        )
     return path
 
 
@@ -244,8 +247,11 @@ class DaemonSocket:
         self.path = path
         # One lock file for every daemon socket in the directory: the critical sections are short,
         # and a lock file per socket (per network namespace and code version) would pile up.
-        self.lock_fd = os.open(os.path.join(os.path.dirname(path), "daemon.lock"),
-                               os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        self.lock_fd = os.open(
+            os.path.join(os.path.dirname(path), "daemon.lock"),
+            os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW,
+            0o600,
+        )
         self.sock: socket.socket | None = None
         self._ino: tuple[int, int] | None = None
 
@@ -343,8 +349,9 @@ def adopt_fds(fds: list[int]) -> PassedFds:
     try:
         _check_audit(fds[0])
         inodes = set()
-        for name, fd, kind in zip(BIND_FDS[1:], fds[1:], (socket.SOCK_STREAM,) * 2 + (socket.SOCK_DGRAM,
-                                                                                      socket.SOCK_STREAM)):
+        for name, fd, kind in zip(
+            BIND_FDS[1:], fds[1:], (socket.SOCK_STREAM,) * 2 + (socket.SOCK_DGRAM, socket.SOCK_STREAM)
+        ):
             st = os.fstat(fd)
             if not stat.S_ISSOCK(st.st_mode):
                 raise BindError(f"{name} fd is not a socket")
@@ -357,7 +364,7 @@ def adopt_fds(fds: list[int]) -> PassedFds:
     except (BindError, OSError) as e:
         for s in owned:
             s.close()
-        close_fds([fds[0], *fds[1 + len(owned):]])  # the rest belong to the closed socket objects
+        close_fds([fds[0], *fds[1 + len(owned) :]])  # the rest belong to the closed socket objects
         raise e if isinstance(e, BindError) else BindError(f"cannot inspect a passed fd: {e}") from None
     return PassedFds(fds[0], *owned)
 

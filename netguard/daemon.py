@@ -68,6 +68,7 @@ class Sandbox:
 
     def tracked(self, handler: Any) -> Any:
         """Wrap a stream handler so `drop` can cut this sandbox's open connections."""
+
         async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             task = asyncio.current_task()
             assert task is not None
@@ -76,6 +77,7 @@ class Sandbox:
                 await handler(reader, writer)
             finally:
                 self.conns.pop(task, None)
+
         return handle
 
 
@@ -193,7 +195,7 @@ class Daemon:
                     break
         except OSError:
             pass
-        except Exception as e:  # noqa: BLE001 - one launcher's trouble must never take the others down
+        except Exception as e:
             log(f"control connection failed: {type(e).__name__}: {e}")
         finally:
             await self.drop(peer, "connection closed")
@@ -219,9 +221,16 @@ class Daemon:
             await self.drop(peer, "end")
             return {"ok": True}, False
         if op == "status":
-            return {"ok": True, "pid": os.getpid(), "uptime": round(time.monotonic() - self.started, 3),
-                    "bindings": [{"task": p.sandbox.task, "since": p.sandbox.since}
-                                 for p in self.peers.values() if p.sandbox is not None]}, False
+            return {
+                "ok": True,
+                "pid": os.getpid(),
+                "uptime": round(time.monotonic() - self.started, 3),
+                "bindings": [
+                    {"task": p.sandbox.task, "since": p.sandbox.since}
+                    for p in self.peers.values()
+                    if p.sandbox is not None
+                ],
+            }, False
         return {"ok": True}, True
 
     # ---- bindings -----------------------------------------------------------------------
@@ -244,11 +253,10 @@ class Daemon:
             return _err(str(e))
         try:
             peer.sandbox = await self._start(spec.task, spec, passed)
-        except Exception as e:  # noqa: BLE001 - refused, and nothing of it is left behind
+        except Exception as e:
             log(f"bind of task {spec.task} failed: {type(e).__name__}: {e}")
             return _err(f"cannot serve this sandbox: {e}")
-        log(f"bind task={spec.task} slots={peer.sandbox.slots[0]},{peer.sandbox.slots[1]} "
-            f"({self._count()} bindings)")
+        log(f"bind task={spec.task} slots={peer.sandbox.slots[0]},{peer.sandbox.slots[1]} ({self._count()} bindings)")
         return {"ok": True}
 
     async def _start(self, task: str, spec: BindingSpec, passed: PassedFds) -> Sandbox:
@@ -259,17 +267,26 @@ class Daemon:
         from netguard.audit import AuditLog, now_rfc3339
 
         approver = Approver(spec.approval_socket, spec.ask_timeout) if spec.approval_socket else None
-        binding = proxy.Binding(task, rules.compile_policy(spec.policy), AuditLog.from_fd(passed.audit),
-                                learn=spec.learn, ask_all=spec.ask_all, approver=approver)
+        binding = proxy.Binding(
+            task,
+            rules.compile_policy(spec.policy),
+            AuditLog.from_fd(passed.audit),
+            learn=spec.learn,
+            ask_all=spec.ask_all,
+            approver=approver,
+        )
         sb = Sandbox(task, binding, (0, 0), since=now_rfc3339())
         try:
             sb.slots = (self._slot(binding), self._slot(binding))
-            for slot, mode, sock in ((sb.slots[0], "regular", passed.regular),
-                                     (sb.slots[1], "transparent", passed.transparent)):
+            for slot, mode, sock in (
+                (sb.slots[0], "regular", passed.regular),
+                (sb.slots[1], "transparent", passed.transparent),
+            ):
                 # The slot is only a key for Gate: the mode spec is never used to bind anything.
                 instance: ServerInstance[Any] = ServerInstance.make(f"{mode}@127.0.0.1:{slot}", self.proxyserver)
-                sb.servers.append(await asyncio.start_server(sb.tracked(instance.handle_stream), sock=sock,
-                                                          backlog=BACKLOG))
+                sb.servers.append(
+                    await asyncio.start_server(sb.tracked(instance.handle_stream), sock=sock, backlog=BACKLOG)
+                )
             sb.dns.append(await dnsgate.serve_udp(passed.dns_udp, binding, self.dnsgate))
             sb.dns.append(await dnsgate.serve_tcp(passed.dns_tcp, binding, self.dnsgate))
         except BaseException:
@@ -362,8 +379,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m netguard.daemon", description=__doc__.splitlines()[0])
     ap.add_argument("--socket", required=True, help="control socket path (see netguard.control.socket_path)")
     ap.add_argument("--ready-fd", type=int, help="write b'ready\\n' to this fd, then close it, once serving")
-    ap.add_argument("--idle-exit", type=float, default=300.0,
-                    help="exit after this many seconds without any control connection (0: never)")
+    ap.add_argument(
+        "--idle-exit",
+        type=float,
+        default=300.0,
+        help="exit after this many seconds without any control connection (0: never)",
+    )
     ap.add_argument("--verbose", action="store_true", help="also log every proxied connection (mitmproxy's INFO)")
     args = ap.parse_args(argv)
     path = os.path.abspath(args.socket)
@@ -387,8 +408,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         os.chdir("/")  # hold no directory of the launcher's busy
         import logging
-        logging.basicConfig(stream=sys.stderr, level=logging.INFO if args.verbose else logging.WARNING,
-                            format="%(asctime)s %(name)s %(levelname)s: %(message)s")
+
+        logging.basicConfig(
+            stream=sys.stderr,
+            level=logging.INFO if args.verbose else logging.WARNING,
+            format="%(asctime)s %(name)s %(levelname)s: %(message)s",
+        )
         _skip_addons_init()
         asyncio.run(Daemon(listener, args.idle_exit).run(args.ready_fd))
     finally:

@@ -105,7 +105,7 @@ class DnsGate:
         """The reply to one query (None: send nothing). Writes exactly one `dns` decision record."""
         try:
             query = dns.message.from_wire(wire)
-        except Exception as e:  # noqa: BLE001 - hostile bytes can make dnspython raise almost anything
+        except Exception as e:
             self._record(binding, None, None, "deny", None, f"malformed DNS message ({type(e).__name__})")
             return _formerr(wire)
         first = query.question[0] if query.question else None
@@ -113,12 +113,19 @@ class DnsGate:
             self._record(binding, first, None, "deny", None, "not a query (QR bit set)")
             return None  # never answer an answer: no reflection loops
         if query.opcode() != dns.opcode.QUERY:
-            self._record(binding, first, None, "deny", None,
-                         f"opcode {dns.opcode.to_text(query.opcode())} refused: only QUERY is served")
+            self._record(
+                binding,
+                first,
+                None,
+                "deny",
+                None,
+                f"opcode {dns.opcode.to_text(query.opcode())} refused: only QUERY is served",
+            )
             return _wire(_reply(query, dns.rcode.REFUSED), query, tcp)
         if len(query.question) != 1:
-            self._record(binding, first, None, "deny", None,
-                         f"{len(query.question)} questions refused: exactly one is served")
+            self._record(
+                binding, first, None, "deny", None, f"{len(query.question)} questions refused: exactly one is served"
+            )
             return _wire(_reply(query, dns.rcode.REFUSED), query, tcp)
         q = query.question[0]
         verdict, d, would = await self._decide(binding, q)
@@ -128,8 +135,11 @@ class DnsGate:
         if verdict == "empty":
             return _wire(_reply(query, dns.rcode.NOERROR), query, tcp)
         if verdict == "pending":
-            answer = [dns.rrset.from_text(q.name, 1, "IN", "A", str(PENDING_ADDRESS))] \
-                if q.rdtype == dns.rdatatype.A and q.rdclass == dns.rdataclass.IN else []
+            answer = (
+                [dns.rrset.from_text(q.name, 1, "IN", "A", str(PENDING_ADDRESS))]
+                if q.rdtype == dns.rdatatype.A and q.rdclass == dns.rdataclass.IN
+                else []
+            )
             return _wire(_reply(query, dns.rcode.NOERROR, answer), query, tcp)
         try:
             up = await self._upstream(binding, q)
@@ -151,8 +161,15 @@ class DnsGate:
         if default_deny and b.learn:
             return "forward", rules.Decision("allow", None, f"learn mode: {d.reason}"), "deny"
         if b.approver is not None and (d.action == "ask" or (default_deny and b.ask_all)):
-            return "pending", rules.Decision("allow", d.rule, f"{d.reason}: needs approval; answered with a "
-                                                               "placeholder address, not looked up upstream"), None
+            return (
+                "pending",
+                rules.Decision(
+                    "allow",
+                    d.rule,
+                    f"{d.reason}: needs approval; answered with a placeholder address, not looked up upstream",
+                ),
+                None,
+            )
         if d.action == "ask":
             d = rules.Decision("deny", d.rule, d.reason + " (no approval channel; denied)")
         return "refuse", d, None
@@ -166,12 +183,25 @@ class DnsGate:
             resp = await dns.asyncquery.tcp(fresh, host, port=port, timeout=self.timeout)
         return resp
 
-    def _record(self, b: DnsBinding, q: dns.rrset.RRset | None, rule: str | None, action: str,
-                would: str | None, reason: str) -> None:
+    def _record(
+        self, b: DnsBinding, q: dns.rrset.RRset | None, rule: str | None, action: str, would: str | None, reason: str
+    ) -> None:
         host = _audit_name(q.name.to_text(omit_final_dot=True)) if q is not None else None
         qtype = dns.rdatatype.to_text(q.rdtype) if q is not None else None
-        b.audit.write(decision_record(b.task, uuid.uuid4().hex[:12], "dns", action, host, None, qtype=qtype,
-                                      rule=rule, reason=reason, would=would))
+        b.audit.write(
+            decision_record(
+                b.task,
+                uuid.uuid4().hex[:12],
+                "dns",
+                action,
+                host,
+                None,
+                qtype=qtype,
+                rule=rule,
+                reason=reason,
+                would=would,
+            )
+        )
 
 
 def _by_type(b: DnsBinding, name: str, q: dns.rrset.RRset, d: rules.Decision) -> tuple[str, rules.Decision, str | None]:
@@ -188,8 +218,10 @@ def _by_type(b: DnsBinding, name: str, q: dns.rrset.RRset, d: rules.Decision) ->
     elif q.rdtype in rules.DNS_EMPTY_TYPES:
         verdict, why = "empty", f"type {qtype} not forwarded: {only}; answered empty, clients fall back to A/AAAA"
     else:
-        verdict, why = "refuse", (f"type {qtype} refused: {only}, which serves A and AAAA; "
-                                  f"add 'dns: [{qtype}]' to that entry to allow it")
+        verdict, why = (
+            "refuse",
+            (f"type {qtype} refused: {only}, which serves A and AAAA; add 'dns: [{qtype}]' to that entry to allow it"),
+        )
     if b.learn:
         return "forward", rules.Decision("allow", d.rule, f"learn mode: {why}"), "deny"
     return verdict, rules.Decision("deny", d.rule, why), None
@@ -225,7 +257,9 @@ def _spelled(rrset: dns.rrset.RRset, qname: dns.name.Name) -> dns.rrset.RRset:
     return dns.rrset.from_rdata_list(qname, rrset.ttl, list(rrset))
 
 
-def _reply(query: dns.message.Message, rcode: dns.rcode.Rcode, answer: list[dns.rrset.RRset] | None = None) -> dns.message.Message:
+def _reply(
+    query: dns.message.Message, rcode: dns.rcode.Rcode, answer: list[dns.rrset.RRset] | None = None
+) -> dns.message.Message:
     """A response built from the client's request: its id and question, our flags, EDNS without options."""
     r = dns.message.Message(id=query.id)
     r.flags = dns.flags.QR | dns.flags.RA | (query.flags & dns.flags.RD)
@@ -331,12 +365,13 @@ async def serve_tcp(sock: socket.socket, binding: DnsBinding, gate: DnsGate) -> 
             writer.transport.abort()
 
     # backlog: asyncio re-runs listen(); never shrink the queue the launcher sized for a cold start
-    server = await asyncio.start_server(handle, sock=sock, limit=2 ** 16 + 2, backlog=BACKLOG)
+    server = await asyncio.start_server(handle, sock=sock, limit=2**16 + 2, backlog=BACKLOG)
     return DnsService([server], conns)
 
 
-async def _tcp_session(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, binding: DnsBinding,
-                       gate: DnsGate) -> None:
+async def _tcp_session(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, binding: DnsBinding, gate: DnsGate
+) -> None:
     peer = writer.get_extra_info("peername")
     for _ in range(TCP_MAX_QUERIES):
         try:

@@ -279,9 +279,7 @@ def _show(text: str) -> str:
     """Quote user input for a message: short, with unprintable characters escaped (no log injection or bidi spoofing)."""
     if len(text) > _MAX_SHOWN:
         text = text[: _MAX_SHOWN - 1] + "…"
-    escaped = "".join(
-        char if char.isprintable() and char not in '"\\' else _escape(char) for char in text
-    )
+    escaped = "".join(char if char.isprintable() and char not in '"\\' else _escape(char) for char in text)
     return f'"{escaped}"'
 
 

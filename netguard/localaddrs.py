@@ -71,8 +71,10 @@ def read_local() -> list[Network]:
                 if rtype == RTN_LOCAL and table == RT_TABLE_LOCAL and raw is not None and len(raw) == size:
                     value = int.from_bytes(raw) >> (size * 8 - dst_len) << (size * 8 - dst_len)
                     found.add((family, value, dst_len))
-    return [ipaddress.IPv4Network((v, plen)) if family == socket.AF_INET else ipaddress.IPv6Network((v, plen))
-            for family, v, plen in sorted(found)]
+    return [
+        ipaddress.IPv4Network((v, plen)) if family == socket.AF_INET else ipaddress.IPv6Network((v, plen))
+        for family, v, plen in sorted(found)
+    ]
 
 
 def _dump(s: socket.socket, msg_type: int, body: bytes, head_size: int) -> Iterator[tuple[dict[int, bytes], bytes]]:
@@ -86,7 +88,7 @@ def _dump(s: socket.socket, msg_type: int, body: bytes, head_size: int) -> Itera
             length, kind, _, got_seq, _ = _NLMSG.unpack_from(data, offset)
             if length < _NLMSG.size:
                 raise OSError("netlink: malformed message")
-            payload = data[offset + _NLMSG.size:offset + length]
+            payload = data[offset + _NLMSG.size : offset + length]
             offset += (length + 3) & ~3
             if got_seq != seq:
                 continue
@@ -108,7 +110,7 @@ def _attrs(payload: bytes, head_size: int) -> dict[int, bytes]:
         length, kind = _RTATTR.unpack_from(payload, offset)
         if length < _RTATTR.size:
             break
-        out.setdefault(kind, payload[offset + _RTATTR.size:offset + length])
+        out.setdefault(kind, payload[offset + _RTATTR.size : offset + length])
         offset += (length + 3) & ~3
     return out
 
@@ -121,8 +123,12 @@ class LocalAddrs:
     ranges still hold, and loopback is among them.
     """
 
-    def __init__(self, ttl: float = TTL, reader: Callable[[], list[Network]] = read_local,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        ttl: float = TTL,
+        reader: Callable[[], list[Network]] = read_local,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.ttl, self._reader, self._clock = ttl, reader, clock
         self._table = rules.own_table(())
         self._at = 0.0
@@ -144,8 +150,14 @@ class LocalAddrs:
 # ---- resolving an allowed name ------------------------------------------------------------------
 
 
-async def resolve_checked(resolver: dns.asyncresolver.Resolver | None, rs: rules.Ruleset, name: str, port: int,
-                          d: rules.Decision, own: rules.PrefixTable | None) -> tuple[rules.Decision, str | None]:
+async def resolve_checked(
+    resolver: dns.asyncresolver.Resolver | None,
+    rs: rules.Ruleset,
+    name: str,
+    port: int,
+    d: rules.Decision,
+    own: rules.PrefixTable | None,
+) -> tuple[rules.Decision, str | None]:
     """(decision, address to pin): the first resolved address that passes the veto, else the first veto."""
     try:
         addrs = await resolve(resolver, name, port)
@@ -167,7 +179,8 @@ async def resolve(r: dns.asyncresolver.Resolver | None, name: str, port: int) ->
     found: list[Address] = []
     if r is None:
         infos = await asyncio.wait_for(
-            asyncio.get_running_loop().getaddrinfo(name, port, type=socket.SOCK_STREAM), RESOLVE_TIMEOUT)
+            asyncio.get_running_loop().getaddrinfo(name, port, type=socket.SOCK_STREAM), RESOLVE_TIMEOUT
+        )
         for info in infos:
             a = ipaddress.ip_address(str(info[4][0]).split("%")[0])
             if a not in found:

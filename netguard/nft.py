@@ -49,12 +49,16 @@ def build_ruleset(p: Ports, *, open_firewall: bool = False) -> str:
     notice a sandbox whose traffic is not forced through the proxy.
     """
     redirect = "" if open_firewall else f"    meta l4proto tcp redirect to :{p.transparent}\n"
-    drops = "" if open_firewall else """\
+    drops = (
+        ""
+        if open_firewall
+        else """\
     meta nfproto ipv6 update @dropped6 { ip6 daddr . meta l4proto } drop
     meta l4proto udp update @dropped4 { ip daddr . meta l4proto . udp dport } drop
     meta l4proto tcp update @dropped4 { ip daddr . meta l4proto . tcp dport } drop
     update @dropped4x { ip daddr . meta l4proto } drop
 """
+    )
     return f"""\
 table inet {TABLE} {{
   set dropped4 {{ type ipv4_addr . inet_proto . inet_service; flags dynamic; counter; size 65536; }}

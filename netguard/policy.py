@@ -111,8 +111,9 @@ def parse_network(section: Any, source: str) -> NetworkPolicy:
     return NetworkPolicy(lists["allow"], lists["deny"], lists["ask"], resolver, resolver_origin)
 
 
-def parse_entry(entry: Any, source: str, line: int | None, default_ports: frozenset[int] | None, *,
-                list_name: str = "allow") -> Rule:
+def parse_entry(
+    entry: Any, source: str, line: int | None, default_ports: frozenset[int] | None, *, list_name: str = "allow"
+) -> Rule:
     """One allow/deny/ask item: "host", "*.suffix", "1.2.3.0/24", or a mapping with host|cidr, ports (and dns)."""
     ports: frozenset[int] | None = default_ports
     if isinstance(entry, str):
@@ -120,7 +121,9 @@ def parse_entry(entry: Any, source: str, line: int | None, default_ports: frozen
     elif isinstance(entry, dict):
         for key in entry:
             if key not in ENTRY_KEYS:
-                raise PolicyError(f"unknown key '{key}' in entry (expected host or cidr, ports, dns)", line_of(entry, key))
+                raise PolicyError(
+                    f"unknown key '{key}' in entry (expected host or cidr, ports, dns)", line_of(entry, key)
+                )
         if ("host" in entry) == ("cidr" in entry):
             raise PolicyError("an entry needs exactly one of 'host' or 'cidr'", line)
         is_cidr = "cidr" in entry
@@ -141,8 +144,9 @@ def parse_entry(entry: Any, source: str, line: int | None, default_ports: frozen
         if list_name != "allow":
             raise PolicyError(f"'dns' belongs on allow entries, not {list_name} entries", where)
         if rule.kind != "wildcard":
-            raise PolicyError("'dns' is only for wildcard hosts ('*.example.org'): an exact name is served every "
-                              "query type", where)
+            raise PolicyError(
+                "'dns' is only for wildcard hosts ('*.example.org'): an exact name is served every query type", where
+            )
         rule = dataclasses.replace(rule, dns=parse_dns_types(entry["dns"], where))
     return rule
 
@@ -269,7 +273,13 @@ def merge(policies: list[NetworkPolicy]) -> NetworkPolicy:
 
 
 def _typename(v: Any) -> str:
-    for t, name in ((bool, "a boolean"), (dict, "a mapping"), (list, "a list"), (str, "a string"), ((int, float), "a number")):
+    for t, name in (
+        (bool, "a boolean"),
+        (dict, "a mapping"),
+        (list, "a list"),
+        (str, "a string"),
+        ((int, float), "a number"),
+    ):
         if isinstance(v, t):
             return name
     return "null" if v is None else type(v).__name__

@@ -170,8 +170,9 @@ class Gate:
 
     # ---- the decision -----------------------------------------------------------------
 
-    async def _authorize(self, st: _Conn, kind: Kind, host: str, port: int, *,
-                         method: str | None = None, url: str | None = None) -> Verdict:
+    async def _authorize(
+        self, st: _Conn, kind: Kind, host: str, port: int, *, method: str | None = None, url: str | None = None
+    ) -> Verdict:
         """Decide, resolve, veto special addresses, write exactly one audit record; pin if allowed."""
         key = _norm_key(host, port)
         b = st.binding
@@ -187,17 +188,30 @@ class Gate:
                     v.decision, v.ip = await self._resolve_checked(b, dest, port, d)
                 else:
                     v.ip = str(dest)  # an address allowed by a cidr rule: nothing to resolve
-        b.audit.write(decision_record(
-            b.task, v.id, kind, "allow" if v.allowed else "deny", v.host, port, ip=v.ip if v.allowed else None,
-            method=method, url=url, rule=v.decision.rule, reason=v.decision.reason,
-            would=would if v.allowed else None))
+        b.audit.write(
+            decision_record(
+                b.task,
+                v.id,
+                kind,
+                "allow" if v.allowed else "deny",
+                v.host,
+                port,
+                ip=v.ip if v.allowed else None,
+                method=method,
+                url=url,
+                rule=v.decision.rule,
+                reason=v.decision.reason,
+                would=would if v.allowed else None,
+            )
+        )
         if v.allowed:
             st.pins[key] = v
             st.last = v
         return v
 
-    async def _decide(self, st: _Conn, kind: Kind, host: str, name: str,
-                      port: int | None) -> tuple[rules.Decision, str | None]:
+    async def _decide(
+        self, st: _Conn, kind: Kind, host: str, name: str, port: int | None
+    ) -> tuple[rules.Decision, str | None]:
         """The policy's decision, then learn mode and human approval: (decision, would)."""
         b = st.binding
         d = rules.decide(b.rules, host, port)
@@ -216,8 +230,9 @@ class Gate:
         why = "no answer in time" if answer == "timeout" else "denied by a human"
         return rules.Decision("deny", d.rule, f"{d.reason}: {why}"), None
 
-    async def _resolve_checked(self, b: Binding, name: str, port: int,
-                               d: rules.Decision) -> tuple[rules.Decision, str | None]:
+    async def _resolve_checked(
+        self, b: Binding, name: str, port: int, d: rules.Decision
+    ) -> tuple[rules.Decision, str | None]:
         return await localaddrs.resolve_checked(b.resolver(), b.rules, name, port, d, self.local.table())
 
     # ---- layers: what each listener speaks ----------------------------------------------
@@ -313,8 +328,11 @@ class Gate:
         if meta is None or st is None:
             return
         v, t0, up, down = meta
-        st.binding.audit.write(close_record(
-            st.binding.task, v.id, "http", v.host, v.port, v.ip, up.n, down.n, int((time.monotonic() - t0) * 1000)))
+        st.binding.audit.write(
+            close_record(
+                st.binding.task, v.id, "http", v.host, v.port, v.ip, up.n, down.n, int((time.monotonic() - t0) * 1000)
+            )
+        )
 
     # ---- every upstream connection ------------------------------------------------------
 
@@ -342,9 +360,20 @@ class Gate:
             if st is None or st.last is None:
                 return
             v = st.last
-            st.binding.audit.write(close_record(
-                st.binding.task, v.id, st.kind, v.host, v.port, v.ip, relay.up, relay.down,
-                int((time.monotonic() - relay.t0) * 1000)))
+            st.binding.audit.write(
+                close_record(
+                    st.binding.task,
+                    v.id,
+                    st.kind,
+                    v.host,
+                    v.port,
+                    v.ip,
+                    relay.up,
+                    relay.down,
+                    int((time.monotonic() - relay.t0) * 1000),
+                )
+            )
+
         return _Relay(ctx, closed)
 
 
@@ -377,8 +406,9 @@ class _Relay(layers.TCPLayer):
 def _refusal(v: Verdict) -> http.Response:
     rule = f" [{v.decision.rule}]" if v.decision.rule else ""
     body = f"sandgate: blocked {v.host}:{v.port}: {v.decision.reason}{rule}\n"
-    return http.Response.make(403, body, {"Content-Type": "text/plain; charset=utf-8", "Connection": "close",
-                                          "X-Sandgate": "blocked"})
+    return http.Response.make(
+        403, body, {"Content-Type": "text/plain; charset=utf-8", "Connection": "close", "X-Sandgate": "blocked"}
+    )
 
 
 @dataclass(frozen=True)
@@ -427,8 +457,9 @@ def make_master(bindings: dict[int, Binding], modes: list[str]) -> tuple[Master,
 def _dns_sockets(addr: tuple[str, int]) -> tuple[socket.socket, socket.socket]:
     """A bound UDP socket and a listening TCP socket on `addr`, for dnsgate (ProxyError if taken)."""
     try:
-        family, _, _, _, sockaddr = socket.getaddrinfo(addr[0], addr[1], type=socket.SOCK_DGRAM,
-                                                       flags=socket.AI_PASSIVE)[0]
+        family, _, _, _, sockaddr = socket.getaddrinfo(
+            addr[0], addr[1], type=socket.SOCK_DGRAM, flags=socket.AI_PASSIVE
+        )[0]
         udp = socket.socket(family, socket.SOCK_DGRAM)
         tcp = socket.socket(family, socket.SOCK_STREAM)
     except OSError as e:
@@ -445,8 +476,11 @@ def _dns_sockets(addr: tuple[str, int]) -> tuple[socket.socket, socket.socket]:
     return udp, tcp
 
 
-async def serve(sandboxes: list[tuple[Listeners, Binding]],
-                ready: Callable[[], None] | None = None, stop: asyncio.Event | None = None) -> None:
+async def serve(
+    sandboxes: list[tuple[Listeners, Binding]],
+    ready: Callable[[], None] | None = None,
+    stop: asyncio.Event | None = None,
+) -> None:
     """Run the proxy until `stop` is set. Raises ProxyError if a listener cannot be opened."""
     bindings: dict[int, Binding] = {}
     specs: list[str] = []

@@ -238,8 +238,11 @@ def special_range(ip: Address) -> str | None:
 
 def own_table(addresses: Iterable[Network]) -> PrefixTable:
     """The host's own addresses (and local routes) as a veto table; OWN_EXEMPT ranges left out."""
-    return PrefixTable((net, OWN_REASON) for net in addresses
-                       if not any(net.network_address in ex and net.broadcast_address in ex for ex in OWN_EXEMPT))
+    return PrefixTable(
+        (net, OWN_REASON)
+        for net in addresses
+        if not any(net.network_address in ex and net.broadcast_address in ex for ex in OWN_EXEMPT)
+    )
 
 
 def embedded_ipv4(ip: ipaddress.IPv6Address) -> tuple[ipaddress.IPv4Address, ...]:

@@ -72,8 +72,9 @@ def lo_up() -> int:
 
 def default_route_via_lo(ifindex: int) -> None:
     """`ip route add default dev lo src 127.0.0.1`: every destination loops back into this namespace."""
-    rtmsg = struct.pack("BBBBBBBBI", socket.AF_INET, 0, 0, 0, RT_TABLE_MAIN, RTPROT_BOOT, RT_SCOPE_UNIVERSE,
-                        RTN_UNICAST, 0)
+    rtmsg = struct.pack(
+        "BBBBBBBBI", socket.AF_INET, 0, 0, 0, RT_TABLE_MAIN, RTPROT_BOOT, RT_SCOPE_UNIVERSE, RTN_UNICAST, 0
+    )
     oif = struct.pack("HHI", 8, RTA_OIF, ifindex)
     src = struct.pack("HH4s", 8, RTA_PREFSRC, socket.inet_aton(LISTEN_HOST))
     body = rtmsg + oif + src

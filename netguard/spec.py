@@ -62,8 +62,13 @@ def encode(spec: BindingSpec) -> dict[str, Any]:
 
 
 def _encode_rule(r: Rule) -> dict[str, Any]:
-    return {"kind": r.kind, "value": str(r.value), "ports": sorted(r.ports) if r.ports is not None else None,
-            "origin": r.origin, "dns": sorted(r.dns) if r.dns else None}
+    return {
+        "kind": r.kind,
+        "value": str(r.value),
+        "ports": sorted(r.ports) if r.ports is not None else None,
+        "origin": r.origin,
+        "dns": sorted(r.dns) if r.dns else None,
+    }
 
 
 # ---- decode ---------------------------------------------------------------------------------
@@ -81,11 +86,16 @@ def decode(obj: Any) -> BindingSpec:
         if not sock.startswith("/") or "\0" in sock:
             raise SpecError("approval_socket must be an absolute path")  # the daemon's cwd is not the launcher's
     timeout = d["ask_timeout"]
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not math.isfinite(timeout) \
-            or timeout <= 0:
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not math.isfinite(timeout) or timeout <= 0:
         raise SpecError("ask_timeout must be a positive finite number of seconds")
-    return BindingSpec(task, _decode_policy(d["policy"]), _bool(d["learn"], "learn"), _bool(d["ask_all"], "ask_all"),
-                       sock, float(timeout))
+    return BindingSpec(
+        task,
+        _decode_policy(d["policy"]),
+        _bool(d["learn"], "learn"),
+        _bool(d["ask_all"], "ask_all"),
+        sock,
+        float(timeout),
+    )
 
 
 def _decode_policy(obj: Any) -> NetworkPolicy:
@@ -111,15 +121,19 @@ def _decode_rule(obj: Any, where: str) -> Rule:
     value = _text(d["value"], f"{where}.value", MAX_TEXT)
     ports = d["ports"]
     if ports is not None:
-        if not isinstance(ports, list) or any(isinstance(p, bool) or not isinstance(p, int) or not 0 < p < 65536
-                                               for p in ports):
+        if not isinstance(ports, list) or any(
+            isinstance(p, bool) or not isinstance(p, int) or not 0 < p < 65536 for p in ports
+        ):
             raise SpecError(f"{where}.ports must be null or a list of port numbers from 1 to 65535")
         ports = frozenset(ports)
     origin = _text(d["origin"], f"{where}.origin", MAX_TEXT)
     dns = d["dns"]
     if dns is not None:
-        if not isinstance(dns, list) or not dns or any(isinstance(t, bool) or not isinstance(t, int)
-                                                       or not 0 < t < 65536 for t in dns):
+        if (
+            not isinstance(dns, list)
+            or not dns
+            or any(isinstance(t, bool) or not isinstance(t, int) or not 0 < t < 65536 for t in dns)
+        ):
             raise SpecError(f"{where}.dns must be null or a non-empty list of DNS type numbers from 1 to 65535")
         if kind != "wildcard":
             raise SpecError(f"{where}.dns is only meaningful on a wildcard rule")
@@ -151,8 +165,14 @@ def _network(text: str, where: str) -> ipaddress.IPv4Network | ipaddress.IPv6Net
 def _decode_resolver(obj: Any) -> tuple[str, int] | None:
     if obj is None:
         return None
-    if not isinstance(obj, list) or len(obj) != 2 or not isinstance(obj[0], str) \
-            or isinstance(obj[1], bool) or not isinstance(obj[1], int) or not 0 < obj[1] < 65536:
+    if (
+        not isinstance(obj, list)
+        or len(obj) != 2
+        or not isinstance(obj[0], str)
+        or isinstance(obj[1], bool)
+        or not isinstance(obj[1], int)
+        or not 0 < obj[1] < 65536
+    ):
         raise SpecError("policy.resolver must be null or [IP, PORT]")
     try:
         ip = ipaddress.ip_address(obj[0])
@@ -170,8 +190,13 @@ def _mapping(obj: Any, where: str, keys: tuple[str, ...]) -> dict[str, Any]:
     extra = sorted(str(k) for k in obj if k not in keys)
     if missing or extra:
         # Unknown keys are refused, not ignored: a newer launcher's setting must never be silently dropped.
-        raise SpecError(f"{where}: " + "; ".join(
-            ([f"missing {', '.join(missing)}"] if missing else []) + ([f"unknown {', '.join(extra)}"] if extra else [])))
+        raise SpecError(
+            f"{where}: "
+            + "; ".join(
+                ([f"missing {', '.join(missing)}"] if missing else [])
+                + ([f"unknown {', '.join(extra)}"] if extra else [])
+            )
+        )
     return obj
 
 

@@ -19,8 +19,10 @@ import sys
 libc = ctypes.CDLL(None, use_errno=True)
 libc.syscall.restype = ctypes.c_long
 CLONE_NEWNET = 0x40000000
-NR = {"x86_64": {"bpf": 321, "keyctl": 250, "open_by_handle_at": 304},
-      "aarch64": {"bpf": 280, "keyctl": 219, "open_by_handle_at": 265}}[os.uname().machine]
+NR = {
+    "x86_64": {"bpf": 321, "keyctl": 250, "open_by_handle_at": 304},
+    "aarch64": {"bpf": 280, "keyctl": 219, "open_by_handle_at": 265},
+}[os.uname().machine]
 
 
 def _err(e: int) -> str:
@@ -127,9 +129,12 @@ def attack_bpf() -> dict[str, object]:
 def attack_nft(target: str) -> dict[str, object]:
     """Flush the sandbox's own table, add a link/route/address if possible, then connect out."""
     steps = []
-    for cmd in (["nft", "flush", "ruleset"], ["ip", "link", "add", "sgx0", "type", "veth", "peer", "sgx1"],
-                ["ip", "addr", "add", "198.51.100.99/24", "dev", "lo"],
-                ["ip", "route", "replace", "default", "dev", "lo"]):
+    for cmd in (
+        ["nft", "flush", "ruleset"],
+        ["ip", "link", "add", "sgx0", "type", "veth", "peer", "sgx1"],
+        ["ip", "addr", "add", "198.51.100.99/24", "dev", "lo"],
+        ["ip", "route", "replace", "default", "dev", "lo"],
+    ):
         r = subprocess.run(cmd, capture_output=True, text=True)
         steps.append(f"{cmd[0]} {cmd[1]}: rc={r.returncode} {r.stderr.strip()[:80]}")
     reply = connect_canary(target)
@@ -147,9 +152,18 @@ def attack_control(path: str) -> dict[str, object]:
     return _result(True, 0, s.recv(4096).decode("latin-1"))
 
 
-ATTACKS = {"control": attack_control, "setns": attack_setns, "handle": attack_handle, "environ": attack_environ, "shm": attack_shm,
-           "keyring": attack_keyring, "mknod": attack_mknod, "hostname": attack_hostname, "bpf": attack_bpf,
-           "nft": attack_nft}
+ATTACKS = {
+    "control": attack_control,
+    "setns": attack_setns,
+    "handle": attack_handle,
+    "environ": attack_environ,
+    "shm": attack_shm,
+    "keyring": attack_keyring,
+    "mknod": attack_mknod,
+    "hostname": attack_hostname,
+    "bpf": attack_bpf,
+    "nft": attack_nft,
+}
 
 if __name__ == "__main__":
     name, args = sys.argv[1], sys.argv[2:]

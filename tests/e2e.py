@@ -24,11 +24,29 @@ RUN = [*SANDGATE, "run", *VIEW]
 class Proxy:
     """`sandgate proxy` running inside the world; stopped (by PID) when the test is done."""
 
-    def __init__(self, world: World, policy: Path, *, listen: str = "127.0.0.1:3128",
-                 transparent: str | None = None, dns: str | None = None, extra: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        world: World,
+        policy: Path,
+        *,
+        listen: str = "127.0.0.1:3128",
+        transparent: str | None = None,
+        dns: str | None = None,
+        extra: list[str] | None = None,
+    ) -> None:
         self.audit = world.tmp / f"audit-{policy.stem}-{time.monotonic_ns()}.jsonl"
-        args = [*SANDGATE, "proxy", "--policy", str(policy), "--listen", listen, "--audit-log", str(self.audit),
-                "--task", "test"]
+        args = [
+            *SANDGATE,
+            "proxy",
+            "--policy",
+            str(policy),
+            "--listen",
+            listen,
+            "--audit-log",
+            str(self.audit),
+            "--task",
+            "test",
+        ]
         if transparent:
             args += ["--transparent", transparent]
         if dns:
@@ -44,7 +62,9 @@ class Proxy:
         while b"proxy ready" not in line:
             left = deadline - time.monotonic()
             if left <= 0 or self.proc.poll() is not None:
-                raise RuntimeError(f"proxy did not start: {line!r} {self.proc.stderr.read() if self.proc.poll() is not None else ''}")
+                raise RuntimeError(
+                    f"proxy did not start: {line!r} {self.proc.stderr.read() if self.proc.poll() is not None else ''}"
+                )
             r, _, _ = select.select([self.proc.stderr], [], [], left)
             if r:
                 line = self.proc.stderr.readline()

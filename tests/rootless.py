@@ -69,7 +69,9 @@ def _tool(name: str) -> str:
     """Absolute path of an admin tool; root's PATH may lack /usr/sbin."""
     found = shutil.which(name, path=SYSTEM_PATH)
     if found is None:
-        raise SandgateRootlessError(f"{name} not found in {SYSTEM_PATH}; the rootless tests need it (shadow/util-linux)")
+        raise SandgateRootlessError(
+            f"{name} not found in {SYSTEM_PATH}; the rootless tests need it (shadow/util-linux)"
+        )
     return found
 
 
@@ -140,8 +142,14 @@ os.execve(tail[0], tail, os.environ)
 
 def default_paths() -> list[Path]:
     """What a user needs to run this checkout's sandgate: the checkout, the venv, its base interpreter."""
-    paths = [REPO, Path(sys.prefix), Path(sys.base_prefix), Path(sys.exec_prefix), Path(sys.base_exec_prefix),
-             Path(os.path.realpath(sys.executable)).parent]
+    paths = [
+        REPO,
+        Path(sys.prefix),
+        Path(sys.base_prefix),
+        Path(sys.exec_prefix),
+        Path(sys.base_exec_prefix),
+        Path(os.path.realpath(sys.executable)).parent,
+    ]
     return paths
 
 
@@ -215,7 +223,8 @@ def plan_paths(paths: Iterable[Path | str]) -> tuple[list[tuple[str, bool]], lis
     if problems:
         raise SandgateRootlessError(
             "the unprivileged test user must be able to read these (they are not readable/executable by others; "
-            "fix with e.g. chmod -R o+rX on the checkout/venv):\n  " + "\n  ".join(problems[:20]))
+            "fix with e.g. chmod -R o+rX on the checkout/venv):\n  " + "\n  ".join(problems[:20])
+        )
     # Topmost blocking ancestors are disjoint or equal, so no cover hides another.
     return binds, sorted(map(str, covers))
 
@@ -344,8 +353,7 @@ class UnprivilegedUser:
 
     def env(self) -> dict[str, str]:
         """The clean login-like environment every command gets (callers add e.g. PYTHONPATH)."""
-        return {"PATH": SYSTEM_PATH, "HOME": str(self.home), "USER": self.name, "LOGNAME": self.name,
-                "LANG": "C.UTF-8"}
+        return {"PATH": SYSTEM_PATH, "HOME": str(self.home), "USER": self.name, "LOGNAME": self.name, "LANG": "C.UTF-8"}
 
     def __enter__(self) -> UnprivilegedUser:
         _REGISTRY.add(self)
@@ -379,9 +387,24 @@ class UnprivilegedUser:
         # for ours. So we pick the uid ourselves: free in passwd and group, no runtime dir, no process.
         busy = {u for pid in _all_pids() if (ids := _status_ids(pid)) for u in ids[0]}
         for uid in _free_uids(busy):
-            res = _run_admin([useradd, "--uid", str(uid), "--home-dir", str(self.home), "--no-create-home",
-                              "--shell", "/bin/sh", "--user-group", "--no-log-init",
-                              "--comment", f"sandgate test user (pid {self.pid})", name], ok=(0, 4))
+            res = _run_admin(
+                [
+                    useradd,
+                    "--uid",
+                    str(uid),
+                    "--home-dir",
+                    str(self.home),
+                    "--no-create-home",
+                    "--shell",
+                    "/bin/sh",
+                    "--user-group",
+                    "--no-log-init",
+                    "--comment",
+                    f"sandgate test user (pid {self.pid})",
+                    name,
+                ],
+                ok=(0, 4),
+            )
             if res.returncode == 0:
                 break  # 4: a parallel run took this uid between our check and useradd
         else:
@@ -398,8 +421,9 @@ class UnprivilegedUser:
         self._scratch_before = {d: self._owned_entries(d) for d in SCRATCH_DIRS}
         self._ready = True
 
-    def runner(self, where: World | Client, *, paths: Sequence[Path | str] | None = None,
-               drop: str = "auto") -> UserRunner:
+    def runner(
+        self, where: World | Client, *, paths: Sequence[Path | str] | None = None, drop: str = "auto"
+    ) -> UserRunner:
         """Something with run()/popen() like World/Client's, running commands as this user there.
 
         `paths`: what the user must reach (default: default_paths()); drop: "auto" (setpriv if
@@ -515,8 +539,10 @@ class UnprivilegedUser:
             self._kill_ours()
             rest = _wait_gone(self.uid, 2.0)
             if rest:
-                errors.append(f"processes {rest} of {self.name} (uid {self.uid}) outside our namespaces were left "
-                              "running (not provably ours, so not killed); userdel will refuse")
+                errors.append(
+                    f"processes {rest} of {self.name} (uid {self.uid}) outside our namespaces were left "
+                    "running (not provably ours, so not killed); userdel will refuse"
+                )
         if ours and self._ready:
             self._remove_owned(self.runtime_dir)
             for d, before in self._scratch_before.items():
@@ -573,9 +599,16 @@ class UserRunner(_NetnsRunner):
         """Start `cmd` as the user (default cwd: its home; env: user.env() plus kw["env"])."""
         cwd = kw.pop("cwd", None)
         env = {**self.user.env(), **(kw.pop("env", None) or {})}
-        spec = {"uid": self.user.uid, "gid": self.user.gid, "name": self.user.name,
-                "cwd": os.path.abspath(self.user.home if cwd is None else cwd), "stage": str(self.user.stage),
-                "binds": self.binds, "covers": self.covers, "setpriv": self.setpriv}
+        spec = {
+            "uid": self.user.uid,
+            "gid": self.user.gid,
+            "name": self.user.name,
+            "cwd": os.path.abspath(self.user.home if cwd is None else cwd),
+            "stage": str(self.user.stage),
+            "binds": self.binds,
+            "covers": self.covers,
+            "setpriv": self.setpriv,
+        }
         # -I: the caller's PYTHONPATH is for the command, not for this root helper. cwd "/": see _HELPER.
         wrapped = [sys.executable, "-I", "-S", "-c", _HELPER, json.dumps(spec), *map(str, cmd)]
         proc = self.where.popen(wrapped, cwd="/", env=env, **kw)  # tracked by the World (killed at its exit)
@@ -605,8 +638,9 @@ def cleanup_stale_users(base_dir: str | Path | None = None) -> list[str]:
             continue
         rest = _wait_gone(entry.pw_uid, 2.0)  # a just-swept process may still be exiting
         if rest:
-            warnings.warn(f"stale test user {entry.pw_name}: processes {rest} still run as it; left in place",
-                          stacklevel=2)
+            warnings.warn(
+                f"stale test user {entry.pw_name}: processes {rest} still run as it; left in place", stacklevel=2
+            )
             kept.append(entry.pw_name)
             continue
         runtime = Path(RUNTIME_DIR_FMT.format(uid=entry.pw_uid))

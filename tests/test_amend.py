@@ -47,9 +47,7 @@ AMENDED = [
         README_POLICY,
         "example.org",
         443,
-        README_POLICY.replace(
-            "      ports: [8080]\n", "      ports: [8080]\n    - " + ENTRY + "\n"
-        ),
+        README_POLICY.replace("      ports: [8080]\n", "      ports: [8080]\n    - " + ENTRY + "\n"),
     ),
     (
         "trailing comments and blank lines after the last item stay after the new one",
@@ -61,7 +59,7 @@ AMENDED = [
         "    - files.pythonhosted.org\n"
         "\n"
         "    # add more hosts above\n"
-        "  deny: [\"*.evil.test\"]\n",
+        '  deny: ["*.evil.test"]\n',
         "example.org",
         443,
         "version: 1\n"
@@ -73,7 +71,7 @@ AMENDED = [
         "    - " + ENTRY + "\n"
         "\n"
         "    # add more hosts above\n"
-        "  deny: [\"*.evil.test\"]\n",
+        '  deny: ["*.evil.test"]\n',
     ),
     (
         "a last item with a block list of ports",
@@ -86,7 +84,7 @@ AMENDED = [
         "        - 8443   # mirror\n"
         "# end of network\n"
         "env:\n"
-        "  drop: [\"NPM_*\"]\n",
+        '  drop: ["NPM_*"]\n',
         "example.org",
         443,
         "version: 1\n"
@@ -99,25 +97,19 @@ AMENDED = [
         "    - " + ENTRY + "\n"
         "# end of network\n"
         "env:\n"
-        "  drop: [\"NPM_*\"]\n",
+        '  drop: ["NPM_*"]\n',
     ),
     (
         "indentless dashes and 4-space mappings keep their style",
-        "version: 1\n"
-        "network:\n"
-        "    allow:\n"
-        "    - 'pypi.org'\n"
-        "    - \"crates.io\"\n"
-        "    deny:\n"
-        "    - evil.test\n",
+        "version: 1\nnetwork:\n    allow:\n    - 'pypi.org'\n    - \"crates.io\"\n    deny:\n    - evil.test\n",
         "example.org",
         8443,
         "version: 1\n"
         "network:\n"
         "    allow:\n"
         "    - 'pypi.org'\n"
-        "    - \"crates.io\"\n"
-        "    - {host: \"example.org\", ports: [8443]}\n"
+        '    - "crates.io"\n'
+        '    - {host: "example.org", ports: [8443]}\n'
         "    deny:\n"
         "    - evil.test\n",
     ),
@@ -130,10 +122,10 @@ AMENDED = [
     ),
     (
         "a flow list with a trailing comment",
-        "version: 1\nnetwork:\n  allow: [pypi.org, \"*.pythonhosted.org\"]   # python\n  deny: []\n",
+        'version: 1\nnetwork:\n  allow: [pypi.org, "*.pythonhosted.org"]   # python\n  deny: []\n',
         "example.org",
         443,
-        "version: 1\nnetwork:\n  allow: [pypi.org, \"*.pythonhosted.org\", " + ENTRY + "]   # python\n  deny: []\n",
+        'version: 1\nnetwork:\n  allow: [pypi.org, "*.pythonhosted.org", ' + ENTRY + "]   # python\n  deny: []\n",
     ),
     (
         "an empty flow list",
@@ -144,12 +136,7 @@ AMENDED = [
     ),
     (
         "network without allow: allow becomes its first key, under `network:`",
-        "version: 1\n"
-        "network:   # egress\n"
-        "  # never these\n"
-        "  deny:\n"
-        "    - \"*.evil.test\"\n"
-        "  resolver: 192.0.2.53:53\n",
+        'version: 1\nnetwork:   # egress\n  # never these\n  deny:\n    - "*.evil.test"\n  resolver: 192.0.2.53:53\n',
         "example.org",
         443,
         "version: 1\n"
@@ -158,7 +145,7 @@ AMENDED = [
         "    - " + ENTRY + "\n"
         "  # never these\n"
         "  deny:\n"
-        "    - \"*.evil.test\"\n"
+        '    - "*.evil.test"\n'
         "  resolver: 192.0.2.53:53\n",
     ),
     (
@@ -171,10 +158,10 @@ AMENDED = [
     ),
     (
         "no network section and no final newline",
-        "version: 1\nfilesystem:\n  write: [\".\"]",
+        'version: 1\nfilesystem:\n  write: ["."]',
         "example.org",
         443,
-        "version: 1\nfilesystem:\n  write: [\".\"]\nnetwork:\n  allow:\n    - " + ENTRY + "\n",
+        'version: 1\nfilesystem:\n  write: ["."]\nnetwork:\n  allow:\n    - ' + ENTRY + "\n",
     ),
     (
         "CRLF line endings are kept",
@@ -202,21 +189,21 @@ AMENDED = [
         "version: 1\nnetwork:\n  allow:\n    - example.org\n",
         "example.org",
         8443,
-        "version: 1\nnetwork:\n  allow:\n    - example.org\n    - {host: \"example.org\", ports: [8443]}\n",
+        'version: 1\nnetwork:\n  allow:\n    - example.org\n    - {host: "example.org", ports: [8443]}\n',
     ),
     (
         "a wildcard does not cover its apex, so the apex is added",
-        "version: 1\nnetwork:\n  allow:\n    - \"*.example.org\"\n",
+        'version: 1\nnetwork:\n  allow:\n    - "*.example.org"\n',
         "example.org",
         443,
-        "version: 1\nnetwork:\n  allow:\n    - \"*.example.org\"\n    - " + ENTRY + "\n",
+        'version: 1\nnetwork:\n  allow:\n    - "*.example.org"\n    - ' + ENTRY + "\n",
     ),
     (
         "an IP literal host",
         "version: 1\nnetwork:\n  allow: []\n",
         "203.0.113.7",
         5432,
-        "version: 1\nnetwork:\n  allow: [{host: \"203.0.113.7\", ports: [5432]}]\n",
+        'version: 1\nnetwork:\n  allow: [{host: "203.0.113.7", ports: [5432]}]\n',
     ),
 ]
 
@@ -257,12 +244,20 @@ REFUSED = [
 ALREADY = [
     ("plain host covers 443 by default", "version: 1\nnetwork:\n  allow:\n    - example.org\n", "example.org", 443),
     ("plain host covers 80 by default", "version: 1\nnetwork:\n  allow: [example.org]\n", "example.org", 80),
-    ("mapping with the port", "version: 1\nnetwork:\n  allow:\n    - host: example.org\n      ports: [22, 8443]\n",
-     "example.org", 8443),
+    (
+        "mapping with the port",
+        "version: 1\nnetwork:\n  allow:\n    - host: example.org\n      ports: [22, 8443]\n",
+        "example.org",
+        8443,
+    ),
     ("a single-int ports", "version: 1\nnetwork:\n  allow: [{host: example.org, ports: 8443}]\n", "example.org", 8443),
     ("another spelling of the same host", "version: 1\nnetwork:\n  allow: [Example.ORG.]\n", "example.org", 443),
-    ("an IP literal as a cidr", "version: 1\nnetwork:\n  allow:\n    - cidr: 203.0.113.7/32\n      ports: [5432]\n",
-     "203.0.113.7", 5432),
+    (
+        "an IP literal as a cidr",
+        "version: 1\nnetwork:\n  allow:\n    - cidr: 203.0.113.7/32\n      ports: [5432]\n",
+        "203.0.113.7",
+        5432,
+    ),
     ("even in a shape add_allow would refuse", "version: 1\nnetwork: {allow: [example.org]}\n", "example.org", 443),
 ]
 
@@ -294,11 +289,14 @@ def test_already_allowed_is_unchanged(name: str, text: str, host: str, port: int
     assert add_allow(text, host, port) is text
 
 
-@pytest.mark.parametrize("broken", [
-    "version: 1\nnetwork:\n  allow:\n  - a.org\n - " + ENTRY + "\n",  # does not parse
-    "version: 1\nnetwork:\n  allow:\n  - " + ENTRY + "\n",  # lost an entry
-    "version: 2\nnetwork:\n  allow:\n  - a.org\n  - " + ENTRY + "\n",  # changed something else
-])
+@pytest.mark.parametrize(
+    "broken",
+    [
+        "version: 1\nnetwork:\n  allow:\n  - a.org\n - " + ENTRY + "\n",  # does not parse
+        "version: 1\nnetwork:\n  allow:\n  - " + ENTRY + "\n",  # lost an entry
+        "version: 2\nnetwork:\n  allow:\n  - a.org\n  - " + ENTRY + "\n",  # changed something else
+    ],
+)
 def test_a_wrong_edit_is_never_returned(broken: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The last gate: whatever the line edit produced must parse to the old document plus the entry."""
     from launcher import amend
@@ -317,10 +315,21 @@ def test_allow_entry() -> None:
     assert yaml.safe_load(allow_entry("example.org", 443)) == {"host": "example.org", "ports": [443]}
 
 
-@pytest.mark.parametrize(("host", "port"), [
-    ("example.org", 0), ("example.org", 65536), ("example.org", True), ("example.org", "443"),
-    ("", 443), ("*", 443), ("a.*.org", 443), ("10.0.0.0/8", 443), ("exa\nmple.org", 443), ("a..org", 443),
-])
+@pytest.mark.parametrize(
+    ("host", "port"),
+    [
+        ("example.org", 0),
+        ("example.org", 65536),
+        ("example.org", True),
+        ("example.org", "443"),
+        ("", 443),
+        ("*", 443),
+        ("a.*.org", 443),
+        ("10.0.0.0/8", 443),
+        ("exa\nmple.org", 443),
+        ("a..org", 443),
+    ],
+)
 def test_invalid_entries_are_refused(host: str, port: int) -> None:
     with pytest.raises(ValueError):
         allow_entry(host, port)
@@ -330,8 +339,18 @@ def test_invalid_entries_are_refused(host: str, port: int) -> None:
 
 # ---- property: any generated policy in a supported shape -----------------------------------
 
-HOSTS = st.sampled_from(["pypi.org", "files.pythonhosted.org", "crates.io", "*.npmjs.org", "github.com",
-                         "example.org", "cdn.example.org", "203.0.113.9"])
+HOSTS = st.sampled_from(
+    [
+        "pypi.org",
+        "files.pythonhosted.org",
+        "crates.io",
+        "*.npmjs.org",
+        "github.com",
+        "example.org",
+        "cdn.example.org",
+        "203.0.113.9",
+    ]
+)
 NEW_HOSTS = st.sampled_from(["example.org", "api.example.com", "pypi.org", "198.51.100.4", "*.example.net"])
 PORTS = st.sampled_from([22, 80, 443, 8443])
 COMMENTS = st.sampled_from(["", "# a comment", "#", "# - disabled.example.net", "#   indented: [x]"])
@@ -374,11 +393,15 @@ def policies(draw: st.DrawFn) -> str:
     if draw(st.booleans()):
         lines.append("include: [pypi]")
     shape = draw(st.sampled_from(["none", "no-allow", "block", "flow"]))
-    others = draw(st.sampled_from([
-        [f"{sp}deny:", f"{sp}{sp}- \"*.evil.test\"   # never"],
-        [f"{sp}# upstream DNS", f"{sp}resolver: 192.0.2.1:53"],
-        [f"{sp}ask: []"],
-    ]))
+    others = draw(
+        st.sampled_from(
+            [
+                [f"{sp}deny:", f'{sp}{sp}- "*.evil.test"   # never'],
+                [f"{sp}# upstream DNS", f"{sp}resolver: 192.0.2.1:53"],
+                [f"{sp}ask: []"],
+            ]
+        )
+    )
     others_first = shape == "no-allow" or draw(st.booleans())
     if shape != "none":
         lines.append(draw(st.sampled_from(["network:", "network:   # egress"])))
@@ -397,7 +420,7 @@ def policies(draw: st.DrawFn) -> str:
     if shape in ("block", "flow") and not others_first:
         lines.extend(others)
     if draw(st.booleans()):
-        lines.extend(["filesystem:", f"{sp}write: [\".\", \"/tmp\"]"])
+        lines.extend(["filesystem:", f'{sp}write: [".", "/tmp"]'])
     nl = draw(st.sampled_from(["\n", "\r\n"]))
     return nl.join(lines) + draw(st.sampled_from([nl, ""]))
 
@@ -427,7 +450,8 @@ def test_generated_policies_gain_exactly_one_entry(text: str, host: str, port: i
     assert new["network"]["allow"] == (network.get("allow") or []) + [{"host": host, "ports": [port]}]
     assert {k: v for k, v in new.items() if k != "network"} == {k: v for k, v in old.items() if k != "network"}
     assert {k: v for k, v in new["network"].items() if k != "allow"} == {
-        k: v for k, v in network.items() if k != "allow"}
+        k: v for k, v in network.items() if k != "allow"
+    }
     # Nothing else touched: every comment survives in order, every old line is still there
     # (but the one rewritten flow list line), and at most the three new lines were added.
     old_lines, new_lines = text.splitlines(), out.splitlines()

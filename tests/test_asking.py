@@ -9,8 +9,9 @@ from pathlib import Path
 from netguard.asking import Approver
 
 
-async def fake_launcher(path: Path, answer: str | None, seen: list[dict[str, object]], delay: float = 0.2,
-                        close_after: int | None = None) -> asyncio.AbstractServer:
+async def fake_launcher(
+    path: Path, answer: str | None, seen: list[dict[str, object]], delay: float = 0.2, close_after: int | None = None
+) -> asyncio.AbstractServer:
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         while line := await reader.readline():
             q = json.loads(line)
@@ -22,6 +23,7 @@ async def fake_launcher(path: Path, answer: str | None, seen: list[dict[str, obj
                 await asyncio.sleep(delay)
                 writer.write((json.dumps({"id": q["id"], "answer": answer}) + "\n").encode())
                 await writer.drain()
+
     return await asyncio.start_unix_server(handle, str(path))
 
 
@@ -30,11 +32,14 @@ def test_concurrent_asks_share_one_question_and_run_answers_are_remembered(tmp_p
         seen: list[dict[str, object]] = []
         server = await fake_launcher(tmp_path / "s", "run", seen)
         a = Approver(str(tmp_path / "s"), timeout=5)
-        answers = await asyncio.gather(*(a.ask("x.test", 443, "connect", ("10.0.0.2", 5000 + i), "r") for i in range(5)))
+        answers = await asyncio.gather(
+            *(a.ask("x.test", 443, "connect", ("10.0.0.2", 5000 + i), "r") for i in range(5))
+        )
         assert answers == ["run"] * 5 and len(seen) == 1 and seen[0]["peer"] == ["10.0.0.2", 5000]
         assert await a.ask("x.test", 443, "connect", None, "r") == "run" and len(seen) == 1  # remembered
         assert await a.ask("x.test", 8443, "connect", None, "r") == "run" and len(seen) == 2  # other port: asked
         server.close()
+
     asyncio.run(main())
 
 
@@ -52,4 +57,5 @@ def test_no_channel_no_answer_or_a_closed_channel_mean_deny(tmp_path: Path) -> N
         assert await a.ask("w.test", 443, "tls", None, "r") == "once" and not a.for_run
         for s in (silent, closing, once):
             s.close()
+
     asyncio.run(main())

@@ -15,9 +15,11 @@ import pytest
 from .e2e import RUN, env, write_policy
 from .world import World
 
-FORGE = ("echo '{\"event\":\"decision\",\"action\":\"allow\",\"forged\":1}' >> {log}; "
-         "true > {log}; rm -f {log}; mv {log} {log}.moved; mv $(dirname {log}) $(dirname {log}).moved; "
-         "ln -sf /dev/null {log}; echo done")
+FORGE = (
+    'echo \'{"event":"decision","action":"allow","forged":1}\' >> {log}; '
+    "true > {log}; rm -f {log}; mv {log} {log}.moved; mv $(dirname {log}) $(dirname {log}).moved; "
+    "ln -sf /dev/null {log}; echo done"
+)
 
 
 @pytest.fixture(scope="module")
@@ -54,8 +56,10 @@ def test_the_audit_log_inside_the_workspace_cannot_be_forged_or_removed(w: World
     text = log.read_text()
     assert text.startswith(before) and "forged" not in text
     recs = [json.loads(x) for x in text.splitlines()]  # still a valid log, and this run's record is in it
-    assert any(r["event"] == "policy" and str(log) in r["protect"] for r in recs[len(before.splitlines()):]) \
-        or where == "default", recs[-1]
+    assert (
+        any(r["event"] == "policy" and str(log) in r["protect"] for r in recs[len(before.splitlines()) :])
+        or where == "default"
+    ), recs[-1]
 
 
 def test_a_home_under_tmp_works_and_shows_nothing_of_the_real_one(w: World) -> None:
@@ -66,11 +70,20 @@ def test_a_home_under_tmp_works_and_shows_nothing_of_the_real_one(w: World) -> N
     ws = w.tmp / f"ws-home-{time.monotonic_ns()}"
     ws.mkdir()
     try:
-        code, out, err = _run(w, ws, "-q", "--", "sh", "-c",
-                              "cd && pwd && ls -A && echo cache > .cachefile && cat .cachefile; "
-                              "cat .ssh/id_test 2>&1 | grep -c SECRET-KEY-MARKER", home=home)
+        code, out, err = _run(
+            w,
+            ws,
+            "-q",
+            "--",
+            "sh",
+            "-c",
+            "cd && pwd && ls -A && echo cache > .cachefile && cat .cachefile; "
+            "cat .ssh/id_test 2>&1 | grep -c SECRET-KEY-MARKER",
+            home=home,
+        )
         assert code == 1 and out.split() == [str(home), "cache", "0"], (out, err)  # grep -c 0 exits 1
         assert sorted(p.name for p in home.iterdir()) == [".bashrc", ".ssh"]  # the real home is untouched
     finally:
         import shutil
+
         shutil.rmtree(home, ignore_errors=True)

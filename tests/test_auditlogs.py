@@ -23,7 +23,7 @@ def test_prune_keeps_the_newest_and_drops_old_many_or_large(tmp_path: Path, monk
     other = make(tmp_path, "notes.txt", 400)  # not ours: never touched
     removed = auditlogs.prune(tmp_path)
     assert old in removed and not old.exists() and other.exists()
-    assert all(p.exists() for p in fresh[:auditlogs.KEEP_FILES]) and not any(p.exists() for p in fresh[-5:])
+    assert all(p.exists() for p in fresh[: auditlogs.KEEP_FILES]) and not any(p.exists() for p in fresh[-5:])
     assert auditlogs.latest(tmp_path) == fresh[0]
     assert [p for _, _, p in auditlogs.recent(tmp_path, 2)] == fresh[:2]
 

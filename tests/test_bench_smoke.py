@@ -10,8 +10,9 @@ from .e2e import REPO, env
 from .world import World
 
 
-@pytest.mark.parametrize("script,args", [("throughput.py", ["--mb", "2"]), ("latency.py", ["--n", "5"]),
-                                         ("startup.py", ["--n", "1"])])
+@pytest.mark.parametrize(
+    "script,args", [("throughput.py", ["--mb", "2"]), ("latency.py", ["--n", "5"]), ("startup.py", ["--n", "1"])]
+)
 def test_benchmark_runs(world: World, script: str, args: list[str]) -> None:
     r = world.run([sys.executable, str(REPO / "bench" / script), *args], cwd=REPO, env=env(), timeout=180)
     assert r.returncode == 0, r.stdout + r.stderr

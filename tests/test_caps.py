@@ -31,8 +31,18 @@ from fsguard import caps, seccomp
 from fsguard.caps import CapsError
 
 # Written out independently of the module, so a wrong constant there cannot hide here.
-KEEP_NAMES = ["CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_FSETID", "CAP_KILL", "CAP_SETGID", "CAP_SETUID",
-              "CAP_SETPCAP", "CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT"]
+KEEP_NAMES = [
+    "CAP_CHOWN",
+    "CAP_DAC_OVERRIDE",
+    "CAP_FOWNER",
+    "CAP_FSETID",
+    "CAP_KILL",
+    "CAP_SETGID",
+    "CAP_SETUID",
+    "CAP_SETPCAP",
+    "CAP_NET_BIND_SERVICE",
+    "CAP_SYS_CHROOT",
+]
 KEEP_MASK = 0x405FB  # bits 0,1,3,4,5,6,7,8,10,18
 SYS_ADMIN, NET_ADMIN, NET_RAW, MKNOD, DAC_READ_SEARCH = 21, 12, 13, 27, 2
 MACHINE = platform.machine()
@@ -51,9 +61,21 @@ _libc.syscall.restype = ctypes.c_long
 def test_keep_is_what_a_build_needs_and_nothing_else() -> None:
     assert caps.names(caps.mask(caps.KEEP)) == KEEP_NAMES
     assert caps.mask(caps.KEEP) == KEEP_MASK
-    for dropped in ("CAP_NET_ADMIN", "CAP_SYS_ADMIN", "CAP_SYS_PTRACE", "CAP_MKNOD", "CAP_NET_RAW",
-                    "CAP_DAC_READ_SEARCH", "CAP_BPF", "CAP_PERFMON", "CAP_SYS_MODULE", "CAP_SYS_BOOT",
-                    "CAP_SYS_TIME", "CAP_AUDIT_WRITE", "CAP_SETFCAP"):
+    for dropped in (
+        "CAP_NET_ADMIN",
+        "CAP_SYS_ADMIN",
+        "CAP_SYS_PTRACE",
+        "CAP_MKNOD",
+        "CAP_NET_RAW",
+        "CAP_DAC_READ_SEARCH",
+        "CAP_BPF",
+        "CAP_PERFMON",
+        "CAP_SYS_MODULE",
+        "CAP_SYS_BOOT",
+        "CAP_SYS_TIME",
+        "CAP_AUDIT_WRITE",
+        "CAP_SETFCAP",
+    ):
         cap = next(n for n, name in caps.NAMES.items() if name == dropped)
         assert cap not in caps.KEEP, dropped
         assert len(caps.WHY_DROPPED[cap]) > 10, f"{dropped}: no threat named"
@@ -69,7 +91,12 @@ def test_constants_match_the_kernel_header() -> None:
     table = {k: v for k, v in table.items() if k not in ("CAP_LAST_CAP",)}
     assert {v: k for k, v in table.items()} == caps.NAMES
     assert (SYS_ADMIN, NET_ADMIN, NET_RAW, MKNOD, DAC_READ_SEARCH) == (
-        caps.CAP_SYS_ADMIN, caps.CAP_NET_ADMIN, caps.CAP_NET_RAW, caps.CAP_MKNOD, caps.CAP_DAC_READ_SEARCH)
+        caps.CAP_SYS_ADMIN,
+        caps.CAP_NET_ADMIN,
+        caps.CAP_NET_RAW,
+        caps.CAP_MKNOD,
+        caps.CAP_DAC_READ_SEARCH,
+    )
 
 
 def test_names_mask_and_status_parsing() -> None:
@@ -79,10 +106,17 @@ def test_names_mask_and_status_parsing() -> None:
     for bad in (-1, 64, True, "1"):
         with pytest.raises(ValueError):
             caps.mask([bad])  # type: ignore[list-item]
-    text = ("Name:\tx\nCapInh:\t0000000000000000\nCapPrm:\t00000000000405fb\nCapEff:\t00000000000405fb\n"
-            "CapBnd:\t000001fffeffffff\nCapAmb:\t0000000000002000\nNoNewPrivs:\t0\n")
-    assert caps.parse_status(text) == {"CapInh": 0, "CapPrm": KEEP_MASK, "CapEff": KEEP_MASK,
-                                       "CapBnd": 0x1FFFEFFFFFF, "CapAmb": 1 << 13}
+    text = (
+        "Name:\tx\nCapInh:\t0000000000000000\nCapPrm:\t00000000000405fb\nCapEff:\t00000000000405fb\n"
+        "CapBnd:\t000001fffeffffff\nCapAmb:\t0000000000002000\nNoNewPrivs:\t0\n"
+    )
+    assert caps.parse_status(text) == {
+        "CapInh": 0,
+        "CapPrm": KEEP_MASK,
+        "CapEff": KEEP_MASK,
+        "CapBnd": 0x1FFFEFFFFFF,
+        "CapAmb": 1 << 13,
+    }
     with pytest.raises(ValueError, match="CapAmb"):
         caps.parse_status(text.replace("CapAmb", "Other"))
     assert caps.last_cap() >= 40  # CAP_CHECKPOINT_RESTORE exists on every kernel we support
@@ -138,11 +172,11 @@ def in_child(body: Callable[[], Any], timeout: float = 10.0) -> Any:
             os.close(r)
             try:
                 payload = {"ok": True, "result": body()}
-            except BaseException:  # noqa: BLE001 - whatever the body raised goes back to pytest
+            except BaseException:
                 payload = {"ok": False, "error": traceback.format_exc()}
             data = json.dumps(payload).encode()
             while data:
-                data = data[os.write(w, data):]
+                data = data[os.write(w, data) :]
         finally:
             os._exit(0)
     os.close(w)
@@ -165,7 +199,7 @@ def exec_status(prepare: Callable[[], None]) -> dict[str, int]:
             os.dup2(w, 1)
             prepare()
             os.execv("/bin/cat", ["cat", "/proc/self/status"])
-        except BaseException:  # noqa: BLE001 - reported through the pipe (and fails the parsing)
+        except BaseException:
             os.write(w, traceback.format_exc().encode())
         finally:
             os._exit(1)
@@ -220,8 +254,7 @@ def test_drop_and_limit_leave_exactly_keep() -> None:
     out = in_child(body)
     # Control: the child started with far more than KEEP (the test could see a drop that did nothing).
     assert out["before"]["CapBnd"] & ~KEEP_MASK and out["before"]["CapEff"] & (1 << SYS_ADMIN)
-    assert out["after"] == {"CapInh": 0, "CapPrm": KEEP_MASK, "CapEff": KEEP_MASK, "CapBnd": KEEP_MASK,
-                            "CapAmb": 0}
+    assert out["after"] == {"CapInh": 0, "CapPrm": KEEP_MASK, "CapEff": KEEP_MASK, "CapBnd": KEEP_MASK, "CapAmb": 0}
 
 
 def test_drop_bounding_is_idempotent_and_fails_closed_without_setpcap() -> None:
@@ -301,20 +334,25 @@ def test_clear_ambient_stops_capabilities_passing_exec() -> None:
 
 def _in_both(body: Callable[[], dict[str, Any]], setup: Callable[[], None] = lambda: None) -> list[dict[str, Any]]:
     """body() after setup() with full capabilities (control), then after setup() and sandbox_caps()."""
+
     def run(drop: bool) -> Callable[[], dict[str, Any]]:
         def child() -> dict[str, Any]:
             setup()  # e.g. unshare, which itself needs CAP_SYS_ADMIN: done before the drop
             if drop:
                 sandbox_caps()
             return body()
+
         return child
+
     return [in_child(run(False)), in_child(run(True))]
 
 
 def test_sys_admin_dropped_sethostname_refused() -> None:
     host = socket.gethostname()
-    control, dropped = _in_both(lambda: {"sethostname": attempt(lambda: socket.sethostname("sandgate-caps-test"))},
-                                setup=lambda: os.unshare(os.CLONE_NEWUTS))  # never the host's UTS name
+    control, dropped = _in_both(
+        lambda: {"sethostname": attempt(lambda: socket.sethostname("sandgate-caps-test"))},
+        setup=lambda: os.unshare(os.CLONE_NEWUTS),
+    )  # never the host's UTS name
     assert control == {"sethostname": "ok"} and dropped == {"sethostname": "EPERM"}
     assert socket.gethostname() == host
 
@@ -333,10 +371,11 @@ def _bind_80() -> None:
 
 def test_net_admin_and_net_raw_dropped_inside_own_netns() -> None:
     def body() -> dict[str, str]:
-        return {"link_up": attempt(_lo_up),
-                "raw_socket": attempt(lambda: socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)
-                                      .close()),
-                "bind_port_80": attempt(_bind_80)}  # CAP_NET_BIND_SERVICE is kept
+        return {
+            "link_up": attempt(_lo_up),
+            "raw_socket": attempt(lambda: socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP).close()),
+            "bind_port_80": attempt(_bind_80),
+        }  # CAP_NET_BIND_SERVICE is kept
 
     control, dropped = _in_both(body, setup=lambda: os.unshare(os.CLONE_NEWNET))  # a throwaway netns
     assert control == {"link_up": "ok", "raw_socket": "ok", "bind_port_80": "ok"}
@@ -364,15 +403,20 @@ def test_dac_read_search_dropped_open_by_handle_refused(tmp_path: Path) -> None:
     def body() -> dict[str, str]:
         handle = ctypes.create_string_buffer(struct.pack("<Ii", 128, 0), 8 + 128)
         mount_id = ctypes.c_int()
-        out = {"name_to_handle_at": attempt(lambda: _syscall(name_nr, -100, ctypes.c_char_p(bytes(secret)), handle,
-                                                             ctypes.byref(mount_id), 0))}
+        out = {
+            "name_to_handle_at": attempt(
+                lambda: _syscall(name_nr, -100, ctypes.c_char_p(bytes(secret)), handle, ctypes.byref(mount_id), 0)
+            )
+        }
         mount_fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
         out["open_by_handle_at"] = attempt(lambda: os.close(_syscall(open_nr, mount_fd, handle, os.O_RDONLY)))
         os.close(mount_fd)
         return out
 
-    assert _in_both(body) == [{"name_to_handle_at": "ok", "open_by_handle_at": "ok"},
-                              {"name_to_handle_at": "ok", "open_by_handle_at": "EPERM"}]
+    assert _in_both(body) == [
+        {"name_to_handle_at": "ok", "open_by_handle_at": "ok"},
+        {"name_to_handle_at": "ok", "open_by_handle_at": "EPERM"},
+    ]
 
 
 def test_kept_capabilities_still_work(tmp_path: Path) -> None:
@@ -449,14 +493,16 @@ def _own_user_namespace() -> None:
 
 def test_same_limits_inside_a_user_namespace() -> None:
     def body() -> dict[str, Any]:
-        return {"sets": caps.current(), "sethostname": attempt(lambda: socket.sethostname("sandgate-userns")),
-                "join_keyring": attempt(caps.join_session_keyring)}
+        return {
+            "sets": caps.current(),
+            "sethostname": attempt(lambda: socket.sethostname("sandgate-userns")),
+            "join_keyring": attempt(caps.join_session_keyring),
+        }
 
     control, dropped = _in_both(body, setup=_own_user_namespace)
     # Control: a new user namespace hands its first process every capability (over what it owns).
     assert control["sets"]["CapEff"] & (1 << SYS_ADMIN) and control["sethostname"] == "ok"
-    assert dropped["sets"] == {"CapInh": 0, "CapPrm": KEEP_MASK, "CapEff": KEEP_MASK, "CapBnd": KEEP_MASK,
-                               "CapAmb": 0}
+    assert dropped["sets"] == {"CapInh": 0, "CapPrm": KEEP_MASK, "CapEff": KEEP_MASK, "CapBnd": KEEP_MASK, "CapAmb": 0}
     assert dropped["sethostname"] == "EPERM"
     assert control["join_keyring"] == dropped["join_keyring"] == "ok"
 
@@ -473,6 +519,7 @@ def _inherit_sys_admin() -> None:
 
 def test_limit_current_closes_the_inheritable_path_past_the_bounding_set() -> None:
     """For uid 0, exec grants inheritable | bounding: a stale inheritable bit survives drop_bounding alone."""
+
     def bounding_only() -> None:
         _inherit_sys_admin()
         caps.clear_ambient()

@@ -47,15 +47,19 @@ def ca_pem(ca: CA, tmp_path: Path) -> Path:
     return ca.write_cert(tmp_path / "ca.pem")
 
 
-@pytest.mark.parametrize(("names", "hostname"), [
-    (("a.test",), "a.test"),
-    (("a.test", "198.51.100.10"), "198.51.100.10"),
-    (("*.wild.test",), "sub.wild.test"),
-    (("bücher.test",), "xn--bcher-kva.test"),
-    (("::1",), "::1"),
-])
-def test_leaf_verifies_against_its_ca(ca: CA, ca_pem: Path, tmp_path: Path, names: tuple[str, ...],
-                                      hostname: str) -> None:
+@pytest.mark.parametrize(
+    ("names", "hostname"),
+    [
+        (("a.test",), "a.test"),
+        (("a.test", "198.51.100.10"), "198.51.100.10"),
+        (("*.wild.test",), "sub.wild.test"),
+        (("bücher.test",), "xn--bcher-kva.test"),
+        (("::1",), "::1"),
+    ],
+)
+def test_leaf_verifies_against_its_ca(
+    ca: CA, ca_pem: Path, tmp_path: Path, names: tuple[str, ...], hostname: str
+) -> None:
     files = ca.issue(*names).write(tmp_path / "chain.pem", tmp_path / "key.pem")
     assert handshake(files, ca_pem, hostname) == "TLSv1.3"
 

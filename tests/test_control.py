@@ -142,8 +142,7 @@ def test_client_checks_fd_count_and_unreachable_daemon(short_dir: Path) -> None:
 # ---- where the socket lives -----------------------------------------------------------------
 
 
-def test_socket_path_names_the_network_namespace_and_the_code(tmp_path: Path,
-                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_socket_path_names_the_network_namespace_and_the_code(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     ino = os.stat("/proc/self/ns/net").st_ino
     first = control.socket_path(tmp_path)
     assert first.parent == tmp_path and first.name.startswith(f"daemon-{ino}-") and first.suffix == ".sock"
@@ -189,7 +188,8 @@ def test_private_dir_refuses_squatted_entries(tmp_path: Path, attack: str) -> No
     msg = str(e.value)
     assert msg.startswith(f"refusing the sandgate runtime directory {target}:") and msg.count(".") <= 2
     assert {"symlink": "symbolic link", "mode": "0755", "owner": "belongs to uid", "file": "not a directory"}[
-        attack] in msg
+        attack
+    ] in msg
 
 
 def test_runtime_dir_uses_xdg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -201,11 +201,18 @@ def test_runtime_dir_uses_xdg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_control_imports_no_mitmproxy_or_dnspython() -> None:
-    code = ("import sys, netguard.control; "
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('mitmproxy', 'dns', 'netguard')))")
+    code = (
+        "import sys, netguard.control; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('mitmproxy', 'dns', 'netguard')))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert json.loads(out.replace("'", '"')) == ["netguard", "netguard.control", "netguard.hosts", "netguard.policy",
-                                                  "netguard.spec"]
+    assert json.loads(out.replace("'", '"')) == [
+        "netguard",
+        "netguard.control",
+        "netguard.hosts",
+        "netguard.policy",
+        "netguard.spec",
+    ]
 
 
 # ---- the daemon's check of passed fds --------------------------------------------------------
@@ -223,8 +230,11 @@ def _listener(kind: int = socket.SOCK_STREAM, listen: bool = True, bind: bool = 
 def _bind_fds(tmp_path: Path, **override: Any) -> list[int]:
     parts: dict[str, Any] = {
         "audit": os.open(tmp_path / "a.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600),
-        "regular": _listener(), "transparent": _listener(), "dns_udp": _listener(socket.SOCK_DGRAM),
-        "dns_tcp": _listener()}
+        "regular": _listener(),
+        "transparent": _listener(),
+        "dns_udp": _listener(socket.SOCK_DGRAM),
+        "dns_tcp": _listener(),
+    }
     parts.update(override)
     return [v if isinstance(v, int) else v.detach() for v in (parts[k] for k in control.BIND_FDS)]
 
@@ -246,16 +256,19 @@ def test_adopt_fds_accepts_the_right_kinds(tmp_path: Path) -> None:
     os.close(p.audit)
 
 
-@pytest.mark.parametrize(("override", "message"), [
-    ({"audit": "readonly"}, "O_APPEND"),
-    ({"audit": "noappend"}, "O_APPEND"),
-    ({"audit": "pipe"}, "not a regular file"),
-    ({"regular": "notlistening"}, "regular fd is not a listening socket"),
-    ({"transparent": "udp"}, "transparent fd is not a TCP socket"),
-    ({"dns_udp": "unbound"}, "dns_udp fd is not bound"),
-    ({"dns_tcp": "unix"}, "not an IPv4/IPv6 socket"),
-    ({"dns_tcp": "file"}, "dns_tcp fd is not a socket"),
-])
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ({"audit": "readonly"}, "O_APPEND"),
+        ({"audit": "noappend"}, "O_APPEND"),
+        ({"audit": "pipe"}, "not a regular file"),
+        ({"regular": "notlistening"}, "regular fd is not a listening socket"),
+        ({"transparent": "udp"}, "transparent fd is not a TCP socket"),
+        ({"dns_udp": "unbound"}, "dns_udp fd is not bound"),
+        ({"dns_tcp": "unix"}, "not an IPv4/IPv6 socket"),
+        ({"dns_tcp": "file"}, "dns_tcp fd is not a socket"),
+    ],
+)
 def test_adopt_fds_refuses_and_closes_everything(tmp_path: Path, override: dict[str, str], message: str) -> None:
     (tmp_path / "ro").write_text("")
     make: dict[str, Callable[[], int | socket.socket]] = {

@@ -82,9 +82,24 @@ class Daemon:
         r, w = os.pipe()
         with open(self.logfile, "ab") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "netguard.daemon", "--socket", str(self.path), "--ready-fd", str(w),
-                 "--idle-exit", str(idle)], pass_fds=(w,), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                cwd=REPO, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self.home)})
+                [
+                    sys.executable,
+                    "-m",
+                    "netguard.daemon",
+                    "--socket",
+                    str(self.path),
+                    "--ready-fd",
+                    str(w),
+                    "--idle-exit",
+                    str(idle),
+                ],
+                pass_fds=(w,),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                cwd=REPO,
+                env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self.home)},
+            )
         os.close(w)
         try:
             ready, _, _ = select.select([r], [], [], 30)
@@ -129,7 +144,9 @@ class Box:
         self.regular, self.transparent, self.dns_udp, self.dns_tcp = (s.getsockname()[1] for s in socks)
         self.client = d.client()
         try:
-            self.client.bind(BindingSpec(task, parse_network(network, f"{task}.yaml")), [afd] + [s.fileno() for s in socks])
+            self.client.bind(
+                BindingSpec(task, parse_network(network, f"{task}.yaml")), [afd] + [s.fileno() for s in socks]
+            )
         finally:
             os.close(afd)
             for s in socks:
@@ -223,7 +240,8 @@ def test_two_sandboxes_keep_their_own_policy_and_audit_log(daemon: Daemon, web: 
     status, body = b.get(url)
     assert status == 403 and "IP address not in any allowed cidr" in body and web.hits == [1]
     assert [(r["task"], r["action"], r["host"], r["port"]) for r in a.decisions()] == [
-        ("a", "allow", "127.0.0.1", web.port)]
+        ("a", "allow", "127.0.0.1", web.port)
+    ]
     assert [(r["task"], r["action"]) for r in b.decisions()] == [("b", "deny")]
     assert eventually(lambda: any(r["event"] == "close" for r in read_records(a.audit)))
     st = a.client.status()
@@ -238,12 +256,16 @@ def test_dns_is_served_on_the_passed_sockets(daemon: Daemon) -> None:
         a = Box(daemon, "a", {"allow": ["allowed.test"], "resolver": f"127.0.0.1:{upstream.port}"})
         ok = _udp_ask(a.dns_udp, dns.message.make_query("allowed.test", "A"))
         assert ok.rcode() == dns.rcode.NOERROR and ok.answer[0][0].to_text() == "192.0.2.1"
-        blocked, ok_tcp = _tcp_ask(a.dns_tcp, [dns.message.make_query("blocked.test", "A"),
-                                               dns.message.make_query("allowed.test", "AAAA")])
+        blocked, ok_tcp = _tcp_ask(
+            a.dns_tcp, [dns.message.make_query("blocked.test", "A"), dns.message.make_query("allowed.test", "AAAA")]
+        )
         assert blocked.rcode() == dns.rcode.REFUSED and ok_tcp.rcode() == dns.rcode.NOERROR
         assert upstream.names() == ["allowed.test.", "allowed.test."]
         assert [(r["kind"], r["host"], r["action"]) for r in a.decisions()] == [
-            ("dns", "allowed.test", "allow"), ("dns", "blocked.test", "deny"), ("dns", "allowed.test", "allow")]
+            ("dns", "allowed.test", "allow"),
+            ("dns", "blocked.test", "deny"),
+            ("dns", "allowed.test", "allow"),
+        ]
     finally:
         upstream.close()
 
@@ -410,8 +432,14 @@ def test_idle_exit_and_sigterm_remove_the_socket(base: Path) -> None:
 def test_a_path_that_is_not_a_socket_is_left_alone(base: Path) -> None:
     path = base / "d.sock"
     path.write_text("precious")
-    out = subprocess.run([sys.executable, "-m", "netguard.daemon", "--socket", str(path)], capture_output=True,
-                         text=True, cwd=REPO, timeout=30, check=False)
+    out = subprocess.run(
+        [sys.executable, "-m", "netguard.daemon", "--socket", str(path)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=30,
+        check=False,
+    )
     assert out.returncode == 1 and "not a socket" in out.stderr
     assert path.read_text() == "precious"
 
@@ -466,8 +494,13 @@ def test_transparent_and_dns_from_inside_a_sandbox_namespace(daemon: Daemon, web
         pytest.fail("this test needs root, unshare and nft (it builds a network namespace)", pytrace=False)
     upstream = FakeDns()
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    child = subprocess.Popen(["unshare", "--net", sys.executable, "-c", INSIDE, str(theirs.fileno()), str(web.port)],
-                             pass_fds=(theirs.fileno(),), stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO)
+    child = subprocess.Popen(
+        ["unshare", "--net", sys.executable, "-c", INSIDE, str(theirs.fileno()), str(web.port)],
+        pass_fds=(theirs.fileno(),),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=REPO,
+    )
     theirs.close()
     try:
         ours.settimeout(20)
@@ -475,8 +508,10 @@ def test_transparent_and_dns_from_inside_a_sandbox_namespace(daemon: Daemon, web
         assert len(fds) == 4, child.communicate(timeout=5)
         audit = daemon.path.parent / "ns.jsonl"
         afd = os.open(audit, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        net = {"allow": [{"cidr": "127.0.0.0/8", "ports": [web.port]}, "allowed.test"],
-               "resolver": f"127.0.0.1:{upstream.port}"}
+        net = {
+            "allow": [{"cidr": "127.0.0.0/8", "ports": [web.port]}, "allowed.test"],
+            "resolver": f"127.0.0.1:{upstream.port}",
+        }
         with daemon.client() as c:
             c.bind(BindingSpec("ns", parse_network(net, "ns.yaml")), [afd, *fds])
             control.close_fds([afd, *fds])
@@ -489,8 +524,11 @@ def test_transparent_and_dns_from_inside_a_sandbox_namespace(daemon: Daemon, web
         assert got["blocked"][0].startswith("HTTP/1.1 403")
         assert got["dns"] == ["192.0.2.1"]
         recs = [(r["kind"], r["host"], r["action"]) for r in read_records(audit) if r["event"] == "decision"]
-        assert recs == [("http", "127.0.0.1", "allow"), ("http", "blocked.test", "deny"),
-                        ("dns", "allowed.test", "allow")]
+        assert recs == [
+            ("http", "127.0.0.1", "allow"),
+            ("http", "blocked.test", "deny"),
+            ("dns", "allowed.test", "allow"),
+        ]
     finally:
         if child.poll() is None:
             child.kill()
@@ -501,7 +539,13 @@ def test_transparent_and_dns_from_inside_a_sandbox_namespace(daemon: Daemon, web
 
 def test_a_socket_named_for_another_network_namespace_is_refused(base: Path) -> None:
     ino = os.stat("/proc/self/ns/net").st_ino
-    out = subprocess.run([sys.executable, "-m", "netguard.daemon", "--socket", str(base / f"daemon-{ino + 1}.sock")],
-                         capture_output=True, text=True, cwd=REPO, timeout=30, check=False)
+    out = subprocess.run(
+        [sys.executable, "-m", "netguard.daemon", "--socket", str(base / f"daemon-{ino + 1}.sock")],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=30,
+        check=False,
+    )
     assert out.returncode == 1 and "another network namespace" in out.stderr
     assert list(base.iterdir()) == []

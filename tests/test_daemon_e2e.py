@@ -52,8 +52,14 @@ def wait_for(pred: object, timeout: float = 20.0) -> None:
 def start(w: World, name: str, allow: str, script: str) -> tuple[subprocess.Popen[str], Path]:
     policy = write_policy(w, f"version: 1\nnetwork:\n  allow: [{allow}]\n", f"pol-{name}")
     audit = w.tmp / f"audit-{name}-{time.monotonic_ns()}.jsonl"
-    p = w.popen([*RUN, "--policy", str(policy), "--audit-log", str(audit), "--", "sh", "-c", script],
-                cwd=w.tmp, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = w.popen(
+        [*RUN, "--policy", str(policy), "--audit-log", str(audit), "--", "sh", "-c", script],
+        cwd=w.tmp,
+        env=env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     return p, audit
 
 
@@ -87,8 +93,10 @@ def test_two_concurrent_runs_get_their_own_policy_from_one_daemon(w: World) -> N
 
 def test_killing_the_daemon_fails_every_sandbox_closed_and_each_launcher_says_so(w: World) -> None:
     go = w.tmp / f"go-{time.monotonic_ns()}"
-    script = (f"{curl(A_HOST)}; while [ ! -e {go} ]; do sleep 0.05; done; {curl(A_HOST)}; "
-              f"getent hosts {A_HOST} || echo dns=failed")
+    script = (
+        f"{curl(A_HOST)}; while [ ! -e {go} ]; do sleep 0.05; done; {curl(A_HOST)}; "
+        f"getent hosts {A_HOST} || echo dns=failed"
+    )
     runs = [start(w, f"k{i}", A_HOST, script) for i in range(2)]
     try:
         wait_for(lambda: bindings(w) == 2)
@@ -112,8 +120,11 @@ def test_a_fresh_daemon_is_started_on_demand_and_stops_on_request(w: World) -> N
     r = w.run([*SANDGATE, "daemon", "status"], cwd=w.tmp, env=env())
     assert r.returncode == 3 and "no daemon running" in r.stderr
     pol = write_policy(w, f"version: 1\nnetwork:\n  allow: [{A_HOST}]\n", "ondemand")
-    r = w.run([*RUN, "-q", "--policy", str(pol), "--audit-log", str(w.tmp / "od.jsonl"), "--", "sh", "-c",
-               curl(A_HOST)], cwd=w.tmp, env=env())
+    r = w.run(
+        [*RUN, "-q", "--policy", str(pol), "--audit-log", str(w.tmp / "od.jsonl"), "--", "sh", "-c", curl(A_HOST)],
+        cwd=w.tmp,
+        env=env(),
+    )
     assert r.stdout.split() == [f"{A_HOST}=200"], r.stderr  # the first request waited for the cold daemon
     st = status(w)
     assert st["bindings"] == []  # the run ended: its binding is gone

@@ -8,41 +8,68 @@ from launcher import denials
 from netguard import rules
 from netguard.policy import NetworkPolicy, Rule
 
-PYPI = rules.compile_policy(NetworkPolicy(allow=(
-    Rule("host", "pypi.org", frozenset({443}), "allowlists/pypi.yaml:3"),
-    Rule("wildcard", "pythonhosted.org", frozenset({443}), "allowlists/pypi.yaml:4"))))
+PYPI = rules.compile_policy(
+    NetworkPolicy(
+        allow=(
+            Rule("host", "pypi.org", frozenset({443}), "allowlists/pypi.yaml:3"),
+            Rule("wildcard", "pythonhosted.org", frozenset({443}), "allowlists/pypi.yaml:4"),
+        )
+    )
+)
 
 
 def rec(kind: str, host: str, port: int | None, reason: str = "no allow rule matches", **kw: Any) -> dict[str, Any]:
-    return {"task": "t", "event": "decision", "action": "deny", "kind": kind, "host": host, "port": port,
-            "reason": reason, **kw}
+    return {
+        "task": "t",
+        "event": "decision",
+        "action": "deny",
+        "kind": kind,
+        "host": host,
+        "port": port,
+        "reason": reason,
+        **kw,
+    }
 
 
 def test_most_frequent_first_and_dns_merged_with_its_connection() -> None:
-    recs = [rec("dns", "files.pythonhosted.org", None), rec("connect", "files.pythonhosted.org", 443),
-            rec("connect", "evil.test", 443), rec("connect", "evil.test", 443), rec("connect", "evil.test", 443),
-            {"task": "other", "event": "decision", "action": "deny", "kind": "connect", "host": "x.test", "port": 443},
-            {"task": "t", "event": "decision", "action": "allow", "kind": "connect", "host": "ok.test", "port": 443}]
+    recs = [
+        rec("dns", "files.pythonhosted.org", None),
+        rec("connect", "files.pythonhosted.org", 443),
+        rec("connect", "evil.test", 443),
+        rec("connect", "evil.test", 443),
+        rec("connect", "evil.test", 443),
+        {"task": "other", "event": "decision", "action": "deny", "kind": "connect", "host": "x.test", "port": 443},
+        {"task": "t", "event": "decision", "action": "allow", "kind": "connect", "host": "ok.test", "port": 443},
+    ]
     got = denials.collect(recs, "t")
     assert [(d.host, d.port, d.count) for d in got] == [("evil.test", 443, 3), ("files.pythonhosted.org", 443, 2)]
 
 
 def test_a_host_in_a_bundled_list_suggests_the_list_then_the_host() -> None:
     lines = denials.lines([rec("connect", "files.pythonhosted.org", 443)], "t", {"pypi": PYPI})
-    assert lines == ["sandgate: denied files.pythonhosted.org:443: allow it with --allow pypi "
-                     "(or --allow files.pythonhosted.org)"]
+    assert lines == [
+        "sandgate: denied files.pythonhosted.org:443: allow it with --allow pypi (or --allow files.pythonhosted.org)"
+    ]
 
 
 def test_other_ports_ips_and_unresolvable_names() -> None:
     b = {"pypi": PYPI}
-    assert denials.advice(denials.Denied("git.test", 22, "tcp", 1, "no allow rule matches"), b) == \
-        "allow it with --allow git.test:22"
-    assert denials.advice(denials.Denied("198.51.100.7", 22, "tcp", 1, "IP address not in any allowed cidr"), b) == \
-        "allow it with --allow 198.51.100.7/32:22"
-    assert denials.advice(denials.Denied("2001:db8::1", 443, "tcp", 1, "IP address not in any allowed cidr"), b) == \
-        "allow it with --allow [2001:db8::1/128]"
-    assert denials.advice(denials.Denied("nowhere.test", 443, "connect", 1, "cannot resolve nowhere.test: x"), b) == \
-        "does not resolve"
+    assert (
+        denials.advice(denials.Denied("git.test", 22, "tcp", 1, "no allow rule matches"), b)
+        == "allow it with --allow git.test:22"
+    )
+    assert (
+        denials.advice(denials.Denied("198.51.100.7", 22, "tcp", 1, "IP address not in any allowed cidr"), b)
+        == "allow it with --allow 198.51.100.7/32:22"
+    )
+    assert (
+        denials.advice(denials.Denied("2001:db8::1", 443, "tcp", 1, "IP address not in any allowed cidr"), b)
+        == "allow it with --allow [2001:db8::1/128]"
+    )
+    assert (
+        denials.advice(denials.Denied("nowhere.test", 443, "connect", 1, "cannot resolve nowhere.test: x"), b)
+        == "does not resolve"
+    )
 
 
 def test_nothing_is_suggested_that_should_stay_closed() -> None:

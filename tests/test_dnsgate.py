@@ -131,14 +131,35 @@ def upstream() -> Iterator[FakeDns]:
         srv.close()
 
 
-def make_binding(tmp_path: Path, upstream: FakeDns, *, learn: bool = False, ask_all: bool = False,
-                 approver: Approver | None = None) -> proxy.Binding:
-    pol = parse_network({"allow": ["allowed.test", "*.wild.test", "chain.test", "nx.test", "tc.test", "big.test",
-                                   {"cidr": "127.0.0.0/8", "ports": [80]}, {"host": "*.txt.test", "dns": ["TXT", "mx"]}],
-                         "deny": ["evil.wild.test"], "ask": ["ask.test"],
-                         "resolver": f"127.0.0.1:{upstream.port}"}, "test.yaml")
-    return proxy.Binding("t1", rules.compile_policy(pol), AuditLog(tmp_path / "audit.jsonl"), learn=learn,
-                         ask_all=ask_all, approver=approver)
+def make_binding(
+    tmp_path: Path, upstream: FakeDns, *, learn: bool = False, ask_all: bool = False, approver: Approver | None = None
+) -> proxy.Binding:
+    pol = parse_network(
+        {
+            "allow": [
+                "allowed.test",
+                "*.wild.test",
+                "chain.test",
+                "nx.test",
+                "tc.test",
+                "big.test",
+                {"cidr": "127.0.0.0/8", "ports": [80]},
+                {"host": "*.txt.test", "dns": ["TXT", "mx"]},
+            ],
+            "deny": ["evil.wild.test"],
+            "ask": ["ask.test"],
+            "resolver": f"127.0.0.1:{upstream.port}",
+        },
+        "test.yaml",
+    )
+    return proxy.Binding(
+        "t1",
+        rules.compile_policy(pol),
+        AuditLog(tmp_path / "audit.jsonl"),
+        learn=learn,
+        ask_all=ask_all,
+        approver=approver,
+    )
 
 
 def ask(b: proxy.Binding, wire: bytes, *, tcp: bool = False) -> dns.message.Message | None:
@@ -165,24 +186,35 @@ def test_allowed_name_is_answered_from_a_fresh_lower_cased_query(tmp_path: Path,
     assert r.question[0].name.labels == q.question[0].name.labels  # the client's spelling comes back
     assert [rr.to_text() for rr in r.answer[0]] == ["192.0.2.1"]
     assert r.answer[0].name.labels == (b"AlLoWeD", b"TeSt", b"")
-    (proto, sent), = upstream.queries
+    ((proto, sent),) = upstream.queries
     assert proto == "udp" and sent.question[0].name.labels == (b"allowed", b"test", b"")
     assert sent.flags & dns.flags.RD and sent.edns == 0 and sent.options == ()
-    rec, = records(tmp_path)
-    assert (rec["kind"], rec["action"], rec["host"], rec["qtype"], rec["port"]) == ("dns", "allow", "allowed.test",
-                                                                                     "A", None)
+    (rec,) = records(tmp_path)
+    assert (rec["kind"], rec["action"], rec["host"], rec["qtype"], rec["port"]) == (
+        "dns",
+        "allow",
+        "allowed.test",
+        "A",
+        None,
+    )
     assert rec["rule"] == "test.yaml"
 
 
 def test_edns_options_and_additional_records_are_not_forwarded(tmp_path: Path, upstream: FakeDns) -> None:
     b = make_binding(tmp_path, upstream)
     secret = b"exfiltrated-secret-token"
-    q = query("allowed.test", "TXT", use_edns=0, payload=4096, want_dnssec=True,
-              options=[dns.edns.GenericOption(dns.edns.OptionType.make(65001), secret), dns.edns.ECSOption("10.1.2.0", 24)])
+    q = query(
+        "allowed.test",
+        "TXT",
+        use_edns=0,
+        payload=4096,
+        want_dnssec=True,
+        options=[dns.edns.GenericOption(dns.edns.OptionType.make(65001), secret), dns.edns.ECSOption("10.1.2.0", 24)],
+    )
     q.additional.append(dns.rrset.from_text("leak.test.", 60, "IN", "TXT", '"' + secret.decode() + '"'))
     r = ask(b, q.to_wire())
     assert r is not None and r.rcode() == dns.rcode.NOERROR
-    (_, sent), = upstream.queries
+    ((_, sent),) = upstream.queries
     assert sent.options == () and sent.additional == [] and not sent.ednsflags & dns.flags.DO
     assert secret not in sent.to_wire()
     assert r.options == () and r.additional == []  # and nothing of ours or upstream's comes back in them
@@ -192,8 +224,11 @@ def test_answer_keeps_only_the_question_and_its_cname_chain(tmp_path: Path, upst
     r = ask(make_binding(tmp_path, upstream), query("chain.test").to_wire())
     assert r is not None
     got = sorted(rrset.to_text() for rrset in r.answer)
-    assert got == ["cdn.elsewhere.test. 60 IN CNAME edge.cdn.test.", "chain.test. 60 IN CNAME cdn.elsewhere.test.",
-                   "edge.cdn.test. 60 IN A 192.0.2.7"]
+    assert got == [
+        "cdn.elsewhere.test. 60 IN CNAME edge.cdn.test.",
+        "chain.test. 60 IN CNAME cdn.elsewhere.test.",
+        "edge.cdn.test. 60 IN A 192.0.2.7",
+    ]
     assert r.authority == [] and r.additional == []
 
 
@@ -225,15 +260,24 @@ def test_unreachable_upstream_is_servfail(tmp_path: Path, upstream: FakeDns) -> 
 
 def test_denied_names_are_refused_and_never_sent(tmp_path: Path, upstream: FakeDns) -> None:
     b = make_binding(tmp_path, upstream)
-    for name, qtype in (("blocked.test", "A"), ("c2VjcmV0.exfil.test", "TXT"), ("evil.wild.test", "A"),
-                        ("exfil.test", "ANY"), ("ask.test", "A")):
+    for name, qtype in (
+        ("blocked.test", "A"),
+        ("c2VjcmV0.exfil.test", "TXT"),
+        ("evil.wild.test", "A"),
+        ("exfil.test", "ANY"),
+        ("ask.test", "A"),
+    ):
         r = ask(b, query(name, qtype).to_wire())
         assert r is not None and r.rcode() == dns.rcode.REFUSED, name
     assert upstream.queries == []
     recs = records(tmp_path)
     assert [(x["host"], x["action"]) for x in recs] == [
-        ("blocked.test", "deny"), ("c2vjcmv0.exfil.test", "deny"), ("evil.wild.test", "deny"),
-        ("exfil.test", "deny"), ("ask.test", "deny")]
+        ("blocked.test", "deny"),
+        ("c2vjcmv0.exfil.test", "deny"),
+        ("evil.wild.test", "deny"),
+        ("exfil.test", "deny"),
+        ("ask.test", "deny"),
+    ]
     assert recs[3]["qtype"] == "ANY" and "no approval channel" in recs[4]["reason"]
 
 
@@ -244,7 +288,7 @@ def test_more_than_one_question_is_refused(tmp_path: Path, upstream: FakeDns) ->
     r = ask(b, q.to_wire())
     assert r is not None and r.rcode() == dns.rcode.REFUSED and r.id == q.id
     assert upstream.queries == []
-    rec, = records(tmp_path)
+    (rec,) = records(tmp_path)
     assert rec["action"] == "deny" and "2 questions" in rec["reason"]
 
 
@@ -362,7 +406,7 @@ def test_the_upstream_query_is_built_fresh_whatever_the_client_sent(tmp_path: Pa
     q.flags |= dns.flags.CD | dns.flags.AD
     r = ask(b, q.to_wire())
     assert r is not None and r.rcode() == dns.rcode.NOERROR and r.answer
-    (_, sent), = upstream.queries
+    ((_, sent),) = upstream.queries
     assert len(sent.question) == 1 and sent.question[0].name.labels == (b"mixed", b"wild", b"test", b"")
     assert sent.flags == dns.flags.RD and sent.opcode() == dns.opcode.QUERY
     assert sent.options == () and sent.additional == [] and sent.answer == [] and sent.authority == []
@@ -396,7 +440,8 @@ def test_wildcard_names_get_addresses_only_and_the_rest_is_refused_unsent(tmp_pa
     assert [(x["action"], x["qtype"]) for x in recs] == [("deny", t) for t in refused + ["HTTPS", "SVCB"]]
     assert recs[0]["rule"] == "test.yaml" and recs[0]["reason"] == (
         f"type TXT refused: {secret.lower()}.wild.test is allowed only by a wildcard rule (allowed by rule "
-        "*.wild.test:80,443), which serves A and AAAA; add 'dns: [TXT]' to that entry to allow it")
+        "*.wild.test:80,443), which serves A and AAAA; add 'dns: [TXT]' to that entry to allow it"
+    )
     assert "answered empty" in recs[-1]["reason"]
 
 
@@ -408,8 +453,9 @@ def test_a_dns_list_on_the_wildcard_entry_lets_those_types_through(tmp_path: Pat
     assert sent(upstream) == [("x.txt.test.", "TXT"), ("x.txt.test.", "MX")]
 
 
-def test_exact_names_keep_every_type_and_other_classes_are_refused_for_wildcards(tmp_path: Path,
-                                                                                 upstream: FakeDns) -> None:
+def test_exact_names_keep_every_type_and_other_classes_are_refused_for_wildcards(
+    tmp_path: Path, upstream: FakeDns
+) -> None:
     b = make_binding(tmp_path, upstream)
     types = ["TXT", "NULL", "HTTPS", "ANY", "MX"]
     assert rcodes(b, *(("allowed.test", t) for t in types)) == ["NOERROR"] * 5
@@ -422,5 +468,5 @@ def test_learn_mode_forwards_a_refused_type_as_would_deny(tmp_path: Path, upstre
     b = make_binding(tmp_path, upstream, learn=True)
     assert rcodes(b, ("sub.wild.test", "TXT")) == ["NOERROR"]
     assert upstream.names() == ["sub.wild.test."]
-    rec, = records(tmp_path)
+    (rec,) = records(tmp_path)
     assert (rec["action"], rec["would"]) == ("allow", "deny") and rec["reason"].startswith("learn mode: type TXT")

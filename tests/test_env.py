@@ -17,9 +17,17 @@ from hypothesis import strategies as st
 from fsguard import env as fe
 
 GHP = "ghp_" + "A1b2C3d4E5" * 3 + "f6G7h8"  # 36 after the prefix, like a real classic token
-ISSUE_10 = {"OPENAI_API_KEY": "sk-proj-x", "ANTHROPIC_API_KEY": "x", "PGPASSWORD": "x", "MYSQL_PWD": "x",
-            "DATABASE_URL": "postgres://u:pw@h/db", "openai_api_key": "x", "anthropic_api_key": "x",
-            "pgpassword": "x", "Mysql_Pwd": "x"}
+ISSUE_10 = {
+    "OPENAI_API_KEY": "sk-proj-x",
+    "ANTHROPIC_API_KEY": "x",
+    "PGPASSWORD": "x",
+    "MYSQL_PWD": "x",
+    "DATABASE_URL": "postgres://u:pw@h/db",
+    "openai_api_key": "x",
+    "anthropic_api_key": "x",
+    "pgpassword": "x",
+    "Mysql_Pwd": "x",
+}
 
 
 NO_POLICY = fe.EnvPolicy()
@@ -38,20 +46,82 @@ def test_issue_10_secrets_go_and_the_ca_bundle_stays() -> None:
 
 
 SECRET_NAMES = [
-    "OPENAI_API_KEY", "ANTHROPIC_API_KEY", "openai_api_key", "Anthropic_Api_Key", "API_KEY", "HEROKU_API_KEY",
-    "GEM_HOST_API_KEY", "MAILGUN_APIKEY", "SSH_KEY", "STRIPE_KEY", "ssh_key", "GOOGLE_API_KEY", "SSH_KEY_PATH",
-    "RELEASE_KEYS", "GOOGLE_CLOUD_KEYFILE_JSON", "DJANGO_SECRET_KEY", "CLIENT_SECRET", "SECRET", "secret",
-    "GITHUB_TOKEN", "github_token", "GH_TOKEN", "NPM_TOKEN", "VAULT_TOKEN", "HF_TOKEN", "CI_JOB_TOKEN",
-    "ACCESSTOKEN", "TOKEN", "TF_TOKEN_app_terraform_io", "GITHUB_TOKEN_2", "PGPASSWORD", "DB_PASSWORD_X",
-    "TWINE_PASSWORD", "pgpassword", "LDAP_PASSWD", "GPG_PASSPHRASE", "MYSQL_PWD", "mysql_pwd", "DB_PASS",
-    "DOCKER_PASS", "SSHPASS", "GOOGLE_APPLICATION_CREDENTIALS", "AZURE_CREDENTIALS", "DB_CREDS", "NPM_AUTH",
-    "REDISCLI_AUTH", "NPM_CONFIG__AUTH", "NODE_AUTH_TOKEN", "DOCKER_AUTH_CONFIG", "SSH_AUTH_SOCK",
-    "ssh_auth_sock", "NPM_CONFIG__AUTHTOKEN", "GITHUB_PAT", "AZURE_DEVOPS_EXT_PAT", "SENTRY_DSN",
-    "AZURE_STORAGE_CONNECTION_STRING", "SQL_CONNECTION_STRING", "SLACK_WEBHOOK_URL", "AWS_ACCESS_KEY_ID",
-    "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "aws_access_key_id", "AWS_CONFIG_FILE", "AZURE_CLIENT_ID",
-    "AZURE_USERNAME", "ARM_CLIENT_SECRET", "ARM_ACCESS_KEY", "DIGITALOCEAN_ACCESS_TOKEN", "PYPI_API_TOKEN",
-    "GITLAB_PRIVATE_TOKEN", "DOCKER_PASSWORD", "GPG_AGENT_INFO", "KUBECONFIG", "BW_SESSION",
-    "OP_SESSION_my", "CLOUDSDK_AUTH_ACCESS_TOKEN",
+    "OPENAI_API_KEY",
+    "ANTHROPIC_API_KEY",
+    "openai_api_key",
+    "Anthropic_Api_Key",
+    "API_KEY",
+    "HEROKU_API_KEY",
+    "GEM_HOST_API_KEY",
+    "MAILGUN_APIKEY",
+    "SSH_KEY",
+    "STRIPE_KEY",
+    "ssh_key",
+    "GOOGLE_API_KEY",
+    "SSH_KEY_PATH",
+    "RELEASE_KEYS",
+    "GOOGLE_CLOUD_KEYFILE_JSON",
+    "DJANGO_SECRET_KEY",
+    "CLIENT_SECRET",
+    "SECRET",
+    "secret",
+    "GITHUB_TOKEN",
+    "github_token",
+    "GH_TOKEN",
+    "NPM_TOKEN",
+    "VAULT_TOKEN",
+    "HF_TOKEN",
+    "CI_JOB_TOKEN",
+    "ACCESSTOKEN",
+    "TOKEN",
+    "TF_TOKEN_app_terraform_io",
+    "GITHUB_TOKEN_2",
+    "PGPASSWORD",
+    "DB_PASSWORD_X",
+    "TWINE_PASSWORD",
+    "pgpassword",
+    "LDAP_PASSWD",
+    "GPG_PASSPHRASE",
+    "MYSQL_PWD",
+    "mysql_pwd",
+    "DB_PASS",
+    "DOCKER_PASS",
+    "SSHPASS",
+    "GOOGLE_APPLICATION_CREDENTIALS",
+    "AZURE_CREDENTIALS",
+    "DB_CREDS",
+    "NPM_AUTH",
+    "REDISCLI_AUTH",
+    "NPM_CONFIG__AUTH",
+    "NODE_AUTH_TOKEN",
+    "DOCKER_AUTH_CONFIG",
+    "SSH_AUTH_SOCK",
+    "ssh_auth_sock",
+    "NPM_CONFIG__AUTHTOKEN",
+    "GITHUB_PAT",
+    "AZURE_DEVOPS_EXT_PAT",
+    "SENTRY_DSN",
+    "AZURE_STORAGE_CONNECTION_STRING",
+    "SQL_CONNECTION_STRING",
+    "SLACK_WEBHOOK_URL",
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "aws_access_key_id",
+    "AWS_CONFIG_FILE",
+    "AZURE_CLIENT_ID",
+    "AZURE_USERNAME",
+    "ARM_CLIENT_SECRET",
+    "ARM_ACCESS_KEY",
+    "DIGITALOCEAN_ACCESS_TOKEN",
+    "PYPI_API_TOKEN",
+    "GITLAB_PRIVATE_TOKEN",
+    "DOCKER_PASSWORD",
+    "GPG_AGENT_INFO",
+    "KUBECONFIG",
+    "BW_SESSION",
+    "OP_SESSION_my",
+    "CLOUDSDK_AUTH_ACCESS_TOKEN",
 ]
 
 
@@ -61,15 +131,67 @@ def test_credential_names_are_dropped_in_any_case(name: str) -> None:
 
 
 HARMLESS_NAMES = [
-    "PATH", "HOME", "USER", "LOGNAME", "SHELL", "TERM", "LANG", "LC_ALL", "TZ", "PWD", "OLDPWD", "pwd", "EDITOR",
-    "PAGER", "DISPLAY", "XDG_RUNTIME_DIR", "XDG_CONFIG_HOME", "XDG_SESSION_TYPE", "DESKTOP_SESSION", "KEYMAP",
-    "XKB_DEFAULT_LAYOUT", "GIT_AUTHOR_NAME", "GIT_AUTHOR_EMAIL", "GIT_COMMITTER_NAME", "TOKENIZERS_PARALLELISM",
-    "SSH_ASKPASS", "GIT_ASKPASS", "SUDO_ASKPASS", "BYPASS_CACHE", "SSH_CONNECTION", "SSH_TTY", "GPG_TTY",
-    "PYTHONPATH", "VIRTUAL_ENV", "LD_LIBRARY_PATH", "MANPATH", "CI", "GITHUB_ACTIONS", "GITHUB_SHA",
-    "GITHUB_REPOSITORY", "GITHUB_WORKSPACE", "CI_COMMIT_REF_NAME", "GOOGLE_CLOUD_PROJECT", "NODE_ENV",
-    "NPM_CONFIG_REGISTRY", "PIP_INDEX_URL", "SUDO_USER", "SUDO_UID", "SANDGATE_TEST_PLAIN", "LS_COLORS",
-    "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "NODE_EXTRA_CA_CERTS",
-    "AWS_CA_BUNDLE", "aws_ca_bundle", "GIT_SSL_CAINFO", "PIP_CERT", "AWS_REGION", "AWS_DEFAULT_REGION",
+    "PATH",
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "SHELL",
+    "TERM",
+    "LANG",
+    "LC_ALL",
+    "TZ",
+    "PWD",
+    "OLDPWD",
+    "pwd",
+    "EDITOR",
+    "PAGER",
+    "DISPLAY",
+    "XDG_RUNTIME_DIR",
+    "XDG_CONFIG_HOME",
+    "XDG_SESSION_TYPE",
+    "DESKTOP_SESSION",
+    "KEYMAP",
+    "XKB_DEFAULT_LAYOUT",
+    "GIT_AUTHOR_NAME",
+    "GIT_AUTHOR_EMAIL",
+    "GIT_COMMITTER_NAME",
+    "TOKENIZERS_PARALLELISM",
+    "SSH_ASKPASS",
+    "GIT_ASKPASS",
+    "SUDO_ASKPASS",
+    "BYPASS_CACHE",
+    "SSH_CONNECTION",
+    "SSH_TTY",
+    "GPG_TTY",
+    "PYTHONPATH",
+    "VIRTUAL_ENV",
+    "LD_LIBRARY_PATH",
+    "MANPATH",
+    "CI",
+    "GITHUB_ACTIONS",
+    "GITHUB_SHA",
+    "GITHUB_REPOSITORY",
+    "GITHUB_WORKSPACE",
+    "CI_COMMIT_REF_NAME",
+    "GOOGLE_CLOUD_PROJECT",
+    "NODE_ENV",
+    "NPM_CONFIG_REGISTRY",
+    "PIP_INDEX_URL",
+    "SUDO_USER",
+    "SUDO_UID",
+    "SANDGATE_TEST_PLAIN",
+    "LS_COLORS",
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+    "REQUESTS_CA_BUNDLE",
+    "CURL_CA_BUNDLE",
+    "NODE_EXTRA_CA_CERTS",
+    "AWS_CA_BUNDLE",
+    "aws_ca_bundle",
+    "GIT_SSL_CAINFO",
+    "PIP_CERT",
+    "AWS_REGION",
+    "AWS_DEFAULT_REGION",
     "AWS_PROFILE",
 ]
 
@@ -80,19 +202,40 @@ def test_everyday_and_well_known_names_are_kept(name: str) -> None:
 
 
 SECRET_VALUES = [
-    "postgres://u:pw@h/db", "mysql://root:hunter2@127.0.0.1:3306/app", "redis://:s3cret@cache:6379/0",
-    "HTTPS://USER:PASS@proxy.corp:3128", "amqp://guest:guest@rabbit", "https://x-access-token:abc@github.com/o/r",
-    "mongodb+srv://admin:p%40ss@cluster0.example.net/db?retryWrites=true", "a,b postgres://u:pw@h/db",
-    "Server=tcp:db,1433;Database=app;User ID=sa;Password=Secr3t;", "host=db;pwd=x",
+    "postgres://u:pw@h/db",
+    "mysql://root:hunter2@127.0.0.1:3306/app",
+    "redis://:s3cret@cache:6379/0",
+    "HTTPS://USER:PASS@proxy.corp:3128",
+    "amqp://guest:guest@rabbit",
+    "https://x-access-token:abc@github.com/o/r",
+    "mongodb+srv://admin:p%40ss@cluster0.example.net/db?retryWrites=true",
+    "a,b postgres://u:pw@h/db",
+    "Server=tcp:db,1433;Database=app;User ID=sa;Password=Secr3t;",
+    "host=db;pwd=x",
     "DefaultEndpointsProtocol=https;AccountName=a;AccountKey=bXlrZXk=;EndpointSuffix=core.windows.net",
     "Endpoint=sb://ns.servicebus.windows.net/;SharedAccessKeyName=root;SharedAccessKey=abc=",
     "-----BEGIN OPENSSH PRIVATE KEY-----\nb3Blbn\n-----END OPENSSH PRIVATE KEY-----",
-    "-----BEGIN RSA PRIVATE KEY-----", "-----BEGIN PRIVATE KEY-----",
-    GHP, "token " + GHP, "gho_" + "a" * 36, "ghs_" + "Z9" * 18, "github_pat_11ABCDEFG0123456789_abcdefghij",
-    "glpat-abcdefghij0123456789", "xoxb-1234567890-abcdefghij", "xoxp-12345-67890-abcdef",
-    "sk-" + "a" * 20, "sk-ant-api03-" + "x" * 40, "sk-proj-" + "AbC_-1" * 8, "sk_live_" + "a1" * 12,
-    "rk_test_" + "b2" * 10, "AKIAIOSFODNN7EXAMPLE", "key=ASIAY34FZKBOKMUTVV7A", "npm_" + "a1B2" * 9,
-    "pypi-AgEIcHlwaS5vcmcCJGI0ZjE2", "hf_" + "AbCdEfGhIj" * 3, "AIzaSyA-" + "b" * 31,
+    "-----BEGIN RSA PRIVATE KEY-----",
+    "-----BEGIN PRIVATE KEY-----",
+    GHP,
+    "token " + GHP,
+    "gho_" + "a" * 36,
+    "ghs_" + "Z9" * 18,
+    "github_pat_11ABCDEFG0123456789_abcdefghij",
+    "glpat-abcdefghij0123456789",
+    "xoxb-1234567890-abcdefghij",
+    "xoxp-12345-67890-abcdef",
+    "sk-" + "a" * 20,
+    "sk-ant-api03-" + "x" * 40,
+    "sk-proj-" + "AbC_-1" * 8,
+    "sk_live_" + "a1" * 12,
+    "rk_test_" + "b2" * 10,
+    "AKIAIOSFODNN7EXAMPLE",
+    "key=ASIAY34FZKBOKMUTVV7A",
+    "npm_" + "a1B2" * 9,
+    "pypi-AgEIcHlwaS5vcmcCJGI0ZjE2",
+    "hf_" + "AbCdEfGhIj" * 3,
+    "AIzaSyA-" + "b" * 31,
     "dop_v1_" + "0f" * 32,
     "eyJhbGciOiJSUzI1NiIsImtpZCI6IiJ9.eyJpc3MiOiJrdWJlcm5ldGVzL3NlcnZpY2VhY2NvdW50In0.c2lnbmF0dXJl",
 ]
@@ -106,13 +249,38 @@ def test_credentials_in_values_are_dropped_whatever_the_name(value: str) -> None
 
 
 HARMLESS_VALUES = [
-    "", "1", "/usr/bin:/bin", "https://pypi.org/simple", "http://127.0.0.1:8080/", "http://[::1]:8080",
-    "http://[::1]:8080/x", "ssh://git@github.com/o/r.git", "git@github.com:o/r.git", "https://user@example.com/",
-    "postgres://u:@h/db", "postgres://h:5432/db", "mailto:a@b.c", "user:pw@host",
-    "sk-short", "task-" + "a" * 30, "desk-" + "b" * 30, "ghp_tooshort", "xghp_" + "a" * 36, "akiaiosfodnn7example",
-    "AKIAIOSFODNN7EXAMPLEX", "npm_short", "eyJhbGciOiJIUzI1NiJ9", "password", "my password is long",
-    "-----BEGIN CERTIFICATE-----", "-----BEGIN PUBLIC KEY-----", "local password=$1", "di=01;34:ln=01;36",
-    "() { echo hi; }", "C.UTF-8", "xterm-256color",
+    "",
+    "1",
+    "/usr/bin:/bin",
+    "https://pypi.org/simple",
+    "http://127.0.0.1:8080/",
+    "http://[::1]:8080",
+    "http://[::1]:8080/x",
+    "ssh://git@github.com/o/r.git",
+    "git@github.com:o/r.git",
+    "https://user@example.com/",
+    "postgres://u:@h/db",
+    "postgres://h:5432/db",
+    "mailto:a@b.c",
+    "user:pw@host",
+    "sk-short",
+    "task-" + "a" * 30,
+    "desk-" + "b" * 30,
+    "ghp_tooshort",
+    "xghp_" + "a" * 36,
+    "akiaiosfodnn7example",
+    "AKIAIOSFODNN7EXAMPLEX",
+    "npm_short",
+    "eyJhbGciOiJIUzI1NiJ9",
+    "password",
+    "my password is long",
+    "-----BEGIN CERTIFICATE-----",
+    "-----BEGIN PUBLIC KEY-----",
+    "local password=$1",
+    "di=01;34:ln=01;36",
+    "() { echo hi; }",
+    "C.UTF-8",
+    "xterm-256color",
 ]
 
 
@@ -179,8 +347,11 @@ def test_any_name_of_a_family_in_any_case_is_dropped(name: str) -> None:
     assert kept(name) == _in_default_keep(name), name
 
 
-@given(st.sampled_from(fe.DEFAULT_ENV_KEEP), st.lists(st.booleans(), min_size=20, max_size=20),
-       st.from_regex(r"/[a-z/.]{0,20}", fullmatch=True))
+@given(
+    st.sampled_from(fe.DEFAULT_ENV_KEEP),
+    st.lists(st.booleans(), min_size=20, max_size=20),
+    st.from_regex(r"/[a-z/.]{0,20}", fullmatch=True),
+)
 def test_the_default_keep_list_is_kept_in_any_case(name: str, flips: list[bool], value: str) -> None:
     name = "".join(c.lower() if f else c for c, f in zip(name, flips, strict=False))
     assert kept(name, value)
@@ -203,10 +374,17 @@ def test_partition_and_user_keep_always_wins(env: dict[str, str], data: st.DataO
 USERINFO = st.from_regex(r"[A-Za-z0-9._~%!$&'()*+,;=-]{1,12}", fullmatch=True)
 
 
-@given(NAMES, st.sampled_from(["postgres", "mysql", "redis", "https", "amqp", "mongodb+srv", "git+ssh"]),
-       st.from_regex(r"[A-Za-z0-9._-]{0,8}", fullmatch=True), USERINFO, st.text(max_size=10), st.text(max_size=10))
-def test_any_url_with_a_password_is_dropped(name: str, scheme: str, user: str, password: str,
-                                            before: str, after: str) -> None:
+@given(
+    NAMES,
+    st.sampled_from(["postgres", "mysql", "redis", "https", "amqp", "mongodb+srv", "git+ssh"]),
+    st.from_regex(r"[A-Za-z0-9._-]{0,8}", fullmatch=True),
+    USERINFO,
+    st.text(max_size=10),
+    st.text(max_size=10),
+)
+def test_any_url_with_a_password_is_dropped(
+    name: str, scheme: str, user: str, password: str, before: str, after: str
+) -> None:
     value = f"{before} {scheme}://{user}:{password}@host.example/db {after}"
     assert not kept(name, value), value
 
@@ -230,12 +408,18 @@ def test_a_well_known_token_anywhere_in_a_value_is_dropped(name: str, token: str
 
 
 def test_audit_record_and_verbose_output_name_dropped_variables_never_values(
-        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     from launcher import run
     from netguard.audit import AuditLog, read_records
 
-    values = {"OPENAI_API_KEY": "VAL-openai-41", "INNOCENT": GHP, "DATABASE_URL": "postgres://u:VAL-pw-42@h/db",
-              "mysql_pwd": "VAL-mysql-43", "SANDGATE_TEST_PLAIN": "plain-ok"}
+    values = {
+        "OPENAI_API_KEY": "VAL-openai-41",
+        "INNOCENT": GHP,
+        "DATABASE_URL": "postgres://u:VAL-pw-42@h/db",
+        "mysql_pwd": "VAL-mysql-43",
+        "SANDGATE_TEST_PLAIN": "plain-ok",
+    }
     for k, v in values.items():
         monkeypatch.setenv(k, v)
     (tmp_path / "home").mkdir()

@@ -19,9 +19,9 @@ BAD = [
     ("version: 1\nfilesystem:\n  writable: [.]\n", 3, "unknown key 'filesystem.writable'"),
     ("version: 1\nfilesystem:\n  write: .\n", 3, "'filesystem.write' must be a list"),
     ("version: 1\nfilesystem:\n  write:\n    - .\n    - 7\n", 5, "entries must be non-empty strings"),
-    ("version: 1\nfilesystem:\n  write: [\"/\"]\n", 3, "is the whole filesystem"),
-    ("version: 1\nfilesystem:\n  read_deny: [\"~bob/.ssh\"]\n", 3, "only '~'"),
-    ("version: 1\nfilesystem:\n  protect: [\"../x\"]\n", 3, "'..' is not allowed"),
+    ('version: 1\nfilesystem:\n  write: ["/"]\n', 3, "is the whole filesystem"),
+    ('version: 1\nfilesystem:\n  read_deny: ["~bob/.ssh"]\n', 3, "only '~'"),
+    ('version: 1\nfilesystem:\n  protect: ["../x"]\n', 3, "'..' is not allowed"),
     ("version: 1\nfilesystem:\n  unprotect: [.git/hooks/]\n", 3, "'.git/hooks/' cannot be unprotected"),
     ("version: 1\nfilesystem:\n  unprotect:\n    - .vscode/\n    - ./.GIT\n", 5, "'./.GIT' cannot be unprotected"),
     ("version: 1\nfilesystem:\n  unprotect:\n    - .sandgate/\n", 4, "'.sandgate/' cannot be unprotected"),
@@ -29,7 +29,7 @@ BAD = [
     ("version: 1\nfilesystem:\n  unprotect: [/ws/.vscode]\n", 3, "unprotect takes a default protection's"),
     ("version: 1\nfilesystem:\n  unprotect: .vscode/\n", 3, "'filesystem.unprotect' must be a list"),
     ("version: 1\nenv: {dorp: []}\n", 2, "unknown key 'env.dorp'"),
-    ("version: 1\nenv:\n  keep: \"A\"\n", 3, "'env.keep' must be a list"),
+    ('version: 1\nenv:\n  keep: "A"\n', 3, "'env.keep' must be a list"),
 ]
 
 
@@ -76,6 +76,7 @@ def test_filter_env_partitions_and_never_keeps_a_default_secret(env: dict[str, s
 def test_missing_landlock_warns_or_refuses(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     from launcher import run
     from netguard.audit import AuditLog, read_records
+
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(run.landlock, "abi_version", lambda: 0)
     log = AuditLog(tmp_path / "a.jsonl")
@@ -91,6 +92,7 @@ def test_missing_landlock_warns_or_refuses(monkeypatch: pytest.MonkeyPatch, tmp_
 
 def test_mount_plan_placeholders_pins_and_symlink_refusal(tmp_path: Path) -> None:
     from fsguard import mounts
+
     ws = tmp_path / "ws"
     (ws / ".git" / "hooks").mkdir(parents=True)
     (ws / ".git" / "config").write_text("")
@@ -120,6 +122,7 @@ def test_mount_plan_placeholders_pins_and_symlink_refusal(tmp_path: Path) -> Non
 
 def test_placeholders_are_removed_only_while_empty(tmp_path: Path) -> None:
     from fsguard import mounts
+
     p = mounts.MountPlan(False, (), (), (), ((str(tmp_path / "d"), True), (str(tmp_path / "f"), False)), (), (), ())
     made = mounts.create_placeholders(p)
     assert made == [str(tmp_path / "d"), str(tmp_path / "f")]
@@ -131,12 +134,20 @@ def test_placeholders_are_removed_only_while_empty(tmp_path: Path) -> None:
 
 # ---- issue 10: git's indirections and tool configs ------------------------------------------------
 
-GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@x", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@x",
-           "GIT_CONFIG_NOSYSTEM": "1", "HOME": "/nonexistent", "PATH": "/usr/bin:/bin"}
+GIT_ENV = {
+    "GIT_AUTHOR_NAME": "t",
+    "GIT_AUTHOR_EMAIL": "t@x",
+    "GIT_COMMITTER_NAME": "t",
+    "GIT_COMMITTER_EMAIL": "t@x",
+    "GIT_CONFIG_NOSYSTEM": "1",
+    "HOME": "/nonexistent",
+    "PATH": "/usr/bin:/bin",
+}
 
 
 def _sh(cwd: Path, script: str) -> None:
     import subprocess
+
     subprocess.run(["sh", "-ec", script], cwd=cwd, check=True, capture_output=True, env=GIT_ENV)
 
 
@@ -159,7 +170,9 @@ def test_unprotect_opens_only_the_named_tool_default(tmp_path: Path) -> None:
 def _layout(base: Path) -> Path:
     """A workspace with a submodule, a linked worktree, a nested and a bare repository, and a config
     naming a hooks directory, an included file and a script inside the workspace."""
-    _sh(base, """
+    _sh(
+        base,
+        """
         git init -q lib && git -C lib commit -q --allow-empty -m l
         git init -q ws && cd ws && git commit -q --allow-empty -m i
         git -c protocol.file.allow=always submodule add -q ../lib sub && git commit -qm sub
@@ -168,12 +181,14 @@ def _layout(base: Path) -> Path:
         git config core.hooksPath .githooks && git config include.path ../../shared.gitconfig
         git config core.fsmonitor ./tools/fsmon.sh
         printf '[core]\\n\\tpager = ./tools/pager.sh\\n' > ../shared.gitconfig
-        """)
+        """,
+    )
     return base / "ws"
 
 
 def test_git_plan_protects_every_repository_and_reopens_submodule_and_worktree_gitdirs(tmp_path: Path) -> None:
     from fsguard import mounts
+
     ws = _layout(tmp_path)
     p = mounts.plan(fp.effective(fp.FsPolicy(), cwd=str(ws), home=str(tmp_path / "h")))
     g = f"{ws}/.git"
@@ -201,6 +216,7 @@ def test_git_plan_protects_every_repository_and_reopens_submodule_and_worktree_g
 
 def test_config_paths_follow_includes_inside_the_workspace(tmp_path: Path) -> None:
     from fsguard import gitguard
+
     ws = _layout(tmp_path)
     (ws / "local.gitconfig").write_text('[alias]\n\tx = "!./tools/alias.sh --flag"\n[core]\n\teditor = vim\n')
     _sh(ws, "git config --add include.path ../local.gitconfig")
@@ -213,6 +229,7 @@ def test_config_paths_follow_includes_inside_the_workspace(tmp_path: Path) -> No
 
 def test_no_repository_means_no_git_placeholder(tmp_path: Path) -> None:
     from fsguard import mounts
+
     ws = tmp_path / "fresh"
     ws.mkdir()
     p = mounts.plan(fp.effective(fp.FsPolicy(), cwd=str(ws), home=str(tmp_path / "h")))
@@ -224,6 +241,7 @@ def test_git_symlinks_are_refused_and_the_hooks_weakening_still_opens_hooks(tmp_
     import dataclasses
 
     from fsguard import mounts
+
     ws = _layout(tmp_path)
     eff = fp.effective(fp.FsPolicy(), cwd=str(ws), home=str(tmp_path / "h"))
     weak = dataclasses.replace(eff, protect=tuple(x for x in eff.protect if not x[0].endswith("/.git/hooks")))
@@ -243,6 +261,7 @@ def test_git_symlinks_are_refused_and_the_hooks_weakening_still_opens_hooks(tmp_
 
 def test_commondir_placeholder_holds_dot_and_is_removed_afterwards(tmp_path: Path) -> None:
     from fsguard import mounts
+
     cd, other = tmp_path / "commondir", tmp_path / "other"
     p = mounts.MountPlan(False, (), (), (), ((str(cd), False),), (), (), (), filled=((str(cd), ".\n"),))
     made = mounts.create_placeholders(p)
@@ -252,19 +271,37 @@ def test_commondir_placeholder_holds_dot_and_is_removed_afterwards(tmp_path: Pat
     assert not cd.exists() and other.exists()
 
 
-def test_protect_mounts_go_shallowest_first_and_reopen_from_a_descriptor(tmp_path: Path,
-                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_protect_mounts_go_shallowest_first_and_reopen_from_a_descriptor(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from fsguard import mounts
+
     g = tmp_path / ".git"
     (g / "modules/sub/objects").mkdir(parents=True)
     calls: list[tuple[str, str]] = []
-    monkeypatch.setattr(mounts, "_mount", lambda src, tgt, *a: calls.append(("fd" if "/proc/self/fd/" in src else "pin",
-                                                                           tgt)))
+    monkeypatch.setattr(
+        mounts, "_mount", lambda src, tgt, *a: calls.append(("fd" if "/proc/self/fd/" in src else "pin", tgt))
+    )
     monkeypatch.setattr(mounts, "_bind_readonly", lambda src, tgt: calls.append(("ro", tgt)))
-    p = mounts.MountPlan(False, (), (str(tmp_path), str(g), str(g / "modules"), str(g / "modules/sub")),
-                         (str(g / "modules"), str(g / "modules/sub/config")), ((str(g / "modules/sub/hooks"), True),),
-                         (), (), (), reopen=(str(g / "modules/sub"),))
+    p = mounts.MountPlan(
+        False,
+        (),
+        (str(tmp_path), str(g), str(g / "modules"), str(g / "modules/sub")),
+        (str(g / "modules"), str(g / "modules/sub/config")),
+        ((str(g / "modules/sub/hooks"), True),),
+        (),
+        (),
+        (),
+        reopen=(str(g / "modules/sub"),),
+    )
     mounts._protect_mounts(p)
-    assert calls == [("pin", str(tmp_path)), ("pin", str(g)), ("pin", str(g / "modules")), ("ro", str(g / "modules")),
-                     ("pin", str(g / "modules/sub")), ("fd", str(g / "modules/sub")),
-                     ("ro", str(g / "modules/sub/config")), ("ro", str(g / "modules/sub/hooks"))]
+    assert calls == [
+        ("pin", str(tmp_path)),
+        ("pin", str(g)),
+        ("pin", str(g / "modules")),
+        ("ro", str(g / "modules")),
+        ("pin", str(g / "modules/sub")),
+        ("fd", str(g / "modules/sub")),
+        ("ro", str(g / "modules/sub/config")),
+        ("ro", str(g / "modules/sub/hooks")),
+    ]

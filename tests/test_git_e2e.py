@@ -26,8 +26,13 @@ import pytest
 from .e2e import RUN, env
 from .world import World
 
-ID = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@sandgate.test", "GIT_COMMITTER_NAME": "t",
-      "GIT_COMMITTER_EMAIL": "t@sandgate.test", "GIT_CONFIG_NOSYSTEM": "1"}
+ID = {
+    "GIT_AUTHOR_NAME": "t",
+    "GIT_AUTHOR_EMAIL": "t@sandgate.test",
+    "GIT_COMMITTER_NAME": "t",
+    "GIT_COMMITTER_EMAIL": "t@sandgate.test",
+    "GIT_CONFIG_NOSYSTEM": "1",
+}
 
 
 @dataclass
@@ -41,21 +46,27 @@ class Git:
 
     def run(self, script: str, *extra: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
         audit = self.base / f"audit-{time.monotonic_ns()}.jsonl"
-        return self.world.run([*RUN, "-q", "--policy", str(self.policy), "--audit-log", str(audit), *extra, "--",
-                               "sh", "-c", script], cwd=cwd or self.ws, timeout=120, env=self.env())
+        return self.world.run(
+            [*RUN, "-q", "--policy", str(self.policy), "--audit-log", str(audit), *extra, "--", "sh", "-c", script],
+            cwd=cwd or self.ws,
+            timeout=120,
+            env=self.env(),
+        )
 
     def env(self) -> dict[str, str]:
         return {**env(), **ID, "HOME": str(self.home), "M": str(self.marker)}
 
     def host(self, repo: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         """The real git on the host, after the run: what the user would type next."""
-        return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=check,
-                              env=self.env(), timeout=60)
+        return subprocess.run(
+            ["git", "-C", str(repo), *args], capture_output=True, text=True, check=check, env=self.env(), timeout=60
+        )
 
     def bare(self, script: str, cwd: Path) -> subprocess.CompletedProcess[str]:
         """The same script without sandgate (the control)."""
-        return subprocess.run(["sh", "-c", script], check=False, cwd=cwd, capture_output=True, text=True,
-                              env=self.env(), timeout=60)
+        return subprocess.run(
+            ["sh", "-c", script], check=False, cwd=cwd, capture_output=True, text=True, env=self.env(), timeout=60
+        )
 
     def host_git_runs_nothing(self, *repos: Path) -> None:
         for repo in repos or (self.ws, self.ws / "sub", self.ws / "nested", self.base / "wt"):
@@ -83,7 +94,9 @@ def g() -> Iterator[Git]:
         with World() as w:
             home = base / "home"
             home.mkdir()
-            _sh(base, textwrap.dedent("""\
+            _sh(
+                base,
+                textwrap.dedent("""\
                 git init -q lib && cd lib && echo lib > f && git add f && git commit -qm lib && cd ..
                 git init -q ws && cd ws && echo hi > README && git add README && git commit -qm init
                 git -c protocol.file.allow=always submodule add -q ../lib sub && git commit -qm 'add sub'
@@ -94,7 +107,8 @@ def g() -> Iterator[Git]:
                 # that .git/info/attributes could switch on for every file.
                 git config extensions.worktreeConfig true
                 git config filter.probe.clean 'sh -c "touch \\"$M\\"; cat"'
-                """))
+                """),
+            )
             policy = base / "policy.yaml"
             policy.write_text("version: 1\nnetwork:\n  allow: [pypi.test]\n")
             yield Git(w, base, base / "ws", home, policy, base / "marker")
@@ -138,9 +152,11 @@ def test_commondir_cannot_redirect_config_and_hooks(g: Git) -> None:
 
 
 def test_git_config_and_hooks_stay_read_only_in_every_repository(g: Git) -> None:
-    fsmon = '[core]\\n\\tfsmonitor = touch $M\\n'
-    hook = '#!/bin/sh\\ntouch $M\\n'
-    r = g.run(TRY + textwrap.dedent(f"""\
+    fsmon = "[core]\\n\\tfsmonitor = touch $M\\n"
+    hook = "#!/bin/sh\\ntouch $M\\n"
+    r = g.run(
+        TRY
+        + textwrap.dedent(f"""\
         t config sh -c 'printf "{fsmon}" >> .git/config'
         t git-config git config core.fsmonitor "touch $M"
         t hook sh -c 'printf "{hook}" > .git/hooks/pre-commit'
@@ -150,9 +166,22 @@ def test_git_config_and_hooks_stay_read_only_in_every_repository(g: Git) -> None
         t sub-hook sh -c 'printf "{hook}" > .git/modules/sub/hooks/pre-commit'
         t sub-gitfile sh -c 'echo "gitdir: ../evil" > sub/.git'
         t sub-git-config git -C sub config core.fsmonitor "touch $M"
-        """))
-    assert lines(r) == [f"{n}=refused" for n in ("config", "git-config", "hook", "nested-config", "nested-hook",
-                                                   "sub-config", "sub-hook", "sub-gitfile", "sub-git-config")], r.stderr
+        """)
+    )
+    assert lines(r) == [
+        f"{n}=refused"
+        for n in (
+            "config",
+            "git-config",
+            "hook",
+            "nested-config",
+            "nested-hook",
+            "sub-config",
+            "sub-hook",
+            "sub-gitfile",
+            "sub-git-config",
+        )
+    ], r.stderr
     for cfg in (g.ws / ".git/config", g.ws / "nested/.git/config", g.ws / ".git/modules/sub/config"):
         assert "fsmonitor" not in cfg.read_text(), cfg
     assert (g.ws / "sub/.git").read_text().strip() == "gitdir: ../.git/modules/sub"
@@ -162,8 +191,10 @@ def test_git_config_and_hooks_stay_read_only_in_every_repository(g: Git) -> None
 
 
 def test_new_submodule_and_worktree_git_directories_cannot_be_created(g: Git) -> None:
-    hook = '#!/bin/sh\\ntouch $M\\n'
-    r = g.run(TRY + textwrap.dedent(f"""\
+    hook = "#!/bin/sh\\ntouch $M\\n"
+    r = g.run(
+        TRY
+        + textwrap.dedent(f"""\
         t modules-x sh -c 'mkdir -p .git/modules/x/hooks && printf "{hook}" > .git/modules/x/hooks/pre-commit'
         t nested-modules sh -c 'mkdir -p nested/.git/modules/x/hooks'
         t worktrees-w sh -c 'mkdir -p .git/worktrees/w && echo ../.. > .git/worktrees/w/commondir'
@@ -171,9 +202,20 @@ def test_new_submodule_and_worktree_git_directories_cannot_be_created(g: Git) ->
         t wt-commondir sh -c 'echo ../../../evil > .git/worktrees/wt/commondir'
         t wt-config sh -c 'printf "[core]\\n\\tfsmonitor = touch $M\\n" > .git/worktrees/wt/config.worktree'
         t sub-commondir sh -c 'echo ../../../evil > .git/modules/sub/commondir'
-        """))
-    assert lines(r) == [f"{n}=refused" for n in ("modules-x", "nested-modules", "worktrees-w", "nested-worktrees",
-                                                   "wt-commondir", "wt-config", "sub-commondir")], r.stderr
+        """)
+    )
+    assert lines(r) == [
+        f"{n}=refused"
+        for n in (
+            "modules-x",
+            "nested-modules",
+            "worktrees-w",
+            "nested-worktrees",
+            "wt-commondir",
+            "wt-config",
+            "sub-commondir",
+        )
+    ], r.stderr
     assert sorted(p.name for p in (g.ws / ".git/modules").iterdir()) == ["sub"]
     assert sorted(p.name for p in (g.ws / ".git/worktrees").iterdir()) == ["wt"]
     assert not (g.ws / "nested/.git/modules").exists() and not (g.ws / "nested/.git/worktrees").exists()
@@ -192,8 +234,9 @@ def test_config_worktree_info_attributes_and_alternates_cannot_be_planted(g: Git
         t http-alternates sh -c 'echo http://evil.test/ > .git/objects/info/http-alternates'
         """)
     r = g.run(script)
-    assert lines(r) == [f"{n}=refused" for n in ("config-worktree", "info-attributes", "alternates",
-                                                   "http-alternates")], r.stderr
+    assert lines(r) == [
+        f"{n}=refused" for n in ("config-worktree", "info-attributes", "alternates", "http-alternates")
+    ], r.stderr
     for p in ("config.worktree", "info/attributes", "objects/info/alternates", "objects/info/http-alternates"):
         assert not (g.ws / ".git" / p).exists(), p
     g.host(g.ws, "add", "planted.txt")  # the clean filter would run here
@@ -214,15 +257,19 @@ def test_config_worktree_info_attributes_and_alternates_cannot_be_planted(g: Git
 
 
 def test_editor_and_agent_configs_are_read_only(g: Git) -> None:
-    r = g.run(TRY + textwrap.dedent("""\
+    r = g.run(
+        TRY
+        + textwrap.dedent("""\
         t vscode sh -c 'mkdir -p .vscode && echo "{}" > .vscode/settings.json'
         t envrc sh -c 'echo "touch $M" > .envrc'
         t mcp sh -c 'echo "{\\"mcpServers\\": {}}" > .mcp.json'
         t claude sh -c 'mkdir -p .claude && echo "{}" > .claude/settings.json'
         t nested-vscode sh -c 'mkdir -p sub2/.vscode && rmdir sub2/.vscode sub2'
-        """))
-    assert lines(r) == ["vscode=refused", "envrc=refused", "mcp=refused", "claude=refused", "nested-vscode=WRITTEN"], \
+        """)
+    )
+    assert lines(r) == ["vscode=refused", "envrc=refused", "mcp=refused", "claude=refused", "nested-vscode=WRITTEN"], (
         r.stderr
+    )
     for p in (".vscode", ".envrc", ".mcp.json", ".claude"):
         assert not (g.ws / p).exists(), p  # and the run's placeholders are gone
 
@@ -231,7 +278,8 @@ def test_editor_and_agent_configs_are_read_only(g: Git) -> None:
 
 
 def test_everyday_git_works_in_the_workspace_repository(g: Git) -> None:
-    r = g.run(textwrap.dedent(f"""\
+    r = g.run(
+        textwrap.dedent(f"""\
         set -e
         echo a > a.txt && git add a.txt && git commit -qm 'sandbox: a'
         git branch feature && git checkout -qb topic
@@ -243,9 +291,10 @@ def test_everyday_git_works_in_the_workspace_repository(g: Git) -> None:
         git reset -q --hard HEAD~1
         git checkout -q topic && git rebase -q feature
         git checkout -q feature && git cherry-pick topic >/dev/null
-        git fetch -q {g.base / 'lib'} master && git rev-parse --verify -q FETCH_HEAD >/dev/null
+        git fetch -q {g.base / "lib"} master && git rev-parse --verify -q FETCH_HEAD >/dev/null
         git gc -q 2>/dev/null  # prints "unable to update info/refs" (read-only info/), succeeds
-        echo ok"""))
+        echo ok""")
+    )
     assert r.returncode == 0 and lines(r)[-2:] == ["1", "ok"], r.stdout + r.stderr
     log = g.host(g.ws, "log", "--oneline", "--all").stdout
     assert "sandbox: a" in log and "sandbox: b" in log and "sandbox: merge" in log
@@ -258,14 +307,16 @@ def test_everyday_git_works_in_the_workspace_repository(g: Git) -> None:
 
 
 def test_commits_in_the_superproject_and_inside_its_submodule(g: Git) -> None:
-    r = g.run(textwrap.dedent("""\
+    r = g.run(
+        textwrap.dedent("""\
         set -e
         cd sub && echo more >> f && git commit -qam 'sandbox: in sub' && git checkout -qb sub-topic && cd ..
         git add sub && git commit -qm 'sandbox: bump sub'
         git submodule status | cut -c1 | tr ' ' =
         cd nested && echo n > n.txt && git add n.txt && git commit -qm 'sandbox: nested' && cd ..
         git -C ../wt commit -q --allow-empty -m 'sandbox: in wt'  # its git directory is .git/worktrees/wt
-        echo ok"""))
+        echo ok""")
+    )
     assert r.returncode == 0 and lines(r) == ["=", "ok"], r.stdout + r.stderr
     assert "sandbox: in sub" in g.host(g.ws / "sub", "log", "--oneline").stdout
     assert "sandbox: bump sub" in g.host(g.ws, "log", "--oneline").stdout
@@ -278,9 +329,11 @@ def test_commits_in_the_superproject_and_inside_its_submodule(g: Git) -> None:
 def test_git_init_and_first_commit_in_a_fresh_workspace(g: Git) -> None:
     fresh = g.base / "fresh"
     fresh.mkdir()
-    r = g.run("set -e; git init -q; echo x > f; git add f; git commit -qm first; git log --oneline | wc -l; "
-              "git clone -q " + str(g.base / "lib") + " cloned; cd cloned; git commit -q --allow-empty -m c; echo ok",
-              cwd=fresh)
+    r = g.run(
+        "set -e; git init -q; echo x > f; git add f; git commit -qm first; git log --oneline | wc -l; "
+        "git clone -q " + str(g.base / "lib") + " cloned; cd cloned; git commit -q --allow-empty -m c; echo ok",
+        cwd=fresh,
+    )
     assert r.returncode == 0 and lines(r) == ["1", "ok"], r.stdout + r.stderr
     assert "first" in g.host(fresh, "log", "--oneline").stdout
     assert (fresh / "cloned/.git").is_dir()
@@ -288,9 +341,13 @@ def test_git_init_and_first_commit_in_a_fresh_workspace(g: Git) -> None:
 
 def test_unprotect_opens_one_tool_directory_and_nothing_else(g: Git) -> None:
     pol = g.base / "unprotect.yaml"
-    pol.write_text("version: 1\nnetwork:\n  allow: [pypi.test]\nfilesystem:\n  unprotect: [\".vscode/\"]\n")
-    r = g.run(TRY + "t vscode sh -c 'mkdir -p .vscode && echo {} > .vscode/settings.json'\n"
-              "t claude sh -c 'mkdir -p .claude && echo {} > .claude/settings.json'\n", "--policy", str(pol))
+    pol.write_text('version: 1\nnetwork:\n  allow: [pypi.test]\nfilesystem:\n  unprotect: [".vscode/"]\n')
+    r = g.run(
+        TRY + "t vscode sh -c 'mkdir -p .vscode && echo {} > .vscode/settings.json'\n"
+        "t claude sh -c 'mkdir -p .claude && echo {} > .claude/settings.json'\n",
+        "--policy",
+        str(pol),
+    )
     assert lines(r) == ["vscode=WRITTEN", "claude=refused"], r.stderr
     assert (g.ws / ".vscode/settings.json").read_text() == "{}\n"
     shutil.rmtree(g.ws / ".vscode")

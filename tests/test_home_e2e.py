@@ -53,13 +53,30 @@ def test_writes_under_home_stay_in_the_sandbox_and_are_there_next_time(world: Wo
     runner = user.runner(world)
 
     def sandgate(script: str) -> tuple[int, str, str]:
-        r = runner.run([*SANDGATE, "run", "-q", "--policy", str(pol), "--audit-log", str(proj / "a.jsonl"), "--",
-                        "sh", "-c", script], cwd=proj, env={**env(), "HOME": str(home)})
+        r = runner.run(
+            [
+                *SANDGATE,
+                "run",
+                "-q",
+                "--policy",
+                str(pol),
+                "--audit-log",
+                str(proj / "a.jsonl"),
+                "--",
+                "sh",
+                "-c",
+                script,
+            ],
+            cwd=proj,
+            env={**env(), "HOME": str(home)},
+        )
         return r.returncode, r.stdout, r.stderr
 
-    code, out, err = sandgate("mkdir -p ~/.npm/_cacache && echo tarball > ~/.npm/_cacache/is-number "
-                              "&& echo 'alias ls=evil' >> ~/.bashrc && echo built > built.txt "
-                              "&& cat ~/.ssh/id_test 2>&1 | grep -c SECRET-KEY-MARKER")
+    code, out, err = sandgate(
+        "mkdir -p ~/.npm/_cacache && echo tarball > ~/.npm/_cacache/is-number "
+        "&& echo 'alias ls=evil' >> ~/.bashrc && echo built > built.txt "
+        "&& cat ~/.ssh/id_test 2>&1 | grep -c SECRET-KEY-MARKER"
+    )
     assert code == 1 and out.split() == ["0"], (out, err)  # writes worked; the key stayed hidden (grep -c: 0)
     assert (proj / "built.txt").read_text() == "built\n"  # the workspace inside ~ is real
     (proj / "built.txt").unlink()

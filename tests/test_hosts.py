@@ -399,17 +399,13 @@ def test_non_string_is_type_error(value: object) -> None:
 # --- normalise_name / parse_ip ---------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "host", ["127.0.0.1", "0x7f.1", "2130706433", "::1", "[::1]", "::ffff:1.2.3.4", "0x"]
-)
+@pytest.mark.parametrize("host", ["127.0.0.1", "0x7f.1", "2130706433", "::1", "[::1]", "::ffff:1.2.3.4", "0x"])
 def test_normalise_name_refuses_ip_literals(host: str) -> None:
     with pytest.raises(HostError, match="IP address"):
         normalise_name(host)
 
 
-@pytest.mark.parametrize(
-    "host", ["pypi.org", "a..b", "pypi.org..", "xn--zz.com", "x" * 64, "pypi.org/", "foo.0x1g"]
-)
+@pytest.mark.parametrize("host", ["pypi.org", "a..b", "pypi.org..", "xn--zz.com", "x" * 64, "pypi.org/", "foo.0x1g"])
 def test_parse_ip_none_for_non_literals(host: str) -> None:
     assert parse_ip(host) is None
 
@@ -621,9 +617,7 @@ def test_ipv4_idempotent(address: IPv4Address) -> None:
 
 @PROPERTY
 @given(st.ip_addresses(v=6), st.booleans(), st.booleans(), st.booleans())
-def test_ipv6_spellings_and_idempotence(
-    address: IPv6Address, exploded: bool, upper: bool, bracket: bool
-) -> None:
+def test_ipv6_spellings_and_idempotence(address: IPv6Address, exploded: bool, upper: bool, bracket: bool) -> None:
     expected: Address = address.ipv4_mapped or address
     text = address.exploded if exploded else address.compressed
     if upper:
@@ -697,10 +691,7 @@ def test_is_subdomain_matches_reference(suffix: str, prefix: list[str], other: s
         assume(len(name) <= 253)
         expected = name.endswith("." + suffix)
         name_labels, suffix_labels = name.split("."), suffix.split(".")
-        by_labels = (
-            len(name_labels) > len(suffix_labels)
-            and name_labels[-len(suffix_labels) :] == suffix_labels
-        )
+        by_labels = len(name_labels) > len(suffix_labels) and name_labels[-len(suffix_labels) :] == suffix_labels
         assert expected == by_labels
         assert is_subdomain(name, suffix) is expected
         assert is_subdomain(name.upper() + ".", suffix.upper()) is expected

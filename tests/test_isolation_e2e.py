@@ -50,12 +50,16 @@ class Side:
     canary: Server
     policy: Path
 
-    def sandgate(self, *args: str, extra_env: dict[str, str] | None = None,
-                 timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    def sandgate(
+        self, *args: str, extra_env: dict[str, str] | None = None, timeout: float = 60
+    ) -> subprocess.CompletedProcess[str]:
         e = {**env(), "HOME": str(self.home), **(extra_env or {})}
-        return self.runner.run([*RUN, "-q", "--policy", str(self.policy),
-                                "--audit-log", str(self.work / "audit.jsonl"), *args],
-                               timeout=timeout, cwd=self.work, env=e)
+        return self.runner.run(
+            [*RUN, "-q", "--policy", str(self.policy), "--audit-log", str(self.work / "audit.jsonl"), *args],
+            timeout=timeout,
+            cwd=self.work,
+            env=e,
+        )
 
     def attack(self, name: str, *args: str, extra_env: dict[str, str] | None = None) -> dict[str, Any]:
         """The attack from the strongest command each side can start: root inside its user namespace.
@@ -129,14 +133,27 @@ def test_setns_into_a_named_network_namespace_of_the_host_is_refused(side: Side)
 def test_nothing_of_a_sandbox_is_created_in_the_host_namespaces(side: Side) -> None:
     def host_state() -> tuple[str, str, str]:
         w = side.world
-        return (w.run(["ip", "-o", "link"]).stdout, w.run(["ip", "route", "show", "table", "all"]).stdout,
-                w.run(["nft", "list", "tables"]).stdout)
+        return (
+            w.run(["ip", "-o", "link"]).stdout,
+            w.run(["ip", "route", "show", "table", "all"]).stdout,
+            w.run(["nft", "list", "tables"]).stdout,
+        )
 
     assert side.sandgate("--", "true").returncode == 0  # the daemon is up: it is no sandbox's state
     before = host_state()
     flag = side.work / f"flag-{side.name}"
-    cmd = [*RUN, "-q", "--policy", str(side.policy), "--audit-log", str(side.work / "a2.jsonl"), "--",
-           "sh", "-c", f"touch {flag}; sleep 2"]
+    cmd = [
+        *RUN,
+        "-q",
+        "--policy",
+        str(side.policy),
+        "--audit-log",
+        str(side.work / "a2.jsonl"),
+        "--",
+        "sh",
+        "-c",
+        f"touch {flag}; sleep 2",
+    ]
     proc = side.runner.popen(cmd, cwd=side.work, env={**env(), "HOME": str(side.home)})
     try:
         deadline = time.monotonic() + 20
@@ -154,8 +171,12 @@ def test_the_daemons_control_socket_is_out_of_reach(side: Side) -> None:
     assert side.sandgate("--", "true").returncode == 0  # the daemon is up
     r = side.runner.run([*SANDGATE, "daemon", "status", "--json"], cwd=side.work, env={**env(), "HOME": str(side.home)})
     assert r.returncode == 0, r.stderr
-    socks = [p for p in side.runner.run(["sh", "-c", "ls -d /run/sandgate/daemon-*.sock /tmp/sandgate-*/daemon-*.sock"
-                                        " 2>/dev/null"], cwd=side.work).stdout.split()]
+    socks = [
+        p
+        for p in side.runner.run(
+            ["sh", "-c", "ls -d /run/sandgate/daemon-*.sock /tmp/sandgate-*/daemon-*.sock 2>/dev/null"], cwd=side.work
+        ).stdout.split()
+    ]
     assert socks, "no daemon socket found from outside"
     for sock in socks:
         got = side.attack("control", sock)
@@ -173,7 +194,7 @@ def _handle_of(path: Path) -> tuple[int, str]:
     if libc.name_to_handle_at(-100, str(path).encode(), buf, ctypes.byref(mount_id), 0) != 0:
         raise OSError(ctypes.get_errno(), "name_to_handle_at")
     size, htype = struct.unpack("Ii", buf.raw[:8])
-    return htype, buf.raw[8:8 + size].hex()
+    return htype, buf.raw[8 : 8 + size].hex()
 
 
 def test_open_by_handle_at_of_a_hidden_file_is_refused(side: Side) -> None:
@@ -208,8 +229,13 @@ def test_a_block_device_of_the_host_cannot_be_made_or_opened(side: Side) -> None
 def test_the_dropped_environment_is_nowhere_inside_not_even_in_init(side: Side) -> None:
     got = side.attack("environ", SECRET, extra_env={"SANDGATE_TEST_TOKEN": SECRET, "SANDGATE_KEPT": "kept-ok"})
     assert not got["ok"], got
-    r = side.sandgate("--", "sh", "-c", "echo $SANDGATE_KEPT; echo ${SANDGATE_TEST_TOKEN:-dropped}",
-                      extra_env={"SANDGATE_TEST_TOKEN": SECRET, "SANDGATE_KEPT": "kept-ok"})
+    r = side.sandgate(
+        "--",
+        "sh",
+        "-c",
+        "echo $SANDGATE_KEPT; echo ${SANDGATE_TEST_TOKEN:-dropped}",
+        extra_env={"SANDGATE_TEST_TOKEN": SECRET, "SANDGATE_KEPT": "kept-ok"},
+    )
     assert r.stdout.split() == ["kept-ok", "dropped"], r.stdout
 
 
@@ -278,8 +304,16 @@ def test_the_command_cannot_touch_the_sandboxs_table_or_routes(side: Side) -> No
 def test_even_a_flushed_table_leaves_no_way_out(side: Side) -> None:
     """Self-test weakening: the command keeps CAP_NET_ADMIN, flushes the table, adds what it can."""
     before = len(side.canary.log_records())
-    r = side.sandgate("--user", "0", "--", sys.executable, str(ATTACKS), "nft", f"{BLOCKED}:9000",
-                      extra_env={"SANDGATE_INTERNAL_WEAKEN": "netadmin"})
+    r = side.sandgate(
+        "--user",
+        "0",
+        "--",
+        sys.executable,
+        str(ATTACKS),
+        "nft",
+        f"{BLOCKED}:9000",
+        extra_env={"SANDGATE_INTERNAL_WEAKEN": "netadmin"},
+    )
     got = json.loads(r.stdout.strip().splitlines()[-1])
     assert "nft flush: rc=0" in got["detail"], got  # the weakening really gave it the power ...
     assert not got["ok"], got  # ... and still nothing reached the canary: there is no link out

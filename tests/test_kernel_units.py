@@ -6,8 +6,6 @@ import json
 from pathlib import Path
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from netguard import audit, nft
 
@@ -45,9 +43,27 @@ def test_everything_not_steered_is_counted_and_dropped() -> None:
 
 
 def test_parse_set_elements() -> None:
-    text = json.dumps({"nftables": [{"metainfo": {}}, {"set": {"name": "dropped4", "elem": [
-        {"elem": {"val": {"concat": ["198.51.100.60", "udp", 9999]}, "counter": {"packets": 3, "bytes": 99}}},
-        {"concat": ["198.51.100.61", "udp", 53]}]}}]})
+    text = json.dumps(
+        {
+            "nftables": [
+                {"metainfo": {}},
+                {
+                    "set": {
+                        "name": "dropped4",
+                        "elem": [
+                            {
+                                "elem": {
+                                    "val": {"concat": ["198.51.100.60", "udp", 9999]},
+                                    "counter": {"packets": 3, "bytes": 99},
+                                }
+                            },
+                            {"concat": ["198.51.100.61", "udp", 53]},
+                        ],
+                    }
+                },
+            ]
+        }
+    )
     assert nft.parse_set_elements(text) == [("198.51.100.60", "udp", 9999, 3), ("198.51.100.61", "udp", 53, 0)]
 
 
@@ -67,8 +83,10 @@ def test_audit_records_follow_the_schema(tmp_path: Path) -> None:
 
 def test_open_firewall_is_only_a_self_test_hole() -> None:
     closed, opened = nft.build_ruleset(PORTS), nft.build_ruleset(PORTS, open_firewall=True)
+
     def drops(text: str) -> list[str]:
         return [x for x in text.splitlines() if x.strip().endswith("drop")]
+
     assert len(drops(closed)) == 4 and "redirect to :3129" in closed
     assert drops(opened) == [] and "redirect to :3129" not in opened
     assert "redirect to :53" in opened  # DNS still goes to sandgate
@@ -76,6 +94,7 @@ def test_open_firewall_is_only_a_self_test_hole() -> None:
 
 def test_weakening_switch_rejects_unknown_names(monkeypatch: pytest.MonkeyPatch) -> None:
     from launcher import run
+
     monkeypatch.setenv(run.WEAKEN_ENV, "firewall,landlock")
     with pytest.raises(run.RunError, match="unknown weakenings"):
         run.weakened()

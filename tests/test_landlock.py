@@ -38,8 +38,18 @@ EXECUTE, WRITE_FILE, READ_FILE, READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
 REMOVE_DIR, REMOVE_FILE, MAKE_CHAR, MAKE_DIR, MAKE_REG = 1 << 4, 1 << 5, 1 << 6, 1 << 7, 1 << 8
 MAKE_SOCK, MAKE_FIFO, MAKE_BLOCK, MAKE_SYM = 1 << 9, 1 << 10, 1 << 11, 1 << 12
 REFER, TRUNCATE, IOCTL_DEV = 1 << 13, 1 << 14, 1 << 15
-V1_WRITE = (WRITE_FILE | REMOVE_DIR | REMOVE_FILE | MAKE_CHAR | MAKE_DIR | MAKE_REG | MAKE_SOCK | MAKE_FIFO
-            | MAKE_BLOCK | MAKE_SYM)
+V1_WRITE = (
+    WRITE_FILE
+    | REMOVE_DIR
+    | REMOVE_FILE
+    | MAKE_CHAR
+    | MAKE_DIR
+    | MAKE_REG
+    | MAKE_SOCK
+    | MAKE_FIFO
+    | MAKE_BLOCK
+    | MAKE_SYM
+)
 READ_SIDE = EXECUTE | READ_FILE | READ_DIR
 FILE_VALID = EXECUTE | WRITE_FILE | READ_FILE | TRUNCATE | IOCTL_DEV
 ABIS = range(1, 8)
@@ -51,13 +61,29 @@ ABIS = range(1, 8)
 def test_constants_match_uapi_header() -> None:
     # Values from include/uapi/linux/landlock.h; a typo here would silently leave a right unhandled.
     assert (ll.ACCESS_FS_EXECUTE, ll.ACCESS_FS_WRITE_FILE, ll.ACCESS_FS_READ_FILE, ll.ACCESS_FS_READ_DIR) == (
-        EXECUTE, WRITE_FILE, READ_FILE, READ_DIR)
+        EXECUTE,
+        WRITE_FILE,
+        READ_FILE,
+        READ_DIR,
+    )
     assert (ll.ACCESS_FS_REMOVE_DIR, ll.ACCESS_FS_REMOVE_FILE, ll.ACCESS_FS_MAKE_CHAR, ll.ACCESS_FS_MAKE_DIR) == (
-        REMOVE_DIR, REMOVE_FILE, MAKE_CHAR, MAKE_DIR)
+        REMOVE_DIR,
+        REMOVE_FILE,
+        MAKE_CHAR,
+        MAKE_DIR,
+    )
     assert (ll.ACCESS_FS_MAKE_REG, ll.ACCESS_FS_MAKE_SOCK, ll.ACCESS_FS_MAKE_FIFO, ll.ACCESS_FS_MAKE_BLOCK) == (
-        MAKE_REG, MAKE_SOCK, MAKE_FIFO, MAKE_BLOCK)
+        MAKE_REG,
+        MAKE_SOCK,
+        MAKE_FIFO,
+        MAKE_BLOCK,
+    )
     assert (ll.ACCESS_FS_MAKE_SYM, ll.ACCESS_FS_REFER, ll.ACCESS_FS_TRUNCATE, ll.ACCESS_FS_IOCTL_DEV) == (
-        MAKE_SYM, REFER, TRUNCATE, IOCTL_DEV)
+        MAKE_SYM,
+        REFER,
+        TRUNCATE,
+        IOCTL_DEV,
+    )
     assert (ll.SCOPE_ABSTRACT_UNIX_SOCKET, ll.SCOPE_SIGNAL) == (1, 2)
     assert (ll.LANDLOCK_CREATE_RULESET_VERSION, ll.LANDLOCK_RULE_PATH_BENEATH) == (1, 1)
     syscalls = (ll._SYS_LANDLOCK_CREATE_RULESET, ll._SYS_LANDLOCK_ADD_RULE, ll._SYS_LANDLOCK_RESTRICT_SELF)
@@ -123,12 +149,22 @@ def test_rule_rights_per_abi(abi: int) -> None:
     assert ll._rule_rights(h, is_dir=True, device=False) == h & ~(MAKE_CHAR | MAKE_BLOCK)
     assert h & MAKE_CHAR and h & MAKE_BLOCK  # still handled: denied everywhere, not silently allowed
     assert ll._rule_rights(h, is_dir=True, device=False) & (MAKE_FIFO | MAKE_SOCK | MAKE_SYM | MAKE_REG) == (
-        MAKE_FIFO | MAKE_SOCK | MAKE_SYM | MAKE_REG)
+        MAKE_FIFO | MAKE_SOCK | MAKE_SYM | MAKE_REG
+    )
 
 
 def test_default_devices() -> None:
-    assert DEFAULT_DEVICES == ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty",
-                               "/dev/ptmx", "/dev/pts", "/dev/shm")
+    assert DEFAULT_DEVICES == (
+        "/dev/null",
+        "/dev/zero",
+        "/dev/full",
+        "/dev/random",
+        "/dev/urandom",
+        "/dev/tty",
+        "/dev/ptmx",
+        "/dev/pts",
+        "/dev/shm",
+    )
 
 
 def test_plan_defaults_to_running_kernel() -> None:
@@ -172,11 +208,11 @@ def in_child(fn: Callable[[], object], timeout: float = 10.0) -> object:
             os.close(r)
             try:
                 out: dict[str, object] = {"value": fn()}
-            except BaseException as e:  # noqa: BLE001 - pytest.fail from a nested child is a BaseException
+            except BaseException as e:
                 out = {"error": f"{type(e).__name__}: {e}"}
             data = json.dumps(out).encode()
             while data:
-                data = data[os.write(w, data):]
+                data = data[os.write(w, data) :]
         finally:
             os._exit(0)
     os.close(w)
@@ -230,8 +266,10 @@ def no_new_privs() -> int:
 def kernel_abi() -> int:
     abi = abi_version()
     if abi == 0:
-        pytest.fail("Landlock is unavailable on this kernel (abi_version() == 0); sandgate cannot restrict writes",
-                    pytrace=False)
+        pytest.fail(
+            "Landlock is unavailable on this kernel (abi_version() == 0); sandgate cannot restrict writes",
+            pytrace=False,
+        )
     return abi
 
 
@@ -303,8 +341,11 @@ BLOCKED = {
 def run_fs_probe(w: Path, o: Path, restrict: bool) -> dict[str, str]:
     def probe() -> dict[str, object]:
         warnings = apply(plan([str(w)])) if restrict else None
-        return {"warnings": warnings, "nnp": no_new_privs(),
-                "results": {k: attempt(a) for k, a in fs_actions(w, o).items()}}
+        return {
+            "warnings": warnings,
+            "nnp": no_new_privs(),
+            "results": {k: attempt(a) for k, a in fs_actions(w, o).items()},
+        }
 
     out = in_child(probe)
     assert isinstance(out, dict)
@@ -317,7 +358,8 @@ def run_fs_probe(w: Path, o: Path, restrict: bool) -> dict[str, str]:
 
 def assert_outside_untouched(o: Path) -> None:
     assert sorted(p.name for p in o.iterdir()) == sorted(
-        ["target.txt", "via-link.txt", "linksrc.txt", "mv-in.txt", "victim.txt", "single.txt"])
+        ["target.txt", "via-link.txt", "linksrc.txt", "mv-in.txt", "victim.txt", "single.txt"]
+    )
     assert all(p.read_text() == "outside" for p in o.iterdir())
 
 
@@ -361,11 +403,13 @@ def test_each_abi_on_real_kernel(abi: int, kernel_abi: int, scratch: Callable[[]
                 "truncate_outside": attempt(lambda: os.truncate(o / "target.txt", 0)),
                 "signal_parent": attempt(lambda: os.kill(parent, 0)),
             }
+
         return run
 
     cw, co = scratch()
     assert in_child(probe(cw, co, False)) == dict.fromkeys(
-        ["create_in_W", "dev_null", "create_outside", "truncate_outside", "signal_parent"], "ok")
+        ["create_in_W", "dev_null", "create_outside", "truncate_outside", "signal_parent"], "ok"
+    )
     w, o = scratch()
     assert in_child(probe(w, o, True)) == {
         "create_in_W": "ok",
@@ -408,6 +452,7 @@ def test_device_ioctls_only_on_granted_devices(scratch: Callable[[], tuple[Path,
                 "ioctl_dev_urandom": attempt(lambda: entropy_count("/dev/urandom")),
                 "ioctl_outside_device_node": attempt(lambda: entropy_count(o / "urandom-copy")),
             }
+
         return run
 
     _, co = scratch()
@@ -416,7 +461,10 @@ def test_device_ioctls_only_on_granted_devices(scratch: Callable[[], tuple[Path,
     _, o = scratch()
     os.mknod(o / "urandom-copy", 0o600 | stat.S_IFCHR, urandom_rdev)
     assert in_child(probe(o, True)) == {
-        "new_pty": "ok", "ioctl_dev_urandom": "ok", "ioctl_outside_device_node": "EACCES"}
+        "new_pty": "ok",
+        "ioctl_dev_urandom": "ok",
+        "ioctl_outside_device_node": "EACCES",
+    }
 
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -444,6 +492,7 @@ def test_mount_denied_even_as_root(scratch: Callable[[], tuple[Path, Path]]) -> 
                 "bind_W": attempt(lambda: _mount(str(w), str(w), MS_BIND)),
                 "remount_W_ro": attempt(lambda: _mount(None, str(w), MS_REMOUNT | MS_BIND | MS_RDONLY)),
             }
+
         return run
 
     cw, _ = scratch()
@@ -452,8 +501,10 @@ def test_mount_denied_even_as_root(scratch: Callable[[], tuple[Path, Path]]) -> 
     assert in_child(probe(w, True)) == {"bind_W": "EPERM", "remount_W_ro": "EPERM"}
 
 
-EXEC_WRITE = ("import errno,sys\ntry: open(sys.argv[1],'w')\n"
-              "except OSError as e: print(errno.errorcode[e.errno])\nelse: print('ok')")
+EXEC_WRITE = (
+    "import errno,sys\ntry: open(sys.argv[1],'w')\n"
+    "except OSError as e: print(errno.errorcode[e.errno])\nelse: print('ok')"
+)
 
 
 def test_descendants_inherit_restriction(scratch: Callable[[], tuple[Path, Path]]) -> None:
@@ -470,9 +521,15 @@ def test_descendants_inherit_restriction(scratch: Callable[[], tuple[Path, Path]
                     "dev_null": attempt(lambda: write("/dev/null")),
                 }
 
-            executed = subprocess.run([sys.executable, "-I", "-S", "-c", EXEC_WRITE, str(o / "exec.txt")],
-                                      check=False, capture_output=True, text=True, timeout=10)
+            executed = subprocess.run(
+                [sys.executable, "-I", "-S", "-c", EXEC_WRITE, str(o / "exec.txt")],
+                check=False,
+                capture_output=True,
+                text=True,
+                timeout=10,
+            )
             return {"forked": in_child(grandchild), "exec_create_outside": executed.stdout.strip()}
+
         return run
 
     cw, co = scratch()
@@ -489,7 +546,8 @@ def test_descendants_inherit_restriction(scratch: Callable[[], tuple[Path, Path]
 
 
 def test_scope_ipc_blocks_signals_and_abstract_sockets_to_outside(
-        kernel_abi: int, scratch: Callable[[], tuple[Path, Path]]) -> None:
+    kernel_abi: int, scratch: Callable[[], tuple[Path, Path]]
+) -> None:
     if kernel_abi < 6:
         pytest.fail(f"kernel Landlock ABI {kernel_abi} < 6: IPC scoping cannot be enforced")
     parent = os.getpid()
@@ -523,10 +581,17 @@ def test_scope_ipc_blocks_signals_and_abstract_sockets_to_outside(
             os.close(wfd)
             out["own_child_died_of_sigkill"] = os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
             return out
+
         return run
 
-    allowed = {"signal_parent": "ok", "connect_parent_abstract": "ok", "connect_own_abstract": "ok",
-               "signal0_own_child": "ok", "sigkill_own_child": "ok", "own_child_died_of_sigkill": True}
+    allowed = {
+        "signal_parent": "ok",
+        "connect_parent_abstract": "ok",
+        "connect_own_abstract": "ok",
+        "signal0_own_child": "ok",
+        "sigkill_own_child": "ok",
+        "own_child_died_of_sigkill": True,
+    }
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as srv:
         srv.bind(name)
         srv.listen(16)
@@ -534,15 +599,22 @@ def test_scope_ipc_blocks_signals_and_abstract_sockets_to_outside(
         assert in_child(probe(w, None)) == allowed  # control: no Landlock at all
         assert in_child(probe(w, 5)) == allowed  # Landlock without scoping: the scope is what blocks below
         assert in_child(probe(w, kernel_abi)) == {
-            **allowed, "signal_parent": "EPERM", "connect_parent_abstract": "EPERM"}
+            **allowed,
+            "signal_parent": "EPERM",
+            "connect_parent_abstract": "EPERM",
+        }
 
 
 def test_single_file_write_root_and_missing_paths(scratch: Callable[[], tuple[Path, Path]]) -> None:
     """A file as write root gets only file-valid rights (else EINVAL); missing paths warn and grant nothing."""
+
     def probe(o: Path, restrict: bool) -> Callable[[], dict[str, object]]:
         def run() -> dict[str, object]:
-            warnings = apply(plan([str(o / "single.txt"), str(o / "missing")], ["/dev/null", str(o / "gone")])) \
-                if restrict else []
+            warnings = (
+                apply(plan([str(o / "single.txt"), str(o / "missing")], ["/dev/null", str(o / "gone")]))
+                if restrict
+                else []
+            )
             return {
                 "warnings": warnings,
                 "append_single": attempt(lambda: write(o / "single.txt", "a")),
@@ -550,11 +622,17 @@ def test_single_file_write_root_and_missing_paths(scratch: Callable[[], tuple[Pa
                 "create_next_to_single": attempt(lambda: write(o / "new.txt")),
                 "create_missing_root": attempt(lambda: os.mkdir(o / "missing")),
             }
+
         return run
 
     _, co = scratch()
-    assert in_child(probe(co, False)) == {"warnings": [], "append_single": "ok", "truncate_single": "ok",
-                                          "create_next_to_single": "ok", "create_missing_root": "ok"}
+    assert in_child(probe(co, False)) == {
+        "warnings": [],
+        "append_single": "ok",
+        "truncate_single": "ok",
+        "create_next_to_single": "ok",
+        "create_missing_root": "ok",
+    }
     _, o = scratch()
     out = in_child(probe(o, True))
     assert isinstance(out, dict)
@@ -562,12 +640,17 @@ def test_single_file_write_root_and_missing_paths(scratch: Callable[[], tuple[Pa
         f"landlock: write root {str(o / 'missing')!r} does not exist; no write access granted there",
         f"landlock: write file {str(o / 'gone')!r} does not exist; no write access granted there",
     ]
-    assert out == {"append_single": "ok", "truncate_single": "ok", "create_next_to_single": "EACCES",
-                   "create_missing_root": "EACCES"}
+    assert out == {
+        "append_single": "ok",
+        "truncate_single": "ok",
+        "create_next_to_single": "EACCES",
+        "create_missing_root": "EACCES",
+    }
 
 
 def test_apply_fails_closed(kernel_abi: int) -> None:
     """Each refusal happens before any side effect, with a one-line message."""
+
     def probe() -> dict[str, object]:
         out: dict[str, object] = {}
         for label, p in {
@@ -615,13 +698,23 @@ def test_no_device_nodes_in_write_roots(scratch: Callable[[], tuple[Path, Path]]
                 "socket_in_W": attempt(bind_socket),
                 "symlink_in_W": attempt(lambda: os.symlink("fifo", w / "link")),
             }
+
         return run
 
     cw, co = scratch()
     try:
         assert in_child(probe(cw, co, False)) == dict.fromkeys(
-            ["mknod_block_in_W", "mknod_char_in_W", "mknod_block_outside", "mkfifo_in_W", "mknod_fifo_in_W",
-             "socket_in_W", "symlink_in_W"], "ok")  # control: root can make every one of them here
+            [
+                "mknod_block_in_W",
+                "mknod_char_in_W",
+                "mknod_block_outside",
+                "mkfifo_in_W",
+                "mknod_fifo_in_W",
+                "socket_in_W",
+                "symlink_in_W",
+            ],
+            "ok",
+        )  # control: root can make every one of them here
         assert stat.S_ISBLK((cw / "disk").lstat().st_mode) and (cw / "disk").lstat().st_rdev == disk
     finally:
         for node in (cw / "disk", cw / "null", co / "disk"):  # never leave a raw-disk node behind
@@ -629,8 +722,14 @@ def test_no_device_nodes_in_write_roots(scratch: Callable[[], tuple[Path, Path]]
     w, o = scratch()
     try:
         assert in_child(probe(w, o, True)) == {
-            "mknod_block_in_W": "EACCES", "mknod_char_in_W": "EACCES", "mknod_block_outside": "EACCES",
-            "mkfifo_in_W": "ok", "mknod_fifo_in_W": "ok", "socket_in_W": "ok", "symlink_in_W": "ok"}
+            "mknod_block_in_W": "EACCES",
+            "mknod_char_in_W": "EACCES",
+            "mknod_block_outside": "EACCES",
+            "mkfifo_in_W": "ok",
+            "mknod_fifo_in_W": "ok",
+            "socket_in_W": "ok",
+            "symlink_in_W": "ok",
+        }
     finally:
         for node in (w / "disk", w / "null", o / "disk"):
             node.unlink(missing_ok=True)

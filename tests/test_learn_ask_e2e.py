@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-import sys
 import os
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -19,9 +19,15 @@ import yaml
 from .e2e import RUN, SANDGATE, env
 from .world import World
 
-HOSTS = {"reg.test": "198.51.100.10", "files.reg.test": "198.51.100.11", "a.cdn.test": "198.51.100.12",
-         "b.cdn.test": "198.51.100.13", "c.cdn.test": "198.51.100.14", "ask.test": "198.51.100.15",
-         "other.test": "198.51.100.16"}
+HOSTS = {
+    "reg.test": "198.51.100.10",
+    "files.reg.test": "198.51.100.11",
+    "a.cdn.test": "198.51.100.12",
+    "b.cdn.test": "198.51.100.13",
+    "c.cdn.test": "198.51.100.14",
+    "ask.test": "198.51.100.15",
+    "other.test": "198.51.100.16",
+}
 
 
 @dataclass
@@ -31,11 +37,16 @@ class Net:
     def curl(self, url: str) -> str:
         return f"curl -sS -m 20 --cacert {self.world.ca_pem} -o /dev/null -w '{url} %{{http_code}}\\n' {url}"
 
-    def run(self, policy: Path, script: str, *extra: str, audit: Path | None = None,
-            timeout: float = 90) -> tuple[subprocess.CompletedProcess[str], Path]:
+    def run(
+        self, policy: Path, script: str, *extra: str, audit: Path | None = None, timeout: float = 90
+    ) -> tuple[subprocess.CompletedProcess[str], Path]:
         audit = audit or self.world.tmp / f"audit-{time.monotonic_ns()}.jsonl"
-        r = self.world.run([*RUN, "--policy", str(policy), "--audit-log", str(audit), *extra, "--", "sh", "-c", script],
-                           cwd=self.world.tmp, env=env(), timeout=timeout)
+        r = self.world.run(
+            [*RUN, "--policy", str(policy), "--audit-log", str(audit), *extra, "--", "sh", "-c", script],
+            cwd=self.world.tmp,
+            env=env(),
+            timeout=timeout,
+        )
         return r, audit
 
 
@@ -65,8 +76,16 @@ def policy(net: Net, text: str, name: str) -> Path:
 
 
 def test_learn_suggest_enforce_round_trip(net: Net) -> None:
-    script = "; ".join(net.curl(u) for u in ("https://reg.test/simple/", "https://files.reg.test:8443/pkg.whl",
-                                              "https://a.cdn.test/x", "https://b.cdn.test/y", "https://c.cdn.test/z"))
+    script = "; ".join(
+        net.curl(u)
+        for u in (
+            "https://reg.test/simple/",
+            "https://files.reg.test:8443/pkg.whl",
+            "https://a.cdn.test/x",
+            "https://b.cdn.test/y",
+            "https://c.cdn.test/z",
+        )
+    )
     empty = policy(net, "version: 1\n", "empty")
     learned, log = net.run(empty, script, "--learn")
     assert learned.returncode == 0, learned.stderr
@@ -140,9 +159,14 @@ class Approver:
                     s.sendall((json.dumps({"type": "decision", "id": req["id"], "decision": answer}) + "\n").encode())
 
 
-def ask_run(net: Net, script: str, decide: Callable[[dict[str, object]], str | None], *extra: str,
-            delay: float = 0.0, policy_text: str = "version: 1\nnetwork:\n  ask: [ask.test]\n"
-            ) -> tuple[subprocess.CompletedProcess[str], Path, Approver, Path]:
+def ask_run(
+    net: Net,
+    script: str,
+    decide: Callable[[dict[str, object]], str | None],
+    *extra: str,
+    delay: float = 0.0,
+    policy_text: str = "version: 1\nnetwork:\n  ask: [ask.test]\n",
+) -> tuple[subprocess.CompletedProcess[str], Path, Approver, Path]:
     sock = net.world.tmp / f"approvals-{time.monotonic_ns()}.sock"
     client = Approver(sock, decide, delay)
     client.start()
@@ -159,7 +183,9 @@ def test_allow_once_then_asked_again(net: Net) -> None:
     assert str(client.requests[0]["asked_by"]).startswith("curl[")
     approvals = records(log, "approval")
     assert [(a["stage"], a["answer"], a["by"]) for a in approvals] == [
-        ("question", None, None), ("answer", "once", "socket")] * 2
+        ("question", None, None),
+        ("answer", "once", "socket"),
+    ] * 2
 
 
 def test_allow_for_this_run_is_not_asked_again(net: Net) -> None:
@@ -183,6 +209,7 @@ def test_always_writes_a_valid_policy_line(net: Net) -> None:
     assert r.stdout.strip() == "https://ask.test/ 200"
     from launcher.policy import build_policy
     from netguard.rules import compile_policy, decide
+
     amended = build_policy([pol], [], [])
     assert decide(compile_policy(amended.network), "ask.test", 443).allowed
     again, _ = net.run(pol, net.curl("https://ask.test/"))  # no approvals channel needed any more
@@ -197,17 +224,24 @@ def test_concurrent_connections_share_one_question(net: Net) -> None:
 
 
 def test_ask_flag_asks_for_every_non_allowed_destination(net: Net) -> None:
-    r, _, client, _ = ask_run(net, net.curl("https://other.test/"), lambda req: "deny", "--ask",
-                              policy_text="version: 1\nnetwork:\n  allow: [reg.test]\n")
+    r, _, client, _ = ask_run(
+        net,
+        net.curl("https://other.test/"),
+        lambda req: "deny",
+        "--ask",
+        policy_text="version: 1\nnetwork:\n  allow: [reg.test]\n",
+    )
     assert [q["host"] for q in client.requests] == ["other.test"]
 
 
 def test_the_approvals_socket_is_absent_from_the_sandbox(net: Net) -> None:
-    probe = ("python3 -c \"import socket, sys, os; "
-             "s = socket.socket(socket.AF_UNIX)\n"
-             "try:\n    s.connect(sys.argv[1]); print('reached')\n"
-             "except OSError as e:\n    print('refused', e.strerror)\n"
-             "print(sorted(os.listdir('/run/sandgate')))\" ")
+    probe = (
+        'python3 -c "import socket, sys, os; '
+        "s = socket.socket(socket.AF_UNIX)\n"
+        "try:\n    s.connect(sys.argv[1]); print('reached')\n"
+        "except OSError as e:\n    print('refused', e.strerror)\n"
+        "print(sorted(os.listdir('/run/sandgate')))\" "
+    )
     sock = net.world.tmp / f"approvals-{time.monotonic_ns()}.sock"
     client = Approver(sock, lambda req: "once")
     client.start()
@@ -247,8 +281,25 @@ print(out.decode(errors="replace").replace("\\r", ""))
 def test_the_terminal_prompt_carries_the_runs_code_and_takes_the_answer(net: Net) -> None:
     pol = policy(net, "version: 1\nnetwork:\n  ask: [ask.test]\n", "tty")
     audit = net.world.tmp / f"audit-tty-{time.monotonic_ns()}.jsonl"
-    r = net.world.run([sys.executable, "-c", TERMINAL_DRIVER, *RUN, "--policy", str(pol), "--audit-log", str(audit),
-                       "--", "sh", "-c", net.curl("https://ask.test/")], cwd=net.world.tmp, env=env(), timeout=90)
+    r = net.world.run(
+        [
+            sys.executable,
+            "-c",
+            TERMINAL_DRIVER,
+            *RUN,
+            "--policy",
+            str(pol),
+            "--audit-log",
+            str(audit),
+            "--",
+            "sh",
+            "-c",
+            net.curl("https://ask.test/"),
+        ],
+        cwd=net.world.tmp,
+        env=env(),
+        timeout=90,
+    )
     assert "https://ask.test/ 200" in r.stdout, r.stdout
     answers = [a for a in records(audit, "approval") if a["stage"] == "answer"]
     assert [(a["answer"], a["by"]) for a in answers] == [("once", "terminal")]
@@ -259,4 +310,6 @@ def test_without_a_terminal_or_channel_an_ask_is_denied_at_once(net: Net) -> Non
     t0 = time.monotonic()
     r, log = net.run(pol, net.curl("https://ask.test/"))  # world.run gives sandgate no controlling terminal
     assert r.stdout.strip() == "https://ask.test/ 000" and time.monotonic() - t0 < 30
-    assert [(a["answer"], a["by"]) for a in records(log, "approval") if a["stage"] == "answer"] == [("deny", "no-terminal")]
+    assert [(a["answer"], a["by"]) for a in records(log, "approval") if a["stage"] == "answer"] == [
+        ("deny", "no-terminal")
+    ]

@@ -91,8 +91,16 @@ def test_probe_list_is_complete_and_unique() -> None:
     assert {expected for _, _, expected in rows} == set(P.EXPECTED)
     for group, name, expected in rows:
         assert P.REGISTRY[name].threat, f"{name} has no docstring naming its threat"
-    for name in ("https_proxy_vars", "sni_spoof", "dns_txt_exfil", "write_workspace", "git_hooks", "tiocsti",
-                 "ptrace_outside", "setuid_gain"):
+    for name in (
+        "https_proxy_vars",
+        "sni_spoof",
+        "dns_txt_exfil",
+        "write_workspace",
+        "git_hooks",
+        "tiocsti",
+        "ptrace_outside",
+        "setuid_gain",
+    ):
         assert name in names
 
 
@@ -130,31 +138,41 @@ def test_markers() -> None:
 def _raises(exc: BaseException) -> Callable[[P.Ctx], P.Result]:
     def fn(c: P.Ctx) -> P.Result:
         raise exc
+
     return fn
 
 
-@pytest.mark.parametrize(("exc", "observed", "fragment"), [
-    (PermissionError(errno.EACCES, "Permission denied"), "blocked", "EACCES"),
-    (OSError(errno.EROFS, "Read-only file system"), "blocked", "EROFS"),
-    (OSError(errno.EXDEV, "Invalid cross-device link"), "blocked", "EXDEV"),
-    (OSError(errno.EBUSY, "busy"), "blocked", "EBUSY"),
-    (OSError(errno.ENETUNREACH, "unreachable"), "blocked", "ENETUNREACH"),
-    (ConnectionRefusedError(errno.ECONNREFUSED, "refused"), "blocked", "ECONNREFUSED"),
-    (ConnectionResetError(errno.ECONNRESET, "reset"), "blocked", "ECONNRESET"),
-    (TimeoutError("timed out"), "blocked", "timed out"),
-    (socket.timeout("timed out"), "blocked", "timed out"),
-    (P.Blocked("proxy said no"), "blocked", "proxy said no"),
-    (P.Unsupported("no terminal"), "unsupported", "no terminal"),
-    (OSError(errno.ENOENT, "No such file"), "unsupported", "FileNotFoundError"),
-    (OSError(errno.EINVAL, "Invalid argument"), "unsupported", "Invalid argument"),
-    (ValueError("bad packet"), "unsupported", "ValueError: bad packet"),
-    (KeyError("ca"), "unsupported", "KeyError: 'ca'"),
-])
+@pytest.mark.parametrize(
+    ("exc", "observed", "fragment"),
+    [
+        (PermissionError(errno.EACCES, "Permission denied"), "blocked", "EACCES"),
+        (OSError(errno.EROFS, "Read-only file system"), "blocked", "EROFS"),
+        (OSError(errno.EXDEV, "Invalid cross-device link"), "blocked", "EXDEV"),
+        (OSError(errno.EBUSY, "busy"), "blocked", "EBUSY"),
+        (OSError(errno.ENETUNREACH, "unreachable"), "blocked", "ENETUNREACH"),
+        (ConnectionRefusedError(errno.ECONNREFUSED, "refused"), "blocked", "ECONNREFUSED"),
+        (ConnectionResetError(errno.ECONNRESET, "reset"), "blocked", "ECONNRESET"),
+        (TimeoutError("timed out"), "blocked", "timed out"),
+        (TimeoutError("timed out"), "blocked", "timed out"),
+        (P.Blocked("proxy said no"), "blocked", "proxy said no"),
+        (P.Unsupported("no terminal"), "unsupported", "no terminal"),
+        (OSError(errno.ENOENT, "No such file"), "unsupported", "FileNotFoundError"),
+        (OSError(errno.EINVAL, "Invalid argument"), "unsupported", "Invalid argument"),
+        (ValueError("bad packet"), "unsupported", "ValueError: bad packet"),
+        (KeyError("ca"), "unsupported", "KeyError: 'ca'"),
+    ],
+)
 def test_exceptions_are_classified(exc: BaseException, observed: str, fragment: str) -> None:
     p = P.Probe("network", "fake", "blocked", frozenset(P.CONTEXTS), _raises(exc))
     rec = P.run_one(p, {}, "daemon", watchdog=None)
-    assert rec == {"group": "network", "probe": "fake", "context": "daemon", "expected": "blocked",
-                   "observed": observed, "detail": rec["detail"]}
+    assert rec == {
+        "group": "network",
+        "probe": "fake",
+        "context": "daemon",
+        "expected": "blocked",
+        "observed": observed,
+        "detail": rec["detail"],
+    }
     assert fragment in rec["detail"]
     if observed == "unsupported" and not isinstance(exc, P.Unsupported):
         assert "unexpected" in rec["detail"] and "test_probes.py" in rec["detail"]
@@ -167,6 +185,7 @@ def test_nonsense_result_and_hang_are_unsupported() -> None:
     def hang(c: P.Ctx) -> P.Result:
         time.sleep(5)
         return "blocked", "slept"
+
     start = time.monotonic()
     rec = P.run_one(P.Probe("process", "hang", "blocked", frozenset(P.CONTEXTS), hang), {}, "child", watchdog=0.2)
     assert rec["observed"] == "unsupported" and "still running" in rec["detail"]
@@ -203,8 +222,12 @@ def test_query_round_trips() -> None:
 
 
 def _response(qid: int, rcode: int, name: str, answers: bytes = b"", ancount: int = 0) -> bytes:
-    return (struct.pack("!HHHHHH", qid, 0x8180 | rcode, 1, ancount, 0, 0) + P.encode_name(name)
-            + struct.pack("!HH", 1, 1) + answers)
+    return (
+        struct.pack("!HHHHHH", qid, 0x8180 | rcode, 1, ancount, 0, 0)
+        + P.encode_name(name)
+        + struct.pack("!HH", 1, 1)
+        + answers
+    )
 
 
 def test_parse_hand_made_response_with_compression() -> None:
@@ -213,19 +236,24 @@ def test_parse_hand_made_response_with_compression() -> None:
     msg = P.parse_message(_response(7, 0, "allowed.test", a + txt, 2))
     assert msg.is_response and msg.rcode == 0 and msg.rcode_text == "NOERROR"
     assert [(r.name, r.rtype, r.ttl, r.data) for r in msg.answers] == [
-        ("allowed.test", 1, 60, "198.51.100.10"), ("allowed.test", 16, 30, "abcdef")]
+        ("allowed.test", 1, 60, "198.51.100.10"),
+        ("allowed.test", 16, 30, "abcdef"),
+    ]
     assert P._dns_verdict(msg) == ("permitted", "rcode NOERROR, 198.51.100.10, abcdef")
     refused = P.parse_message(_response(7, 5, "x.exfil.test"))
     assert refused.rcode_text == "REFUSED" and P._dns_verdict(refused)[0] == "blocked"
     assert P._dns_verdict(P.parse_message(_response(7, 3, "x.exfil.test")))[0] == "blocked"  # NXDOMAIN
 
 
-@pytest.mark.parametrize("wire", [
-    b"\x00\x01",  # shorter than a header
-    struct.pack("!HHHHHH", 1, 0x8180, 1, 0, 0, 0) + b"\x05ab",  # truncated label
-    struct.pack("!HHHHHH", 1, 0x8180, 1, 0, 0, 0) + b"\xc0\x0c\x00\x01\x00\x01",  # pointer to itself
-    struct.pack("!HHHHHH", 1, 0x8180, 0, 1, 0, 0) + b"\x00" + struct.pack("!HHIH", 1, 1, 1, 4) + b"\x01",
-])
+@pytest.mark.parametrize(
+    "wire",
+    [
+        b"\x00\x01",  # shorter than a header
+        struct.pack("!HHHHHH", 1, 0x8180, 1, 0, 0, 0) + b"\x05ab",  # truncated label
+        struct.pack("!HHHHHH", 1, 0x8180, 1, 0, 0, 0) + b"\xc0\x0c\x00\x01\x00\x01",  # pointer to itself
+        struct.pack("!HHHHHH", 1, 0x8180, 0, 1, 0, 0) + b"\x00" + struct.pack("!HHIH", 1, 1, 1, 4) + b"\x01",
+    ],
+)
 def test_malformed_messages_are_rejected(wire: bytes) -> None:
     with pytest.raises(ValueError):
         P.parse_message(wire)
@@ -288,8 +316,9 @@ def listeners() -> Iterator[list[Listener]]:
         x.close()
 
 
-def tcp_server(made: list[Listener], reply: bytes | None, family: int = socket.AF_INET, address: Any = ("127.0.0.1", 0)
-               ) -> Listener:
+def tcp_server(
+    made: list[Listener], reply: bytes | None, family: int = socket.AF_INET, address: Any = ("127.0.0.1", 0)
+) -> Listener:
     s = socket.socket(family, socket.SOCK_STREAM)
     s.bind(address)
     s.listen()
@@ -360,6 +389,7 @@ def _dns_answerer(rcode: int) -> Callable[[bytes], bytes]:
         name = q.questions[0][0]
         body = b"\xc0\x0c" + struct.pack("!HHIH", 1, 1, 1, 4) + bytes([192, 0, 2, 1]) if rcode == 0 else b""
         return _response(q.id, rcode, name, body, 1 if rcode == 0 else 0)
+
     return answer
 
 
@@ -453,8 +483,9 @@ def http_server() -> Iterator[Callable[..., Any]]:
 
 
 @pytest.mark.parametrize(("status", "observed"), [(403, "blocked"), (502, "blocked"), (200, "permitted")])
-def test_proxy_probes_through_a_fake_proxy(http_server: Callable[..., Any], monkeypatch: pytest.MonkeyPatch,
-                                           status: int, observed: str) -> None:
+def test_proxy_probes_through_a_fake_proxy(
+    http_server: Callable[..., Any], monkeypatch: pytest.MonkeyPatch, status: int, observed: str
+) -> None:
     proxy = http_server(status, b"from the fake proxy\n")
     monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{proxy.server_address[1]}")
     rec = run("rebind_metadata", {"ca": "", "rebind_metadata_host": "metadata.test"})
@@ -467,8 +498,9 @@ def test_proxy_probes_without_proxy_variables_are_unsupported() -> None:
     assert rec["observed"] == "unsupported" and "HTTP_PROXY is not set" in rec["detail"], rec
 
 
-def test_connect_ip_literal_refused_and_accepted(http_server: Callable[..., Any],
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_connect_ip_literal_refused_and_accepted(
+    http_server: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
     refusing = http_server(403, b"no\n")
     monkeypatch.setenv("HTTPS_PROXY", f"http://127.0.0.1:{refusing.server_address[1]}")
     rec = run("connect_ip_literal", {"blocked_ip": "192.0.2.20"})  # only ever written into the CONNECT line
@@ -483,6 +515,7 @@ def test_connect_ip_literal_refused_and_accepted(http_server: Callable[..., Any]
 def tls_pair(tmp_path: Path) -> tuple[ssl.SSLContext, Path, Path]:
     """Server context for localhost, the CA that signed it, and an unrelated CA."""
     from launcher.certs import CA
+
     ca, other = CA(), CA()
     server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     chain, key = ca.issue("localhost", "127.0.0.1").write(tmp_path / "chain.pem", tmp_path / "key.pem")
@@ -492,8 +525,9 @@ def tls_pair(tmp_path: Path) -> tuple[ssl.SSLContext, Path, Path]:
     return server, tmp_path / "ca.pem", tmp_path / "other.pem"
 
 
-def test_https_transparent_and_raw_tls(http_server: Callable[..., Any],
-                                       tls_pair: tuple[ssl.SSLContext, Path, Path]) -> None:
+def test_https_transparent_and_raw_tls(
+    http_server: Callable[..., Any], tls_pair: tuple[ssl.SSLContext, Path, Path]
+) -> None:
     server_ctx, ca, other = tls_pair
     srv = http_server(200, b"hello from blocked.test\n", server_ctx)
     host = f"localhost:{srv.server_address[1]}"
@@ -502,8 +536,9 @@ def test_https_transparent_and_raw_tls(http_server: Callable[..., Any],
     rec = run("https_transparent", {"ca": str(other), "allowed_host": host})  # untrusted certificate
     assert rec["observed"] == "blocked" and "TLS failed" in rec["detail"], rec
     # The hand-made TLS request used by sni_spoof / blocked_transparent: any SNI, no verification.
-    status, body = P.raw_http("127.0.0.1", srv.server_address[1], "/verify/child/sni_spoof", "allowed.test",
-                              sni="allowed.test")
+    status, body = P.raw_http(
+        "127.0.0.1", srv.server_address[1], "/verify/child/sni_spoof", "allowed.test", sni="allowed.test"
+    )
     assert status == 200 and P._says(body, "blocked.test") and not P._says(body, "allowed.test")
     assert "GET /verify/child/sni_spoof Host=allowed.test" in srv.seen
 
@@ -521,8 +556,13 @@ def fs_spec(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     (home / ".bashrc").write_text("# rc\n")
     (outside / "victim.txt").write_text("original\n")
     monkeypatch.chdir(ws)
-    return {"home": str(home), "outside_file": str(outside / "victim.txt"), "outside_dir": str(outside),
-            "secret_marker": SECRET, "secret_env": "SANDGATE_PROBES_TEST_TOKEN"}
+    return {
+        "home": str(home),
+        "outside_file": str(outside / "victim.txt"),
+        "outside_dir": str(outside),
+        "secret_marker": SECRET,
+        "secret_env": "SANDGATE_PROBES_TEST_TOKEN",
+    }
 
 
 def test_write_workspace_leaves_nothing(fs_spec: dict[str, Any]) -> None:
@@ -553,8 +593,9 @@ def test_git_probes_detect_writable_git(fs_spec: dict[str, Any]) -> None:
     assert Path(".git/config").is_file() and not Path(".git-daemon").exists()
 
 
-def test_git_probes_without_git_are_unsupported(fs_spec: dict[str, Any], tmp_path: Path,
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_git_probes_without_git_are_unsupported(
+    fs_spec: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     (bare := tmp_path / "bare").mkdir()
     monkeypatch.chdir(bare)
     for name in ("git_hooks", "git_config", "rename_protected"):
@@ -606,8 +647,9 @@ def test_secret_env(fs_spec: dict[str, Any], monkeypatch: pytest.MonkeyPatch) ->
 
 def test_read_only_process_probes() -> None:
     rec = run("setuid_gain", {})
-    flag = next(line.split()[1] for line in Path("/proc/self/status").read_text().splitlines()
-                if line.startswith("NoNewPrivs:"))
+    flag = next(
+        line.split()[1] for line in Path("/proc/self/status").read_text().splitlines() if line.startswith("NoNewPrivs:")
+    )
     assert rec["observed"] == ("blocked" if flag == "1" else "permitted") and f"NoNewPrivs: {flag}" in rec["detail"]
     rec = run("proc_root", {})
     assert rec["observed"] in ("permitted", "blocked") and "pids visible" in rec["detail"], rec
@@ -625,8 +667,9 @@ def test_relay_line(capsys: pytest.CaptureFixture[str]) -> None:
     assert "not a record" in err
 
 
-def test_main_runs_selected_probes_and_rejects_bad_specs(fs_spec: dict[str, Any], tmp_path: Path,
-                                                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_main_runs_selected_probes_and_rejects_bad_specs(
+    fs_spec: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps({**fs_spec, "only": "secret_env"}))
     assert P.main([str(spec), "--context", "grandchild"]) == 0
@@ -645,27 +688,44 @@ def test_main_runs_selected_probes_and_rejects_bad_specs(fs_spec: dict[str, Any]
 def test_daemon_files() -> None:
     f = P.DaemonFiles.of({"results_dir": "/r", "daemon_token": "sgvd.1"})
     assert (str(f.partial), str(f.done), str(f.heartbeat), str(f.log)) == (
-        "/r/daemon-sgvd.1.jsonl", "/r/daemon-sgvd.1.done.jsonl", "/r/daemon-sgvd.1.heartbeat", "/r/daemon-sgvd.1.log")
+        "/r/daemon-sgvd.1.jsonl",
+        "/r/daemon-sgvd.1.done.jsonl",
+        "/r/daemon-sgvd.1.heartbeat",
+        "/r/daemon-sgvd.1.log",
+    )
 
 
 # ---- the v2 host-boundary probes (launcher/probes_host.py): without a sandbox they must see the host ------
 
 
-
 def test_markers_carry_the_pass_tag_and_host_probes_are_registered_in_group_order() -> None:
     c = P.Ctx({"exfil_domain": "exfil.test", "marker_tag": "user"}, "daemon", "udp")
-    assert (c.path, c.marker, c.dns_name()) == ("/verify/daemon-user/udp", b"verify:daemon-user:udp\n",
-                                                "udp-daemon-user.exfil.test")
+    assert (c.path, c.marker, c.dns_name()) == (
+        "/verify/daemon-user/udp",
+        b"verify:daemon-user:udp\n",
+        "udp-daemon-user.exfil.test",
+    )
     groups = [g for g, _, _ in P.probe_list()]
     assert groups == sorted(groups, key=P.GROUPS.index)
     names = {n for _, n, _ in P.probe_list()}
-    assert {"setns_host_netns", "netns_tamper", "host_loopback_service", "open_by_handle", "mknod_disk",
-            "proc_environ", "sysv_shm_host", "keyring_read", "sethostname", "bpf_map"} <= names
+    assert {
+        "setns_host_netns",
+        "netns_tamper",
+        "host_loopback_service",
+        "open_by_handle",
+        "mknod_disk",
+        "proc_environ",
+        "sysv_shm_host",
+        "keyring_read",
+        "sethostname",
+        "bpf_map",
+    } <= names
     assert "gateway_service" not in names  # v2 has no gateway
 
 
 def test_planted_shm_and_key_are_reached_without_a_sandbox_and_the_host_shows_it(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)
     token = f"t{os.getpid()}"
     planted = H.Planted.plant(token)
@@ -706,6 +766,7 @@ def test_bpf_and_sethostname_succeed_for_root_without_a_sandbox() -> None:
         os.unshare(os.CLONE_NEWUTS)
         r = run("sethostname", {"marker_tag": "t"})
         return r["observed"], r["detail"]
+
     observed, detail = H.in_child(in_own_uts)
     assert observed == "permitted" and "verify-child-t" in detail, detail
     assert socket.gethostname() == hostname
@@ -756,6 +817,7 @@ def test_netns_tamper_reports_each_change_and_undoes_it() -> None:
         links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
         table = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout
         return r["observed"], f"{r['detail']} | links: {links.count('sgvt')} | tables: {table.strip()}"
+
     observed, detail = H.in_child(in_own_netns, timeout=30)
     assert observed == "blocked" and "ECONNREFUSED" in detail, detail  # nothing listens: the canary's verdict
     for change in ("nft flush ruleset: done", "ip link add veth: done", "ip route replace default: done"):

@@ -17,12 +17,18 @@ from dataclasses import dataclass
 
 import pytest
 
-from .e2e import REPO, Proxy, env, curl, write_policy
+from .e2e import REPO, Proxy, curl, env, write_policy
 from .world import World
 
 ALLOWED, BLOCKED, SUB, APEX, EVIL, PORTS, CIDR = (
-    "198.51.100.10", "198.51.100.20", "198.51.100.30", "198.51.100.31", "198.51.100.32", "198.51.100.33",
-    "198.51.100.40")
+    "198.51.100.10",
+    "198.51.100.20",
+    "198.51.100.30",
+    "198.51.100.31",
+    "198.51.100.32",
+    "198.51.100.33",
+    "198.51.100.40",
+)
 
 POLICY = textwrap.dedent("""\
     version: 1
@@ -65,8 +71,14 @@ def net() -> Iterator[Net]:
     if os.geteuid() != 0:
         pytest.fail("e2e tests need root (they build network namespaces)", pytrace=False)
     with World() as w:
-        for name, ip in (("allowed.test", ALLOWED), ("blocked.test", BLOCKED), ("sub.wild.test", SUB),
-                         ("wild.test", APEX), ("evil.wild.test", EVIL), ("ports.test", PORTS)):
+        for name, ip in (
+            ("allowed.test", ALLOWED),
+            ("blocked.test", BLOCKED),
+            ("sub.wild.test", SUB),
+            ("wild.test", APEX),
+            ("evil.wild.test", EVIL),
+            ("ports.test", PORTS),
+        ):
             w.add_host(name, ip)
         w.add_host("rebind.test", "127.0.0.1")
         w.add_host("meta.test", "169.254.169.254")
@@ -84,8 +96,9 @@ def net() -> Iterator[Net]:
             "cidr80": w.serve("http", CIDR, 80, "cidr"),
             "loopback": w.serve("http", "127.0.0.1", 80, "loopback-canary"),
         }
-        proxy = Proxy(w, write_policy(w, POLICY), listen="127.0.0.1:3128", transparent="0.0.0.0:3129",
-                      dns="0.0.0.0:5353")
+        proxy = Proxy(
+            w, write_policy(w, POLICY), listen="127.0.0.1:3128", transparent="0.0.0.0:3129", dns="0.0.0.0:5353"
+        )
         try:
             yield Net(w, proxy, s)
         finally:
@@ -169,11 +182,17 @@ def test_host_header_cannot_redirect_an_explicit_request(net: Net) -> None:
     assert (r.status, r.body) == (200, "blocked.test")
     assert net.untouched(before, "blocked")
     # Origin-form request to the proxy: the Host header is the destination and is judged like one.
-    out = net.world.run(["python3", "-c", textwrap.dedent("""\
+    out = net.world.run(
+        [
+            "python3",
+            "-c",
+            textwrap.dedent("""\
         import socket
         s = socket.create_connection(("127.0.0.1", 3128))
         s.sendall(b"GET / HTTP/1.1\\r\\nHost: blocked.test\\r\\nConnection: close\\r\\n\\r\\n")
-        print(s.recv(200).decode().splitlines()[0])""")])
+        print(s.recv(200).decode().splitlines()[0])"""),
+        ]
+    )
     assert "403" in out.stdout, out
     assert net.untouched(before, "blocked")
 
@@ -212,8 +231,13 @@ def test_dns_answers_allowed_names_and_refuses_the_rest_without_forwarding(net: 
     assert dig(net, "sub.wild.test", proto="tcp") == f"NOERROR {SUB}"
     dns_canary.wait_for(lambda x: x["qname"].rstrip(".") == "allowed.test")
     secret = "c2VjcmV0LXRva2VuLXZhbHVl" * 2
-    for name, qtype in (("blocked.test", "A"), (f"{secret}.exfil.test", "TXT"), ("evil.wild.test", "A"),
-                        ("exfil.test", "ANY"), ("exfil.test", "NULL")):
+    for name, qtype in (
+        ("blocked.test", "A"),
+        (f"{secret}.exfil.test", "TXT"),
+        ("evil.wild.test", "A"),
+        ("exfil.test", "ANY"),
+        ("exfil.test", "NULL"),
+    ):
         assert dig(net, name, qtype).startswith("REFUSED"), name
     assert dig(net, "blocked.test", "A", "tcp").startswith("REFUSED")
     seen = {x["qname"].rstrip(".") for x in dns_canary.log_records()[start:]}
@@ -275,8 +299,9 @@ def test_tls_without_sni_to_a_non_allowed_ip_is_refused(net: Net, client) -> Non
 def test_200_mb_download_keeps_proxy_rss_under_150_mb(net: Net) -> None:
     n = 200 * 1024 * 1024
     for url, extra in ((f"http://allowed.test/big?bytes={n}", []), (f"https://allowed.test/big?bytes={n}", net.ca())):
-        r = net.world.run(["curl", "-sS", "-o", "/dev/null", "-w", "%{size_download}", "-x", net.proxy.url,
-                           *extra, url], timeout=120)
+        r = net.world.run(
+            ["curl", "-sS", "-o", "/dev/null", "-w", "%{size_download}", "-x", net.proxy.url, *extra, url], timeout=120
+        )
         assert r.stdout == str(n), r
     assert net.proxy.peak_rss_kib() < 150 * 1024
 
@@ -285,9 +310,14 @@ def test_audit_log_has_exactly_one_record_per_decision(net: Net, tmp_path) -> No
     w = net.world
     proxy = Proxy(w, write_policy(w, POLICY, "count"), listen="127.0.0.1:3138")
     try:
-        attempts = [("http://allowed.test/", []), ("https://allowed.test/", net.ca()),
-                    ("http://blocked.test/", []), ("https://blocked.test/", net.ca()),
-                    (f"http://{CIDR}:8080/", []), ("http://rebind.test/", [])]
+        attempts = [
+            ("http://allowed.test/", []),
+            ("https://allowed.test/", net.ca()),
+            ("http://blocked.test/", []),
+            ("https://blocked.test/", net.ca()),
+            (f"http://{CIDR}:8080/", []),
+            ("http://rebind.test/", []),
+        ]
         for url, extra in attempts:
             curl(w, url, "-x", proxy.url, *extra)
         decisions = proxy.records("decision")
@@ -331,8 +361,12 @@ def test_one_proxy_serves_two_sandboxes_with_their_own_policies(net: Net) -> Non
         assert curl(net.world, "http://allowed.test/", "-x", b).status == 403
         recs = [json.loads(x) for x in log.read_text().splitlines()]
         got = [(r["task"], r["host"], r["action"]) for r in recs if r["event"] == "decision"]
-        assert got == [("a", "allowed.test", "allow"), ("a", "blocked.test", "deny"),
-                       ("b", "blocked.test", "allow"), ("b", "allowed.test", "deny")]
+        assert got == [
+            ("a", "allowed.test", "allow"),
+            ("a", "blocked.test", "deny"),
+            ("b", "blocked.test", "allow"),
+            ("b", "allowed.test", "deny"),
+        ]
     finally:
         p.terminate()
         p.wait(10)

@@ -26,8 +26,12 @@ SANDGATE = [sys.executable, "-m", "launcher.cli", "run"]
 
 
 def _daemon(*args: str) -> int:
-    return subprocess.run([sys.executable, "-m", "launcher.cli", "daemon", *args], cwd=REPO, capture_output=True,
-                          env={**os.environ, "PYTHONPATH": str(REPO)}).returncode
+    return subprocess.run(
+        [sys.executable, "-m", "launcher.cli", "daemon", *args],
+        cwd=REPO,
+        capture_output=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    ).returncode
 
 
 @pytest.fixture(scope="module")
@@ -70,8 +74,14 @@ def twice(home: Path, tmp_path: Path, name: str, allow: str, cmd: list[str], res
 def test_npm_install_is_number_twice(home: Path, tmp_path: Path) -> None:
     if shutil.which("npm") is None:
         pytest.fail("npm is not installed on this machine", pytrace=False)
-    twice(home, tmp_path, "npm", "npm", ["npm", "install", "--no-audit", "--no-fund", "is-number"],
-          reset=["rm", "-rf", "node_modules", "package.json", "package-lock.json"])
+    twice(
+        home,
+        tmp_path,
+        "npm",
+        "npm",
+        ["npm", "install", "--no-audit", "--no-fund", "is-number"],
+        reset=["rm", "-rf", "node_modules", "package.json", "package-lock.json"],
+    )
     assert (home / ".npm").exists() is False  # the real home never got npm's cache: the sandbox home did
 
 
@@ -80,8 +90,18 @@ def test_pip_install_into_a_venv_twice(home: Path, tmp_path: Path) -> None:
     ws.mkdir()
     subprocess.run([sys.executable, "-m", "venv", str(ws / "v")], check=True)
     for attempt in ("cold", "warm"):
-        r, took = run(home, ws, "--allow", "pypi", "--", str(ws / "v/bin/pip"), "install", "--no-input",
-                      "--force-reinstall", "six")
+        r, took = run(
+            home,
+            ws,
+            "--allow",
+            "pypi",
+            "--",
+            str(ws / "v/bin/pip"),
+            "install",
+            "--no-input",
+            "--force-reinstall",
+            "six",
+        )
         assert r.returncode == 0 and " 0 denied" in r.stderr, (attempt, r.stdout[-1500:], r.stderr[-1500:])
         print(f"\npip ({attempt}): {took:.2f} s")
     assert subprocess.run([str(ws / "v/bin/python"), "-c", "import six"]).returncode == 0
@@ -96,8 +116,19 @@ def test_uv_pip_install_twice(home: Path, tmp_path: Path) -> None:
     subprocess.run([str(tools / "bin/pip"), "install", "-q", "uv"], check=True, timeout=300)
     for attempt in ("cold", "warm"):
         subprocess.run([sys.executable, "-m", "venv", "--clear", str(ws / "v")], check=True)
-        r, took = run(home, ws, "--allow", "pypi", "--", str(tools / "bin/uv"), "pip", "install",
-                      "--python", str(ws / "v/bin/python"), "six")
+        r, took = run(
+            home,
+            ws,
+            "--allow",
+            "pypi",
+            "--",
+            str(tools / "bin/uv"),
+            "pip",
+            "install",
+            "--python",
+            str(ws / "v/bin/python"),
+            "six",
+        )
         assert r.returncode == 0 and " 0 denied" in r.stderr, (attempt, r.stdout[-1500:], r.stderr[-1500:])
         print(f"\nuv ({attempt}): {took:.2f} s")
 
@@ -112,8 +143,21 @@ def test_a_registry_off_the_list_is_named_in_the_summary(home: Path, tmp_path: P
     ws = tmp_path / "denied"
     ws.mkdir()
     subprocess.run([sys.executable, "-m", "venv", str(ws / "v")], check=True)
-    r, took = run(home, ws, "--allow", "npm", "--", str(ws / "v/bin/pip"), "download", "--no-deps", "--retries", "0",
-                  "-d", str(ws), "six")
+    r, took = run(
+        home,
+        ws,
+        "--allow",
+        "npm",
+        "--",
+        str(ws / "v/bin/pip"),
+        "download",
+        "--no-deps",
+        "--retries",
+        "0",
+        "-d",
+        str(ws),
+        "six",
+    )
     assert r.returncode != 0
     named = [x for x in r.stderr.splitlines() if x.startswith("sandgate: denied pypi.org:443")]
     assert named and "--allow pypi" in named[0], r.stderr

@@ -25,24 +25,58 @@ TS = "2026-11-29T09:48:{:02d}.000Z"
 _ids = iter(range(10**9))
 
 
-def dec(task: str, host: str | None, port: int | None, action: str = "allow", *, kind: str = "connect",
-        sec: int = 0, would: str | None = None, rule: str | None = "policy.yaml:3", id: str | None = None,
-        proto: str | None = None, qtype: str | None = None) -> dict[str, Any]:
+def dec(
+    task: str,
+    host: str | None,
+    port: int | None,
+    action: str = "allow",
+    *,
+    kind: str = "connect",
+    sec: int = 0,
+    would: str | None = None,
+    rule: str | None = "policy.yaml:3",
+    id: str | None = None,
+    proto: str | None = None,
+    qtype: str | None = None,
+) -> dict[str, Any]:
     """A decision record as netguard.audit writes it (plus the learn-mode `would`)."""
     allowed_by_rule = action == "allow" and would is None
     r: dict[str, Any] = {
-        "ts": TS.format(sec), "task": task, "event": "decision", "id": id or f"id{next(_ids)}", "kind": kind,
-        "action": action, "host": host, "port": port, "ip": "198.51.100.7" if action == "allow" else None,
-        "proto": proto, "method": None, "url": None, "qtype": qtype, "rule": rule if allowed_by_rule else None,
-        "reason": "allowed by rule" if allowed_by_rule else "no allow rule matches"}
+        "ts": TS.format(sec),
+        "task": task,
+        "event": "decision",
+        "id": id or f"id{next(_ids)}",
+        "kind": kind,
+        "action": action,
+        "host": host,
+        "port": port,
+        "ip": "198.51.100.7" if action == "allow" else None,
+        "proto": proto,
+        "method": None,
+        "url": None,
+        "qtype": qtype,
+        "rule": rule if allowed_by_rule else None,
+        "reason": "allowed by rule" if allowed_by_rule else "no allow rule matches",
+    }
     if would is not None:
         r["would"] = would
     return r
 
 
 def close(task: str, id: str, host: str, port: int, up: int, down: int, sec: int = 1) -> dict[str, Any]:
-    return {"ts": TS.format(sec), "task": task, "event": "close", "id": id, "kind": "connect", "host": host,
-            "port": port, "ip": "198.51.100.7", "bytes_up": up, "bytes_down": down, "duration_ms": 12}
+    return {
+        "ts": TS.format(sec),
+        "task": task,
+        "event": "close",
+        "id": id,
+        "kind": "connect",
+        "host": host,
+        "port": port,
+        "ip": "198.51.100.7",
+        "bytes_up": up,
+        "bytes_down": down,
+        "duration_ms": 12,
+    }
 
 
 def write_log(path: Path, records: Sequence[dict[str, Any]], tail: str = "") -> Path:
@@ -92,8 +126,19 @@ def real_bundled(*names: str) -> dict[str, set[str]]:
 
 def two_runs(tmp_path: Path) -> tuple[Path, Path]:
     run1 = [
-        {"ts": TS.format(0), "task": "run1", "event": "policy", "kind": "policy", "write": ["."], "private_tmp": True,
-         "protect": [], "hidden": [], "env_dropped": [], "landlock_abi": 4, "warnings": []},
+        {
+            "ts": TS.format(0),
+            "task": "run1",
+            "event": "policy",
+            "kind": "policy",
+            "write": ["."],
+            "private_tmp": True,
+            "protect": [],
+            "hidden": [],
+            "env_dropped": [],
+            "landlock_abi": 4,
+            "warnings": [],
+        },
         dec("run1", "pypi.org", None, kind="dns", sec=1, qtype="A"),
         dec("run1", "pypi.org", 443, sec=2, id="same-id"),
         dec("run1", "files.pythonhosted.org", 443, sec=3, id="f1"),
@@ -129,9 +174,12 @@ def test_summary_of_two_runs_matches_bytes_by_id_and_orders_by_risk(tmp_path: Pa
     labels = [(r.label, r.dns) for r in rows]
     # denials first (most frequent first), then learn-mode would-denies, then allowed by count, then host
     assert labels == [
-        ("evil.test:443", False), ("udp 9.9.9.9:53", False),
+        ("evil.test:443", False),
+        ("udp 9.9.9.9:53", False),
         ("new.example.com:443", False),
-        ("pypi.org:443", False), ("files.pythonhosted.org:443", False), ("pypi.org", True),
+        ("pypi.org:443", False),
+        ("files.pythonhosted.org:443", False),
+        ("pypi.org", True),
     ]
     by = {(r.label, r.dns): r for r in rows}
     pypi = by[("pypi.org:443", False)]
@@ -152,12 +200,15 @@ def test_summary_of_two_runs_matches_bytes_by_id_and_orders_by_risk(tmp_path: Pa
 
 
 def test_summary_mixed_decisions_and_packet_keys() -> None:
-    rows = summarize([
-        dec("t", "x.test", 443), dec("t", "x.test", 443, would="deny"),
-        dec("t", "9.9.9.9", 53, "deny", kind="packet", proto="udp"),
-        dec("t", "9.9.9.9", 53, "deny", kind="packet", proto="tcp"),
-        dec("t", "x.test", None, kind="dns"),
-    ])
+    rows = summarize(
+        [
+            dec("t", "x.test", 443),
+            dec("t", "x.test", 443, would="deny"),
+            dec("t", "9.9.9.9", 53, "deny", kind="packet", proto="udp"),
+            dec("t", "9.9.9.9", 53, "deny", kind="packet", proto="tcp"),
+            dec("t", "x.test", None, kind="dns"),
+        ]
+    )
     by = {r.label: r for r in rows}
     assert by["x.test:443"].decisions == {"allow", "would-deny"}
     assert {"udp 9.9.9.9:53", "tcp 9.9.9.9:53", "x.test"} <= set(by)
@@ -203,12 +254,23 @@ def test_format_table_is_aligned_and_escapes_logged_text(tmp_path: Path) -> None
     records = read_logs([a, b]) + [dec("t", "\x1b[31mred\nx.test", 443, "deny")]
     text = report.format_table(summarize(records))
     lines = text.splitlines()
-    assert lines[0].split() == ["STATUS", "DESTINATION", "KINDS", "COUNT", "UP", "DOWN", "FIRST", "SEEN", "LAST",
-                                "SEEN", "RULES"]
+    assert lines[0].split() == [
+        "STATUS",
+        "DESTINATION",
+        "KINDS",
+        "COUNT",
+        "UP",
+        "DOWN",
+        "FIRST",
+        "SEEN",
+        "LAST",
+        "SEEN",
+        "RULES",
+    ]
     assert len(lines) == 1 + 7
     assert "\x1b" not in text and "\\x1b[31mred\\x0ax.test:443" in text
     col = lines[0].index("DESTINATION")
-    assert all(line[col - 2:col] == "  " for line in lines)  # every row starts its DESTINATION at the same column
+    assert all(line[col - 2 : col] == "  " for line in lines)  # every row starts its DESTINATION at the same column
     assert lines[1].startswith("deny ")
     assert any(line.startswith("would-deny") and "new.example.com:443" in line for line in lines)
     assert report.format_table([]).startswith("STATUS")
@@ -227,19 +289,22 @@ def test_as_json_is_plain_json(tmp_path: Path) -> None:
 # ---- public suffixes -------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("name", "expected"), [
-    ("a.b.example.com", "example.com"),
-    ("example.com", "example.com"),
-    ("a.github.io", "a.github.io"),
-    ("github.io", None),
-    ("x.co.uk", "x.co.uk"),
-    ("deep.x.co.uk", "x.co.uk"),
-    ("co.uk", None),
-    ("a.b.internal", "b.internal"),   # unknown TLDs are public suffixes (the PSL's default rule)
-    ("internal", None),
-    ("a.www.ck", "www.ck"),           # exception rule !www.ck
-    ("a.foo.ck", "a.foo.ck"),         # wildcard rule *.ck
-])
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("a.b.example.com", "example.com"),
+        ("example.com", "example.com"),
+        ("a.github.io", "a.github.io"),
+        ("github.io", None),
+        ("x.co.uk", "x.co.uk"),
+        ("deep.x.co.uk", "x.co.uk"),
+        ("co.uk", None),
+        ("a.b.internal", "b.internal"),  # unknown TLDs are public suffixes (the PSL's default rule)
+        ("internal", None),
+        ("a.www.ck", "www.ck"),  # exception rule !www.ck
+        ("a.foo.ck", "a.foo.ck"),  # wildcard rule *.ck
+    ],
+)
 def test_registrable_domain(name: str, expected: str | None) -> None:
     assert report.registrable_domain(name) == expected
 
@@ -330,8 +395,12 @@ def test_wildcard_is_not_proposed_over_a_denied_sibling(tmp_path: Path) -> None:
 
 
 def test_non_web_ports_use_the_mapping_form(tmp_path: Path) -> None:
-    recs = [dec("t", "git.example.org", 22), dec("t", "git.example.org", 443), dec("t", "web.example.org", 80),
-            dec("t", "web.example.org", 443)]
+    recs = [
+        dec("t", "git.example.org", 22),
+        dec("t", "git.example.org", 443),
+        dec("t", "web.example.org", 80),
+        dec("t", "web.example.org", 443),
+    ]
     text = suggest(recs)
     assert allow_entries(text) == [{"host": "git.example.org", "ports": [22, 443]}, "web.example.org"]
     rs = effective(text, tmp_path)
@@ -346,10 +415,14 @@ def test_a_denied_web_port_is_not_reopened_by_the_default_ports(tmp_path: Path) 
 
 
 def test_denied_destinations_appear_only_as_comments(tmp_path: Path) -> None:
-    recs = [dec("t", "ok.test", 443), dec("t", "evil.test", 443, "deny"), dec("t", "evil.test", 443, "deny"),
-            dec("t", "exfil.test", None, "deny", kind="dns", qtype="TXT"),
-            dec("t", "203.0.113.9", 4444, "deny", kind="tcp"),
-            dec("t", "9.9.9.9", 53, "deny", kind="packet", proto="udp")]
+    recs = [
+        dec("t", "ok.test", 443),
+        dec("t", "evil.test", 443, "deny"),
+        dec("t", "evil.test", 443, "deny"),
+        dec("t", "exfil.test", None, "deny", kind="dns", qtype="TXT"),
+        dec("t", "203.0.113.9", 4444, "deny", kind="tcp"),
+        dec("t", "9.9.9.9", 53, "deny", kind="packet", proto="udp"),
+    ]
     text = suggest(recs)
     assert allow_entries(text) == ["ok.test"]
     comments = [line.strip() for line in text.splitlines() if line.strip().startswith("#")]
@@ -372,19 +445,27 @@ def test_learn_mode_would_denies_are_suggested(tmp_path: Path) -> None:
 
 
 def test_dns_only_hosts_are_comments() -> None:
-    recs = [dec("t", "looked.up.test", None, kind="dns"), dec("t", "used.test", None, kind="dns"),
-            dec("t", "used.test", 443)]
+    recs = [
+        dec("t", "looked.up.test", None, kind="dns"),
+        dec("t", "used.test", None, kind="dns"),
+        dec("t", "used.test", 443),
+    ]
     text = suggest(recs)
     assert allow_entries(text) == ["used.test"]
     assert "# resolved only: looked.up.test (1 lookup)" in text
 
 
 def test_ip_destinations_become_cidr_entries_with_ports(tmp_path: Path) -> None:
-    recs = [dec("t", "203.0.113.7", 22, kind="tcp"), dec("t", "203.0.113.7", 443, kind="connect"),
-            dec("t", "2001:db8::7", 8080, kind="tcp", would="deny")]
+    recs = [
+        dec("t", "203.0.113.7", 22, kind="tcp"),
+        dec("t", "203.0.113.7", 443, kind="connect"),
+        dec("t", "2001:db8::7", 8080, kind="tcp", would="deny"),
+    ]
     text = suggest(recs)
-    assert allow_entries(text) == [{"cidr": "203.0.113.7/32", "ports": [22, 443]},
-                                   {"cidr": "2001:db8::7/128", "ports": [8080]}]
+    assert allow_entries(text) == [
+        {"cidr": "203.0.113.7/32", "ports": [22, 443]},
+        {"cidr": "2001:db8::7/128", "ports": [8080]},
+    ]
     rs = effective(text, tmp_path)
     assert rules.decide(rs, "203.0.113.7", 22).allowed and rules.decide(rs, "2001:db8::7", 8080).allowed
     assert not rules.decide(rs, "203.0.113.7", 80).allowed
@@ -392,8 +473,12 @@ def test_ip_destinations_become_cidr_entries_with_ports(tmp_path: Path) -> None:
 
 def test_logged_text_cannot_inject_policy_lines(tmp_path: Path) -> None:
     evil = "x.test\n    - attacker.test\n#"
-    recs = [dec("t", evil, 443, "deny"), dec("t\n    - task.test", "ok.test", 443),
-            dec("t", "y.test\u2028- ls.test", 443, "deny"), dec("t", "z.test\x85- nel.test", 443, "deny")]
+    recs = [
+        dec("t", evil, 443, "deny"),
+        dec("t\n    - task.test", "ok.test", 443),
+        dec("t", "y.test\u2028- ls.test", 443, "deny"),
+        dec("t", "z.test\x85- nel.test", 443, "deny"),
+    ]
     text = suggest(recs, name="n\n  allow: [name.test]")
     assert allow_entries(text) == ["ok.test"]
     load_suggestion(text)
@@ -411,14 +496,20 @@ def test_empty_log_suggests_an_empty_but_valid_policy() -> None:
 
 def test_full_round_trip_through_the_policy_loader(tmp_path: Path) -> None:
     a, b = two_runs(tmp_path)
-    records = read_logs([a, b]) + [
-        dec("run3", f"{s}.cdn.example.net", 443) for s in ("eu", "us", "ap")
-    ] + [dec("run3", "git.example.org", 2222), dec("run3", "203.0.113.5", 8443, kind="tcp")]
+    records = (
+        read_logs([a, b])
+        + [dec("run3", f"{s}.cdn.example.net", 443) for s in ("eu", "us", "ap")]
+        + [dec("run3", "git.example.org", 2222), dec("run3", "203.0.113.5", 8443, kind="tcp")]
+    )
     text = suggest(records, name="two runs", bundled=real_bundled("pypi", "github"))
     net = load_suggestion(text)
     assert lpolicy.parse_yaml(text, "suggested")["include"] == ["pypi"]
     assert {r.describe() for r in net.allow} == {
-        "*.example.net:80,443", "git.example.org:2222", "new.example.com:80,443", "203.0.113.5/32:8443"}
+        "*.example.net:80,443",
+        "git.example.org:2222",
+        "new.example.com:80,443",
+        "203.0.113.5/32:8443",
+    }
     rs = effective(text, tmp_path)
     for row in summarize(records):
         if row.dns or row.proto is not None:
@@ -428,8 +519,23 @@ def test_full_round_trip_through_the_policy_loader(tmp_path: Path) -> None:
 
 # ---- properties -------------------------------------------------------------------------------
 
-PUBLIC_SUFFIXES = ["com", "org", "uk", "co.uk", "github.io", "s3.amazonaws.com", "blogspot.com", "herokuapp.com",
-                   "internal", "test", "ck", "jp", "kawasaki.jp", "appspot.com", "io"]
+PUBLIC_SUFFIXES = [
+    "com",
+    "org",
+    "uk",
+    "co.uk",
+    "github.io",
+    "s3.amazonaws.com",
+    "blogspot.com",
+    "herokuapp.com",
+    "internal",
+    "test",
+    "ck",
+    "jp",
+    "kawasaki.jp",
+    "appspot.com",
+    "io",
+]
 LABEL = st.sampled_from(["a", "b", "c", "d", "www", "api", "cdn", "x-1", "city", "foo"])
 PORT = st.sampled_from([80, 443, 443, 8443, 22])
 

@@ -72,8 +72,7 @@ def _expect_venv_python() -> None:
 
 
 @pytest.mark.parametrize("drop", ["setpriv", "python"])
-def test_commands_run_as_the_user_with_no_capabilities(world: World, unprivileged: UnprivilegedUser,
-                                                       drop: str) -> None:
+def test_commands_run_as_the_user_with_no_capabilities(world: World, unprivileged: UnprivilegedUser, drop: str) -> None:
     if drop == "setpriv" and shutil.which("setpriv") is None:
         pytest.fail("setpriv (util-linux) is not installed", pytrace=False)
     r = unprivileged.runner(world, drop=drop)
@@ -127,8 +126,14 @@ def test_clean_environment_and_home(world: World, unprivileged: UnprivilegedUser
     cwd, *lines = res.stdout.splitlines()
     assert cwd == str(unprivileged.home)  # default cwd: the user's home
     env = dict(line.split("=", 1) for line in lines)
-    want = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": str(unprivileged.home), "USER": unprivileged.name,
-            "LOGNAME": unprivileged.name, "LANG": "C.UTF-8", "PYTHONPATH": str(REPO)}
+    want = {
+        "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+        "HOME": str(unprivileged.home),
+        "USER": unprivileged.name,
+        "LOGNAME": unprivileged.name,
+        "LANG": "C.UTF-8",
+        "PYTHONPATH": str(REPO),
+    }
     assert {k: env.get(k) for k in want} == want
     assert set(env) - set(want) <= {"PWD", "SHLVL", "OLDPWD", "_"}, env  # nothing of root's environment
 
@@ -292,18 +297,17 @@ def test_creation_is_fast() -> None:
 
 def test_teardown_removes_everything_even_when_the_test_fails() -> None:
     with World() as w:
-        with pytest.raises(RuntimeError, match="the test failed"):
-            with UnprivilegedUser() as u:
-                r = u.runner(w)
-                sleeper = _start_ready(r)
-                child = r.run(["sh", "-c", "sleep 300 </dev/null >/dev/null 2>&1 & echo $!"])  # a detached straggler
-                straggler = int(child.stdout)
-                rt = r.run(["sh", "-c", f'mkdir -m 700 {u.runtime_dir} && echo x > {u.runtime_dir}/state'])
-                assert rt.returncode == 0, rt.stderr
-                scratch = Path(f"/var/tmp/sandgate-rootless-scratch-{u.name}")
-                assert r.run(["touch", str(scratch)]).returncode == 0
-                name, uid, base = u.name, u.uid, u.base
-                raise RuntimeError("the test failed")
+        with pytest.raises(RuntimeError, match="the test failed"), UnprivilegedUser() as u:
+            r = u.runner(w)
+            sleeper = _start_ready(r)
+            child = r.run(["sh", "-c", "sleep 300 </dev/null >/dev/null 2>&1 & echo $!"])  # a detached straggler
+            straggler = int(child.stdout)
+            rt = r.run(["sh", "-c", f"mkdir -m 700 {u.runtime_dir} && echo x > {u.runtime_dir}/state"])
+            assert rt.returncode == 0, rt.stderr
+            scratch = Path(f"/var/tmp/sandgate-rootless-scratch-{u.name}")
+            assert r.run(["touch", str(scratch)]).returncode == 0
+            name, uid, base = u.name, u.uid, u.base
+            raise RuntimeError("the test failed")
         # The world is still open: the user's teardown itself killed its processes, by PID.
         assert sleeper.poll() is not None
         assert not _alive_as(straggler, uid)
@@ -324,7 +328,7 @@ def _alive_as(pid: int, uid: int) -> bool:
     return any(line.startswith("Uid:") and str(uid) in line.split() for line in text.splitlines())
 
 
-PROBE = textwrap.dedent('''
+PROBE = textwrap.dedent("""
     import json, os, subprocess, sys
     from pathlib import Path
 
@@ -339,14 +343,25 @@ PROBE = textwrap.dedent('''
             import time
             time.sleep(120)  # killed -9 by the outer test here
         assert False, "deliberate failure"
-''')
+""")
 
 
 def _probe_cmd(tmp_path: Path) -> list[str]:
     """An inner pytest run of PROBE, with this checkout's conftest (fixtures `world`, `unprivileged`) as a plugin."""
     (tmp_path / "test_probe_rootless.py").write_text(PROBE)
-    return [sys.executable, "-m", "pytest", "-q", "-p", "tests.conftest", "-p", "no:cacheprovider",
-            "--rootdir", str(tmp_path), str(tmp_path / "test_probe_rootless.py")]
+    return [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "tests.conftest",
+        "-p",
+        "no:cacheprovider",
+        "--rootdir",
+        str(tmp_path),
+        str(tmp_path / "test_probe_rootless.py"),
+    ]
 
 
 def test_fixture_teardown_after_a_failing_test(tmp_path: Path) -> None:
@@ -369,7 +384,8 @@ def test_processes_outside_our_namespaces_are_never_killed() -> None:
     try:
         outsider = subprocess.Popen(
             ["setpriv", f"--reuid={u.uid}", f"--regid={u.gid}", "--init-groups", "sleep", "300"],
-            stdin=subprocess.DEVNULL)
+            stdin=subprocess.DEVNULL,
+        )
         deadline = time.monotonic() + 5
         while not _alive_as(outsider.pid, u.uid) and time.monotonic() < deadline:
             time.sleep(0.02)
@@ -414,8 +430,14 @@ def test_a_killed_runs_user_is_removed_by_the_next_run(tmp_path: Path) -> None:
 
     out = tmp_path / "probe.json"
     env = {**os.environ, "PYTHONPATH": str(REPO), "SANDGATE_PROBE_OUT": str(out), "SANDGATE_PROBE_HANG": "1"}
-    inner = subprocess.Popen(_probe_cmd(tmp_path), cwd=REPO, env=env, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL, start_new_session=True)
+    inner = subprocess.Popen(
+        _probe_cmd(tmp_path),
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 60
         while not out.exists() and time.monotonic() < deadline and inner.poll() is None:
@@ -443,8 +465,14 @@ def test_a_sigtermed_run_removes_its_user_itself(tmp_path: Path) -> None:
     """SIGTERM an inner pytest mid-test: the handler (chained with the World's) removes the user before dying."""
     out = tmp_path / "probe.json"
     env = {**os.environ, "PYTHONPATH": str(REPO), "SANDGATE_PROBE_OUT": str(out), "SANDGATE_PROBE_HANG": "1"}
-    inner = subprocess.Popen(_probe_cmd(tmp_path), cwd=REPO, env=env, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL, start_new_session=True)
+    inner = subprocess.Popen(
+        _probe_cmd(tmp_path),
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 60
         while not out.exists() and time.monotonic() < deadline and inner.poll() is None:

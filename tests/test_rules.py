@@ -29,10 +29,31 @@ LABELS = st.sampled_from(["a", "b", "pypi", "org", "test", "evil", "x-1", "cdn"]
 NAMES = st.lists(LABELS, min_size=1, max_size=4).map(".".join)
 PORTS = st.sampled_from([22, 53, 80, 443, 8080])
 PORTSETS = st.one_of(st.none(), st.frozensets(PORTS, min_size=1, max_size=3))
-NETS = st.sampled_from(["198.51.100.0/24", "198.51.100.7/32", "203.0.113.0/25", "10.0.0.0/8", "127.0.0.0/8",
-                        "2001:db8::/32", "169.254.169.254/32"])
-ADDRS = st.sampled_from(["198.51.100.7", "198.51.100.200", "203.0.113.5", "203.0.113.200", "10.1.2.3",
-                         "127.0.0.1", "2001:db8::5", "2001:db9::5", "169.254.169.254", "::ffff:198.51.100.7"])
+NETS = st.sampled_from(
+    [
+        "198.51.100.0/24",
+        "198.51.100.7/32",
+        "203.0.113.0/25",
+        "10.0.0.0/8",
+        "127.0.0.0/8",
+        "2001:db8::/32",
+        "169.254.169.254/32",
+    ]
+)
+ADDRS = st.sampled_from(
+    [
+        "198.51.100.7",
+        "198.51.100.200",
+        "203.0.113.5",
+        "203.0.113.200",
+        "10.1.2.3",
+        "127.0.0.1",
+        "2001:db8::5",
+        "2001:db9::5",
+        "169.254.169.254",
+        "::ffff:198.51.100.7",
+    ]
+)
 
 
 @st.composite
@@ -70,8 +91,13 @@ def reference(pol: NetworkPolicy, host: str, port: int | None) -> str:
 
 
 @settings(max_examples=400, deadline=None)
-@given(st.lists(rules("allow"), max_size=12), st.lists(rules("deny"), max_size=4), st.lists(rules("ask"), max_size=3),
-       st.one_of(NAMES, ADDRS), st.one_of(st.none(), PORTS))
+@given(
+    st.lists(rules("allow"), max_size=12),
+    st.lists(rules("deny"), max_size=4),
+    st.lists(rules("ask"), max_size=3),
+    st.one_of(NAMES, ADDRS),
+    st.one_of(st.none(), PORTS),
+)
 def test_index_agrees_with_linear_reference(allow, deny, ask, host, port) -> None:
     pol = NetworkPolicy(tuple(allow), tuple(deny), tuple(ask))
     assert decide(compile_policy(pol), host, port).action == reference(pol, host, port)
@@ -141,7 +167,9 @@ def test_invalid_destination_is_denied() -> None:
 
 
 def test_dns_decisions_ignore_ports_but_respect_portless_denies() -> None:
-    r = rs(allow=[{"host": "a.test", "ports": [8443]}, "*.b.test"], deny=[{"host": "a.test", "ports": [22]}, "x.b.test"])
+    r = rs(
+        allow=[{"host": "a.test", "ports": [8443]}, "*.b.test"], deny=[{"host": "a.test", "ports": [22]}, "x.b.test"]
+    )
     assert decide(r, "a.test", None).allowed  # resolvable: some port is allowed, port-specific deny does not hide it
     assert decide(r, "y.b.test", None).allowed
     assert not decide(r, "x.b.test", None).allowed
@@ -157,10 +185,20 @@ def test_resolved_address_veto() -> None:
     r = rs(allow=["a.test", {"cidr": "10.9.0.0/16", "ports": [443]}], deny=[{"cidr": "203.0.113.0/24"}])
     ip = ipaddress.ip_address
     assert check_address(r, ip("198.51.100.7"), 443) is None
-    for bad, why in (("127.0.0.1", "loopback"), ("169.254.169.254", "link-local"), ("10.1.1.1", "private"),
-                     ("192.168.1.1", "private"), ("172.16.0.1", "private"), ("0.0.0.0", "unspecified"),
-                     ("224.0.0.1", "multicast"), ("::1", "loopback"), ("fd00::1", "private"), ("fe80::1", "link-local"),
-                     ("::ffff:127.0.0.1", "loopback"), ("100.100.100.200", "shared")):
+    for bad, why in (
+        ("127.0.0.1", "loopback"),
+        ("169.254.169.254", "link-local"),
+        ("10.1.1.1", "private"),
+        ("192.168.1.1", "private"),
+        ("172.16.0.1", "private"),
+        ("0.0.0.0", "unspecified"),
+        ("224.0.0.1", "multicast"),
+        ("::1", "loopback"),
+        ("fd00::1", "private"),
+        ("fe80::1", "link-local"),
+        ("::ffff:127.0.0.1", "loopback"),
+        ("100.100.100.200", "shared"),
+    ):
         v = check_address(r, ip(bad), 443)
         assert v is not None and v.action == "deny" and why in v.reason, bad
     assert check_address(r, ip("10.9.1.1"), 443) is None  # explicitly allowed range
@@ -200,18 +238,29 @@ def test_special_table_agrees_with_linear_reference(ip) -> None:  # type: ignore
 
 
 TABLE_NETS = st.one_of(
-    st.builds(lambda v, p: ipaddress.IPv4Network((v >> (32 - p) << (32 - p), p)), st.integers(0, 2**32 - 1),
-              st.integers(1, 32)),
-    st.builds(lambda v, p: ipaddress.IPv6Network((v >> (128 - p) << (128 - p), p)), st.integers(0, 2**128 - 1),
-              st.integers(1, 128)))
+    st.builds(
+        lambda v, p: ipaddress.IPv4Network((v >> (32 - p) << (32 - p), p)),
+        st.integers(0, 2**32 - 1),
+        st.integers(1, 32),
+    ),
+    st.builds(
+        lambda v, p: ipaddress.IPv6Network((v >> (128 - p) << (128 - p), p)),
+        st.integers(0, 2**128 - 1),
+        st.integers(1, 128),
+    ),
+)
 
 
 @settings(max_examples=400, deadline=None)
 @given(st.lists(st.tuples(TABLE_NETS, st.sampled_from(["a", "b", "c"])), max_size=10), st.data())
 def test_prefix_table_agrees_with_linear_reference(entries, data) -> None:  # type: ignore[no-untyped-def]
     table = PrefixTable(entries)
-    inside = [st.integers(int(n.network_address), int(n.broadcast_address)).map(
-        ipaddress.IPv4Address if n.version == 4 else ipaddress.IPv6Address) for n, _ in entries]
+    inside = [
+        st.integers(int(n.network_address), int(n.broadcast_address)).map(
+            ipaddress.IPv4Address if n.version == 4 else ipaddress.IPv6Address
+        )
+        for n, _ in entries
+    ]
     for _ in range(5):
         ip = data.draw(st.one_of(V4, V6, *inside))
         assert table.lookup(ip) == linear_lookup(entries, ip)
@@ -238,15 +287,38 @@ def test_test_world_ranges_and_public_addresses_pass() -> None:
     r = rs(allow=["a.test"])
     ip = ipaddress.ip_address
     # 198.51.100.0/24 and 198.18.0.0/15 stay open on purpose (the test worlds, fake-IP resolvers).
-    for ok in ("198.51.100.7", "198.18.0.1", "198.19.255.254", "8.8.8.8", "1.1.1.1", "2606:4700::1111",
-               "192.0.2.1", "203.0.113.80", "2001:db8::5", "3fff::1",  # documentation: registry mirrors use them
-               "2001:4860:4860::8888", "2a00:1450::1", "::ffff:198.51.100.7", "2001:200::1"):
+    for ok in (
+        "198.51.100.7",
+        "198.18.0.1",
+        "198.19.255.254",
+        "8.8.8.8",
+        "1.1.1.1",
+        "2606:4700::1111",
+        "192.0.2.1",
+        "203.0.113.80",
+        "2001:db8::5",
+        "3fff::1",  # documentation: registry mirrors use them
+        "2001:4860:4860::8888",
+        "2a00:1450::1",
+        "::ffff:198.51.100.7",
+        "2001:200::1",
+    ):
         assert check_address(r, ip(ok), 443) is None, ok
-    for bad, why in (("192.0.0.8", "IETF"),
-                     ("255.255.255.255", "limited broadcast"), ("240.0.0.1", "reserved"), ("192.88.99.1", "6to4"),
-                     ("2001::1", "Teredo"), ("2001:2::1", "IETF protocol"), ("64:ff9b:1::1", "local-use NAT64"),
-                     ("100::1", "discard"), ("5f00::1", "SRv6"), ("fec0::1", "site-local"),
-                     ("::7f00:1", "reserved"), ("4000::1", "reserved"), ("::ffff:10.1.2.3", "private")):
+    for bad, why in (
+        ("192.0.0.8", "IETF"),
+        ("255.255.255.255", "limited broadcast"),
+        ("240.0.0.1", "reserved"),
+        ("192.88.99.1", "6to4"),
+        ("2001::1", "Teredo"),
+        ("2001:2::1", "IETF protocol"),
+        ("64:ff9b:1::1", "local-use NAT64"),
+        ("100::1", "discard"),
+        ("5f00::1", "SRv6"),
+        ("fec0::1", "site-local"),
+        ("::7f00:1", "reserved"),
+        ("4000::1", "reserved"),
+        ("::ffff:10.1.2.3", "private"),
+    ):
         v = check_address(r, ip(bad), 443)
         assert v is not None and why in v.reason, bad
 
@@ -257,10 +329,12 @@ def test_embedded_ipv4_is_judged_even_when_the_translation_prefix_is_allowed() -
     v = check_address(closed, ip("2002:7f00:1::1"), 443)
     assert v is not None and "6to4" in v.reason  # the prefix itself first
     opened = rs(allow=["a.test", {"cidr": "2002::/16"}, {"cidr": "64:ff9b::/96"}, {"cidr": "2001::/32"}])
-    for addr, inner, why in (("2002:7f00:1::1", "127.0.0.1", "loopback"),
-                             ("64:ff9b::a9fe:a9fe", "169.254.169.254", "link-local (cloud metadata)"),
-                             ("64:ff9b::10.0.0.1", "10.0.0.1", "private"),
-                             ("2001:0:4136:e378:8000:63bf:f5ff:fffe", "10.0.0.1", "private")):  # Teredo client
+    for addr, inner, why in (
+        ("2002:7f00:1::1", "127.0.0.1", "loopback"),
+        ("64:ff9b::a9fe:a9fe", "169.254.169.254", "link-local (cloud metadata)"),
+        ("64:ff9b::10.0.0.1", "10.0.0.1", "private"),
+        ("2001:0:4136:e378:8000:63bf:f5ff:fffe", "10.0.0.1", "private"),
+    ):  # Teredo client
         v = check_address(opened, ip(addr), 443)
         assert v is not None and v.reason.startswith(f"resolved to {ip(addr)}, which embeds {why} address {inner}"), v
     assert check_address(opened, ip("64:ff9b::808:808"), 443) is None  # NAT64 to a public address
@@ -274,8 +348,16 @@ def test_embedded_ipv4_is_judged_even_when_the_translation_prefix_is_allowed() -
 
 def test_the_hosts_own_addresses_are_vetoed_unless_a_cidr_allows_them() -> None:
     ip, net = ipaddress.ip_address, ipaddress.ip_network
-    own = own_table([net("8.8.4.4/32"), net("2606:4700::5/128"), net("100.1.0.0/24"), net("198.51.100.10/32"),
-                     net("198.18.1.1/32"), net("127.0.0.0/8")])
+    own = own_table(
+        [
+            net("8.8.4.4/32"),
+            net("2606:4700::5/128"),
+            net("100.1.0.0/24"),
+            net("198.51.100.10/32"),
+            net("198.18.1.1/32"),
+            net("127.0.0.0/8"),
+        ]
+    )
     r = rs(allow=["a.test", {"cidr": "100.1.0.7/32", "ports": [443]}], deny=[{"cidr": "8.8.4.0/24", "ports": [22]}])
     for bad in ("8.8.4.4", "2606:4700::5", "100.1.0.200", "198.18.1.1", "::ffff:8.8.4.4"):
         v = check_address(r, ip(bad), 443, own)
@@ -291,23 +373,32 @@ def test_the_hosts_own_addresses_are_vetoed_unless_a_cidr_allows_them() -> None:
 
 
 def test_dns_types_for_exact_and_wildcard_names() -> None:
-    r = rs(allow=["exact.w.test", "*.w.test", {"host": "*.t.w.test", "dns": ["TXT"]},
-                  {"host": "*.w.test", "ports": [8443], "dns": ["srv"]}])
+    r = rs(
+        allow=[
+            "exact.w.test",
+            "*.w.test",
+            {"host": "*.t.w.test", "dns": ["TXT"]},
+            {"host": "*.w.test", "ports": [8443], "dns": ["srv"]},
+        ]
+    )
     assert dns_types(r, "exact.w.test") is None  # an exact rule: every type
     assert dns_types(r, "Other.W.Test") == DNS_ADDRESS_TYPES | {33}  # SRV from the second *.w.test entry
     assert dns_types(r, "a.t.w.test") == DNS_ADDRESS_TYPES | {16, 33}  # TXT and SRV: the union of its wildcards
-    assert DNS_ADDRESS_TYPES == {1, 28} and DNS_EMPTY_TYPES == {64, 65}
+    assert {1, 28} == DNS_ADDRESS_TYPES and {64, 65} == DNS_EMPTY_TYPES
 
 
-@pytest.mark.parametrize(("entry", "message"), [
-    ({"host": "exact.test", "dns": ["TXT"]}, "only for wildcard hosts"),
-    ({"cidr": "192.0.2.0/24", "dns": ["TXT"]}, "only for wildcard hosts"),
-    ({"host": "*.w.test", "dns": []}, "'dns' is empty"),
-    ({"host": "*.w.test", "dns": ["TXTT"]}, "unknown query type 'TXTT'"),
-    ({"host": "*.w.test", "dns": ["ANY"]}, "ANY is not a record type"),
-    ({"host": "*.w.test", "dns": ["AXFR"]}, "AXFR is not a record type"),
-    ({"host": "*.w.test", "dns": [16]}, "query type names like TXT, not a number"),
-])
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ({"host": "exact.test", "dns": ["TXT"]}, "only for wildcard hosts"),
+        ({"cidr": "192.0.2.0/24", "dns": ["TXT"]}, "only for wildcard hosts"),
+        ({"host": "*.w.test", "dns": []}, "'dns' is empty"),
+        ({"host": "*.w.test", "dns": ["TXTT"]}, "unknown query type 'TXTT'"),
+        ({"host": "*.w.test", "dns": ["ANY"]}, "ANY is not a record type"),
+        ({"host": "*.w.test", "dns": ["AXFR"]}, "AXFR is not a record type"),
+        ({"host": "*.w.test", "dns": [16]}, "query type names like TXT, not a number"),
+    ],
+)
 def test_dns_knob_errors(entry: dict[str, Any], message: str) -> None:
     with pytest.raises(PolicyError, match=message):
         parse_network({"allow": [entry]}, "p.yaml")
@@ -317,6 +408,8 @@ def test_dns_knob_only_on_allow_entries_and_its_forms() -> None:
     for which in ("deny", "ask"):
         with pytest.raises(PolicyError, match=f"'dns' belongs on allow entries, not {which} entries"):
             parse_network({which: [{"host": "*.w.test", "dns": ["TXT"]}]}, "p.yaml")
-    pol = parse_network({"allow": [{"host": "*.w.test", "dns": "txt"}, {"host": "*.v.test", "dns": ["SRV", "TYPE65280"]},
-                                   "*.u.test"]}, "p.yaml")
+    pol = parse_network(
+        {"allow": [{"host": "*.w.test", "dns": "txt"}, {"host": "*.v.test", "dns": ["SRV", "TYPE65280"]}, "*.u.test"]},
+        "p.yaml",
+    )
     assert [r.dns for r in pol.allow] == [frozenset({16}), frozenset({33, 65280}), None]

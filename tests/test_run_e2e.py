@@ -70,8 +70,12 @@ class Env:
     def sandgate(self, *args: str, timeout: float = 60, audit: Path | None = None) -> subprocess.CompletedProcess[str]:
         audit = audit or self.world.tmp / f"audit-{time.monotonic_ns()}.jsonl"
         self.last_audit = audit
-        return self.world.run([*RUN, "--policy", str(self.policy), "--audit-log", str(audit), *args],
-                              timeout=timeout, cwd=self.world.tmp, env=env())
+        return self.world.run(
+            [*RUN, "--policy", str(self.policy), "--audit-log", str(audit), *args],
+            timeout=timeout,
+            cwd=self.world.tmp,
+            env=env(),
+        )
 
     def probe_cmd(self, kind: str, target: str) -> list[str]:
         return [sys.executable, str(self.probe_py), kind, target]
@@ -127,9 +131,18 @@ def curl_args(e: Env, url: str, *extra: str) -> list[str]:
 
 
 def test_allowed_https_and_http_via_proxy_variables(e: Env) -> None:
-    r = e.sandgate("--", "sh", "-c", " ; ".join([
-        " ".join(curl_args(e, "https://allowed.test/")), " ".join(curl_args(e, "http://allowed.test/")),
-        'echo "proxy=$HTTPS_PROXY"']))
+    r = e.sandgate(
+        "--",
+        "sh",
+        "-c",
+        " ; ".join(
+            [
+                " ".join(curl_args(e, "https://allowed.test/")),
+                " ".join(curl_args(e, "http://allowed.test/")),
+                'echo "proxy=$HTTPS_PROXY"',
+            ]
+        ),
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.count("hello from allowed.test") == 2
     assert "proxy=http://127.0.0.1:3128" in r.stdout  # the listener born inside the sandbox
@@ -139,8 +152,23 @@ def test_allowed_https_and_http_via_proxy_variables(e: Env) -> None:
 
 
 def test_allowed_host_without_proxy_variables_goes_transparently(e: Env) -> None:
-    r = e.sandgate("--", "env", "-u", "HTTPS_PROXY", "-u", "https_proxy", "-u", "HTTP_PROXY", "-u", "http_proxy",
-                   "-u", "ALL_PROXY", "-u", "all_proxy", *curl_args(e, "https://allowed.test/"))
+    r = e.sandgate(
+        "--",
+        "env",
+        "-u",
+        "HTTPS_PROXY",
+        "-u",
+        "https_proxy",
+        "-u",
+        "HTTP_PROXY",
+        "-u",
+        "http_proxy",
+        "-u",
+        "ALL_PROXY",
+        "-u",
+        "all_proxy",
+        *curl_args(e, "https://allowed.test/"),
+    )
     assert r.returncode == 0 and r.stdout.strip() == "hello from allowed.test", r.stderr
     kinds = {(x["kind"], x["host"], x["action"]) for x in e.records() if x["event"] == "decision"}
     assert ("dns", "allowed.test", "allow") in kinds and ("tls", "allowed.test", "allow") in kinds
@@ -153,8 +181,9 @@ def test_blocked_host_fails_with_and_without_proxy_variables(e: Env) -> None:
     before = e.mark()
     r = e.sandgate("--", *curl_args(e, "http://blocked.test/", "-o", "/dev/null", "-w", "%{http_code}"))
     assert r.stdout == "403"
-    r = e.sandgate("--", *curl_args(e, "https://blocked.test/", "--noproxy", "*",
-                                    "--resolve", f"blocked.test:443:{BLOCKED}"))
+    r = e.sandgate(
+        "--", *curl_args(e, "https://blocked.test/", "--noproxy", "*", "--resolve", f"blocked.test:443:{BLOCKED}")
+    )
     assert r.returncode != 0
     assert e.untouched(before, "blocked", "blocked_tls")
     denied = [x for x in e.records() if x["event"] == "decision" and x["action"] == "deny"]
@@ -218,9 +247,11 @@ def test_host_services_on_the_hosts_loopback_are_unreachable(e: Env) -> None:
 
 
 def test_a_test_suites_own_local_server_works_inside(e: Env) -> None:
-    script = ("import socket, threading; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(); "
-              "threading.Thread(target=lambda: s.accept()[0].sendall(b'local-ok'), daemon=True).start(); "
-              "c = socket.create_connection(s.getsockname()); print(c.recv(10).decode())")
+    script = (
+        "import socket, threading; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(); "
+        "threading.Thread(target=lambda: s.accept()[0].sendall(b'local-ok'), daemon=True).start(); "
+        "c = socket.create_connection(s.getsockname()); print(c.recv(10).decode())"
+    )
     r = e.sandgate("-q", "--", sys.executable, "-c", script)
     assert r.stdout.strip() == "local-ok", r.stderr
 
@@ -235,9 +266,11 @@ def test_setsid_daemon_is_constrained_and_dies_with_the_run(e: Env) -> None:
     token = f"sgdaemon{time.monotonic_ns()}"
     inner = f"{' '.join(e.probe_cmd('tcp', f'{BLOCKED}:9000'))} > {out}; exec -a {token} sleep 300"
     # Double fork + setsid: the daemon is re-parented away from CMD and has its own session.
-    script = (f"setsid bash -c '( {inner} ) &' </dev/null >/dev/null 2>&1; "
-              f"for i in $(seq 100); do [ -s {out} ] && pgrep -f {token} >/dev/null && break; sleep 0.1; done; "
-              f"pgrep -f {token} > {seen_alive}")
+    script = (
+        f"setsid bash -c '( {inner} ) &' </dev/null >/dev/null 2>&1; "
+        f"for i in $(seq 100); do [ -s {out} ] && pgrep -f {token} >/dev/null && break; sleep 0.1; done; "
+        f"pgrep -f {token} > {seen_alive}"
+    )
     r = e.sandgate("--", "sh", "-c", script)
     assert r.returncode == 0, r.stderr
     assert seen_alive.read_text().strip(), "the daemon never ran"
@@ -261,8 +294,14 @@ def test_killing_the_daemon_makes_further_connects_fail(e: Env) -> None:
     audit = e.world.tmp / f"audit-kill-{time.monotonic_ns()}.jsonl"
     curl = " ".join(curl_args(e, "https://allowed.test/"))
     script = f"{curl} > {first}; while [ ! -e {go} ]; do sleep 0.1; done; {curl}; echo rc=$?"
-    p = e.world.popen([*RUN, "--policy", str(e.policy), "--audit-log", str(audit), "--", "sh", "-c", script],
-                      cwd=e.world.tmp, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = e.world.popen(
+        [*RUN, "--policy", str(e.policy), "--audit-log", str(audit), "--", "sh", "-c", script],
+        cwd=e.world.tmp,
+        env=env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 30
         while not (first.exists() and first.read_text()) and time.monotonic() < deadline:
@@ -286,8 +325,21 @@ def test_sigkill_of_sandgate_leaves_no_sandbox_and_the_daemon_drops_it(e: Env) -
     ready = e.world.tmp / f"ready-{time.monotonic_ns()}"
     token = f"sgorphan{time.monotonic_ns()}"
     audit = e.world.tmp / f"audit-sigkill-{time.monotonic_ns()}.jsonl"
-    p = e.world.popen([*RUN, "--policy", str(e.policy), "--audit-log", str(audit), "--", "bash", "-c",
-                       f"touch {ready}; exec -a {token} sleep 300"], cwd=e.world.tmp, env=env())
+    p = e.world.popen(
+        [
+            *RUN,
+            "--policy",
+            str(e.policy),
+            "--audit-log",
+            str(audit),
+            "--",
+            "bash",
+            "-c",
+            f"touch {ready}; exec -a {token} sleep 300",
+        ],
+        cwd=e.world.tmp,
+        env=env(),
+    )
     deadline = time.monotonic() + 30
     while not ready.exists() and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -311,19 +363,23 @@ def test_sigkill_of_sandgate_leaves_no_sandbox_and_the_daemon_drops_it(e: Env) -
     r = e.world.run([*SANDGATE, "cleanup"], cwd=e.world.tmp, env=env())
     assert r.returncode == 0 and "removed run " in r.stderr, r.stderr  # the killed run's state and placeholders
     assert not list(Path("/run/sandgate/runs").glob("*.json")) or all(
-        json.loads(f.read_text())["pid"] != p.pid for f in Path("/run/sandgate/runs").glob("*.json"))
+        json.loads(f.read_text())["pid"] != p.pid for f in Path("/run/sandgate/runs").glob("*.json")
+    )
 
 
 # ---- exit codes, signals, errors -------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("cmd,code", [
-    (["true"], 0),
-    (["sh", "-c", "exit 3"], 3),
-    (["sh", "-c", "kill -INT $$"], 130),
-    (["sh", "-c", "kill -TERM $$"], 143),
-    (["/nonexistent/cmd"], 127),
-])
+@pytest.mark.parametrize(
+    "cmd,code",
+    [
+        (["true"], 0),
+        (["sh", "-c", "exit 3"], 3),
+        (["sh", "-c", "kill -INT $$"], 130),
+        (["sh", "-c", "kill -TERM $$"], 143),
+        (["/nonexistent/cmd"], 127),
+    ],
+)
 def test_exit_codes_are_the_commands(e: Env, cmd: list[str], code: int) -> None:
     r = e.sandgate("-q", "--", *cmd)
     assert r.returncode == code, r.stderr
@@ -332,9 +388,24 @@ def test_exit_codes_are_the_commands(e: Env, cmd: list[str], code: int) -> None:
 def test_sigterm_to_sandgate_reaches_the_command(e: Env) -> None:
     ready = e.world.tmp / f"ready-{time.monotonic_ns()}"
     audit = e.world.tmp / f"audit-term-{time.monotonic_ns()}.jsonl"
-    p = e.world.popen([*RUN, "-q", "--policy", str(e.policy), "--audit-log", str(audit), "--", "sh", "-c",
-                       f"trap 'echo got-term; exit 42' TERM; touch {ready}; while :; do sleep 0.1; done"],
-                      cwd=e.world.tmp, env=env(), stdout=subprocess.PIPE, text=True)
+    p = e.world.popen(
+        [
+            *RUN,
+            "-q",
+            "--policy",
+            str(e.policy),
+            "--audit-log",
+            str(audit),
+            "--",
+            "sh",
+            "-c",
+            f"trap 'echo got-term; exit 42' TERM; touch {ready}; while :; do sleep 0.1; done",
+        ],
+        cwd=e.world.tmp,
+        env=env(),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 30
     while not ready.exists() and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -344,10 +415,12 @@ def test_sigterm_to_sandgate_reaches_the_command(e: Env) -> None:
 
 
 def test_sandgate_errors_exit_125_with_one_line(e: Env) -> None:
-    bad = write_policy(e.world, "version: 1\nnetwork:\n  allow: [\"*\"]\n", "bad")
+    bad = write_policy(e.world, 'version: 1\nnetwork:\n  allow: ["*"]\n', "bad")
     r = e.world.run([*RUN, "--policy", str(bad), "--", "true"], cwd=e.world.tmp, env=env())
     assert r.returncode == 125
-    assert r.stderr.strip().splitlines() == [f"sandgate: error: {bad}:3: '*' would match every host; list the hosts instead"]
+    assert r.stderr.strip().splitlines() == [
+        f"sandgate: error: {bad}:3: '*' would match every host; list the hosts instead"
+    ]
     r = e.world.run([*RUN, "--allow", "pypi"], cwd=e.world.tmp, env=env())
     assert r.returncode == 125 and "no command given" in r.stderr
 
@@ -355,15 +428,22 @@ def test_sandgate_errors_exit_125_with_one_line(e: Env) -> None:
 def test_command_runs_as_the_sudo_caller_or_user(e: Env) -> None:
     r = e.sandgate("-q", "--user", "nobody", "--", "id", "-u")
     assert r.stdout.strip() == "65534"
-    r = e.world.run([*RUN, "-q", "--policy", str(e.policy), "--audit-log", str(e.world.tmp / "u.jsonl"),
-                     "--", "id", "-u"], cwd=e.world.tmp, env={**env(), "SUDO_UID": "65534", "SUDO_GID": "65534"})
+    r = e.world.run(
+        [*RUN, "-q", "--policy", str(e.policy), "--audit-log", str(e.world.tmp / "u.jsonl"), "--", "id", "-u"],
+        cwd=e.world.tmp,
+        env={**env(), "SUDO_UID": "65534", "SUDO_GID": "65534"},
+    )
     assert r.stdout.strip() == "65534"
 
 
 def test_audit_log_of_a_run_has_allowed_denied_and_packet_records(e: Env) -> None:
-    script = "; ".join([" ".join(curl_args(e, "https://allowed.test/")),
-                        " ".join(curl_args(e, "http://blocked.test/")),
-                        " ".join(e.probe_cmd("udp", f"{UDPHOST}:9999"))])
+    script = "; ".join(
+        [
+            " ".join(curl_args(e, "https://allowed.test/")),
+            " ".join(curl_args(e, "http://blocked.test/")),
+            " ".join(e.probe_cmd("udp", f"{UDPHOST}:9999")),
+        ]
+    )
     r = e.sandgate("--", "sh", "-c", script)
     assert r.returncode == 0
     recs = e.records()
@@ -373,15 +453,43 @@ def test_audit_log_of_a_run_has_allowed_denied_and_packet_records(e: Env) -> Non
 
 
 def test_stdin_and_stdout_pass_through(e: Env) -> None:
-    r = e.world.run([*RUN, "-q", "--policy", str(e.policy), "--audit-log", str(e.world.tmp / "io.jsonl"),
-                     "--", "sh", "-c", "tr a-z A-Z; echo err >&2"], input="hello sandbox\n", cwd=e.world.tmp, env=env())
+    r = e.world.run(
+        [
+            *RUN,
+            "-q",
+            "--policy",
+            str(e.policy),
+            "--audit-log",
+            str(e.world.tmp / "io.jsonl"),
+            "--",
+            "sh",
+            "-c",
+            "tr a-z A-Z; echo err >&2",
+        ],
+        input="hello sandbox\n",
+        cwd=e.world.tmp,
+        env=env(),
+    )
     assert (r.returncode, r.stdout, r.stderr) == (0, "HELLO SANDBOX\n", "err\n")
 
 
 def test_next_run_removes_what_a_killed_run_left(e: Env) -> None:
     ready = e.world.tmp / f"ready-{time.monotonic_ns()}"
-    p = e.world.popen([*RUN, "--policy", str(e.policy), "--audit-log", str(e.world.tmp / "k.jsonl"), "--",
-                       "sh", "-c", f"touch {ready}; sleep 300"], cwd=e.world.tmp, env=env())
+    p = e.world.popen(
+        [
+            *RUN,
+            "--policy",
+            str(e.policy),
+            "--audit-log",
+            str(e.world.tmp / "k.jsonl"),
+            "--",
+            "sh",
+            "-c",
+            f"touch {ready}; sleep 300",
+        ],
+        cwd=e.world.tmp,
+        env=env(),
+    )
     deadline = time.monotonic() + 30
     while not ready.exists() and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -405,11 +513,16 @@ def test_dot_sandgate_yaml_is_the_default_policy(e: Env) -> None:
     (proj / ".sandgate.yaml").write_text("version: 1\nnetwork:\n  allow: [blocked.test]\n")
     run_env = {**env(), "PYTHONPATH": str(REPO), "XDG_STATE_HOME": str(e.world.tmp / "state")}
     before = e.mark()
-    r = e.world.run([*RUN, "-q", "--", *curl_args(e, "http://blocked.test/", "-o", "/dev/null", "-w", "%{http_code}")],
-                    cwd=proj, env=run_env)
+    r = e.world.run(
+        [*RUN, "-q", "--", *curl_args(e, "http://blocked.test/", "-o", "/dev/null", "-w", "%{http_code}")],
+        cwd=proj,
+        env=run_env,
+    )
     assert r.stdout == "403" and e.untouched(before, "blocked"), r.stderr
-    notice = ("sandgate: .sandgate.yaml is not trusted, so only what it forbids applies; ignored: network.allow; "
-              "to trust it: sandgate trust .sandgate.yaml")
+    notice = (
+        "sandgate: .sandgate.yaml is not trusted, so only what it forbids applies; ignored: network.allow; "
+        "to trust it: sandgate trust .sandgate.yaml"
+    )
     assert r.stderr.splitlines() == [notice]
     assert e.world.run([*SANDGATE, "trust"], cwd=proj, env=run_env).returncode == 0
     r = e.world.run([*RUN, "-q", "--", *curl_args(e, "http://blocked.test/")], cwd=proj, env=run_env)
@@ -421,8 +534,11 @@ def test_default_audit_logs_live_outside_the_workspace_and_are_listed(e: Env) ->
     proj = e.world.tmp / f"logs-{time.monotonic_ns()}"
     proj.mkdir()
     pol = write_policy(e.world, "version: 1\nnetwork:\n  allow: [allowed.test]\n", f"logs{time.monotonic_ns()}")
-    r = e.world.run([*RUN, "--policy", str(pol), "--", *curl_args(e, "http://blocked.test/", "-o", "/dev/null")],
-                    cwd=proj, env=env())
+    r = e.world.run(
+        [*RUN, "--policy", str(pol), "--", *curl_args(e, "http://blocked.test/", "-o", "/dev/null")],
+        cwd=proj,
+        env=env(),
+    )
     log = Path(r.stderr.strip().splitlines()[0].rsplit("-> ", 1)[1])
     assert log.parent == Path("/var/log/sandgate") and log.is_file(), r.stderr  # root's default
     assert list(proj.iterdir()) == []  # nothing of sandgate's in the workspace, during or after
@@ -434,9 +550,19 @@ def test_default_audit_logs_live_outside_the_workspace_and_are_listed(e: Env) ->
 
 def test_the_exit_line_names_each_denied_destination_and_the_flag_that_would_allow_it(e: Env) -> None:
     before = e.mark()
-    r = e.sandgate("--", "sh", "-c", " ; ".join([" ".join(curl_args(e, "https://blocked.test/")),
-                                                 " ".join(curl_args(e, "https://blocked.test/")),
-                                                 " ".join(e.probe_cmd("tcp", f"{BLOCKED}:9000")), "true"]))
+    r = e.sandgate(
+        "--",
+        "sh",
+        "-c",
+        " ; ".join(
+            [
+                " ".join(curl_args(e, "https://blocked.test/")),
+                " ".join(curl_args(e, "https://blocked.test/")),
+                " ".join(e.probe_cmd("tcp", f"{BLOCKED}:9000")),
+                "true",
+            ]
+        ),
+    )
     assert r.returncode == 0, r.stderr
     lines = [x for x in r.stderr.splitlines() if x.startswith("sandgate: denied ")]
     assert lines[0] == "sandgate: denied blocked.test:443 (2x): allow it with --allow blocked.test", r.stderr
@@ -448,8 +574,9 @@ def test_no_policy_means_no_network_and_says_so_in_one_line(e: Env) -> None:
     ws = e.world.tmp / f"nopol-{time.monotonic_ns()}"
     ws.mkdir()
     before = e.mark()
-    r = e.world.run([*RUN, "--audit-log", str(ws / "a.jsonl"), "--", *curl_args(e, "http://allowed.test/")],
-                    cwd=ws, env=env())
+    r = e.world.run(
+        [*RUN, "--audit-log", str(ws / "a.jsonl"), "--", *curl_args(e, "http://allowed.test/")], cwd=ws, env=env()
+    )
     assert r.returncode != 0 or "hello" not in r.stdout
     assert r.stderr.splitlines()[0].startswith("sandgate: no policy given: the command gets no network"), r.stderr
     assert e.untouched(before, "allowed")
@@ -458,8 +585,11 @@ def test_no_policy_means_no_network_and_says_so_in_one_line(e: Env) -> None:
 def test_learn_needs_no_policy(e: Env) -> None:
     ws = e.world.tmp / f"learn-{time.monotonic_ns()}"
     ws.mkdir()
-    r = e.world.run([*RUN, "--learn", "--audit-log", str(ws / "a.jsonl"), "--", *curl_args(e, "http://allowed.test/")],
-                    cwd=ws, env=env())
+    r = e.world.run(
+        [*RUN, "--learn", "--audit-log", str(ws / "a.jsonl"), "--", *curl_args(e, "http://allowed.test/")],
+        cwd=ws,
+        env=env(),
+    )
     assert r.stdout.strip() == "hello from allowed.test", r.stderr
     recs = [json.loads(x) for x in (ws / "a.jsonl").read_text().splitlines()]
     assert any(x.get("would") == "deny" and x.get("host") == "allowed.test" for x in recs)
@@ -502,10 +632,30 @@ PTY_DRIVER = textwrap.dedent("""\
 
 
 def on_a_terminal(e: Env, trials: int) -> list[str]:
-    r = e.world.run([sys.executable, "-c", PTY_DRIVER, str(trials), "-m", "launcher.cli", "run", *VIEW, "-q",
-                     "--policy", str(e.policy), "--audit-log", str(e.world.tmp / "pty.jsonl"), "--", "sh", "-c",
-                     "[ -t 0 ] && [ -t 1 ] && echo tty=yes; exec sleep 30"], cwd=e.world.tmp, env=env(),
-                    timeout=60 + 10 * trials)
+    r = e.world.run(
+        [
+            sys.executable,
+            "-c",
+            PTY_DRIVER,
+            str(trials),
+            "-m",
+            "launcher.cli",
+            "run",
+            *VIEW,
+            "-q",
+            "--policy",
+            str(e.policy),
+            "--audit-log",
+            str(e.world.tmp / "pty.jsonl"),
+            "--",
+            "sh",
+            "-c",
+            "[ -t 0 ] && [ -t 1 ] && echo tty=yes; exec sleep 30",
+        ],
+        cwd=e.world.tmp,
+        env=env(),
+        timeout=60 + 10 * trials,
+    )
     return r.stdout.splitlines()
 
 
@@ -517,16 +667,29 @@ def test_twenty_ctrl_c_never_blame_the_proxy_and_end_with_130(e: Env) -> None:
     assert on_a_terminal(e, 20) == ["130 True False"] * 20
 
 
-
 def test_an_extra_write_root_gets_no_placeholders_and_nothing_is_left(e: Env) -> None:
     ws, extra = e.world.tmp / f"ws-{time.monotonic_ns()}", e.world.tmp / f"cache-{time.monotonic_ns()}"
     ws.mkdir()
     extra.mkdir()
     (extra / ".vscode").mkdir()  # an existing protected name is still protected there
-    r = e.world.run([*RUN, "-q", "--policy", str(e.policy), "--audit-log", str(e.world.tmp / "x.jsonl"),
-                     "--write", str(extra), "--", "sh", "-c",
-                     f"ls -A {extra}; echo ---; ls -A .; touch {extra}/.vscode/x 2>/dev/null || echo ro"],
-                    cwd=ws, env=env())
+    r = e.world.run(
+        [
+            *RUN,
+            "-q",
+            "--policy",
+            str(e.policy),
+            "--audit-log",
+            str(e.world.tmp / "x.jsonl"),
+            "--write",
+            str(extra),
+            "--",
+            "sh",
+            "-c",
+            f"ls -A {extra}; echo ---; ls -A .; touch {extra}/.vscode/x 2>/dev/null || echo ro",
+        ],
+        cwd=ws,
+        env=env(),
+    )
     extra_seen, ws_seen = r.stdout.split("---")
     assert extra_seen.split() == [".vscode"], r.stdout  # no .sandgate.yaml, .idea, .envrc... sprouted there
     assert ".sandgate.yaml" in ws_seen.split() and "ro" in ws_seen.split(), r.stdout  # the workspace: covered

@@ -61,8 +61,14 @@ REFUSED = {
     "userfaultfd": (323, 282, errno.EPERM),
 }
 # Deliberately allowed (nested sandboxes, debuggers, mount ids): a regression that refused them breaks builds.
-KEPT = {"name_to_handle_at": (303, 264), "setns": (308, 268), "unshare": (272, 97), "ptrace": (101, 117),
-        "process_vm_readv": (310, 270), "process_vm_writev": (311, 271)}
+KEPT = {
+    "name_to_handle_at": (303, 264),
+    "setns": (308, 268),
+    "unshare": (272, 97),
+    "ptrace": (101, 117),
+    "process_vm_readv": (310, 270),
+    "process_vm_writev": (311, 271),
+}
 HEADERS = {"x86_64": "/usr/include/x86_64-linux-gnu/asm/unistd_64.h", "aarch64": "/usr/include/asm-generic/unistd.h"}
 MACHINE = platform.machine()
 
@@ -73,6 +79,7 @@ _libc.syscall.restype = ctypes.c_long
 # --------------------------------------------------------------------------------------------
 # Pure: shape of the program
 # --------------------------------------------------------------------------------------------
+
 
 def _successors(prog: list[tuple[int, int, int, int]], pc: int) -> list[int]:
     code, jt, jf, _ = prog[pc]
@@ -175,6 +182,7 @@ def test_ctypes_layout_matches_the_kernel_abi() -> None:
 # Pure: semantics, by running the program in a small classic-BPF interpreter
 # --------------------------------------------------------------------------------------------
 
+
 def run_bpf(prog: list[tuple[int, int, int, int]], arch: int, nr: int, args: tuple[int, ...] = ()) -> int:
     args = tuple(args) + (0,) * (6 - len(args))
     data = struct.pack("<II Q 6Q", nr & 0xFFFFFFFF, arch, 0, *args)  # little-endian seccomp_data
@@ -229,10 +237,16 @@ SEMANTICS = [
     ("aarch64", X86, 29, (0, TIOCSTI), EPERM, "foreign arch"),
     ("aarch64", ARM, 63, (), ALLOW, "read"),
 ]
-SEMANTICS += [(arch, AUDIT[arch], nrs[i], (), 0x00050000 | err, name)
-              for name, (*nrs, err) in REFUSED.items() for i, arch in enumerate(ARCHES)]
-SEMANTICS += [(arch, AUDIT[arch], nrs[i], (), ALLOW, f"{name} stays allowed")
-              for name, nrs in KEPT.items() for i, arch in enumerate(ARCHES)]
+SEMANTICS += [
+    (arch, AUDIT[arch], nrs[i], (), 0x00050000 | err, name)
+    for name, (*nrs, err) in REFUSED.items()
+    for i, arch in enumerate(ARCHES)
+]
+SEMANTICS += [
+    (arch, AUDIT[arch], nrs[i], (), ALLOW, f"{name} stays allowed")
+    for name, nrs in KEPT.items()
+    for i, arch in enumerate(ARCHES)
+]
 
 
 @pytest.mark.parametrize("name,audit,nr,args,expected,why", SEMANTICS, ids=[f"{c[0]}-{c[5]}" for c in SEMANTICS])
@@ -241,17 +255,42 @@ def test_program_semantics(name: str, audit: int, nr: int, args: tuple[int, ...]
 
 
 REFUSED_BY_NR = {arch: {nrs[i]: err for *nrs, err in REFUSED.values()} for i, arch in enumerate(ARCHES)}
-_interesting_nr = st.one_of(st.sampled_from([0, 16, 29, 54, 424, 425, 426, 427, 428, 0x40000010, 0x7FFFFFFF,
-                                             0xFFFFFFFF, *(n for m in REFUSED_BY_NR.values() for n in m),
-                                             *(n for nrs in KEPT.values() for n in nrs)]),
-                            st.integers(0, 0xFFFFFFFF))
-_interesting_cmd = st.one_of(st.sampled_from([TIOCSTI, TIOCLINUX, TIOCGWINSZ]).flatmap(
-    lambda c: st.integers(0, 0xFFFFFFFF).map(lambda hi: (hi << 32) | c)), st.integers(0, 2**64 - 1))
+_interesting_nr = st.one_of(
+    st.sampled_from(
+        [
+            0,
+            16,
+            29,
+            54,
+            424,
+            425,
+            426,
+            427,
+            428,
+            0x40000010,
+            0x7FFFFFFF,
+            0xFFFFFFFF,
+            *(n for m in REFUSED_BY_NR.values() for n in m),
+            *(n for nrs in KEPT.values() for n in nrs),
+        ]
+    ),
+    st.integers(0, 0xFFFFFFFF),
+)
+_interesting_cmd = st.one_of(
+    st.sampled_from([TIOCSTI, TIOCLINUX, TIOCGWINSZ]).flatmap(
+        lambda c: st.integers(0, 0xFFFFFFFF).map(lambda hi: (hi << 32) | c)
+    ),
+    st.integers(0, 2**64 - 1),
+)
 
 
 @settings(max_examples=300, deadline=None)
-@given(arch=st.sampled_from(ARCHES), audit=st.sampled_from([X86, ARM, AUDIT_I386, AUDIT_ARM, 0]),
-       nr=_interesting_nr, cmd=_interesting_cmd)
+@given(
+    arch=st.sampled_from(ARCHES),
+    audit=st.sampled_from([X86, ARM, AUDIT_I386, AUDIT_ARM, 0]),
+    nr=_interesting_nr,
+    cmd=_interesting_cmd,
+)
 def test_program_matches_reference_model(arch: str, audit: int, nr: int, cmd: int) -> None:
     if audit != AUDIT[arch] or (arch == "x86_64" and nr >= 0x40000000):  # foreign table, or x32
         expected = EPERM
@@ -267,6 +306,7 @@ def test_program_matches_reference_model(arch: str, audit: int, nr: int, cmd: in
 # --------------------------------------------------------------------------------------------
 # Real kernel: forked children
 # --------------------------------------------------------------------------------------------
+
 
 def _filter_count() -> str:
     with open("/proc/self/status") as f:
@@ -318,11 +358,11 @@ def in_child(body: Callable[[], Any], timeout: float = 5.0) -> Any:
             try:
                 payload = {"ok": True, "result": body()}
                 code = 0
-            except BaseException:  # noqa: BLE001 - whatever the body raised goes back to pytest
+            except BaseException:
                 payload = {"ok": False, "error": traceback.format_exc()}
             data = json.dumps(payload).encode()
             while data:
-                data = data[os.write(w, data):]
+                data = data[os.write(w, data) :]
         finally:
             os._exit(code)
     os.close(w)
@@ -450,12 +490,15 @@ def test_ordinary_terminal_ioctls_still_work() -> None:
         rows, cols, _, _ = struct.unpack("HHHH", fcntl.ioctl(slave, termios.TIOCGWINSZ, b"\0" * 8))
         os.write(master, b"abc")
         _read_until(slave, b"c")
-        return {"winsz": [rows, cols], "size": list(os.get_terminal_size(slave)), "isatty": os.isatty(slave),
-                "pgrp_is_us": os.tcgetpgrp(slave) == os.getpgrp(), "isig": bool(termios.tcgetattr(slave)[3]
-                                                                                  & termios.ISIG)}
+        return {
+            "winsz": [rows, cols],
+            "size": list(os.get_terminal_size(slave)),
+            "isatty": os.isatty(slave),
+            "pgrp_is_us": os.tcgetpgrp(slave) == os.getpgrp(),
+            "isig": bool(termios.tcgetattr(slave)[3] & termios.ISIG),
+        }
 
-    assert in_child(body) == {"winsz": [33, 101], "size": [101, 33], "isatty": True, "pgrp_is_us": True,
-                              "isig": True}
+    assert in_child(body) == {"winsz": [33, 101], "size": [101, 33], "isatty": True, "pgrp_is_us": True, "isig": True}
 
 
 def _io_uring() -> dict[str, str]:
@@ -487,16 +530,21 @@ def test_io_uring_is_enosys_after_install() -> None:
 def _i386_stub() -> Callable[[int, int, int, int], int]:
     """int 0x80 from 64-bit code: the i386 syscall table, args truncated to 32 bits (so MAP_32BIT)."""
     code = bytes.fromhex(
-        "53"      # push rbx
-        "89f8"    # mov eax, edi   (nr)
-        "89f3"    # mov ebx, esi   (arg1)
-        "87ca"    # xchg ecx, edx  (arg2 <- rdx, arg3 <- rcx)
-        "cd80"    # int 0x80
-        "5b"      # pop rbx
-        "c3")     # ret
-    page = mmap.mmap(-1, 4096, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | 0x40,  # MAP_32BIT
-                     prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
-    page[:len(code)] = code
+        "53"  # push rbx
+        "89f8"  # mov eax, edi   (nr)
+        "89f3"  # mov ebx, esi   (arg1)
+        "87ca"  # xchg ecx, edx  (arg2 <- rdx, arg3 <- rcx)
+        "cd80"  # int 0x80
+        "5b"  # pop rbx
+        "c3"
+    )  # ret
+    page = mmap.mmap(
+        -1,
+        4096,
+        flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | 0x40,  # MAP_32BIT
+        prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC,
+    )
+    page[: len(code)] = code
     page[256:257] = b"i"
     base = ctypes.addressof(ctypes.c_char.from_buffer(page))
     assert base < 2**32
@@ -601,9 +649,11 @@ def test_filter_survives_exec_through_a_shell(filtered: bool) -> None:
             os.dup2(w, 1)
             if filtered:
                 install()
-            os.execv("/bin/sh", ["/bin/sh", "-c", 'exec "$0" -S -c "$1" "$2" "$3"',
-                                 sys.executable, _EXECED, str(master), str(slave)])
-        except BaseException:  # noqa: BLE001 - reported through the pipe, then _exit
+            os.execv(
+                "/bin/sh",
+                ["/bin/sh", "-c", 'exec "$0" -S -c "$1" "$2" "$3"', sys.executable, _EXECED, str(master), str(slave)],
+            )
+        except BaseException:
             os.write(w, traceback.format_exc().encode())
         finally:
             os._exit(1)
@@ -638,6 +688,7 @@ def test_install_is_idempotent_and_sets_no_new_privs() -> None:
 # Real kernel: the calls refused with EPERM, each against a control child without the filter
 # --------------------------------------------------------------------------------------------
 
+
 def _raw(name: str, *args: object) -> str:
     """syscall(2) by name, every argument full width; 'ok' (any fd returned is closed) or the errno name."""
     ctypes.set_errno(0)
@@ -669,8 +720,10 @@ def _open_by_handle(path: str) -> dict[str, str]:
     name = _raw("name_to_handle_at", at_fdcwd, ctypes.c_char_p(path.encode()), handle, ctypes.byref(mount_id), 0)
     mount_fd = os.open(os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY)
     try:
-        return {"name_to_handle_at": name, "open_by_handle_at": _raw("open_by_handle_at", mount_fd, handle,
-                                                                    os.O_RDONLY)}
+        return {
+            "name_to_handle_at": name,
+            "open_by_handle_at": _raw("open_by_handle_at", mount_fd, handle, os.O_RDONLY),
+        }
     finally:
         os.close(mount_fd)
 
@@ -683,8 +736,7 @@ def _refused_attempts(path: str) -> dict[str, str]:
         "perf_event_open": _perf_sw_clock(),
         "keyctl": _raw("keyctl", 0, session_keyring, 0),  # KEYCTL_GET_KEYRING_ID
         # Into this child's own process keyring: it dies with the child.
-        "add_key": _raw("add_key", user, ctypes.c_char_p(b"sandgate-test"), ctypes.c_char_p(b"x"), 1,
-                        process_keyring),
+        "add_key": _raw("add_key", user, ctypes.c_char_p(b"sandgate-test"), ctypes.c_char_p(b"x"), 1, process_keyring),
         "request_key": _raw("request_key", user, ctypes.c_char_p(b"sandgate-test-absent"), None, 0),
         **_open_by_handle(path),
         "init_module": _raw("init_module", None, 0, ctypes.c_char_p(b"")),  # empty image: ENOEXEC at most
@@ -709,13 +761,21 @@ def test_dangerous_calls_are_refused_with_eperm(tmp_path: Any) -> None:
             if filtered:
                 install()
             return _refused_attempts(str(target))
+
         return body
 
     control = in_child(attempts(False))
     refused = in_child(attempts(True))
     # Control: root gets these for real here (ENOSYS/ENOENT... where the kernel lacks or refuses the feature).
-    for name in ("bpf", "perf_event_open", "keyctl", "add_key", "name_to_handle_at", "open_by_handle_at",
-                 "userfaultfd"):
+    for name in (
+        "bpf",
+        "perf_event_open",
+        "keyctl",
+        "add_key",
+        "name_to_handle_at",
+        "open_by_handle_at",
+        "userfaultfd",
+    ):
         assert control[name] == "ok", (name, control)
     assert control["request_key"] == "ENOKEY"
     for name, result in control.items():
@@ -725,6 +785,7 @@ def test_dangerous_calls_are_refused_with_eperm(tmp_path: Any) -> None:
 
 def test_kept_namespace_calls_still_work() -> None:
     """setns/unshare stay allowed (nested bwrap/podman), and ptrace of one's own child too."""
+
     def body() -> dict[str, str]:
         install()
         out = {"unshare_uts": _errname(lambda: os.unshare(os.CLONE_NEWUTS))}

@@ -29,10 +29,15 @@ from .world import World
 
 MARKER = "CRED-MARKER-3c9e"
 GHP = "ghp_" + "Q7w8E9r0T1" * 3 + "y2U3i4"  # a classic GitHub token's shape, under an innocent name
-SECRETS = {"OPENAI_API_KEY": f"sk-{MARKER}-openai-aaaaaaaaaaaaaaaa", "ANTHROPIC_API_KEY": f"{MARKER}-anthropic",
-           "PGPASSWORD": f"{MARKER}-pg", "MYSQL_PWD": f"{MARKER}-mysql",
-           "DATABASE_URL": f"postgres://u:pw{MARKER}@h/db", "openai_api_key": f"{MARKER}-lower",
-           "BUILD_LABEL": GHP}
+SECRETS = {
+    "OPENAI_API_KEY": f"sk-{MARKER}-openai-aaaaaaaaaaaaaaaa",
+    "ANTHROPIC_API_KEY": f"{MARKER}-anthropic",
+    "PGPASSWORD": f"{MARKER}-pg",
+    "MYSQL_PWD": f"{MARKER}-mysql",
+    "DATABASE_URL": f"postgres://u:pw{MARKER}@h/db",
+    "openai_api_key": f"{MARKER}-lower",
+    "BUILD_LABEL": GHP,
+}
 #: Credential files (relative to the home) with the marker in them; each must be hidden by default.
 CRED_FILES = (".npmrc", ".pypirc", ".git-credentials", ".cargo/credentials.toml", ".config/gcloud/credentials.db")
 
@@ -44,14 +49,19 @@ class Home:
     ws: Path
     home: Path
 
-    def run(self, cmd: list[str], *, policy: str = "version: 1\n", flag: str = "-q",
-            envx: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess[str], Path]:
+    def run(
+        self, cmd: list[str], *, policy: str = "version: 1\n", flag: str = "-q", envx: dict[str, str] | None = None
+    ) -> tuple[subprocess.CompletedProcess[str], Path]:
         stamp = time.monotonic_ns()
         pol = self.base / f"policy-{stamp}.yaml"
         pol.write_text(policy)
         audit = self.base / f"audit-{stamp}.jsonl"
-        r = self.world.run([*RUN, flag, "--policy", str(pol), "--audit-log", str(audit), "--", *cmd],
-                           cwd=self.ws, timeout=60, env={**env(), "HOME": str(self.home), **(envx or {})})
+        r = self.world.run(
+            [*RUN, flag, "--policy", str(pol), "--audit-log", str(audit), "--", *cmd],
+            cwd=self.ws,
+            timeout=60,
+            env={**env(), "HOME": str(self.home), **(envx or {})},
+        )
         return r, audit
 
     def bare(self, cmd: list[str]) -> subprocess.CompletedProcess[str]:
@@ -91,9 +101,24 @@ def policy_record(audit: Path) -> dict[str, Any]:
 
 def test_the_default_read_deny_names_the_issues_credential_files() -> None:
     # A plain unit check first: a failure here explains the e2e failure below.
-    for rel in (".npmrc", ".pypirc", ".git-credentials", ".cargo/credentials.toml", ".cargo/credentials",
-                ".config/gcloud", ".netrc", ".docker/config.json", ".kube", ".config/gh", ".gem/credentials",
-                ".azure", ".pgpass", ".my.cnf", ".vault-token", ".config/git/credentials"):
+    for rel in (
+        ".npmrc",
+        ".pypirc",
+        ".git-credentials",
+        ".cargo/credentials.toml",
+        ".cargo/credentials",
+        ".config/gcloud",
+        ".netrc",
+        ".docker/config.json",
+        ".kube",
+        ".config/gh",
+        ".gem/credentials",
+        ".azure",
+        ".pgpass",
+        ".my.cnf",
+        ".vault-token",
+        ".config/git/credentials",
+    ):
         assert f"~/{rel}" in fp.DEFAULT_READ_DENY, rel
     with tempfile.TemporaryDirectory(dir="/var/tmp", prefix="sandgate-test-") as home:
         for rel in CRED_FILES:
@@ -105,8 +130,12 @@ def test_the_default_read_deny_names_the_issues_credential_files() -> None:
 
 
 def test_environment_credentials_never_reach_the_command(h: Home) -> None:
-    keep = {"AWS_CA_BUNDLE": "/etc/ssl/certs/ca-certificates.crt", "SSL_CERT_FILE": "/etc/ssl/certs/ca.pem",
-            "PWD": str(h.ws), "SANDGATE_TEST_PLAIN": "1"}
+    keep = {
+        "AWS_CA_BUNDLE": "/etc/ssl/certs/ca-certificates.crt",
+        "SSL_CERT_FILE": "/etc/ssl/certs/ca.pem",
+        "PWD": str(h.ws),
+        "SANDGATE_TEST_PLAIN": "1",
+    }
     r, audit = h.run(["env"], flag="-v", envx={**SECRETS, **keep})
     got = environ(r)
     assert not set(SECRETS) & set(got), sorted(got)

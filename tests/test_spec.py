@@ -19,8 +19,9 @@ name = st.lists(label, min_size=1, max_size=4).map(".".join)
 ports = st.none() | st.frozensets(st.integers(1, 65535), max_size=5)
 origin = st.text(max_size=30)
 v4 = st.builds(lambda a, p: ipaddress.ip_network((a, p), strict=False), st.integers(0, 2**32 - 1), st.integers(1, 32))
-v6: st.SearchStrategy[ipaddress.IPv4Network | ipaddress.IPv6Network] = st.builds(lambda a, p: ipaddress.ip_network((a, p), strict=False), st.integers(2**33, 2**128 - 1),
-               st.integers(1, 128)).filter(lambda n: getattr(n.network_address, "ipv4_mapped", None) is None)
+v6: st.SearchStrategy[ipaddress.IPv4Network | ipaddress.IPv6Network] = st.builds(
+    lambda a, p: ipaddress.ip_network((a, p), strict=False), st.integers(2**33, 2**128 - 1), st.integers(1, 128)
+).filter(lambda n: getattr(n.network_address, "ipv4_mapped", None) is None)
 rule = st.one_of(
     st.builds(Rule, st.just("host"), name, ports, origin),
     st.builds(Rule, st.just("wildcard"), name, ports, origin),
@@ -29,9 +30,15 @@ rule = st.one_of(
 rules = st.lists(rule, max_size=6).map(tuple)
 resolver = st.none() | st.tuples(st.ip_addresses().map(str), st.integers(1, 65535))
 policy = st.builds(NetworkPolicy, rules, rules, rules, resolver, st.none() | origin)
-spec = st.builds(BindingSpec, st.text(st.characters(categories=["L", "N", "P"]), min_size=1, max_size=40), policy,
-                 st.booleans(), st.booleans(), st.none() | st.text(max_size=20).map(lambda s: "/" + s.replace("\0", "")),
-                 st.floats(0.001, 1e6))
+spec = st.builds(
+    BindingSpec,
+    st.text(st.characters(categories=["L", "N", "P"]), min_size=1, max_size=40),
+    policy,
+    st.booleans(),
+    st.booleans(),
+    st.none() | st.text(max_size=20).map(lambda s: "/" + s.replace("\0", "")),
+    st.floats(0.001, 1e6),
+)
 
 
 @given(spec)
@@ -44,13 +51,30 @@ def test_round_trip_through_json(s: BindingSpec) -> None:
 
 
 def test_a_parsed_policy_round_trips() -> None:
-    pol = parse_network({"allow": ["PyPI.org.", "*.pythonhosted.org", "192.0.2.1", {"cidr": "10.0.0.0/8", "ports": [22, 80]},
-                                   {"host": "x.test", "ports": [8443]}],
-                         "deny": ["evil.pypi.org"], "ask": ["ask.test"], "resolver": "[2001:db8::1]:5353"}, "p.yaml")
+    pol = parse_network(
+        {
+            "allow": [
+                "PyPI.org.",
+                "*.pythonhosted.org",
+                "192.0.2.1",
+                {"cidr": "10.0.0.0/8", "ports": [22, 80]},
+                {"host": "x.test", "ports": [8443]},
+            ],
+            "deny": ["evil.pypi.org"],
+            "ask": ["ask.test"],
+            "resolver": "[2001:db8::1]:5353",
+        },
+        "p.yaml",
+    )
     s = BindingSpec("task-1", pol, learn=True, approval_socket="/run/x.sock", ask_timeout=5)
     enc = encode(s)
-    assert enc["policy"]["allow"][0] == {"kind": "host", "value": "pypi.org", "ports": [80, 443], "origin": "p.yaml",
-                                         "dns": None}
+    assert enc["policy"]["allow"][0] == {
+        "kind": "host",
+        "value": "pypi.org",
+        "ports": [80, 443],
+        "origin": "p.yaml",
+        "dns": None,
+    }
     assert enc["policy"]["allow"][3]["ports"] == [22, 80] and enc["policy"]["deny"][0]["ports"] is None
     assert enc["policy"]["resolver"] == ["2001:db8::1", 5353]
     assert decode(enc) == s
@@ -75,36 +99,39 @@ def _set(obj: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
     return obj
 
 
-@pytest.mark.parametrize(("path", "value", "message"), [
-    ("task", "", "task must be a non-empty"),
-    ("task", "a\nb", "printable"),
-    ("task", 7, "task must be a string"),
-    ("learn", 1, "learn must be true or false"),
-    ("ask_timeout", True, "ask_timeout"),
-    ("ask_timeout", float("inf"), "ask_timeout"),
-    ("ask_timeout", -1, "ask_timeout"),
-    ("approval_socket", "rel/path.sock", "absolute"),
-    ("extra", 1, "unknown extra"),
-    ("learn", KeyError, "missing learn"),
-    ("policy", [], "policy must be an object"),
-    ("policy.allow", {}, "policy.allow must be a list"),
-    ("policy.allow.0.kind", "regex", "kind must be one of"),
-    ("policy.allow.0.value", "A.test", "not in canonical form"),
-    ("policy.allow.0.value", "a..test", "empty label"),
-    ("policy.allow.0.value", "192.0.2.1", "IP address where a name is required"),
-    ("policy.allow.0.ports", [0], "ports must be"),
-    ("policy.allow.0.ports", [True], "ports must be"),
-    ("policy.allow.0.ports", "80", "ports must be"),
-    ("policy.allow.0.origin", None, "origin must be a string"),
-    ("policy.allow.1.value", "10.0.0.1/8", "host bits set"),
-    ("policy.allow.1.value", "0.0.0.0/0", "covers every address"),
-    ("policy.allow.1.value", "::ffff:10.0.0.0/104", "IPv4-mapped"),
-    ("policy.resolver", ["1.2.3.4"], "[IP, PORT]"),
-    ("policy.resolver", ["1.2.3.4", 0], "[IP, PORT]"),
-    ("policy.resolver", ["dns.test", 53], "not an IP address"),
-    ("policy.resolver", ["2001:DB8::1", 53], "canonical"),
-    ("policy.resolver_origin", 5, "resolver_origin must be a string"),
-])
+@pytest.mark.parametrize(
+    ("path", "value", "message"),
+    [
+        ("task", "", "task must be a non-empty"),
+        ("task", "a\nb", "printable"),
+        ("task", 7, "task must be a string"),
+        ("learn", 1, "learn must be true or false"),
+        ("ask_timeout", True, "ask_timeout"),
+        ("ask_timeout", float("inf"), "ask_timeout"),
+        ("ask_timeout", -1, "ask_timeout"),
+        ("approval_socket", "rel/path.sock", "absolute"),
+        ("extra", 1, "unknown extra"),
+        ("learn", KeyError, "missing learn"),
+        ("policy", [], "policy must be an object"),
+        ("policy.allow", {}, "policy.allow must be a list"),
+        ("policy.allow.0.kind", "regex", "kind must be one of"),
+        ("policy.allow.0.value", "A.test", "not in canonical form"),
+        ("policy.allow.0.value", "a..test", "empty label"),
+        ("policy.allow.0.value", "192.0.2.1", "IP address where a name is required"),
+        ("policy.allow.0.ports", [0], "ports must be"),
+        ("policy.allow.0.ports", [True], "ports must be"),
+        ("policy.allow.0.ports", "80", "ports must be"),
+        ("policy.allow.0.origin", None, "origin must be a string"),
+        ("policy.allow.1.value", "10.0.0.1/8", "host bits set"),
+        ("policy.allow.1.value", "0.0.0.0/0", "covers every address"),
+        ("policy.allow.1.value", "::ffff:10.0.0.0/104", "IPv4-mapped"),
+        ("policy.resolver", ["1.2.3.4"], "[IP, PORT]"),
+        ("policy.resolver", ["1.2.3.4", 0], "[IP, PORT]"),
+        ("policy.resolver", ["dns.test", 53], "not an IP address"),
+        ("policy.resolver", ["2001:DB8::1", 53], "canonical"),
+        ("policy.resolver_origin", 5, "resolver_origin must be a string"),
+    ],
+)
 def test_decode_refuses(path: str, value: Any, message: str) -> None:
     with pytest.raises(SpecError) as e:
         decode(_set(good(), path, value))

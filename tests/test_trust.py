@@ -100,21 +100,30 @@ def test_state_dir_follows_xdg_and_ignores_a_relative_value() -> None:
 
 
 def test_narrow_keeps_only_what_forbids_more() -> None:
-    rule = netpolicy.parse_network({"allow": ["a.test"], "deny": ["d.test"], "ask": ["q.test"],
-                                    "resolver": "192.0.2.1"}, "ws.yaml")
+    rule = netpolicy.parse_network(
+        {"allow": ["a.test"], "deny": ["d.test"], "ask": ["q.test"], "resolver": "192.0.2.1"}, "ws.yaml"
+    )
     fs = fspolicy.FsPolicy(write=(".",), read_deny=("secrets",), protect=("notes.txt", "/etc/nologin", "~/.x"))
     env = fspolicy.EnvPolicy(drop=("P_*",), keep=("*",))
     net, fs2, env2, ignored = trust.narrow(rule, fs, env, has_include=True)
     assert net == netpolicy.NetworkPolicy(deny=rule.deny)
     assert fs2 == fspolicy.FsPolicy(read_deny=("secrets",), protect=("notes.txt",))
     assert env2 == fspolicy.EnvPolicy(drop=("P_*",))
-    assert ignored == ("include", "network.allow", "network.ask", "network.resolver", "filesystem.write",
-                       "filesystem.protect outside the workspace", "env.keep")
+    assert ignored == (
+        "include",
+        "network.allow",
+        "network.ask",
+        "network.resolver",
+        "filesystem.write",
+        "filesystem.protect outside the workspace",
+        "env.keep",
+    )
     # `write: []` (nothing writable) and `write: ["."]` (no private /tmp: the host's shows) are both ignored:
     # write is not monotonic, so no form of it is taken from an untrusted file.
     for write in ((), (".",), ("/tmp",)):
-        assert trust.narrow(netpolicy.NetworkPolicy(), fspolicy.FsPolicy(write=write), fspolicy.EnvPolicy(),
-                            False)[3] == ("filesystem.write",)
+        assert trust.narrow(netpolicy.NetworkPolicy(), fspolicy.FsPolicy(write=write), fspolicy.EnvPolicy(), False)[
+            3
+        ] == ("filesystem.write",)
     assert trust.narrow(netpolicy.NetworkPolicy(), fspolicy.FsPolicy(), fspolicy.EnvPolicy(), False)[3] == ()
 
 
@@ -135,8 +144,15 @@ def test_narrow_drops_fields_it_does_not_know() -> None:
 
 
 def sandgate(*args: str, cwd: Path, state: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "launcher.cli", *args], check=False, capture_output=True, text=True,
-                          cwd=cwd, timeout=60, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "XDG_STATE_HOME": str(state)})
+    return subprocess.run(
+        [sys.executable, "-m", "launcher.cli", *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=60,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "XDG_STATE_HOME": str(state)},
+    )
 
 
 def test_cli_trust_list_and_revoke(tmp_path: Path) -> None:
@@ -151,29 +167,39 @@ def test_cli_trust_list_and_revoke(tmp_path: Path) -> None:
     assert lines[1].startswith(f"sandgate: trusted {ws / 'more.yaml'} (sha256 ") and "any change" in lines[1]
     (ws / "more.yaml").write_text("version: 1\nnetwork:\n  allow: [evil.test]\n")
     listed = sandgate("trust", "--list", cwd=ws, state=state).stdout.splitlines()
-    assert [x.split()[:2] for x in listed] == [["trusted", str(ws / ".sandgate.yaml")], ["changed", str(ws / "more.yaml")]]
+    assert [x.split()[:2] for x in listed] == [
+        ["trusted", str(ws / ".sandgate.yaml")],
+        ["changed", str(ws / "more.yaml")],
+    ]
     r = sandgate("trust", "--revoke", ".sandgate.yaml", cwd=ws, state=state)
     assert r.returncode == 0 and r.stderr.strip() == f"sandgate: no longer trusted: {ws / '.sandgate.yaml'}"
     assert [x.split()[1] for x in sandgate("trust", "--list", cwd=ws, state=state).stdout.splitlines()] == [
-        str(ws / "more.yaml")]
+        str(ws / "more.yaml")
+    ]
 
 
 def test_cli_trust_refuses_what_it_cannot_stand_behind(tmp_path: Path) -> None:
     ws = tmp_path / "ws"
     ws.mkdir()
-    (ws / ".sandgate.yaml").write_text("version: 1\nnetwork:\n  allow: [\"*\"]\n")
-    for state, fragment in ((tmp_path / "state", ".sandgate.yaml:3: '*' would match every host"),
-                            (ws / "state", f"is inside {ws}, where a sandboxed command may write")):
+    (ws / ".sandgate.yaml").write_text('version: 1\nnetwork:\n  allow: ["*"]\n')
+    for state, fragment in (
+        (tmp_path / "state", ".sandgate.yaml:3: '*' would match every host"),
+        (ws / "state", f"is inside {ws}, where a sandboxed command may write"),
+    ):
         r = sandgate("trust", cwd=ws, state=state)
         assert r.returncode == 125 and len(r.stderr.splitlines()) == 1 and fragment in r.stderr, r.stderr
     os.mkfifo(ws / "fifo.yaml")
     r = sandgate("trust", "fifo.yaml", cwd=ws, state=tmp_path / "state")
-    assert r.returncode == 125 and r.stderr.strip() == "sandgate: error: fifo.yaml: not a regular file (a FIFO); a policy is a YAML file"
+    assert (
+        r.returncode == 125
+        and r.stderr.strip() == "sandgate: error: fifo.yaml: not a regular file (a FIFO); a policy is a YAML file"
+    )
     assert not (tmp_path / "state" / "sandgate" / "trusted.json").exists()
 
 
-def test_build_policy_with_a_store_that_cannot_be_read_runs_narrowed(tmp_path: Path,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_build_policy_with_a_store_that_cannot_be_read_runs_narrowed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     ws = tmp_path / "ws"
     ws.mkdir()
     monkeypatch.chdir(ws)

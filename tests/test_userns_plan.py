@@ -55,12 +55,18 @@ def test_map_text_is_one_line_per_range() -> None:
     assert userns.map_text((IdMap(0, 0), IdMap(5, 7, 2))) == "0 0 1\n5 7 2\n"
 
 
-@pytest.mark.parametrize("path,value,setting", [
-    ("/proc/sys/kernel/unprivileged_userns_clone", "0", "kernel.unprivileged_userns_clone = 0"),
-    ("/proc/sys/user/max_user_namespaces", "0", "user.max_user_namespaces = 0"),
-    ("/proc/sys/kernel/apparmor_restrict_unprivileged_userns", "1",
-     "kernel.apparmor_restrict_unprivileged_userns = 1"),
-])
+@pytest.mark.parametrize(
+    "path,value,setting",
+    [
+        ("/proc/sys/kernel/unprivileged_userns_clone", "0", "kernel.unprivileged_userns_clone = 0"),
+        ("/proc/sys/user/max_user_namespaces", "0", "user.max_user_namespaces = 0"),
+        (
+            "/proc/sys/kernel/apparmor_restrict_unprivileged_userns",
+            "1",
+            "kernel.apparmor_restrict_unprivileged_userns = 1",
+        ),
+    ],
+)
 def test_a_disabled_user_namespace_names_the_setting_and_the_fix(path: str, value: str, setting: str) -> None:
     why = userns.unprivileged_userns_problem(lambda p: value if p == path else None)
     assert why is not None and why.startswith(setting) and "sysctl" in why

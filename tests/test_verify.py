@@ -33,8 +33,14 @@ def sandgate_verify(*args: str, weaken: str = "") -> tuple[int, list[dict[str, o
     env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "PYTHONPATH": str(REPO), "LANG": "C.UTF-8"}
     if weaken:
         env["SANDGATE_INTERNAL_WEAKEN"] = weaken
-    r = subprocess.run([sys.executable, "-m", "launcher.cli", "verify", "--json", *args], capture_output=True,
-                       text=True, env=env, cwd="/", timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-m", "launcher.cli", "verify", "--json", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd="/",
+        timeout=300,
+    )
     return r.returncode, (json.loads(r.stdout) if r.stdout.strip() else []), r.stderr
 
 
@@ -52,8 +58,11 @@ def _assert_complete(rows: list[dict[str, object]]) -> None:
 
 
 def _host_keys_and_segments() -> tuple[set[str], set[str]]:
-    keys = {line for line in Path("/proc/keys").read_text().splitlines()  # live ones: not invalidated/dead/revoked
-            if "sandgate-verify:" in line and not set(line.split()[1]) & set("iDR")}
+    keys = {
+        line
+        for line in Path("/proc/keys").read_text().splitlines()  # live ones: not invalidated/dead/revoked
+        if "sandgate-verify:" in line and not set(line.split()[1]) & set("iDR")
+    }
     shm = {line.split()[1] for line in Path("/proc/sysvipc/shm").read_text().splitlines()[1:]}
     return keys, shm
 
@@ -85,9 +94,16 @@ def test_every_probe_behaves_as_expected_in_every_context() -> None:
 #: nothing redirects or drops, so every direct connection reaches its canary; DNS goes to the world's
 #: resolver (no resolver of our own is in /etc/resolv.conf); 127.0.0.1 is the host's.
 OPEN_NETWORK_FAILS = {
-    "direct_tcp_ip", "allowed_ip_other_port", "udp", "quic",  # nothing dropped
-    "blocked_transparent", "sni_spoof", "host_mismatch",  # no transparent proxy: the blocked IP answers itself
-    "dns_udp_rogue", "dns_tcp_rogue", "dns_txt_exfil",  # any resolver, and the world's relays the secret
+    "direct_tcp_ip",
+    "allowed_ip_other_port",
+    "udp",
+    "quic",  # nothing dropped
+    "blocked_transparent",
+    "sni_spoof",
+    "host_mismatch",  # no transparent proxy: the blocked IP answers itself
+    "dns_udp_rogue",
+    "dns_tcp_rogue",
+    "dns_txt_exfil",  # any resolver, and the world's relays the secret
     "dns_smuggling",  # the world's resolver sees the client's own bytes: extra records, options, case
     "wildcard_dns_types",  # the world's resolver answers TXT/NULL/MX for any name: nothing refuses them
     "rebind_own_address",  # transparently, the name leads straight to the world's own address
@@ -146,18 +162,28 @@ def test_readme_coverage_table_is_generated_from_the_probe_list() -> None:
 def test_verify_reports_a_bad_policy_before_building_anything(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("version: 1\nnetwork:\n  allow: ['*']\n")
-    r = subprocess.run([sys.executable, "-m", "launcher.cli", "verify", "--policy", str(bad)], capture_output=True,
-                       text=True, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)})
+    r = subprocess.run(
+        [sys.executable, "-m", "launcher.cli", "verify", "--policy", str(bad)],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)},
+    )
     assert r.returncode == 125 and r.stderr.startswith(f"sandgate: error: {bad}:3:")
 
 
 def test_ctrl_c_removes_everything_verify_built() -> None:
     import signal
     import time
+
     before = set(os.listdir("/var/tmp")) | set(os.listdir("/tmp"))
-    p = subprocess.Popen([sys.executable, "-m", "launcher.cli", "verify"], stdout=subprocess.DEVNULL,
-                         stderr=subprocess.PIPE, text=True, cwd="/",
-                         env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "PYTHONPATH": str(REPO)})
+    p = subprocess.Popen(
+        [sys.executable, "-m", "launcher.cli", "verify"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd="/",
+        env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "PYTHONPATH": str(REPO)},
+    )
     deadline = time.monotonic() + 30
     while "sandgate-v" not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout:
         assert time.monotonic() < deadline and p.poll() is None
@@ -174,8 +200,9 @@ def test_ctrl_c_removes_everything_verify_built() -> None:
 
 def test_an_ordinary_user_runs_verify_without_sudo(world: World, unprivileged: UnprivilegedUser) -> None:
     """No root anywhere: verify builds its world in a user namespace of its own, runs the rootless path."""
-    r = unprivileged.runner(world).run([sys.executable, "-m", "launcher.cli", "verify", "--json"],
-                                       env={"PYTHONPATH": str(REPO)}, timeout=300)
+    r = unprivileged.runner(world).run(
+        [sys.executable, "-m", "launcher.cli", "verify", "--json"], env={"PYTHONPATH": str(REPO)}, timeout=300
+    )
     rows = json.loads(r.stdout) if r.stdout.strip() else []
     bad = [x for x in rows if not x["ok"]]
     assert r.returncode == 0 and rows and not bad, (bad, r.stderr[-2000:])

@@ -70,8 +70,12 @@ V6_DNS = textwrap.dedent("""\
             r.answer.append(dns.rrset.from_text(q.question[0].name, 1, "IN", qtype, *records[name][qtype]))
         s.sendto(r.to_wire(), peer)
     """)
-V6_RECORDS = {"nat64.test": {"AAAA": ["64:ff9b:1::1"]}, "teredo.test": {"AAAA": ["2001::1"]},
-              "mapped.test": {"AAAA": ["::ffff:127.0.0.1"]}, "v4ok.test": {"A": [ALLOWED]}}
+V6_RECORDS = {
+    "nat64.test": {"AAAA": ["64:ff9b:1::1"]},
+    "teredo.test": {"AAAA": ["2001::1"]},
+    "mapped.test": {"AAAA": ["::ffff:127.0.0.1"]},
+    "v4ok.test": {"A": [ALLOWED]},
+}
 
 
 @dataclass
@@ -101,11 +105,16 @@ def net() -> Iterator[Net]:
         w.add_host("t.txt.test", TXT)
         link = w.sandbox("own")  # its world end, 198.18.1.1, is an address of the proxy's host
         w.add_host("own.test", link.world_ip)
-        servers = {"allowed": w.serve("http", ALLOWED, 80, "allowed.test"),
-                   "own": w.serve("http", link.world_ip, 80, "own-canary")}
+        servers = {
+            "allowed": w.serve("http", ALLOWED, 80, "allowed.test"),
+            "own": w.serve("http", link.world_ip, 80, "own-canary"),
+        }
         log = w.tmp / "v6-dns.jsonl"
-        resolver = w.popen([sys.executable, "-c", V6_DNS, str(V6_DNS_PORT), json.dumps(V6_RECORDS), str(log)],
-                           cwd=REPO, stdout=subprocess.PIPE)
+        resolver = w.popen(
+            [sys.executable, "-c", V6_DNS, str(V6_DNS_PORT), json.dumps(V6_RECORDS), str(log)],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+        )
         assert resolver.stdout is not None and resolver.stdout.readline().strip() == b"ready"
         proxy = Proxy(w, write_policy(w, POLICY), listen="127.0.0.1:3128", dns="127.0.0.1:5353")
         v6proxy = Proxy(w, write_policy(w, V6_POLICY, "v6"), listen="127.0.0.1:3130")
@@ -125,8 +134,11 @@ def test_a_name_resolving_to_an_address_of_the_proxys_host_is_refused(net: Net) 
     ip = net.own_link.world_ip
     assert r.status == 403 and f"resolved to this host's own address {ip}" in r.body, r
     rec = net.proxy.wait_record(lambda x: x["host"] == "own.test")
-    assert rec["action"] == "deny" and rec["ip"] is None and rec["reason"].startswith(f"resolved to this host's own "
-                                                                                       f"address {ip}")
+    assert (
+        rec["action"] == "deny"
+        and rec["ip"] is None
+        and rec["reason"].startswith(f"resolved to this host's own address {ip}")
+    )
     assert net.untouched("own", mark)
     # The canary is up (a direct request reaches it) and an ordinary allowed name still passes.
     assert curl(net.world, f"http://{ip}/").body == "hello from own-canary"
@@ -149,7 +161,9 @@ def test_read_local_lists_the_worlds_addresses_and_local_routes(net: Net) -> Non
     net.world.admin(["ip", "route", "add", "local", "192.0.2.0/28", "dev", "lo"])  # AnyIP, in the world only
     try:
         code = "from netguard import localaddrs\nprint(' '.join(map(str, localaddrs.read_local())))"
-        out = net.world.run([sys.executable, "-c", code], cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+        out = net.world.run(
+            [sys.executable, "-c", code], cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}
+        )
     finally:
         net.world.admin(["ip", "route", "del", "local", "192.0.2.0/28", "dev", "lo"])
     assert out.returncode == 0, out.stderr
@@ -160,11 +174,14 @@ def test_read_local_lists_the_worlds_addresses_and_local_routes(net: Net) -> Non
 # ---- IPv6 special-purpose ranges: vetoed before any connection is tried ------------------------------
 
 
-@pytest.mark.parametrize(("name", "reason"), [
-    ("nat64.test", "resolved to local-use NAT64 (embeds an IPv4 address) address 64:ff9b:1::1"),
-    ("teredo.test", "resolved to Teredo (embeds an IPv4 address) address 2001::1"),
-    ("mapped.test", "resolved to loopback address 127.0.0.1"),
-])
+@pytest.mark.parametrize(
+    ("name", "reason"),
+    [
+        ("nat64.test", "resolved to local-use NAT64 (embeds an IPv4 address) address 64:ff9b:1::1"),
+        ("teredo.test", "resolved to Teredo (embeds an IPv4 address) address 2001::1"),
+        ("mapped.test", "resolved to loopback address 127.0.0.1"),
+    ],
+)
 def test_a_name_resolving_to_a_special_ipv6_range_is_refused(net: Net, name: str, reason: str) -> None:
     r = curl(net.world, f"http://{name}/", "-x", net.v6proxy.url)
     assert r.status == 403 and reason in r.body, r
@@ -196,8 +213,13 @@ def test_a_wildcard_names_txt_query_is_refused_and_never_sent_while_its_a_query_
     start = len(net.dns_seen())
     assert dig(net, "a.wild.test") == f"NOERROR {WILD}"
     secret = "c2VjcmV0LXRva2Vu"
-    for name, qtype in ((f"{secret}.wild.test", "TXT"), ("a.wild.test", "TXT"), ("a.wild.test", "NULL"),
-                        ("a.wild.test", "MX"), ("a.wild.test", "ANY")):
+    for name, qtype in (
+        (f"{secret}.wild.test", "TXT"),
+        ("a.wild.test", "TXT"),
+        ("a.wild.test", "NULL"),
+        ("a.wild.test", "MX"),
+        ("a.wild.test", "ANY"),
+    ):
         assert dig(net, name, qtype) == "REFUSED", (name, qtype)
     assert dig(net, "a.wild.test", "HTTPS") == "NOERROR"  # empty, answered here
     assert net.world.dns is not None
@@ -226,8 +248,11 @@ def test_a_dns_list_on_the_wildcard_entry_lets_txt_through(net: Net) -> None:
 
 def test_read_local_agrees_with_ip_addr() -> None:
     out = subprocess.run(["ip", "-j", "addr", "show"], capture_output=True, text=True, check=True)
-    expected = {ipaddress.ip_network(a["local"].split("%")[0]) for link in json.loads(out.stdout)
-                for a in link.get("addr_info", [])}
+    expected = {
+        ipaddress.ip_network(a["local"].split("%")[0])
+        for link in json.loads(out.stdout)
+        for a in link.get("addr_info", [])
+    }
     got = set(localaddrs.read_local())
     assert expected <= got, expected - got
     assert ipaddress.ip_network("127.0.0.0/8") in got  # the local route for all of loopback

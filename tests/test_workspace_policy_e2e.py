@@ -60,8 +60,13 @@ class Ws:
         return proj, home
 
     def env(self, home: Path) -> dict[str, str]:
-        return {**env(), "HOME": str(home), "XDG_STATE_HOME": str(self.state),
-                "SANDGATE_E2E_TOKEN": SECRET, "PROJECT_VISIBLE": "visible-value"}
+        return {
+            **env(),
+            "HOME": str(home),
+            "XDG_STATE_HOME": str(self.state),
+            "SANDGATE_E2E_TOKEN": SECRET,
+            "PROJECT_VISIBLE": "visible-value",
+        }
 
     def sandgate(self, proj: Path, home: Path, *args: str) -> tuple[int, str, list[str], Path]:
         """`sandgate run` in `proj`: (exit code, stdout, stderr lines, audit log)."""
@@ -88,8 +93,11 @@ def ws() -> Iterator[Ws]:
     with World() as w:
         w.add_host("fake.test", FAKE)
         w.add_host("denied.test", DENIED)
-        servers = {"fake": w.serve("http", FAKE, 80, "fake.test"), "denied": w.serve("http", DENIED, 80, "denied.test"),
-                   "by_ip": w.serve("http", BY_IP, 80, "by-ip")}
+        servers = {
+            "fake": w.serve("http", FAKE, 80, "fake.test"),
+            "denied": w.serve("http", DENIED, 80, "denied.test"),
+            "by_ip": w.serve("http", BY_IP, 80, "by-ip"),
+        }
         homes = Path(tempfile.mkdtemp(prefix="sandgate-e2e-homes-", dir="/var/tmp"))
         try:
             yield Ws(w, servers, w.tmp / "state", homes)
@@ -104,12 +112,16 @@ def curl(url: str) -> str:
     return f"curl -sS -m 8 -o /dev/null -w '{url}=%{{http_code}}\\n' {url}"
 
 
-PROBES = " ; ".join([
-    curl(f"http://{BY_IP}/"), curl("http://denied.test/"),
-    '{ echo planted > "$HOME/planted"; } 2>/dev/null && echo wrote-home || echo home-write-failed',
-    'echo "token=${SANDGATE_E2E_TOKEN:-dropped}"', 'echo "visible=${PROJECT_VISIBLE:-dropped}"',
-    'echo "notes=$(cat private-notes.txt 2>/dev/null)"',
-])
+PROBES = " ; ".join(
+    [
+        curl(f"http://{BY_IP}/"),
+        curl("http://denied.test/"),
+        '{ echo planted > "$HOME/planted"; } 2>/dev/null && echo wrote-home || echo home-write-failed',
+        'echo "token=${SANDGATE_E2E_TOKEN:-dropped}"',
+        'echo "visible=${PROJECT_VISIBLE:-dropped}"',
+        'echo "notes=$(cat private-notes.txt 2>/dev/null)"',
+    ]
+)
 
 
 def decisions(audit: Path) -> list[dict[str, object]]:
@@ -122,8 +134,12 @@ def test_an_untrusted_checkout_policy_gets_nothing_it_asks_for_but_its_denials(w
     before = ws.mark()
     code, out, err, audit = ws.sandgate(proj, home, "--", "sh", "-c", PROBES)
     assert code == 0, err
-    assert err == [("sandgate: .sandgate.yaml is not trusted, so only what it forbids applies; ignored: network.allow, "
-                    "filesystem.write, env.keep; to trust it: sandgate trust .sandgate.yaml")]
+    assert err == [
+        (
+            "sandgate: .sandgate.yaml is not trusted, so only what it forbids applies; ignored: network.allow, "
+            "filesystem.write, env.keep; to trust it: sandgate trust .sandgate.yaml"
+        )
+    ]
     # The two /1s are ignored: the request by IP never reached the server.
     assert f"http://{BY_IP}/=403" in out and ws.untouched(before, "by_ip", "denied")
     # write: ["~"] is ignored: whatever the command wrote under ~ went to the sandbox's own home
@@ -141,15 +157,20 @@ def test_trusting_a_hostile_file_still_refuses_a_writable_home_and_wide_cidrs(ws
     ws.trust(proj, home)
     for flags in ([], ["--allow-wide-cidr"]):  # the flag is about cidrs only
         code, _, err, _ = ws.sandgate(proj, home, *flags, "--", "true")
-        assert code == 125 and err == [(
-            f"sandgate: error: .sandgate.yaml:9: 'filesystem.write' entry '~' is your home directory ({home}): a "
-            "command could plant files that run outside the sandbox (~/.bashrc, ~/.ssh/authorized_keys); name the "
-            "directories it must write instead, e.g. '~/.cache/pip'")], err
+        assert code == 125 and err == [
+            (
+                f"sandgate: error: .sandgate.yaml:9: 'filesystem.write' entry '~' is your home directory ({home}): a "
+                "command could plant files that run outside the sandbox (~/.bashrc, ~/.ssh/authorized_keys); name the "
+                "directories it must write instead, e.g. '~/.cache/pip'"
+            )
+        ], err
     (proj / ".sandgate.yaml").write_text(HOSTILE.replace('  write: ["~"]\n', ""))
     ws.trust(proj, home)
     code, _, err, _ = ws.sandgate(proj, home, "--", "true")
     assert code == 125 and len(err) == 1, err
-    assert err[0].startswith("sandgate: error: .sandgate.yaml:4: network.allow: cidr 0.0.0.0/1 covers 1/2 of all IPv4"), err
+    assert err[0].startswith(
+        "sandgate: error: .sandgate.yaml:4: network.allow: cidr 0.0.0.0/1 covers 1/2 of all IPv4"
+    ), err
     before = ws.mark()
     code, out, err, _ = ws.sandgate(proj, home, "--allow-wide-cidr", "--", "sh", "-c", curl(f"http://{BY_IP}/"))
     assert (code, out.strip(), err) == (0, f"http://{BY_IP}/=200", []), err
@@ -175,8 +196,12 @@ def test_after_sandgate_trust_the_checkout_policy_widens_until_it_is_edited(ws: 
     before = ws.mark()
     code, out, err, _ = ws.sandgate(proj, home, *probe)
     assert out.strip() == "http://fake.test/=403" and ws.untouched(before, "fake"), (out, err)
-    assert err == [("sandgate: .sandgate.yaml changed since you trusted it, so only what it forbids applies; "
-                    "ignored: network.allow; to trust it: sandgate trust .sandgate.yaml")]
+    assert err == [
+        (
+            "sandgate: .sandgate.yaml changed since you trusted it, so only what it forbids applies; "
+            "ignored: network.allow; to trust it: sandgate trust .sandgate.yaml"
+        )
+    ]
 
     ws.trust(proj, home)
     assert ws.sandgate(proj, home, *probe)[1].strip() == "http://fake.test/=200"
@@ -187,11 +212,22 @@ def test_after_sandgate_trust_the_checkout_policy_widens_until_it_is_edited(ws: 
 def test_an_explicit_policy_may_widen_and_the_flag_allows_wide_cidrs(ws: Ws) -> None:
     proj, home = ws.project("version: 1\nnetwork:\n  deny: [fake.test]\n")  # ignored: --policy is given
     explicit = proj.parent / f"explicit-{time.monotonic_ns()}.yaml"
-    explicit.write_text(f"version: 1\nnetwork:\n  allow:\n    - fake.test\n    - {BY_IP}\n"
-                        "env:\n  keep: [SANDGATE_E2E_TOKEN]\n")
+    explicit.write_text(
+        f"version: 1\nnetwork:\n  allow:\n    - fake.test\n    - {BY_IP}\nenv:\n  keep: [SANDGATE_E2E_TOKEN]\n"
+    )
     before = ws.mark()
-    code, out, err, _ = ws.sandgate(proj, home, "--policy", str(explicit), "--", "sh", "-c", " ; ".join([
-        curl("http://fake.test/"), curl(f"http://{BY_IP}/"), 'echo "token=${SANDGATE_E2E_TOKEN:-dropped}"']))
+    code, out, err, _ = ws.sandgate(
+        proj,
+        home,
+        "--policy",
+        str(explicit),
+        "--",
+        "sh",
+        "-c",
+        " ; ".join(
+            [curl("http://fake.test/"), curl(f"http://{BY_IP}/"), 'echo "token=${SANDGATE_E2E_TOKEN:-dropped}"']
+        ),
+    )
     assert code == 0 and err == [], err
     assert "http://fake.test/=200" in out and f"http://{BY_IP}/=200" in out and f"token={SECRET}" in out
     assert not ws.untouched(before, "fake") and not ws.untouched(before, "by_ip")
@@ -199,9 +235,14 @@ def test_an_explicit_policy_may_widen_and_the_flag_allows_wide_cidrs(ws: Ws) -> 
     halves = proj.parent / f"halves-{time.monotonic_ns()}.yaml"
     halves.write_text("version: 1\nnetwork:\n  allow:\n    - cidr: 0.0.0.0/1\n    - cidr: 128.0.0.0/1\n")
     code, _, err, _ = ws.sandgate(proj, home, "--policy", str(halves), "--", "true")
-    assert code == 125 and len(err) == 1 and err[0].startswith(f"sandgate: error: {halves}:4: network.allow: cidr 0.0.0.0/1")
+    assert (
+        code == 125
+        and len(err) == 1
+        and err[0].startswith(f"sandgate: error: {halves}:4: network.allow: cidr 0.0.0.0/1")
+    )
     before = ws.mark()
-    code, out, err, _ = ws.sandgate(proj, home, "--policy", str(halves), "--allow-wide-cidr", "--", "sh", "-c",
-                                    curl(f"http://{BY_IP}/"))
+    code, out, err, _ = ws.sandgate(
+        proj, home, "--policy", str(halves), "--allow-wide-cidr", "--", "sh", "-c", curl(f"http://{BY_IP}/")
+    )
     assert (code, out.strip()) == (0, f"http://{BY_IP}/=200"), err
     assert not ws.untouched(before, "by_ip")

@@ -131,14 +131,17 @@ def host_traces() -> list[str]:
 
     Deliberately narrow (our names and addresses only): other test runs may change the host concurrently.
     """
+
     def out(*cmd: str) -> str:
         return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
 
     links = [ln.split(":")[1].strip() for ln in out("ip", "-o", "link").splitlines()]
     routes = out("ip", "-o", "addr").splitlines() + out("ip", "route", "show", "table", "all").splitlines()
-    return ([f"link {name}" for name in links if name.startswith(("sgw", "sgc"))]
-            + [f"addr/route {r}" for r in routes if "198.51.100." in r or "198.18." in r]
-            + [f"nft {t}" for t in out("nft", "list", "tables").splitlines() if "sandgate_test" in t])
+    return (
+        [f"link {name}" for name in links if name.startswith(("sgw", "sgc"))]
+        + [f"addr/route {r}" for r in routes if "198.51.100." in r or "198.18." in r]
+        + [f"nft {t}" for t in out("nft", "list", "tables").splitlines() if "sandgate_test" in t]
+    )
 
 
 def gone(pid: int) -> bool:
@@ -161,13 +164,27 @@ def test_http_through_fake_dns(world: World) -> None:
     assert (res.returncode, res.stdout) == (0, "hello from a\n"), res.stderr
     res = world.run(["curl", "-sS", "--max-time", "5", "-H", "Host: other.example", "http://a.test/echo-host"])
     assert res.stdout == "other.example"
-    res = world.run(["curl", "-sS", "--max-time", "10", "-o", "/dev/null", "-w", "%{http_code} %{size_download}",
-                     "http://a.test/big?bytes=20000000"])
+    res = world.run(
+        [
+            "curl",
+            "-sS",
+            "--max-time",
+            "10",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code} %{size_download}",
+            "http://a.test/big?bytes=20000000",
+        ]
+    )
     assert res.stdout == "200 20000000", res.stderr
 
     reqs = srv.log_records("http")
     assert [(r["method"], r["path"], r["host"]) for r in reqs] == [
-        ("GET", "/", "a.test"), ("GET", "/echo-host", "other.example"), ("GET", "/big?bytes=20000000", "a.test")]
+        ("GET", "/", "a.test"),
+        ("GET", "/echo-host", "other.example"),
+        ("GET", "/big?bytes=20000000", "a.test"),
+    ]
     assert all(r["server"] == "a" and r["peer"].startswith("198.51.100.10:") for r in reqs)
     assert len(srv.log_records("connect")) == 3
     assert world.dns is not None
@@ -228,7 +245,10 @@ def test_dns_answers_and_logs_udp_and_tcp(world: World) -> None:
     assert got == {"server": "198.51.100.53", "rcode": "NOERROR", "answers": ["198.51.100.10"]}
     assert dns_probe(world, "198.51.100.53", "tcp", "A.Test", "A")["answers"] == ["198.51.100.10"]
     assert dns_probe(world, "198.51.100.53", "udp", "a.test", "AAAA") == {
-        "server": "198.51.100.53", "rcode": "NOERROR", "answers": []}
+        "server": "198.51.100.53",
+        "rcode": "NOERROR",
+        "answers": [],
+    }
     assert dns_probe(world, "198.51.100.53", "udp", "a.test", "TXT")["answers"] == ['"canary"']
     assert dns_probe(world, "198.51.100.53", "tcp", "nope.test", "A")["rcode"] == "NXDOMAIN"
     assert dns_probe(world, "198.51.100.53", "udp", "meta.test", "A")["answers"] == ["169.254.169.254"]
@@ -236,9 +256,15 @@ def test_dns_answers_and_logs_udp_and_tcp(world: World) -> None:
     assert dns_probe(world, "198.51.100.53", "udp", "a.test", "A")["answers"] == ["198.51.100.12"]
 
     seen = [(r["proto"], r["qname"], r["qtype"]) for r in world.dns.log_records("dns")]
-    assert seen == [("udp", "a.test", "A"), ("tcp", "a.test", "A"), ("udp", "a.test", "AAAA"),
-                    ("udp", "a.test", "TXT"), ("tcp", "nope.test", "A"), ("udp", "meta.test", "A"),
-                    ("udp", "a.test", "A")]
+    assert seen == [
+        ("udp", "a.test", "A"),
+        ("tcp", "a.test", "A"),
+        ("udp", "a.test", "AAAA"),
+        ("udp", "a.test", "TXT"),
+        ("tcp", "nope.test", "A"),
+        ("udp", "meta.test", "A"),
+        ("udp", "a.test", "A"),
+    ]
     addrs = world.run(["ip", "-o", "-4", "addr", "show", "dev", "sgw0"]).stdout
     assert "169.254.169.254" not in addrs and "198.51.100.10/32" in addrs
 
@@ -388,7 +414,10 @@ def test_redirect_dns_to_interceptor(world: World) -> None:
     assert dns_probe(client, "198.51.100.53", "tcp", "a.test", "A")["answers"] == ["198.51.100.10"]
     assert dns_probe(client, "198.51.100.99", "udp", "a.test", "A")["answers"] == ["198.51.100.10"]
     assert [(r["proto"], r["peer"].split(":")[0]) for r in interceptor.log_records("dns")] == [
-        ("udp", client.ip), ("tcp", client.ip), ("udp", client.ip)]
+        ("udp", client.ip),
+        ("tcp", client.ip),
+        ("udp", client.ip),
+    ]
     assert len(world.dns.log_records()) == main_dns_before
     # tcp_port=None: other TCP is not redirected, so it is dropped.
     assert probe(client, TCP_PROBE, "198.51.100.10", 80, 0.7, "x").startswith("error TimeoutError")
@@ -429,8 +458,7 @@ def test_exit_removes_everything_and_host_is_untouched() -> None:
         during = host_traces()
         names = (w.ns, client.ns)
         tmp = w.tmp
-        assert set(names) <= set(subprocess.run(["ip", "netns", "list"], capture_output=True,
-                                                text=True).stdout.split())
+        assert set(names) <= set(subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split())
     assert during == [], "the world leaked into the host namespace"
     assert host_traces() == []
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
@@ -472,8 +500,11 @@ def test_cleanup_stale_removes_dead_runs_only() -> None:
             (NETNS_ETC / ns).mkdir(parents=True)
         straggler = subprocess.Popen(["ip", "netns", "exec", stale_ns, "sleep", "60"], start_new_session=True)
         deadline = time.monotonic() + 5
-        while str(straggler.pid) not in subprocess.run(["ip", "netns", "pids", stale_ns], capture_output=True,
-                                                       text=True).stdout and time.monotonic() < deadline:
+        while (
+            str(straggler.pid)
+            not in subprocess.run(["ip", "netns", "pids", stale_ns], capture_output=True, text=True).stdout
+            and time.monotonic() < deadline
+        ):
             time.sleep(0.02)
 
         removed = cleanup_stale()

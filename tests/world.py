@@ -6,7 +6,7 @@ sandgate-w / sandgate-c) are the tests' own.
 
 from __future__ import annotations
 
-from launcher.world import (  # noqa: F401
+from launcher.world import (
     DNS_IP,
     DUMMY_IF,
     KNOWN_PREFIXES,
@@ -25,6 +25,19 @@ from launcher.world import (  # noqa: F401
 )
 
 __all__ = [
-    "DNS_IP", "DUMMY_IF", "KNOWN_PREFIXES", "LINK_NET", "NETNS_ETC", "SERVER_KINDS", "TEST_NET", "TEST_PREFIXES",
-    "UNIX_KINDS", "VERIFY_PREFIXES", "Client", "Server", "World", "_NetnsRunner", "cleanup_stale",
+    "DNS_IP",
+    "DUMMY_IF",
+    "KNOWN_PREFIXES",
+    "LINK_NET",
+    "NETNS_ETC",
+    "SERVER_KINDS",
+    "TEST_NET",
+    "TEST_PREFIXES",
+    "UNIX_KINDS",
+    "VERIFY_PREFIXES",
+    "Client",
+    "Server",
+    "World",
+    "_NetnsRunner",
+    "cleanup_stale",
 ]
