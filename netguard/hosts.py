@@ -27,6 +27,7 @@ __all__ = [
     "normalise_name",
     "parents",
     "parse_ip",
+    "split_host_port",
 ]
 
 Address = IPv4Address | IPv6Address
@@ -51,6 +52,21 @@ _MAX_SHOWN = 80
 
 class HostError(ValueError):
     """A host string that cannot be a destination; the message is one short user-facing phrase, e.g. 'empty label in "a..b"'."""
+
+
+def split_host_port(text: str) -> tuple[str, str | None]:
+    """`host`, `host:port`, `[v6]`, `[v6]:port` or a bare IPv6 address -> (host, port text or None).
+
+    The one place a "host:port" string is taken apart (CLI flags, policy entries, Host headers):
+    the port stays text so each caller can say what it expected; brackets are removed.
+    """
+    if text.startswith("["):
+        inner, _, rest = text[1:].partition("]")
+        return inner, (rest[1:] if rest.startswith(":") else None)
+    if text.count(":") == 1:
+        host, _, port = text.partition(":")
+        return host, port
+    return text, None  # a name, or an IPv6 address without brackets (several colons): no port
 
 
 def normalise(host: str) -> str | Address:

@@ -23,6 +23,7 @@ from netguard.hosts import (
     normalise_name,
     parents,
     parse_ip,
+    split_host_port,
 )
 
 PROPERTY = settings(
@@ -737,3 +738,19 @@ def test_arbitrary_text_normalises_canonically_or_raises_host_error(text: str) -
         if isinstance(result, IPv6Address):
             assert result.ipv4_mapped is None
     assert normalise(str(result)) == result
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("pypi.org", ("pypi.org", None)),
+        ("pypi.org:443", ("pypi.org", "443")),
+        ("pypi.org:", ("pypi.org", "")),
+        ("[::1]:8080", ("::1", "8080")),
+        ("[::1]", ("::1", None)),
+        ("::1", ("::1", None)),
+        ("1.2.3.4:x", ("1.2.3.4", "x")),
+    ],
+)
+def test_split_host_port(text: str, expected: tuple[str, str | None]) -> None:
+    assert split_host_port(text) == expected
