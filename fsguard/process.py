@@ -1,6 +1,8 @@
-"""Process-level hygiene for the sandbox's processes: parent-death signals, signal dispositions.
+"""Process-level hygiene for the sandbox's processes: parent-death signal, signal dispositions, no_new_privs.
 
-Each call defends one thing; later additions (no_new_privs, seccomp, fd hygiene) live here too.
+Each call defends one thing. The other confinements of the command have modules of their own:
+capabilities and the keyring (fsguard.caps), the syscall filter (fsguard.seccomp), Landlock
+(fsguard.landlock); fd hygiene is done where each descriptor is opened (O_CLOEXEC).
 """
 
 from __future__ import annotations
