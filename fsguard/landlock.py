@@ -24,9 +24,10 @@ import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from fsguard.process import PR_SET_NO_NEW_PRIVS, prctl
+
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
-_libc.prctl.restype = ctypes.c_int
 
 # Syscall numbers from the unified table (include/uapi/asm-generic/unistd.h): x86_64 and aarch64 alike.
 _SYS_LANDLOCK_CREATE_RULESET = 444
@@ -35,7 +36,6 @@ _SYS_LANDLOCK_RESTRICT_SELF = 446
 
 LANDLOCK_CREATE_RULESET_VERSION = 1 << 0
 LANDLOCK_RULE_PATH_BENEATH = 1
-PR_SET_NO_NEW_PRIVS = 38
 
 # include/uapi/linux/landlock.h, "Filesystem flags". ABI in which each appeared on the right.
 ACCESS_FS_EXECUTE = 1 << 0  # ABI 1 (not handled: reads/exec are governed by mounts)
@@ -286,16 +286,7 @@ def _checked(p: Plan) -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 def _no_new_privs() -> None:
     """setuid/file-caps binaries could otherwise regain what we drop (and Landlock requires it unprivileged)."""
-    if (
-        _libc.prctl(
-            ctypes.c_int(PR_SET_NO_NEW_PRIVS),
-            ctypes.c_ulong(1),
-            ctypes.c_ulong(0),
-            ctypes.c_ulong(0),
-            ctypes.c_ulong(0),
-        )
-        != 0
-    ):
+    if prctl(PR_SET_NO_NEW_PRIVS, 1) != 0:
         err = ctypes.get_errno()
         raise LandlockError(err, f"prctl(PR_SET_NO_NEW_PRIVS) failed: {os.strerror(err)}")
 

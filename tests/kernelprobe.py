@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 
-def read_all(fd: int, timeout: float) -> bytes:
+def _read_all(fd: int, timeout: float) -> bytes:
     """Everything until EOF on `fd`; TimeoutError if the writer has not closed it in time."""
     deadline = time.monotonic() + timeout
     chunks: list[bytes] = []
@@ -35,7 +35,7 @@ def read_all(fd: int, timeout: float) -> bytes:
         chunks.append(chunk)
 
 
-def reap(pid: int, timeout: float = 5.0) -> int:
+def _reap(pid: int, timeout: float = 5.0) -> int:
     """Wait status of our child `pid`; SIGKILLed if it has not exited within `timeout`."""
     deadline = time.monotonic() + timeout
     while True:
@@ -51,13 +51,13 @@ def reap(pid: int, timeout: float = 5.0) -> int:
 def _collect(pid: int, r: int, timeout: float) -> tuple[int, bytes]:
     """(wait status, what the child wrote) for a child whose pipe end `r` we hold; fails the test on a hang."""
     try:
-        raw = read_all(r, timeout)
+        raw = _read_all(r, timeout)
     except TimeoutError:
         os.kill(pid, signal.SIGKILL)  # our own child only
         pytest.fail(f"child {pid} did not finish within {timeout:.0f} s", pytrace=False)
     finally:
         os.close(r)
-        status = reap(pid)
+        status = _reap(pid)
     return status, raw
 
 

@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 from fsguard import seccomp
 from fsguard.seccomp import SeccompError, build_filter, install
 
-from .kernelprobe import attempt, exec_in_child, in_child, read_all
+from .kernelprobe import attempt, exec_in_child, in_child
 
 # Written out independently of the module so a wrong constant there cannot hide here.
 ALLOW = 0x7FFF0000
@@ -535,16 +535,7 @@ def test_grandchild_forked_after_install_is_filtered() -> None:
     def body() -> dict[str, Any]:
         master, slave = _pty_ctty()
         install()
-        r, w = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            try:
-                os.write(w, json.dumps({"tiocsti": _tiocsti(slave), "uring": _io_uring()}).encode())
-            finally:
-                os._exit(0)
-        os.close(w)
-        report: dict[str, Any] = json.loads(read_all(r, 3.0))
-        os.waitpid(pid, 0)
+        report: dict[str, Any] = in_child(lambda: {"tiocsti": _tiocsti(slave), "uring": _io_uring()}, 3.0)
         report["arrived"] = _what_arrived(master, slave)
         return report
 
