@@ -1,6 +1,6 @@
 """Process-level hygiene for the sandbox's processes: parent-death signal, signal dispositions, no_new_privs.
 
-Each call defends one thing. The other confinements of the command have modules of their own:
+Each call defends one thing; `prctl` is the one binding of prctl(2) that every fsguard module calls. The other confinements of the command have modules of their own:
 capabilities and the keyring (fsguard.caps), the syscall filter (fsguard.seccomp), Landlock
 (fsguard.landlock); fd hygiene is done where each descriptor is opened (O_CLOEXEC).
 """
