@@ -46,7 +46,8 @@ def base_dir(uid: int, home: str) -> Path:
     """One layer per user AND home path: two homes must never share (or see) each other's writes."""
     from _sha2 import sha256  # CPython's own; hashlib would load OpenSSL on every run
 
-    return store(uid) / sha256(home.encode()).hexdigest()[:12]
+    digest: str = sha256(home.encode()).hexdigest()  # _sha2 ships no type information
+    return store(uid) / digest[:12]
 
 
 def _private(path: Path, uid: int) -> None:

@@ -280,9 +280,9 @@ def test_protect_mounts_go_shallowest_first_and_reopen_from_a_descriptor(
     (g / "modules/sub/objects").mkdir(parents=True)
     calls: list[tuple[str, str]] = []
     monkeypatch.setattr(
-        mounts, "_mount", lambda src, tgt, *a: calls.append(("fd" if "/proc/self/fd/" in src else "pin", tgt))
+        mounts, "mount", lambda src, tgt, *a: calls.append(("fd" if "/proc/self/fd/" in src else "pin", tgt))
     )
-    monkeypatch.setattr(mounts, "_bind_readonly", lambda src, tgt: calls.append(("ro", tgt)))
+    monkeypatch.setattr(mounts, "bind_readonly", lambda src, tgt: calls.append(("ro", tgt)))
     p = mounts.MountPlan(
         False,
         (),
