@@ -28,6 +28,7 @@ from yaml.events import AliasEvent
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from netguard import policy as netpolicy
+from netguard.policyerror import PolicyError
 
 __all__ = ["add_allow", "allow_entry"]
 
@@ -216,7 +217,7 @@ def _line_break(body: str) -> str:
 def _rule(host: str, port: int) -> netpolicy.Rule:
     try:
         return netpolicy.parse_entry({"host": host, "ports": [port]}, "amend", None, netpolicy.DEFAULT_ALLOW_PORTS)
-    except netpolicy.PolicyError as e:
+    except PolicyError as e:
         raise ValueError(f"invalid host {host!r}: {e}") from None
 
 
@@ -230,7 +231,7 @@ def _already_allowed(doc: dict[Any, Any], host: str, port: int) -> bool:
     for e in entries:
         try:
             r = netpolicy.parse_entry(e, "amend", None, netpolicy.DEFAULT_ALLOW_PORTS)
-        except (netpolicy.PolicyError, TypeError):
+        except (PolicyError, TypeError):
             continue
         if r.kind == want.kind and r.value == want.value and (r.ports is None or port in r.ports):
             return True

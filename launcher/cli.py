@@ -160,6 +160,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from fsguard import policy as fspolicy
     from launcher import run
     from netguard import nft, sandboxnet
+    from netguard.policyerror import PolicyError
 
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not cmd:
@@ -193,7 +194,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     for p in (*args.write, *args.read_deny):
         try:
             fspolicy.check_path(p, None, must_not_be_root=True)
-        except fspolicy.FsPolicyError as e:
+        except PolicyError as e:
             raise UsageError(f"--write/--read-deny {e}") from None
     _check_write_roots(args, pol)
     try:

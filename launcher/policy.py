@@ -20,8 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from fsguard import policy as fspolicy
+from fsguard.env import EnvPolicy
 from launcher import trust
 from netguard import policy as netpolicy
+from netguard.policyerror import PolicyError, line_of
 
 ALLOWLIST_DIR = Path(__file__).resolve().parent.parent / "allowlists"
 TOP_KEYS = ("version", "description", "include", "network", "filesystem", "env")
@@ -68,7 +70,7 @@ class Policy:
     network: netpolicy.NetworkPolicy
     sources: tuple[str, ...]
     filesystem: fspolicy.FsPolicy = field(default_factory=fspolicy.FsPolicy)
-    env: fspolicy.EnvPolicy = field(default_factory=fspolicy.EnvPolicy)
+    env: EnvPolicy = field(default_factory=EnvPolicy)
     files: tuple[Path, ...] = ()  # applied in full (--policy, a trusted ./.sandgate.yaml); "always" goes to the first
     narrowed: trust.Narrowed | None = None  # an untrusted ./.sandgate.yaml, applied only where it narrows
 
@@ -79,7 +81,7 @@ class _Sections:
 
     network: netpolicy.NetworkPolicy
     filesystem: fspolicy.FsPolicy
-    env: fspolicy.EnvPolicy
+    env: EnvPolicy
 
 
 @dataclass(frozen=True)
@@ -306,12 +308,12 @@ def _document(data: bytes, where: str) -> LocDict:
         raise _NotPolicy(
             f"unsupported version{said}; this sandgate reads version 1",
             "version is not 1",
-            netpolicy.line_of(doc, "version"),
+            line_of(doc, "version"),
         )
     for key in doc:  # from here on the file says it is a sandgate policy: messages may quote it
         if key not in TOP_KEYS:
             raise PolicyFileError(
-                where, netpolicy.line_of(doc, key), f"unknown key '{key}' (expected one of: {', '.join(TOP_KEYS)})"
+                where, line_of(doc, key), f"unknown key '{key}' (expected one of: {', '.join(TOP_KEYS)})"
             )
     return doc
 
@@ -432,7 +434,7 @@ def _sections(doc: LocDict, where: str) -> _Sections:
             fspolicy.parse_filesystem(doc.get("filesystem")),
             fspolicy.parse_env(doc.get("env")),
         )
-    except (netpolicy.PolicyError, fspolicy.FsPolicyError) as e:
+    except PolicyError as e:
         raise PolicyFileError(where, e.line, str(e)) from None
 
 
@@ -443,10 +445,10 @@ def _includes(doc: LocDict, where: str) -> list[tuple[str, int | None]]:
     if isinstance(includes, str):
         includes = [includes]
     if not isinstance(includes, list):
-        raise PolicyFileError(where, netpolicy.line_of(doc, "include"), "'include' must be a list of names or paths")
+        raise PolicyFileError(where, line_of(doc, "include"), "'include' must be a list of names or paths")
     out = []
     for i, inc in enumerate(includes):
-        line = netpolicy.line_of(includes, i) or netpolicy.line_of(doc, "include")
+        line = line_of(includes, i) or line_of(doc, "include")
         if not isinstance(inc, str) or not inc:
             raise PolicyFileError(where, line, "an include must be a bundled list name or a file path")
         out.append((inc, line))
@@ -559,7 +561,7 @@ def _check_writes(doc: LocDict, fs: fspolicy.FsPolicy, where: str, checks: Check
     entries = (doc.get("filesystem") or {}).get("write")
     for i, entry in enumerate(fs.write or ()):
         if (problem := write_root_problem(entry, checks)) is not None:
-            raise PolicyFileError(where, netpolicy.line_of(entries, i), problem)
+            raise PolicyFileError(where, line_of(entries, i), problem)
 
 
 def _covered(nets: list[netpolicy.Network]) -> int:
@@ -682,14 +684,14 @@ def build_policy(
             parts.extend(reader.load(p))
             sources.append(_display(p))
         else:
-            parts.append(_Sections(flag_entry(ref, "allow"), fspolicy.FsPolicy(), fspolicy.EnvPolicy()))
+            parts.append(_Sections(flag_entry(ref, "allow"), fspolicy.FsPolicy(), EnvPolicy()))
     for ref in deny:
-        parts.append(_Sections(flag_entry(ref, "deny"), fspolicy.FsPolicy(), fspolicy.EnvPolicy()))
+        parts.append(_Sections(flag_entry(ref, "deny"), fspolicy.FsPolicy(), EnvPolicy()))
     if allow or deny:
         sources.append("command line")
     try:
         network = netpolicy.merge([p.network for p in parts])
-    except netpolicy.PolicyError as e:
+    except PolicyError as e:
         raise PolicyFileError("policy", None, str(e)) from None
     check_network(network, checks)
     return Policy(
@@ -748,5 +750,5 @@ def flag_entry(ref: str, which: str) -> netpolicy.NetworkPolicy:
         )
     try:
         return netpolicy.parse_network({which: [entry]}, "command line")
-    except netpolicy.PolicyError as e:
+    except PolicyError as e:
         raise PolicyFileError(where, None, str(e)) from None

@@ -66,7 +66,7 @@ def test_default_write_is_workspace_and_private_tmp() -> None:
 
 @given(st.dictionaries(st.from_regex(r"[A-Za-z_]{1,12}", fullmatch=True), st.just("v"), max_size=20))
 def test_filter_env_partitions_and_never_keeps_a_default_secret(env: dict[str, str]) -> None:
-    kept, dropped = fe.filter_env(env, fp.EnvPolicy())
+    kept, dropped = fe.filter_env(env, fe.EnvPolicy())
     assert set(kept) | set(dropped) == set(env) and not set(kept) & set(dropped)
     for name in map(str.upper, kept):  # names match in any letter case since issue 10
         assert not name.endswith("_TOKEN") and "SECRET" not in name and "PASSWORD" not in name
