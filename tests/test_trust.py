@@ -15,8 +15,8 @@ import pytest
 
 from fsguard import policy as fspolicy
 from fsguard.env import EnvPolicy
-from launcher import trust
-from launcher.policy import build_policy
+from launcher.config import trust
+from launcher.config.load import build_policy
 from netguard import policy as netpolicy
 
 REPO = Path(__file__).resolve().parent.parent

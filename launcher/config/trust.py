@@ -46,13 +46,14 @@ class Record:
 
 
 try:  # CPython's own SHA-256 (HACL*): hashlib would load OpenSSL first (~4 ms on every run)
-    from _sha2 import sha256 as _sha256
+    from _sha2 import sha256 as _sha256  # type: ignore[import-not-found]  # CPython's private module: no stubs
 except ImportError:  # another interpreter
     from hashlib import sha256 as _sha256
 
 
 def digest(data: bytes) -> str:
-    return _sha256(data).hexdigest()
+    hexed: str = _sha256(data).hexdigest()
+    return hexed
 
 
 def status_of(records: Mapping[str, Record], key: str, data: bytes) -> Status:
