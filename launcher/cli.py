@@ -19,6 +19,7 @@ from launcher.config import checks as policychecks
 from launcher.config import load as lpolicy
 from launcher.config import parsecache, yamlfile
 from launcher.config.errors import PolicyFileError
+from netguard.hosts import split_host_port
 
 EXIT_SANDGATE_ERROR = 125  # like env(1)/timeout(1): the tool failed, not the command
 
@@ -40,13 +41,10 @@ class _Parser(argparse.ArgumentParser):
 
 def parse_addr(text: str, default_host: str = "127.0.0.1") -> tuple[str, int]:
     """HOST:PORT, [V6]:PORT or PORT."""
-    host, port = default_host, text
-    if text.startswith("["):
-        host, _, rest = text[1:].partition("]")
-        port = rest[1:] if rest.startswith(":") else ""
-    elif ":" in text:
-        host, _, port = text.rpartition(":")
-    if not port.isdigit() or not 0 < int(port) < 65536:
+    host, port = split_host_port(text)
+    if port is None and not text.startswith("["):
+        host, port = default_host, text  # PORT alone
+    if port is None or not port.isdigit() or not 0 < int(port) < 65536:
         raise UsageError(f"invalid address '{text}': expected HOST:PORT with a port from 1 to 65535")
     return host, int(port)
 

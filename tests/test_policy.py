@@ -760,3 +760,14 @@ def test_version_and_a_closed_pipe(tmp_path: Path) -> None:
         env={**os.environ, "PYTHONPATH": str(REPO)},
     )
     assert "Traceback" not in p.stderr and "BrokenPipe" not in p.stderr, p.stderr
+
+
+def test_listen_addresses_are_taken_apart_by_the_one_host_port_parser() -> None:
+    from launcher.cli import UsageError, parse_addr
+
+    assert parse_addr("3128") == ("127.0.0.1", 3128)
+    assert parse_addr("0.0.0.0:8080") == ("0.0.0.0", 8080)
+    assert parse_addr("[::1]:53") == ("::1", 53)
+    for bad in ("[::1]", "host:", "host:x", "0", "65536", "::1:3128"):  # a bare IPv6 address has no port
+        with pytest.raises(UsageError, match="expected HOST:PORT"):
+            parse_addr(bad)
