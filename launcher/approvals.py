@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from launcher import amend
+from launcher.config import amend
 from netguard.audit import AuditLog, approval_record
 
 CHOICES = {"o": "once", "r": "run", "a": "always", "d": "deny"}

@@ -14,7 +14,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import NoReturn
 
-from launcher import policy as lpolicy
+from launcher.config import bundled as allowlists
+from launcher.config import checks as policychecks
+from launcher.config import load as lpolicy
+from launcher.config import parsecache, yamlfile
+from launcher.config.errors import PolicyFileError
+from netguard.hosts import split_host_port
 
 EXIT_SANDGATE_ERROR = 125  # like env(1)/timeout(1): the tool failed, not the command
 
@@ -36,13 +41,10 @@ class _Parser(argparse.ArgumentParser):
 
 def parse_addr(text: str, default_host: str = "127.0.0.1") -> tuple[str, int]:
     """HOST:PORT, [V6]:PORT or PORT."""
-    host, port = default_host, text
-    if text.startswith("["):
-        host, _, rest = text[1:].partition("]")
-        port = rest[1:] if rest.startswith(":") else ""
-    elif ":" in text:
-        host, _, port = text.rpartition(":")
-    if not port.isdigit() or not 0 < int(port) < 65536:
+    host, port = split_host_port(text)
+    if port is None and not text.startswith("["):
+        host, port = default_host, text  # PORT alone
+    if port is None or not port.isdigit() or not 0 < int(port) < 65536:
         raise UsageError(f"invalid address '{text}': expected HOST:PORT with a port from 1 to 65535")
     return host, int(port)
 
@@ -55,7 +57,7 @@ def default_audit_path() -> Path:
 
 def _policy_from_args(args: argparse.Namespace) -> lpolicy.Policy:
     """--policy files and --allow/--deny; with neither, ./.sandgate.yaml, which only narrows until trusted."""
-    from launcher import trust
+    from launcher.config import trust
 
     files = [Path(p) for p in args.policy]
     implicit = not files and not args.allow and os.path.lexists(".sandgate.yaml")
@@ -76,7 +78,7 @@ def _policy_from_args(args: argparse.Namespace) -> lpolicy.Policy:
                 "or --policy FILE; see 'sandgate allowlists')",
                 file=sys.stderr,
             )
-    checks = lpolicy.Checks.current(
+    checks = policychecks.Checks.current(
         allow_wide_cidr=getattr(args, "allow_wide_cidr", False), user=getattr(args, "user", None)
     )
     writable = tuple(Path(os.path.expanduser(w)).absolute() for w in getattr(args, "write", ()))  # run --write
@@ -160,6 +162,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from fsguard import policy as fspolicy
     from launcher import run
     from netguard import nft, sandboxnet
+    from netguard.policyerror import PolicyError
 
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not cmd:
@@ -167,7 +170,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from netguard import control
 
     try:
-        lpolicy.CACHE_DIR = control.runtime_dir() / "policy-cache"  # hidden from every sandbox
+        parsecache.CACHE_DIR = control.runtime_dir() / "policy-cache"  # hidden from every sandbox
     except control.ControlError as e:
         raise UsageError(str(e)) from None
     pol = _policy_from_args(args)  # parsed once, here: the daemon gets the compiled result, never YAML
@@ -193,7 +196,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     for p in (*args.write, *args.read_deny):
         try:
             fspolicy.check_path(p, None, must_not_be_root=True)
-        except fspolicy.FsPolicyError as e:
+        except PolicyError as e:
             raise UsageError(f"--write/--read-deny {e}") from None
     _check_write_roots(args, pol)
     try:
@@ -210,15 +213,15 @@ def _check_write_roots(args: argparse.Namespace, pol: lpolicy.Policy) -> None:
     The threat: from `cd / && sandgate run` or `cd ~`, the default writable workspace would let a
     command plant ~/.bashrc, ~/.ssh/authorized_keys or /etc files that run outside the sandbox.
     """
-    checks = lpolicy.Checks.current(user=getattr(args, "user", None))
-    if pol.filesystem.write is None and (problem := lpolicy.write_root_problem(".", checks)) is not None:
+    checks = policychecks.Checks.current(user=getattr(args, "user", None))
+    if pol.filesystem.write is None and (problem := policychecks.write_root_problem(".", checks)) is not None:
         raise UsageError(
             f"the current directory {os.getcwd()} would be writable, and it is "
             f"{problem.split(' is ', 1)[1].split(':', 1)[0]}; run sandgate from a project directory, "
             "or name what the command may write with --write or a policy's filesystem.write"
         )
     for w in args.write:
-        if (problem := lpolicy.write_root_problem(w, checks)) is not None:
+        if (problem := policychecks.write_root_problem(w, checks)) is not None:
             raise UsageError(f"--write {problem.split('entry ', 1)[1]}")
 
 
@@ -266,8 +269,8 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
     bundled = {
         n: report.bundled_hosts(netpolicy.merge([s.network for s in lpolicy.load_policy_file(p)]))
-        for n in lpolicy.bundled_names()
-        if (p := lpolicy.bundled_path(n)) is not None
+        for n in allowlists.bundled_names()
+        if (p := allowlists.bundled_path(n)) is not None
     }
     sys.stdout.write(report.suggest(records, name=args.name, bundled=bundled))
     return 0
@@ -384,7 +387,7 @@ def cmd_daemon(args: argparse.Namespace) -> int:
 
 def cmd_trust(args: argparse.Namespace) -> int:
     """`sandgate trust [FILE]`: let a workspace policy widen the defaults, until its content changes."""
-    from launcher import trust
+    from launcher.config import trust
 
     store = trust.Store.default()
     path = Path(args.file or ".sandgate.yaml")
@@ -392,7 +395,7 @@ def cmd_trust(args: argparse.Namespace) -> int:
         if args.list:
             for key, rec in sorted(store.records().items()):
                 try:
-                    now: str = trust.status_of({key: rec}, key, trust.read_file(Path(key), lpolicy.MAX_BYTES))
+                    now: str = trust.status_of({key: rec}, key, trust.read_file(Path(key), yamlfile.MAX_BYTES))
                 except trust.Unreadable:
                     now = "unreadable" if os.path.lexists(key) else "missing"
                 print(f"{now:<8} {key}  sha256 {rec.sha256[:12]}  since {rec.trusted_at}")
@@ -411,7 +414,7 @@ def cmd_trust(args: argparse.Namespace) -> int:
 
 
 def cmd_allowlists(args: argparse.Namespace) -> int:
-    rows = lpolicy.describe_bundled()
+    rows = allowlists.describe_bundled()
     width = max(len(n) for n, _, _ in rows)
     for name, desc, count in rows:
         print(f"{name:<{width}}  {count:>2} hosts  {desc}")
@@ -617,7 +620,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     pass  # a closed pipe: nothing more to say
             os._exit(code)
         return code
-    except lpolicy.PolicyFileError as e:
+    except PolicyFileError as e:
         _fail(f"{e}")
     except UsageError as e:
         _fail(str(e))

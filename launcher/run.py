@@ -33,7 +33,9 @@ from fsguard import env as fsenv
 from fsguard import homeoverlay, landlock, mounts, userns
 from fsguard import policy as fspolicy
 from launcher import daemonctl, runstate, sandbox
-from launcher import policy as lpolicy
+from launcher.config import bundled as allowlists
+from launcher.config import load as lpolicy
+from launcher.config.errors import PolicyFileError
 from netguard import control, rules
 from netguard import policy as netpolicy
 from netguard.audit import AuditLog, decision_record, policy_record, read_records
@@ -92,7 +94,7 @@ class RunOptions:
     cmd: list[str]
     audit_path: Path
     user: User | None  # the host user CMD runs as; None: whoever started sandgate
-    policy: lpolicy.Policy = field(default_factory=lambda: lpolicy.Policy(lpolicy.netpolicy.NetworkPolicy(), ()))
+    policy: lpolicy.Policy = field(default_factory=lambda: lpolicy.Policy(netpolicy.NetworkPolicy(), ()))
     policy_file: Path | None = None  # the first --policy file: where "always" answers are written
     root_inside: bool = False  # --user 0/root: uid 0 inside the sandbox's user namespace
     write: tuple[str, ...] = ()  # --write
@@ -298,7 +300,8 @@ def _confinement(opts: RunOptions, audit: AuditLog, rt: Path) -> Confinement:
     # sandgate's own state (the daemon's control socket, the approval socket, the trusted policy
     # records) and an embedding tool's approval socket are never the sandbox's business: it must
     # not be able to answer its own questions, bind itself a wider policy, or learn what is trusted.
-    from launcher import auditlogs, trust
+    from launcher import auditlogs
+    from launcher.config import trust
 
     own = (str(rt), str(trust.state_dir()), str(auditlogs.log_dir()), *((opts.approvals,) if opts.approvals else ()))
     eff = fspolicy.effective(
@@ -405,13 +408,13 @@ def summary(path: Path, task: str) -> str:
 def _bundled_rulesets() -> dict[str, rules.Ruleset]:
     """Each bundled allowlist compiled, to say which one would allow a denied host (parse cache: fast)."""
     out: dict[str, rules.Ruleset] = {}
-    for name in lpolicy.bundled_names():
-        path = lpolicy.bundled_path(name)
+    for name in allowlists.bundled_names():
+        path = allowlists.bundled_path(name)
         if path is None:
             continue
         try:
             sections = lpolicy.load_policy_file(path)
-        except lpolicy.PolicyFileError:
+        except PolicyFileError:
             continue
         out[name] = rules.compile_policy(netpolicy.merge([s.network for s in sections]))
     return out

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from fsguard import env as fe
 from fsguard import policy as fp
-from launcher.policy import PolicyFileError, build_policy
+from launcher.config.errors import PolicyFileError
+from launcher.config.load import build_policy
 
 BAD = [
     ("version: 1\nfilesystem: [a]\n", 2, "'filesystem' must be a mapping"),
@@ -66,7 +67,7 @@ def test_default_write_is_workspace_and_private_tmp() -> None:
 
 @given(st.dictionaries(st.from_regex(r"[A-Za-z_]{1,12}", fullmatch=True), st.just("v"), max_size=20))
 def test_filter_env_partitions_and_never_keeps_a_default_secret(env: dict[str, str]) -> None:
-    kept, dropped = fe.filter_env(env, fp.EnvPolicy())
+    kept, dropped = fe.filter_env(env, fe.EnvPolicy())
     assert set(kept) | set(dropped) == set(env) and not set(kept) & set(dropped)
     for name in map(str.upper, kept):  # names match in any letter case since issue 10
         assert not name.endswith("_TOKEN") and "SECRET" not in name and "PASSWORD" not in name
@@ -74,11 +75,12 @@ def test_filter_env_partitions_and_never_keeps_a_default_secret(env: dict[str, s
 
 
 def test_missing_landlock_warns_or_refuses(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from fsguard import landlock
     from launcher import run
     from netguard.audit import AuditLog, read_records
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(run.landlock, "abi_version", lambda: 0)
+    monkeypatch.setattr(landlock, "abi_version", lambda: 0)  # the module run.py calls
     log = AuditLog(tmp_path / "a.jsonl")
     opts = run.RunOptions(cmd=["true"], audit_path=tmp_path / "a.jsonl", user=None)
     conf = run._confinement(opts, log, tmp_path / "rt")
@@ -250,7 +252,7 @@ def test_git_symlinks_are_refused_and_the_hooks_weakening_still_opens_hooks(tmp_
     assert f"{ws}/nested/.git/hooks" not in p.protect  # the workspace root's `.git/<name>` list applies below it
     (ws / "linked").mkdir()
     (ws / "linked/.git").symlink_to(ws / "nested/.git")
-    with pytest.raises(mounts.MountError, match="make it a .git file"):
+    with pytest.raises(mounts.MountError, match=r"make it a .git file"):
         mounts.plan(eff)
     (ws / "linked/.git").unlink()
     (ws / ".git/hooks").rename(ws / ".git/hooks-real")

@@ -207,7 +207,7 @@ def test_deny_and_timeout_refuse_the_connection(net: Net) -> None:
 def test_always_writes_a_valid_policy_line(net: Net) -> None:
     r, _, client, pol = ask_run(net, net.curl("https://ask.test/"), lambda req: "always")
     assert r.stdout.strip() == "https://ask.test/ 200"
-    from launcher.policy import build_policy
+    from launcher.config.load import build_policy
     from netguard.rules import compile_policy, decide
 
     amended = build_policy([pol], [], [])

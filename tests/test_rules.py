@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from netguard import hosts
-from netguard.policy import NetworkPolicy, PolicyError, Rule, parse_network
+from netguard.policy import NetworkPolicy, Rule, parse_network
+from netguard.policyerror import PolicyError
 from netguard.rules import (
     DNS_ADDRESS_TYPES,
     DNS_EMPTY_TYPES,
