@@ -1,4 +1,4 @@
-"""launcher/whoasked.py: socket table parsing (pure) and, in a network namespace of our own, the real lookup.
+"""launcher/approvals/whoasked.py: socket table parsing (pure) and, in a network namespace of our own, the real lookup.
 
 The real tests need root and ip(8); like the other namespace tests they fail, never skip, without
 them. Everything they run stays on the loopback of the namespace they create (`sandgate-wa<pid>`),
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from launcher.whoasked import CMDLINE_MAX, Asker, find_asker, parse_proc_net
+from launcher.approvals.whoasked import CMDLINE_MAX, Asker, find_asker, parse_proc_net
 
 # ---------------------------------------------------------------- pure: parse_proc_net
 
