@@ -43,7 +43,7 @@ from netguard.nft import Ports
 from netguard.spec import BindingSpec
 
 if TYPE_CHECKING:  # imported when used: most runs never ask a human (a fast start matters)
-    from launcher import approvals
+    from launcher.approvals import broker as approvals
 
 EXIT_ERROR = 125
 PORTS = Ports()
@@ -138,7 +138,7 @@ def run(opts: RunOptions) -> int:
         runstate.make_dirs(paths)
         if opts.ask or opts.policy.network.ask:
             # Before planning the mounts: its socket must exist to be hidden from the sandbox.
-            from launcher import approvals
+            from launcher.approvals import broker as approvals
 
             broker = approvals.Broker(
                 paths.dir / "approvals.sock",
@@ -434,7 +434,7 @@ def _tell_terminal(text: str) -> None:
 
 
 def _asker(netns_pid: int, ip: str, port: int) -> str | None:
-    from launcher import whoasked
+    from launcher.approvals import whoasked
 
     found = whoasked.find_asker(netns_pid, ip, port)
     return f"{found.name}[{found.pid}]" if found else None
