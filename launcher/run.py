@@ -34,11 +34,12 @@ from fsguard import homeoverlay, landlock, mounts, userns
 from fsguard import policy as fspolicy
 from launcher import daemonctl, runstate, sandbox
 from launcher import policy as lpolicy
-from netguard import control, rules
 from netguard import policy as netpolicy
+from netguard import rules
 from netguard.audit import AuditLog, decision_record, policy_record, read_records
 from netguard.nft import Ports
-from netguard.spec import BindingSpec
+from netguard.proxy import control
+from netguard.proxy.spec import BindingSpec
 
 if TYPE_CHECKING:  # imported when used: most runs never ask a human (a fast start matters)
     from launcher import approvals

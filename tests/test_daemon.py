@@ -1,6 +1,6 @@
 """The daemon as a process: sandboxes bound over passed listeners, each with its own policy and log.
 
-Every test starts its own `python -m netguard.daemon` on a temporary socket and stops it by
+Every test starts its own `python -m netguard.proxy` on a temporary socket and stops it by
 PID. Listeners are created here (127.0.0.1, ephemeral ports) exactly as the launcher creates
 them inside a sandbox, handed over, and our copies closed: from then on only the daemon holds
 them, so its death must make them refuse connections.
@@ -29,13 +29,13 @@ import dns.message
 import dns.rcode
 import pytest
 
-from netguard import control
 from netguard.audit import read_records
-from netguard.control import ControlClient, ControlError
 from netguard.policy import parse_network
-from netguard.spec import BindingSpec, encode
+from netguard.proxy import control
+from netguard.proxy.control import ControlClient, ControlError
+from netguard.proxy.spec import BindingSpec, encode
 
-from .test_dnsgate import FakeDns, _tcp_ask, _udp_ask
+from .dnsfake import FakeDns, tcp_ask, udp_ask
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -68,7 +68,7 @@ class Web:
 
 
 class Daemon:
-    """`python -m netguard.daemon` on a short temporary path, HOME pointed at an empty directory."""
+    """`python -m netguard.proxy` on a short temporary path, HOME pointed at an empty directory."""
 
     def __init__(self, base: Path, idle: float = 300, name: str = "d.sock") -> None:
         self.path = base / name
@@ -85,7 +85,7 @@ class Daemon:
                 [
                     sys.executable,
                     "-m",
-                    "netguard.daemon",
+                    "netguard.proxy",
                     "--socket",
                     str(self.path),
                     "--ready-fd",
@@ -254,9 +254,9 @@ def test_dns_is_served_on_the_passed_sockets(daemon: Daemon) -> None:
     upstream = FakeDns()
     try:
         a = Box(daemon, "a", {"allow": ["allowed.test"], "resolver": f"127.0.0.1:{upstream.port}"})
-        ok = _udp_ask(a.dns_udp, dns.message.make_query("allowed.test", "A"))
+        ok = udp_ask(a.dns_udp, dns.message.make_query("allowed.test", "A"))
         assert ok.rcode() == dns.rcode.NOERROR and ok.answer[0][0].to_text() == "192.0.2.1"
-        blocked, ok_tcp = _tcp_ask(
+        blocked, ok_tcp = tcp_ask(
             a.dns_tcp, [dns.message.make_query("blocked.test", "A"), dns.message.make_query("allowed.test", "AAAA")]
         )
         assert blocked.rcode() == dns.rcode.REFUSED and ok_tcp.rcode() == dns.rcode.NOERROR
@@ -433,7 +433,7 @@ def test_a_path_that_is_not_a_socket_is_left_alone(base: Path) -> None:
     path = base / "d.sock"
     path.write_text("precious")
     out = subprocess.run(
-        [sys.executable, "-m", "netguard.daemon", "--socket", str(path)],
+        [sys.executable, "-m", "netguard.proxy", "--socket", str(path)],
         capture_output=True,
         text=True,
         cwd=REPO,
@@ -540,7 +540,7 @@ def test_transparent_and_dns_from_inside_a_sandbox_namespace(daemon: Daemon, web
 def test_a_socket_named_for_another_network_namespace_is_refused(base: Path) -> None:
     ino = os.stat("/proc/self/ns/net").st_ino
     out = subprocess.run(
-        [sys.executable, "-m", "netguard.daemon", "--socket", str(base / f"daemon-{ino + 1}.sock")],
+        [sys.executable, "-m", "netguard.proxy", "--socket", str(base / f"daemon-{ino + 1}.sock")],
         capture_output=True,
         text=True,
         cwd=REPO,
