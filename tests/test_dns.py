@@ -293,6 +293,30 @@ def test_serve_udp_and_tcp_on_given_sockets(tmp_path: Path, upstream: FakeDns) -
         socket.create_connection(("127.0.0.1", tport), timeout=1)
 
 
+def test_a_refusal_says_why_in_an_extended_dns_error_to_clients_with_edns(tmp_path: Path, upstream: FakeDns) -> None:
+    """RFC 8914: the REFUSED carries EDE 15 (Blocked) with the same line a 403 body says; no EDNS, no OPT."""
+    edns = [query("PyPI.org", use_edns=0, payload=1232), query("evil.wild.test", use_edns=0)]
+    edns.append(query("sub.wild.test", "TXT", use_edns=0))
+
+    def client(uport: int, tport: int) -> list[dns.message.Message]:
+        return [udp_ask(uport, q) for q in [*edns, query("pypi.org")]] + tcp_ask(tport, edns[:1])
+
+    (blocked, denied, typed, plain, over_tcp), _ = serving(make_binding(tmp_path, upstream), client)
+    assert all(r.rcode() == dns.rcode.REFUSED for r in (blocked, denied, typed, plain, over_tcp))
+    for r, text in (
+        (blocked, "sandgate: blocked pypi.org: no allow rule matches"),
+        (over_tcp, "sandgate: blocked pypi.org: no allow rule matches"),
+        (denied, "sandgate: blocked evil.wild.test: denied by rule evil.wild.test [test.yaml]"),
+        (typed, "sandgate: blocked sub.wild.test: type TXT refused: sub.wild.test is allowed only by a wildcard rule"),
+    ):
+        (ede,) = r.options
+        assert isinstance(ede, dns.edns.EDEOption) and ede.code == dns.edns.EDECode.BLOCKED
+        assert r.edns == 0 and ede.text is not None and ede.text.startswith(text)
+    assert [x["reason"] for x in records(tmp_path)[:2]] == ["no allow rule matches", "denied by rule evil.wild.test"]
+    assert plain.edns == -1 and plain.options == () and plain.additional == []  # no EDNS asked: no OPT added
+    assert upstream.queries == []
+
+
 # ---- query types: a wildcard allow is a channel to whoever runs that domain ------------------------
 
 

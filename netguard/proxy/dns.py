@@ -37,6 +37,7 @@ import uuid
 from typing import Literal
 
 import dns.asyncquery
+import dns.edns
 import dns.exception
 import dns.flags
 import dns.message
@@ -64,6 +65,11 @@ TCP_MAX_CONNS = 32  # per TCP listener
 TCP_MAX_QUERIES = 100  # per TCP connection
 TCP_IDLE = 10.0  # seconds to wait for the next query (or for a slow client to take the answer)
 BACKLOG = 4096  # what the launcher listens with (netguard.sandboxnet.BACKLOG)
+#: RFC 8914 info-code of a policy refusal: 15 Blocked ("on a blocklist due to an internal security
+#: policy imposed by the operator"). Not 18 Prohibited, which says the *client* is not authorised to
+#: use this server: the sandbox may ask, it is the name that its policy refuses.
+EDE_BLOCKED = dns.edns.EDECode.BLOCKED
+EDE_TEXT_MAX = 300  # characters: the refusal stays far below a 512-byte answer whatever the reason says
 logger = logging.getLogger("sandgate.dns")
 #: How a query is answered: forwarded upstream, the placeholder address, NOERROR without records, REFUSED.
 How = Literal["forward", "pending", "empty", "refuse"]
@@ -111,7 +117,9 @@ class DnsGate:
         d = v.decision
         self._record(binding, q, d.rule, "allow" if d.allowed else "deny", v.would, d.reason)
         if how == "refuse":
-            return _wire(_reply(query, dns.rcode.REFUSED), query, tcp)
+            # The same line a refused HTTP client reads in its 403 body, for clients that can take it.
+            text = verdict.refusal_text(_audit_name(q.name.to_text(omit_final_dot=True)), None, d)
+            return _wire(_reply(query, dns.rcode.REFUSED, ede=(EDE_BLOCKED, text)), query, tcp)
         if how == "empty":
             return _wire(_reply(query, dns.rcode.NOERROR), query, tcp)
         if how == "pending":
@@ -251,16 +259,22 @@ def _spelled(rrset: dns.rrset.RRset, qname: dns.name.Name) -> dns.rrset.RRset:
 
 
 def _reply(
-    query: dns.message.Message, rcode: dns.rcode.Rcode, answer: list[dns.rrset.RRset] | None = None
+    query: dns.message.Message,
+    rcode: dns.rcode.Rcode,
+    answer: list[dns.rrset.RRset] | None = None,
+    *,
+    ede: tuple[dns.edns.EDECode, str] | None = None,
 ) -> dns.message.Message:
-    """A response built from the client's request: its id and question, our flags, EDNS without options."""
+    """A response built from the client's request: its id and question, our flags, and EDNS only if the
+    query had it, with no option but our own Extended DNS Error (`ede`: RFC 8914 code and text)."""
     r = dns.message.Message(id=query.id)
     r.flags = dns.flags.QR | dns.flags.RA | (query.flags & dns.flags.RD)
     r.set_opcode(query.opcode())
     if query.opcode() == dns.opcode.QUERY:
         r.question = list(query.question)
     if query.edns >= 0:
-        r.use_edns(0, 0, UDP_MAX)
+        options: list[dns.edns.Option] = [dns.edns.EDEOption(ede[0], ede[1][:EDE_TEXT_MAX])] if ede else []
+        r.use_edns(0, 0, UDP_MAX, options=options)
     r.set_rcode(rcode)
     r.answer = list(answer or [])
     return r
