@@ -1,7 +1,6 @@
 """netguard.proxy.dns: what a sandbox's DNS query may carry out, and what may come back in.
 
-A fake upstream resolver (tests.dnsfake) records every query it receives, so each test can
-show both sides: the client's answer, and exactly what (if anything) left the proxy.
+A fake upstream resolver (tests.dnsfake) records what it is asked: each test shows what the client got and what left.
 """
 
 from __future__ import annotations
@@ -314,6 +313,9 @@ def test_a_refusal_says_why_in_an_extended_dns_error_to_clients_with_edns(tmp_pa
         assert r.edns == 0 and ede.text is not None and ede.text.startswith(text)
     assert [x["reason"] for x in records(tmp_path)[:2]] == ["no allow rule matches", "denied by rule evil.wild.test"]
     assert plain.edns == -1 and plain.options == () and plain.additional == []  # no EDNS asked: no OPT added
+    long = ask(make_binding(tmp_path, upstream), query(".".join(["x" * 60] * 4), use_edns=0, payload=512).to_wire())
+    assert long is not None and long.rcode() == dns.rcode.REFUSED  # 562 bytes with its reason: sent without
+    assert long.edns == 0 and long.options == () and not long.flags & dns.flags.TC
     assert upstream.queries == []
 
 

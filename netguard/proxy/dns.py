@@ -69,7 +69,7 @@ BACKLOG = 4096  # what the launcher listens with (netguard.sandboxnet.BACKLOG)
 #: policy imposed by the operator"). Not 18 Prohibited, which says the *client* is not authorised to
 #: use this server: the sandbox may ask, it is the name that its policy refuses.
 EDE_BLOCKED = dns.edns.EDECode.BLOCKED
-EDE_TEXT_MAX = 300  # characters: the refusal stays far below a 512-byte answer whatever the reason says
+EDE_TEXT_MAX = 300  # characters; should a refusal still not fit, it goes without (_wire)
 logger = logging.getLogger("sandgate.dns")
 #: How a query is answered: forwarded upstream, the placeholder address, NOERROR without records, REFUSED.
 How = Literal["forward", "pending", "empty", "refuse"]
@@ -286,6 +286,9 @@ def _wire(r: dns.message.Message, query: dns.message.Message, tcp: bool) -> byte
     try:
         return r.to_wire(max_size=limit)
     except dns.exception.TooBig:
+        if r.options and not r.answer:  # a refusal's reason is a courtesy: the refusal itself must arrive
+            r.use_edns(0, 0, UDP_MAX)
+            return _wire(r, query, tcp)
         r.answer = []
         r.flags |= dns.flags.TC
         return r.to_wire(max_size=limit)
