@@ -99,8 +99,10 @@ def cmd_proxy(args: argparse.Namespace) -> int:
     """Run the allowlisting proxy alone until Ctrl-C, for containers or CI jobs routed through it."""
     import asyncio
 
-    from netguard import proxy, rules
+    from netguard import rules
     from netguard.audit import AuditLog
+    from netguard.proxy import standalone as proxy
+    from netguard.proxy.binding import Binding
 
     pol = _policy_from_args(args)
     listeners = proxy.Listeners(
@@ -116,7 +118,7 @@ def cmd_proxy(args: argparse.Namespace) -> int:
     from netguard.asking import Approver
 
     approver = Approver(args.approval_socket, args.ask_timeout) if args.approval_socket else None
-    binding = proxy.Binding(
+    binding = Binding(
         args.task or uuid.uuid4().hex[:12],
         rules.compile_policy(pol.network),
         audit,
@@ -167,7 +169,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not cmd:
         raise UsageError("no command given: sandgate run [options] -- CMD [ARGS...]")
-    from netguard import control
+    from netguard.proxy import control
 
     try:
         parsecache.CACHE_DIR = control.runtime_dir() / "policy-cache"  # hidden from every sandbox
@@ -291,7 +293,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 def cmd_cleanup(args: argparse.Namespace) -> int:
     from launcher import runstate
-    from netguard import control
+    from netguard.proxy import control
 
     try:
         rt = control.runtime_dir()
@@ -343,7 +345,7 @@ def run_user_uid(spec: str | None) -> int:
 def cmd_daemon(args: argparse.Namespace) -> int:
     """`sandgate daemon status|stop|start`: the per-user proxy daemon that `sandgate run` starts on demand."""
     from launcher import daemonctl
-    from netguard import control
+    from netguard.proxy import control
 
     try:
         rt = control.runtime_dir()

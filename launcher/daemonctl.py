@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from netguard import control
-from netguard.spec import BindingSpec
+from netguard.proxy import control
+from netguard.proxy.spec import BindingSpec
 
 if TYPE_CHECKING:
     import subprocess
@@ -54,7 +54,7 @@ class Daemon:
         env = {k: v for k, v in os.environ.items() if k in DAEMON_ENV}
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "netguard.daemon", "--socket", str(self.path), "--ready-fd", str(w)],
+                [sys.executable, "-m", "netguard.proxy", "--socket", str(self.path), "--ready-fd", str(w)],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=log,

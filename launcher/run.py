@@ -36,11 +36,12 @@ from launcher import daemonctl, runstate, sandbox
 from launcher.config import bundled as allowlists
 from launcher.config import load as lpolicy
 from launcher.config.errors import PolicyFileError
-from netguard import control, rules
+from netguard import rules
 from netguard import policy as netpolicy
 from netguard.audit import AuditLog, decision_record, policy_record, read_records
 from netguard.nft import Ports
-from netguard.spec import BindingSpec
+from netguard.proxy import control
+from netguard.proxy.spec import BindingSpec
 
 if TYPE_CHECKING:  # imported when used: most runs never ask a human (a fast start matters)
     from launcher.approvals import broker as approvals

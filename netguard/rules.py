@@ -305,7 +305,7 @@ DNS_EMPTY_TYPES: frozenset[int] = frozenset({64, 65})  # SVCB, HTTPS
 def dns_types(rs: Ruleset, name: str) -> frozenset[int] | None:
     """Query types an allowed `name` may be forwarded with; None: every type (an exact host rule names it).
 
-    A wildcard allow is a two-way channel to whoever runs that domain (see netguard.dnsgate), so a name
+    A wildcard allow is a two-way channel to whoever runs that domain (see netguard.proxy.dns), so a name
     matched only by wildcard rules gets the address types plus what those rules list under `dns:`.
     """
     try:

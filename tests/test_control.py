@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from netguard import control
-from netguard.control import ControlClient, ControlError
 from netguard.policy import parse_network
-from netguard.spec import BindingSpec, decode
+from netguard.proxy import control
+from netguard.proxy.control import ControlClient, ControlError
+from netguard.proxy.spec import BindingSpec, decode
 
 SPEC = BindingSpec("t1", parse_network({"allow": ["a.test"]}, "p.yaml"))
 
@@ -118,7 +118,7 @@ def test_client_requests_and_replies(short_dir: Path) -> None:
     with ControlClient.connect(path, timeout=5) as c:
         c.bind(SPEC, files)
         assert c.status() == status
-        with pytest.raises(ControlError, match="^nope: bad thing$"):
+        with pytest.raises(ControlError, match=r"^nope: bad thing$"):
             c.end()
         c.stop()
         with pytest.raises(ControlError, match="closed the connection"):
@@ -147,7 +147,7 @@ def test_socket_path_names_the_network_namespace_and_the_code(tmp_path: Path, mo
     first = control.socket_path(tmp_path)
     assert first.parent == tmp_path and first.name.startswith(f"daemon-{ino}-") and first.suffix == ".sock"
     assert control.socket_path(tmp_path) == first  # stable while nothing changes
-    monkeypatch.setattr(control.sys, "executable", "/another/venv/bin/python")
+    monkeypatch.setattr(sys, "executable", "/another/venv/bin/python")
     assert control.socket_path(tmp_path) != first  # another installation: another daemon
 
 
@@ -202,17 +202,18 @@ def test_runtime_dir_uses_xdg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
 
 def test_control_imports_no_mitmproxy_or_dnspython() -> None:
     code = (
-        "import sys, netguard.control; "
+        "import sys, netguard.proxy.control; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('mitmproxy', 'dns', 'netguard')))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert json.loads(out.replace("'", '"')) == [
         "netguard",
-        "netguard.control",
         "netguard.hosts",
         "netguard.policy",
         "netguard.policyerror",
-        "netguard.spec",
+        "netguard.proxy",
+        "netguard.proxy.control",
+        "netguard.proxy.spec",
     ]
 
 

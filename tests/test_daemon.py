@@ -1,6 +1,6 @@
 """The daemon as a process: sandboxes bound over passed listeners, each with its own policy and log.
 
-Every test starts its own `python -m netguard.daemon` on a temporary socket and stops it by
+Every test starts its own `python -m netguard.proxy` on a temporary socket and stops it by
 PID. Listeners are created here (127.0.0.1, ephemeral ports) exactly as the launcher creates
 them inside a sandbox, handed over, and our copies closed: from then on only the daemon holds
 them, so its death must make them refuse connections.
@@ -8,10 +8,8 @@ them, so its death must make them refuse connections.
 
 from __future__ import annotations
 
-import http.server
 import json
 import os
-import select
 import shutil
 import signal
 import socket
@@ -19,9 +17,8 @@ import subprocess
 import sys
 import tempfile
 import textwrap
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,171 +26,14 @@ import dns.message
 import dns.rcode
 import pytest
 
-from netguard import control
 from netguard.audit import read_records
-from netguard.control import ControlClient, ControlError
 from netguard.policy import parse_network
-from netguard.spec import BindingSpec, encode
+from netguard.proxy import control
+from netguard.proxy.control import ControlClient, ControlError
+from netguard.proxy.spec import BindingSpec, encode
 
-from .test_dnsgate import FakeDns, _tcp_ask, _udp_ask
-
-REPO = Path(__file__).resolve().parent.parent
-
-
-class Web:
-    """A fake upstream HTTP server on 127.0.0.1 that counts requests (the canary)."""
-
-    def __init__(self) -> None:
-        hits = self.hits = [0]
-
-        class H(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                hits[0] += 1
-                body = b"hello from web"
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
-        self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
-class Daemon:
-    """`python -m netguard.daemon` on a short temporary path, HOME pointed at an empty directory."""
-
-    def __init__(self, base: Path, idle: float = 300, name: str = "d.sock") -> None:
-        self.path = base / name
-        self.home = base / "home"
-        self.home.mkdir(exist_ok=True)
-        self.logfile = base / "daemon.log"
-        self.proc, ready = self.spawn(idle)
-        assert ready == b"ready\n", self.log()
-
-    def spawn(self, idle: float = 300) -> tuple[subprocess.Popen[bytes], bytes]:
-        r, w = os.pipe()
-        with open(self.logfile, "ab") as log:
-            proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "netguard.daemon",
-                    "--socket",
-                    str(self.path),
-                    "--ready-fd",
-                    str(w),
-                    "--idle-exit",
-                    str(idle),
-                ],
-                pass_fds=(w,),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=log,
-                cwd=REPO,
-                env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self.home)},
-            )
-        os.close(w)
-        try:
-            ready, _, _ = select.select([r], [], [], 30)
-            return proc, os.read(r, 64) if ready else b""
-        finally:
-            os.close(r)
-
-    def log(self) -> str:
-        return self.logfile.read_text() if self.logfile.exists() else ""
-
-    def client(self) -> ControlClient:
-        return ControlClient.connect(self.path, timeout=10)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        assert list(self.home.iterdir()) == [], "the daemon wrote into its home directory"
-
-
-def listener() -> socket.socket:
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    s.bind(("127.0.0.1", 0))
-    s.listen(64)
-    return s
-
-
-class Box:
-    """One sandbox: its listeners (ports recorded, our copies closed after the bind) and its audit log."""
-
-    def __init__(self, d: Daemon, task: str, network: dict[str, Any]) -> None:
-        self.task = task
-        self.audit = d.path.parent / f"{task}.jsonl"
-        afd = os.open(self.audit, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        udp.bind(("127.0.0.1", 0))
-        socks = [listener(), listener(), udp, listener()]
-        self.regular, self.transparent, self.dns_udp, self.dns_tcp = (s.getsockname()[1] for s in socks)
-        self.client = d.client()
-        try:
-            self.client.bind(
-                BindingSpec(task, parse_network(network, f"{task}.yaml")), [afd] + [s.fileno() for s in socks]
-            )
-        finally:
-            os.close(afd)
-            for s in socks:
-                s.close()
-
-    def get(self, url: str, host: str | None = None) -> tuple[int, str]:
-        return http_get(self.regular, url, host)
-
-    def decisions(self) -> list[dict[str, Any]]:
-        return [r for r in read_records(self.audit) if r["event"] == "decision"]
-
-
-def http_get(port: int, url: str, host: str | None = None) -> tuple[int, str]:
-    """A request through the explicit proxy on `port`: (status, body)."""
-    host = host or url.split("/")[2]
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
-        s.sendall(f"GET {url} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
-        data = b""
-        while chunk := s.recv(65536):
-            data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    return int(head.split()[1]), body.decode()
-
-
-def raw(c: ControlClient, msg: dict[str, Any], fds: list[int] | None = None) -> dict[str, Any]:
-    """Send anything, even what ControlClient would not, and return the daemon's reply."""
-    control.send_message(c._sock, msg, fds or [])
-    data, got, flags = control.recv_raw(c._sock)
-    assert got == []
-    return control.parse_message(data, flags)
-
-
-def refused(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=2).close()
-    except (ConnectionRefusedError, ConnectionResetError):
-        return True
-    return False
-
-
-def eventually(pred: Callable[[], bool], timeout: float = 5) -> bool:
-    end = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > end:
-            return False
-        time.sleep(0.05)
-    return True
+from .daemonfake import REPO, Box, Daemon, Web, eventually, listener, raw, refused
+from .dnsfake import FakeDns, tcp_ask, udp_ask
 
 
 @pytest.fixture
@@ -254,9 +94,9 @@ def test_dns_is_served_on_the_passed_sockets(daemon: Daemon) -> None:
     upstream = FakeDns()
     try:
         a = Box(daemon, "a", {"allow": ["allowed.test"], "resolver": f"127.0.0.1:{upstream.port}"})
-        ok = _udp_ask(a.dns_udp, dns.message.make_query("allowed.test", "A"))
+        ok = udp_ask(a.dns_udp, dns.message.make_query("allowed.test", "A"))
         assert ok.rcode() == dns.rcode.NOERROR and ok.answer[0][0].to_text() == "192.0.2.1"
-        blocked, ok_tcp = _tcp_ask(
+        blocked, ok_tcp = tcp_ask(
             a.dns_tcp, [dns.message.make_query("blocked.test", "A"), dns.message.make_query("allowed.test", "AAAA")]
         )
         assert blocked.rcode() == dns.rcode.REFUSED and ok_tcp.rcode() == dns.rcode.NOERROR
@@ -433,7 +273,7 @@ def test_a_path_that_is_not_a_socket_is_left_alone(base: Path) -> None:
     path = base / "d.sock"
     path.write_text("precious")
     out = subprocess.run(
-        [sys.executable, "-m", "netguard.daemon", "--socket", str(path)],
+        [sys.executable, "-m", "netguard.proxy", "--socket", str(path)],
         capture_output=True,
         text=True,
         cwd=REPO,
@@ -540,7 +380,7 @@ def test_transparent_and_dns_from_inside_a_sandbox_namespace(daemon: Daemon, web
 def test_a_socket_named_for_another_network_namespace_is_refused(base: Path) -> None:
     ino = os.stat("/proc/self/ns/net").st_ino
     out = subprocess.run(
-        [sys.executable, "-m", "netguard.daemon", "--socket", str(base / f"daemon-{ino + 1}.sock")],
+        [sys.executable, "-m", "netguard.proxy", "--socket", str(base / f"daemon-{ino + 1}.sock")],
         capture_output=True,
         text=True,
         cwd=REPO,

@@ -336,12 +336,14 @@ TWO_SANDBOXES = textwrap.dedent("""\
     import asyncio, sys
     from pathlib import Path
     from launcher.config.load import build_policy
-    from netguard import proxy, rules
+    from netguard import rules
     from netguard.audit import AuditLog
+    from netguard.proxy import standalone as proxy
+    from netguard.proxy.binding import Binding
 
     def binding(task, allow):
         pol = build_policy([], [allow], [])
-        return proxy.Binding(task, rules.compile_policy(pol.network), AuditLog(Path(sys.argv[1])))
+        return Binding(task, rules.compile_policy(pol.network), AuditLog(Path(sys.argv[1])))
 
     sandboxes = [(proxy.Listeners(regular=("127.0.0.1", 3140)), binding("a", "allowed.test")),
                  (proxy.Listeners(regular=("127.0.0.1", 3141)), binding("b", "blocked.test"))]

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from netguard.policy import NetworkPolicy, Rule, parse_network
-from netguard.spec import BindingSpec, SpecError, decode, encode
+from netguard.proxy.spec import BindingSpec, SpecError, decode, encode
 
 label = st.from_regex(r"[a-z][a-z0-9_-]{0,8}[a-z0-9]", fullmatch=True).filter(lambda s: not s.startswith("xn--"))
 name = st.lists(label, min_size=1, max_size=4).map(".".join)

@@ -11,7 +11,7 @@ Requests and replies:
 A binding lives as long as the connection that made it: the daemon drops it on EOF.
 The daemon's half (its socket under a lock, SO_PEERCRED, checking the passed fds) lives here
 too, so the whole contract is in one file.
-Imports only the standard library and netguard.spec: the launcher loads this on its fast path.
+Imports only the standard library and netguard.proxy.spec: the launcher loads this on its fast path.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
-from netguard.spec import BindingSpec, encode
+from netguard.proxy.spec import BindingSpec, encode
 
 MAX_MESSAGE = 1 << 20
 #: The fds a bind carries, in this order.
@@ -170,21 +170,22 @@ def socket_path(runtime_dir: Path) -> Path:
 
 
 def code_id() -> str:
-    """A short fingerprint of the daemon's code: the interpreter and every netguard module (size, mtime).
+    """A short fingerprint of the daemon's code: the interpreter and every netguard module (size, mtime),
+    sub-packages included (the daemon itself lives in netguard/proxy/).
 
-    ~20 stat calls: cheap enough for every run, and any edit or reinstall changes it.
+    ~25 stat calls: cheap enough for every run, and any edit or reinstall changes it.
     """
     try:  # CPython's own SHA-256: hashlib would load OpenSSL first (~4 ms on every run)
-        from _sha2 import sha256
+        from _sha2 import sha256  # type: ignore[import-not-found]  # private: no stub
     except ImportError:
         from hashlib import sha256
 
-    here = Path(__file__).resolve().parent
+    netguard = Path(__file__).resolve().parent.parent
     h = sha256(sys.executable.encode())
-    for f in sorted(here.glob("*.py")):
+    for f in sorted(netguard.rglob("*.py")):
         st = f.stat()
-        h.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns};".encode())
-    return h.hexdigest()[:10]
+        h.update(f"{f.relative_to(netguard)}:{st.st_size}:{st.st_mtime_ns};".encode())
+    return str(h.hexdigest())[:10]
 
 
 def runtime_base(environ: Mapping[str, str], uid: int) -> Path:
@@ -350,7 +351,7 @@ def adopt_fds(fds: list[int]) -> PassedFds:
         _check_audit(fds[0])
         inodes = set()
         for name, fd, kind in zip(
-            BIND_FDS[1:], fds[1:], (socket.SOCK_STREAM,) * 2 + (socket.SOCK_DGRAM, socket.SOCK_STREAM)
+            BIND_FDS[1:], fds[1:], (socket.SOCK_STREAM,) * 2 + (socket.SOCK_DGRAM, socket.SOCK_STREAM), strict=True
         ):
             st = os.fstat(fd)
             if not stat.S_ISSOCK(st.st_mode):

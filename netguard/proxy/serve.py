@@ -1,8 +1,8 @@
 """sandgated: one long-lived proxy per user and network namespace, serving many sandboxes.
 
-    python -m netguard.daemon --socket PATH [--ready-fd N] [--idle-exit SECONDS]
+    python -m netguard.proxy --socket PATH [--ready-fd N] [--idle-exit SECONDS]   (see __main__.py)
 
-Launchers connect to PATH (AF_UNIX SOCK_SEQPACKET, see netguard.control) and hand over, per
+Launchers connect to PATH (AF_UNIX SOCK_SEQPACKET, see netguard.proxy.control) and hand over, per
 sandbox, listeners that were created inside the sandbox's network namespace plus its audit
 log. The daemon accepts on them and connects upstream from its own namespace. A binding lives
 as long as its control connection; if the daemon dies, every passed listener dies with it, so
@@ -12,11 +12,8 @@ lock file and the audit descriptors it was given.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import importlib.util
 import os
-import re
 import signal
 import socket
 import sys
@@ -24,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from netguard.control import (
+from netguard.proxy.control import (
     BindError,
     DaemonSocket,
     PassedFds,
@@ -35,11 +32,11 @@ from netguard.control import (
     recv_raw,
     send_message,
 )
-from netguard.spec import BindingSpec, SpecError, decode
+from netguard.proxy.spec import BindingSpec, SpecError, decode
 
 if TYPE_CHECKING:  # imported lazily: the control/lock logic runs before mitmproxy's import cost
-    from netguard.dnsgate import DnsGate, DnsService
-    from netguard.proxy import Binding
+    from netguard.proxy.binding import Binding
+    from netguard.proxy.dns import DnsGate, DnsService
 
 MAX_SLOT = 65535  # slots are listen ports in mitmproxy mode specs, which must be valid ports
 BACKLOG = 4096  # asyncio re-runs listen() on a passed socket: keep the queue the launcher sized for a cold start
@@ -105,10 +102,10 @@ class Daemon:
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def run(self, ready_fd: int | None) -> None:
-        from netguard import dnsgate, proxy
+        from netguard.proxy import dns, master
 
-        self.master, self.proxyserver, self.gate = proxy.make_master(self.bindings, [])
-        self.dnsgate: DnsGate = dnsgate.DnsGate()
+        self.master, self.proxyserver, self.gate = master.make_master(self.bindings, [])
+        self.dnsgate: DnsGate = dns.DnsGate()
         await self.master.running()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -117,7 +114,7 @@ class Daemon:
         lfd = self.listener.sock.fileno()
         self.listener.sock.setblocking(False)
         loop.add_reader(lfd, self._accept)
-        _ready(ready_fd)
+        report_ready(ready_fd)
         log(f"ready on {self.listener.path}")
         self._arm_idle()
         try:
@@ -262,12 +259,14 @@ class Daemon:
     async def _start(self, task: str, spec: BindingSpec, passed: PassedFds) -> Sandbox:
         from mitmproxy.proxy.mode_servers import ServerInstance
 
-        from netguard import dnsgate, proxy, rules
+        from netguard import rules
         from netguard.asking import Approver
         from netguard.audit import AuditLog, now_rfc3339
+        from netguard.proxy import dns
+        from netguard.proxy.binding import Binding
 
         approver = Approver(spec.approval_socket, spec.ask_timeout) if spec.approval_socket else None
-        binding = proxy.Binding(
+        binding = Binding(
             task,
             rules.compile_policy(spec.policy),
             AuditLog.from_fd(passed.audit),
@@ -287,8 +286,8 @@ class Daemon:
                 sb.servers.append(
                     await asyncio.start_server(sb.tracked(instance.handle_stream), sock=sock, backlog=BACKLOG)
                 )
-            sb.dns.append(await dnsgate.serve_udp(passed.dns_udp, binding, self.dnsgate))
-            sb.dns.append(await dnsgate.serve_tcp(passed.dns_tcp, binding, self.dnsgate))
+            sb.dns.append(await dns.serve_udp(passed.dns_udp, binding, self.dnsgate))
+            sb.dns.append(await dns.serve_tcp(passed.dns_tcp, binding, self.dnsgate))
         except BaseException:
             await self._release(sb)
             for s in (passed.regular, passed.transparent, passed.dns_udp, passed.dns_tcp):
@@ -355,7 +354,7 @@ def _err(text: str) -> dict[str, Any]:
     return {"ok": False, "error": text}
 
 
-def _ready(fd: int | None) -> None:
+def report_ready(fd: int | None) -> None:
     if fd is not None:
         try:
             os.write(fd, b"ready\n")
@@ -363,64 +362,3 @@ def _ready(fd: int | None) -> None:
             pass  # the launcher that started us already finished (a short command): others will connect
         finally:
             os.close(fd)
-
-
-def _skip_addons_init() -> None:
-    """Register mitmproxy.addons without running its __init__, which imports every addon (flask, ldap3,
-    ...: ~150 ms of a cold start); we load only proxyserver, and mitmproxy.master only termlog."""
-    if "mitmproxy.addons" in sys.modules:
-        return
-    spec = importlib.util.find_spec("mitmproxy.addons")
-    if spec is not None and spec.loader is not None:
-        sys.modules["mitmproxy.addons"] = importlib.util.module_from_spec(spec)
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m netguard.daemon", description=__doc__.splitlines()[0])
-    ap.add_argument("--socket", required=True, help="control socket path (see netguard.control.socket_path)")
-    ap.add_argument("--ready-fd", type=int, help="write b'ready\\n' to this fd, then close it, once serving")
-    ap.add_argument(
-        "--idle-exit",
-        type=float,
-        default=300.0,
-        help="exit after this many seconds without any control connection (0: never)",
-    )
-    ap.add_argument("--verbose", action="store_true", help="also log every proxied connection (mitmproxy's INFO)")
-    args = ap.parse_args(argv)
-    path = os.path.abspath(args.socket)
-    named = re.fullmatch(r"daemon-(\d+)(?:-[0-9a-f]+)?\.sock", os.path.basename(path))
-    if named and int(named.group(1)) != os.stat("/proc/self/ns/net").st_ino:
-        # It would connect upstream from the wrong namespace (e.g. started from inside a sandbox).
-        log(f"{path} names another network namespace than this process's; not serving it")
-        return 1
-    # SIGTERM while mitmproxy is still being imported must still remove the socket.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    try:
-        listener = DaemonSocket(path)
-        claimed = listener.claim()
-    except OSError as e:
-        log(f"cannot listen on {path}: {e}")
-        return 1
-    if not claimed:
-        os.close(listener.lock_fd)
-        _ready(args.ready_fd)  # a daemon serves PATH: that is all the starter waits for
-        return 0
-    try:
-        os.chdir("/")  # hold no directory of the launcher's busy
-        import logging
-
-        logging.basicConfig(
-            stream=sys.stderr,
-            level=logging.INFO if args.verbose else logging.WARNING,
-            format="%(asctime)s %(name)s %(levelname)s: %(message)s",
-        )
-        _skip_addons_init()
-        asyncio.run(Daemon(listener, args.idle_exit).run(args.ready_fd))
-    finally:
-        if listener.sock is not None:
-            listener.release()
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

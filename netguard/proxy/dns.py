@@ -34,9 +34,10 @@ import logging
 import socket
 import struct
 import uuid
-from typing import Protocol
+from typing import Literal
 
 import dns.asyncquery
+import dns.edns
 import dns.exception
 import dns.flags
 import dns.message
@@ -47,9 +48,9 @@ import dns.rdataclass
 import dns.rdatatype
 import dns.rrset
 
-from netguard import hosts, rules
-from netguard.asking import Approver
-from netguard.audit import AuditLog, decision_record
+from netguard import hosts, rules, verdict
+from netguard.audit import decision_record
+from netguard.proxy.binding import Binding
 
 #: What DNS answers for a name that still needs a human's approval: any address works (all TCP
 #: from the sandbox reaches the proxy, which then decides by SNI/Host and asks); the real name
@@ -64,28 +65,23 @@ TCP_MAX_CONNS = 32  # per TCP listener
 TCP_MAX_QUERIES = 100  # per TCP connection
 TCP_IDLE = 10.0  # seconds to wait for the next query (or for a slow client to take the answer)
 BACKLOG = 4096  # what the launcher listens with (netguard.sandboxnet.BACKLOG)
+#: RFC 8914 info-code of a policy refusal: 15 Blocked ("on a blocklist due to an internal security
+#: policy imposed by the operator"). Not 18 Prohibited, which says the *client* is not authorised to
+#: use this server: the sandbox may ask, it is the name that its policy refuses.
+EDE_BLOCKED = dns.edns.EDECode.BLOCKED
+EDE_TEXT_MAX = 300  # characters; should a refusal still not fit, it goes without (_wire)
 logger = logging.getLogger("sandgate.dns")
+#: How a query is answered: forwarded upstream, the placeholder address, NOERROR without records, REFUSED.
+How = Literal["forward", "pending", "empty", "refuse"]
 
 
-class DnsBinding(Protocol):
-    """What DnsGate needs of a sandbox (netguard.proxy.Binding has it)."""
-
-    task: str
-    rules: rules.Ruleset
-    audit: AuditLog
-    learn: bool
-    ask_all: bool
-    approver: Approver | None
-
-    def upstream_dns(self) -> tuple[str, int]: ...
-
-
-def is_name(host: str) -> bool:
-    """Learn and ask apply to names; raw addresses stay governed by cidr rules."""
-    try:
-        return isinstance(rules.normalise(host), str)
-    except hosts.HostError:
-        return False
+def _unserved(query: dns.message.Message) -> str | None:
+    """Why a query is refused before any name is judged (not a plain one-question QUERY), else None."""
+    if query.opcode() != dns.opcode.QUERY:
+        return f"opcode {dns.opcode.to_text(query.opcode())} refused: only QUERY is served"
+    if len(query.question) != 1:
+        return f"{len(query.question)} questions refused: exactly one is served"
+    return None
 
 
 def _audit_name(name: str) -> str:
@@ -101,7 +97,7 @@ class DnsGate:
     def __init__(self, timeout: float = RESOLVE_TIMEOUT) -> None:
         self.timeout = timeout
 
-    async def answer(self, binding: DnsBinding, wire: bytes, peer: object, *, tcp: bool = False) -> bytes | None:
+    async def answer(self, binding: Binding, wire: bytes, peer: object, *, tcp: bool = False) -> bytes | None:
         """The reply to one query (None: send nothing). Writes exactly one `dns` decision record."""
         try:
             query = dns.message.from_wire(wire)
@@ -112,37 +108,33 @@ class DnsGate:
         if query.flags & dns.flags.QR:
             self._record(binding, first, None, "deny", None, "not a query (QR bit set)")
             return None  # never answer an answer: no reflection loops
-        if query.opcode() != dns.opcode.QUERY:
-            self._record(
-                binding,
-                first,
-                None,
-                "deny",
-                None,
-                f"opcode {dns.opcode.to_text(query.opcode())} refused: only QUERY is served",
-            )
-            return _wire(_reply(query, dns.rcode.REFUSED), query, tcp)
-        if len(query.question) != 1:
-            self._record(
-                binding, first, None, "deny", None, f"{len(query.question)} questions refused: exactly one is served"
-            )
+        unserved = _unserved(query)
+        if unserved is not None:
+            self._record(binding, first, None, "deny", None, unserved)
             return _wire(_reply(query, dns.rcode.REFUSED), query, tcp)
         q = query.question[0]
-        verdict, d, would = await self._decide(binding, q)
-        self._record(binding, q, d.rule, "allow" if d.allowed else "deny", would, d.reason)
-        if verdict == "refuse":
-            return _wire(_reply(query, dns.rcode.REFUSED), query, tcp)
-        if verdict == "empty":
+        how, v = await self._decide(binding, q)
+        d = v.decision
+        self._record(binding, q, d.rule, "allow" if d.allowed else "deny", v.would, d.reason)
+        if how == "refuse":
+            # The same line a refused HTTP client reads in its 403 body, for clients that can take it.
+            text = verdict.refusal_text(_audit_name(q.name.to_text(omit_final_dot=True)), None, d)
+            return _wire(_reply(query, dns.rcode.REFUSED, ede=(EDE_BLOCKED, text)), query, tcp)
+        if how == "empty":
             return _wire(_reply(query, dns.rcode.NOERROR), query, tcp)
-        if verdict == "pending":
+        if how == "pending":
             answer = (
                 [dns.rrset.from_text(q.name, 1, "IN", "A", str(PENDING_ADDRESS))]
                 if q.rdtype == dns.rdatatype.A and q.rdclass == dns.rdataclass.IN
                 else []
             )
             return _wire(_reply(query, dns.rcode.NOERROR, answer), query, tcp)
+        return await self._forward(binding, query, q, tcp)
+
+    async def _forward(self, b: Binding, query: dns.message.Message, q: dns.rrset.RRset, tcp: bool) -> bytes:
+        """An allowed query's answer from upstream, cut to what belongs to the question."""
         try:
-            up = await self._upstream(binding, q)
+            up = await self._upstream(b, q)
         except (OSError, dns.exception.DNSException, ValueError, TimeoutError) as e:
             logger.info("dns forward of %s failed: %s", q.name, e or type(e).__name__)
             return _wire(_reply(query, dns.rcode.SERVFAIL), query, tcp)
@@ -151,30 +143,37 @@ class DnsGate:
             rcode = dns.rcode.SERVFAIL  # an extended rcode cannot be said to a client without EDNS
         return _wire(_reply(query, rcode, _belonging(up, q)), query, tcp)
 
-    async def _decide(self, b: DnsBinding, q: dns.rrset.RRset) -> tuple[str, rules.Decision, str | None]:
-        """("forward" | "pending" | "empty" | "refuse", decision, would): the same pipeline as the proxy's."""
-        name = q.name.to_text(omit_final_dot=True)
-        d = rules.decide(b.rules, name, None)
-        default_deny = d.action == "deny" and d.rule is None and is_name(name)
-        if d.allowed:
-            return _by_type(b, name, q, d)
-        if default_deny and b.learn:
-            return "forward", rules.Decision("allow", None, f"learn mode: {d.reason}"), "deny"
-        if b.approver is not None and (d.action == "ask" or (default_deny and b.ask_all)):
-            return (
-                "pending",
-                rules.Decision(
-                    "allow",
-                    d.rule,
-                    f"{d.reason}: needs approval; answered with a placeholder address, not looked up upstream",
-                ),
-                None,
-            )
-        if d.action == "ask":
-            d = rules.Decision("deny", d.rule, d.reason + " (no approval channel; denied)")
-        return "refuse", d, None
+    async def _decide(self, b: Binding, q: dns.rrset.RRset) -> tuple[How, verdict.Verdict]:
+        """How to answer, and the verdict: netguard.verdict's pipeline, with DNS's own ask and resolve steps.
 
-    async def _upstream(self, b: DnsBinding, q: dns.rrset.RRset) -> dns.message.Message:
+        Asking defers (a placeholder address, decided for real when the connection comes); resolving
+        an allowed name is its query-type filter.
+        """
+        name = q.name.to_text(omit_final_dot=True)
+        how: list[How] = ["forward"]
+
+        async def defer(d: rules.Decision) -> rules.Decision:
+            how[0] = "pending"
+            return verdict.deferred(d)
+
+        async def by_type(v: verdict.Verdict) -> verdict.Verdict:
+            if v.by != "policy":
+                return v  # learned or deferred: the type filter is for names the policy allows
+            how[0], v = _by_type(b, name, q, v)
+            return v
+
+        v = await verdict.run(
+            b.rules,
+            name,
+            None,
+            learn=b.learn,
+            ask_all=b.ask_all,
+            ask=defer if b.approver is not None else None,
+            resolve=by_type,
+        )
+        return (how[0] if v.allowed or how[0] == "empty" else "refuse"), v
+
+    async def _upstream(self, b: Binding, q: dns.rrset.RRset) -> dns.message.Message:
         """A fresh query: only the lower-cased name, type and class of the client's ever leave."""
         host, port = b.upstream_dns()
         fresh = dns.message.make_query(q.name.canonicalize(), q.rdtype, q.rdclass, use_edns=0)
@@ -184,7 +183,7 @@ class DnsGate:
         return resp
 
     def _record(
-        self, b: DnsBinding, q: dns.rrset.RRset | None, rule: str | None, action: str, would: str | None, reason: str
+        self, b: Binding, q: dns.rrset.RRset | None, rule: str | None, action: str, would: str | None, reason: str
     ) -> None:
         host = _audit_name(q.name.to_text(omit_final_dot=True)) if q is not None else None
         qtype = dns.rdatatype.to_text(q.rdtype) if q is not None else None
@@ -204,27 +203,29 @@ class DnsGate:
         )
 
 
-def _by_type(b: DnsBinding, name: str, q: dns.rrset.RRset, d: rules.Decision) -> tuple[str, rules.Decision, str | None]:
+def _by_type(b: Binding, name: str, q: dns.rrset.RRset, v: verdict.Verdict) -> tuple[How, verdict.Verdict]:
     """An allowed name's query by its type: a name matched only by wildcard rules is a channel to
     whoever runs that domain, so only address types (plus the entry's `dns:` list) are forwarded."""
+    d = v.decision
     types = rules.dns_types(b.rules, name)
     is_in = q.rdclass == dns.rdataclass.IN
     if types is None or (is_in and q.rdtype in types):
-        return "forward", d, None
+        return "forward", v
     qtype = dns.rdatatype.to_text(q.rdtype)
     only = f"{_audit_name(name)} is allowed only by a wildcard rule ({d.reason})"
+    how: How
     if not is_in:
-        verdict, why = "refuse", f"class {dns.rdataclass.to_text(q.rdclass)} refused: {only}, which serves class IN"
+        how, why = "refuse", f"class {dns.rdataclass.to_text(q.rdclass)} refused: {only}, which serves class IN"
     elif q.rdtype in rules.DNS_EMPTY_TYPES:
-        verdict, why = "empty", f"type {qtype} not forwarded: {only}; answered empty, clients fall back to A/AAAA"
+        how, why = "empty", f"type {qtype} not forwarded: {only}; answered empty, clients fall back to A/AAAA"
     else:
-        verdict, why = (
+        how, why = (
             "refuse",
             (f"type {qtype} refused: {only}, which serves A and AAAA; add 'dns: [{qtype}]' to that entry to allow it"),
         )
     if b.learn:
-        return "forward", rules.Decision("allow", d.rule, f"learn mode: {why}"), "deny"
-    return verdict, rules.Decision("deny", d.rule, why), None
+        return "forward", verdict.Verdict(rules.Decision("allow", d.rule, f"learn mode: {why}"), "learn", "deny")
+    return how, verdict.Verdict(rules.Decision("deny", d.rule, why))
 
 
 def _belonging(up: dns.message.Message, q: dns.rrset.RRset) -> list[dns.rrset.RRset]:
@@ -258,16 +259,22 @@ def _spelled(rrset: dns.rrset.RRset, qname: dns.name.Name) -> dns.rrset.RRset:
 
 
 def _reply(
-    query: dns.message.Message, rcode: dns.rcode.Rcode, answer: list[dns.rrset.RRset] | None = None
+    query: dns.message.Message,
+    rcode: dns.rcode.Rcode,
+    answer: list[dns.rrset.RRset] | None = None,
+    *,
+    ede: tuple[dns.edns.EDECode, str] | None = None,
 ) -> dns.message.Message:
-    """A response built from the client's request: its id and question, our flags, EDNS without options."""
+    """A response built from the client's request: its id and question, our flags, and EDNS only if the
+    query had it, with no option but our own Extended DNS Error (`ede`: RFC 8914 code and text)."""
     r = dns.message.Message(id=query.id)
     r.flags = dns.flags.QR | dns.flags.RA | (query.flags & dns.flags.RD)
     r.set_opcode(query.opcode())
     if query.opcode() == dns.opcode.QUERY:
         r.question = list(query.question)
     if query.edns >= 0:
-        r.use_edns(0, 0, UDP_MAX)
+        options: list[dns.edns.Option] = [dns.edns.EDEOption(ede[0], ede[1][:EDE_TEXT_MAX])] if ede else []
+        r.use_edns(0, 0, UDP_MAX, options=options)
     r.set_rcode(rcode)
     r.answer = list(answer or [])
     return r
@@ -279,6 +286,9 @@ def _wire(r: dns.message.Message, query: dns.message.Message, tcp: bool) -> byte
     try:
         return r.to_wire(max_size=limit)
     except dns.exception.TooBig:
+        if r.options and not r.answer:  # a refusal's reason is a courtesy: the refusal itself must arrive
+            r.use_edns(0, 0, UDP_MAX)
+            return _wire(r, query, tcp)
         r.answer = []
         r.flags |= dns.flags.TC
         return r.to_wire(max_size=limit)
@@ -297,7 +307,7 @@ def _formerr(wire: bytes) -> bytes | None:
 
 
 class _Udp(asyncio.DatagramProtocol):
-    def __init__(self, binding: DnsBinding, gate: DnsGate) -> None:
+    def __init__(self, binding: Binding, gate: DnsGate) -> None:
         self.binding, self.gate = binding, gate
         self.transport: asyncio.DatagramTransport | None = None
         self.inflight: set[asyncio.Task[None]] = set()
@@ -341,13 +351,13 @@ class DnsService:
             w.transport.abort()
 
 
-async def serve_udp(sock: socket.socket, binding: DnsBinding, gate: DnsGate) -> DnsService:
+async def serve_udp(sock: socket.socket, binding: Binding, gate: DnsGate) -> DnsService:
     """Answer queries arriving on a bound UDP socket (passed in: never bound or connected here)."""
     transport, _ = await asyncio.get_running_loop().create_datagram_endpoint(lambda: _Udp(binding, gate), sock=sock)
     return DnsService([transport], set())
 
 
-async def serve_tcp(sock: socket.socket, binding: DnsBinding, gate: DnsGate) -> DnsService:
+async def serve_tcp(sock: socket.socket, binding: Binding, gate: DnsGate) -> DnsService:
     """DNS over TCP on a listening socket: 2-byte length framing, several queries per connection, bounded."""
     conns: set[asyncio.StreamWriter] = set()
 
@@ -370,7 +380,7 @@ async def serve_tcp(sock: socket.socket, binding: DnsBinding, gate: DnsGate) -> 
 
 
 async def _tcp_session(
-    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, binding: DnsBinding, gate: DnsGate
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, binding: Binding, gate: DnsGate
 ) -> None:
     peer = writer.get_extra_info("peername")
     for _ in range(TCP_MAX_QUERIES):

@@ -1,16 +1,13 @@
-"""DnsGate: what a sandbox's DNS query may carry out, and what may come back in.
+"""netguard.proxy.dns: what a sandbox's DNS query may carry out, and what may come back in.
 
-A fake upstream resolver on 127.0.0.1 records every query it receives, so each test can
-show both sides: the client's answer, and exactly what (if anything) left the proxy.
+A fake upstream resolver (tests.dnsfake) records what it is asked: each test shows what the client got and what left.
 """
 
 from __future__ import annotations
 
 import asyncio
-import select
 import socket
 import struct
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -27,99 +24,14 @@ import dns.rrset
 import dns.update
 import pytest
 
-from netguard import dnsgate, proxy, rules
+from netguard import rules
 from netguard.asking import Approver
 from netguard.audit import AuditLog, read_records
 from netguard.policy import parse_network
+from netguard.proxy import dns as dnsgate
+from netguard.proxy.binding import Binding
 
-Handler = Callable[[dns.message.Message, str], dns.message.Message | None]
-
-
-class FakeDns:
-    """An upstream resolver on 127.0.0.1 (UDP and TCP, same port) that records what it is asked."""
-
-    def __init__(self, handler: Handler | None = None) -> None:
-        self.handler = handler or standard_answer
-        self.queries: list[tuple[str, dns.message.Message]] = []
-        self.udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.udp.bind(("127.0.0.1", 0))
-        self.port = self.udp.getsockname()[1]
-        self.tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.tcp.bind(("127.0.0.1", self.port))
-        self.tcp.listen(8)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-        self._thread.start()
-
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            ready, _, _ = select.select([self.udp, self.tcp], [], [], 0.1)
-            for s in ready:
-                if s is self.udp:
-                    wire, addr = self.udp.recvfrom(65535)
-                    reply = self._answer(wire, "udp")
-                    if reply is not None:
-                        self.udp.sendto(reply, addr)
-                else:
-                    conn, _ = self.tcp.accept()
-                    with conn:
-                        conn.settimeout(2)
-                        (n,) = struct.unpack("!H", _recv_exact(conn, 2))
-                        reply = self._answer(_recv_exact(conn, n), "tcp")
-                        if reply is not None:
-                            conn.sendall(struct.pack("!H", len(reply)) + reply)
-
-    def _answer(self, wire: bytes, proto: str) -> bytes | None:
-        q = dns.message.from_wire(wire)
-        self.queries.append((proto, q))
-        r = self.handler(q, proto)
-        return None if r is None else r.to_wire()
-
-    def names(self) -> list[str]:
-        return [q.question[0].name.to_text() for _, q in self.queries]
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(2)
-        self.udp.close()
-        self.tcp.close()
-
-
-def _recv_exact(conn: socket.socket, n: int) -> bytes:
-    data = b""
-    while len(data) < n:
-        chunk = conn.recv(n - len(data))
-        if not chunk:
-            raise ConnectionError("short read")
-        data += chunk
-    return data
-
-
-def standard_answer(q: dns.message.Message, proto: str) -> dns.message.Message | None:
-    """allowed.test-like names: an A record; chain.test: a CNAME chain plus records that do not belong;
-    nx.test: NXDOMAIN; tc.test: truncated over UDP; big.test: more than 512 bytes of A records."""
-    r = dns.message.make_response(q)
-    qname = q.question[0].name
-    first = qname.labels[0].lower()
-    if first == b"nx":
-        r.set_rcode(dns.rcode.NXDOMAIN)
-    elif first == b"tc" and proto == "udp":
-        r.flags |= dns.flags.TC
-    elif first == b"chain":
-        r.answer.append(dns.rrset.from_text(qname, 60, "IN", "CNAME", "cdn.elsewhere.test."))
-        r.answer.append(dns.rrset.from_text("cdn.elsewhere.test.", 60, "IN", "CNAME", "edge.cdn.test."))
-        r.answer.append(dns.rrset.from_text("edge.cdn.test.", 60, "IN", "A", "192.0.2.7"))
-        r.answer.append(dns.rrset.from_text("unrelated.test.", 60, "IN", "A", "6.6.6.6"))
-        r.authority.append(dns.rrset.from_text("test.", 60, "IN", "NS", "ns.attacker.test."))
-        r.additional.append(dns.rrset.from_text("ns.attacker.test.", 60, "IN", "A", "6.6.6.7"))
-    elif first == b"big":
-        r.answer.append(dns.rrset.from_text(qname, 60, "IN", "A", *(f"192.0.2.{i}" for i in range(1, 60))))
-    elif q.question[0].rdtype == dns.rdatatype.TXT:
-        r.answer.append(dns.rrset.from_text(qname, 60, "IN", "TXT", '"data from upstream"'))
-    else:
-        r.answer.append(dns.rrset.from_text(qname, 60, "IN", "A", "192.0.2.1"))
-    return r
+from .dnsfake import FakeDns, tcp_ask, udp_ask
 
 
 @pytest.fixture
@@ -133,7 +45,7 @@ def upstream() -> Iterator[FakeDns]:
 
 def make_binding(
     tmp_path: Path, upstream: FakeDns, *, learn: bool = False, ask_all: bool = False, approver: Approver | None = None
-) -> proxy.Binding:
+) -> Binding:
     pol = parse_network(
         {
             "allow": [
@@ -152,17 +64,11 @@ def make_binding(
         },
         "test.yaml",
     )
-    return proxy.Binding(
-        "t1",
-        rules.compile_policy(pol),
-        AuditLog(tmp_path / "audit.jsonl"),
-        learn=learn,
-        ask_all=ask_all,
-        approver=approver,
-    )
+    log = AuditLog(tmp_path / "audit.jsonl")
+    return Binding("t1", rules.compile_policy(pol), log, learn=learn, ask_all=ask_all, approver=approver)
 
 
-def ask(b: proxy.Binding, wire: bytes, *, tcp: bool = False) -> dns.message.Message | None:
+def ask(b: Binding, wire: bytes, *, tcp: bool = False) -> dns.message.Message | None:
     out = asyncio.run(dnsgate.DnsGate(timeout=2).answer(b, wire, ("10.0.0.2", 5353), tcp=tcp))
     return None if out is None else dns.message.from_wire(out)
 
@@ -350,8 +256,12 @@ def test_ask_names_get_a_placeholder_and_are_not_looked_up(tmp_path: Path, upstr
 # ---- serving sockets ------------------------------------------------------------------------
 
 
-def test_serve_udp_and_tcp_on_given_sockets(tmp_path: Path, upstream: FakeDns) -> None:
-    b = make_binding(tmp_path, upstream)
+def serving(
+    b: Binding, client: Callable[[int, int], list[dns.message.Message]]
+) -> tuple[list[dns.message.Message], int]:
+    """Serve `b` on fresh loopback UDP and TCP sockets while `client(udp_port, tcp_port)` asks (in a thread).
+
+    Returns what it got, and the TCP port (closed again by then)."""
     udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     udp.bind(("127.0.0.1", 0))
     tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -363,37 +273,50 @@ def test_serve_udp_and_tcp_on_given_sockets(tmp_path: Path, upstream: FakeDns) -
         gate = dnsgate.DnsGate(timeout=2)
         services = [await dnsgate.serve_udp(udp, b, gate), await dnsgate.serve_tcp(tcp, b, gate)]
         try:
-            out = [await asyncio.to_thread(_udp_ask, uport, query("allowed.test"))]
-            out += await asyncio.to_thread(_tcp_ask, tport, [query("sub.wild.test"), query("blocked.test")])
-            return out
+            return await asyncio.to_thread(client, uport, tport)
         finally:
             for s in services:
                 s.close()
 
-    a, s, blocked = asyncio.run(main())
+    return asyncio.run(main()), tport
+
+
+def test_serve_udp_and_tcp_on_given_sockets(tmp_path: Path, upstream: FakeDns) -> None:
+    def client(uport: int, tport: int) -> list[dns.message.Message]:
+        return [udp_ask(uport, query("allowed.test")), *tcp_ask(tport, [query("sub.wild.test"), query("blocked.test")])]
+
+    (a, s, blocked), tport = serving(make_binding(tmp_path, upstream), client)
     assert a.rcode() == s.rcode() == dns.rcode.NOERROR and blocked.rcode() == dns.rcode.REFUSED
     assert upstream.names() == ["allowed.test.", "sub.wild.test."]
     with pytest.raises(OSError):  # closed with its service
         socket.create_connection(("127.0.0.1", tport), timeout=1)
 
 
-def _udp_ask(port: int, q: dns.message.Message) -> dns.message.Message:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.settimeout(3)
-        s.sendto(q.to_wire(), ("127.0.0.1", port))
-        return dns.message.from_wire(s.recv(65535))
+def test_a_refusal_says_why_in_an_extended_dns_error_to_clients_with_edns(tmp_path: Path, upstream: FakeDns) -> None:
+    """RFC 8914: the REFUSED carries EDE 15 (Blocked) with the same line a 403 body says; no EDNS, no OPT."""
+    edns = [query("PyPI.org", use_edns=0, payload=1232), query("evil.wild.test", use_edns=0)]
+    edns.append(query("sub.wild.test", "TXT", use_edns=0))
 
+    def client(uport: int, tport: int) -> list[dns.message.Message]:
+        return [udp_ask(uport, q) for q in [*edns, query("pypi.org")]] + tcp_ask(tport, edns[:1])
 
-def _tcp_ask(port: int, qs: list[dns.message.Message]) -> list[dns.message.Message]:
-    """Several queries on one connection, answered in order."""
-    with socket.create_connection(("127.0.0.1", port), timeout=3) as s:
-        out = []
-        for q in qs:
-            w = q.to_wire()
-            s.sendall(struct.pack("!H", len(w)) + w)
-            (n,) = struct.unpack("!H", _recv_exact(s, 2))
-            out.append(dns.message.from_wire(_recv_exact(s, n)))
-        return out
+    (blocked, denied, typed, plain, over_tcp), _ = serving(make_binding(tmp_path, upstream), client)
+    assert all(r.rcode() == dns.rcode.REFUSED for r in (blocked, denied, typed, plain, over_tcp))
+    for r, text in (
+        (blocked, "sandgate: blocked pypi.org: no allow rule matches"),
+        (over_tcp, "sandgate: blocked pypi.org: no allow rule matches"),
+        (denied, "sandgate: blocked evil.wild.test: denied by rule evil.wild.test [test.yaml]"),
+        (typed, "sandgate: blocked sub.wild.test: type TXT refused: sub.wild.test is allowed only by a wildcard rule"),
+    ):
+        (ede,) = r.options
+        assert isinstance(ede, dns.edns.EDEOption) and ede.code == dns.edns.EDECode.BLOCKED
+        assert r.edns == 0 and ede.text is not None and ede.text.startswith(text)
+    assert [x["reason"] for x in records(tmp_path)[:2]] == ["no allow rule matches", "denied by rule evil.wild.test"]
+    assert plain.edns == -1 and plain.options == () and plain.additional == []  # no EDNS asked: no OPT added
+    long = ask(make_binding(tmp_path, upstream), query(".".join(["x" * 60] * 4), use_edns=0, payload=512).to_wire())
+    assert long is not None and long.rcode() == dns.rcode.REFUSED  # 562 bytes with its reason: sent without
+    assert long.edns == 0 and long.options == () and not long.flags & dns.flags.TC
+    assert upstream.queries == []
 
 
 # ---- query types: a wildcard allow is a channel to whoever runs that domain ------------------------
@@ -402,7 +325,12 @@ def _tcp_ask(port: int, qs: list[dns.message.Message]) -> list[dns.message.Messa
 def test_the_upstream_query_is_built_fresh_whatever_the_client_sent(tmp_path: Path, upstream: FakeDns) -> None:
     """One question, lower-cased, RD only, EDNS without options: no client bit or byte rides along."""
     b = make_binding(tmp_path, upstream)
-    q = query("MiXeD.WiLd.TeSt", use_edns=0, payload=1232, options=[dns.edns.GenericOption(65001, b"x" * 40)])
+    q = query(
+        "MiXeD.WiLd.TeSt",
+        use_edns=0,
+        payload=1232,
+        options=[dns.edns.GenericOption(dns.edns.OptionType.make(65001), b"x" * 40)],
+    )
     q.flags |= dns.flags.CD | dns.flags.AD
     r = ask(b, q.to_wire())
     assert r is not None and r.rcode() == dns.rcode.NOERROR and r.answer
@@ -412,7 +340,7 @@ def test_the_upstream_query_is_built_fresh_whatever_the_client_sent(tmp_path: Pa
     assert sent.options == () and sent.additional == [] and sent.answer == [] and sent.authority == []
 
 
-def rcodes(b: proxy.Binding, *questions: tuple[str, str] | tuple[str, str, str]) -> list[str]:
+def rcodes(b: Binding, *questions: tuple[str, str] | tuple[str, str, str]) -> list[str]:
     out = []
     for name, qtype, *rdclass in questions:
         r = ask(b, query(name, qtype, rdclass=rdclass[0] if rdclass else "IN").to_wire())
@@ -437,7 +365,7 @@ def test_wildcard_names_get_addresses_only_and_the_rest_is_refused_unsent(tmp_pa
         assert r is not None and r.rcode() == dns.rcode.NOERROR and r.answer == [], qtype
     assert upstream.names() == ["sub.wild.test."] * 2 + ["chain.wild.test."]  # none of the refused or empty left
     recs = records(tmp_path)[3:]
-    assert [(x["action"], x["qtype"]) for x in recs] == [("deny", t) for t in refused + ["HTTPS", "SVCB"]]
+    assert [(x["action"], x["qtype"]) for x in recs] == [("deny", t) for t in [*refused, "HTTPS", "SVCB"]]
     assert recs[0]["rule"] == "test.yaml" and recs[0]["reason"] == (
         f"type TXT refused: {secret.lower()}.wild.test is allowed only by a wildcard rule (allowed by rule "
         "*.wild.test:80,443), which serves A and AAAA; add 'dns: [TXT]' to that entry to allow it"

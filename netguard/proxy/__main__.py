@@ -1,0 +1,83 @@
+"""`python -m netguard.proxy`: start sandgated, the per-user daemon (netguard.proxy.serve).
+
+    python -m netguard.proxy --socket PATH [--ready-fd N] [--idle-exit SECONDS] [--verbose]
+
+Claims PATH under its lock before paying for mitmproxy's import, so a second daemon started
+for the same socket exits at once (after telling its starter "ready": one is serving).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import os
+import re
+import signal
+import sys
+
+from netguard.proxy.control import DaemonSocket
+from netguard.proxy.serve import Daemon, log, report_ready
+
+DESCRIPTION = "sandgated: one long-lived proxy per user and network namespace, serving many sandboxes."
+
+
+def _skip_addons_init() -> None:
+    """Register mitmproxy.addons without running its __init__, which imports every addon (flask, ldap3,
+    ...: ~150 ms of a cold start); we load only proxyserver, and mitmproxy.master only termlog."""
+    if "mitmproxy.addons" in sys.modules:
+        return
+    spec = importlib.util.find_spec("mitmproxy.addons")
+    if spec is not None and spec.loader is not None:
+        sys.modules["mitmproxy.addons"] = importlib.util.module_from_spec(spec)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m netguard.proxy", description=DESCRIPTION)
+    ap.add_argument("--socket", required=True, help="control socket path (see netguard.proxy.control.socket_path)")
+    ap.add_argument("--ready-fd", type=int, help="write b'ready\\n' to this fd, then close it, once serving")
+    ap.add_argument(
+        "--idle-exit",
+        type=float,
+        default=300.0,
+        help="exit after this many seconds without any control connection (0: never)",
+    )
+    ap.add_argument("--verbose", action="store_true", help="also log every proxied connection (mitmproxy's INFO)")
+    args = ap.parse_args(argv)
+    path = os.path.abspath(args.socket)
+    named = re.fullmatch(r"daemon-(\d+)(?:-[0-9a-f]+)?\.sock", os.path.basename(path))
+    if named and int(named.group(1)) != os.stat("/proc/self/ns/net").st_ino:
+        # It would connect upstream from the wrong namespace (e.g. started from inside a sandbox).
+        log(f"{path} names another network namespace than this process's; not serving it")
+        return 1
+    # SIGTERM while mitmproxy is still being imported must still remove the socket.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    try:
+        listener = DaemonSocket(path)
+        claimed = listener.claim()
+    except OSError as e:
+        log(f"cannot listen on {path}: {e}")
+        return 1
+    if not claimed:
+        os.close(listener.lock_fd)
+        report_ready(args.ready_fd)  # a daemon serves PATH: that is all the starter waits for
+        return 0
+    try:
+        os.chdir("/")  # hold no directory of the launcher's busy
+        import logging
+
+        logging.basicConfig(
+            stream=sys.stderr,
+            level=logging.INFO if args.verbose else logging.WARNING,
+            format="%(asctime)s %(name)s %(levelname)s: %(message)s",
+        )
+        _skip_addons_init()
+        asyncio.run(Daemon(listener, args.idle_exit).run(args.ready_fd))
+    finally:
+        if listener.sock is not None:
+            listener.release()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,50 @@
+"""One sandbox as the proxy and its DNS server see it: task id, compiled policy, audit log, approvals."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import dns.asyncresolver
+import dns.resolver
+
+from netguard import rules
+from netguard.asking import Approver
+from netguard.audit import AuditLog
+from netguard.localaddrs import RESOLVE_TIMEOUT
+
+
+@dataclass
+class Binding:
+    """One sandbox: its task id, compiled policy and audit log, and how its default-deny names are treated."""
+
+    task: str
+    rules: rules.Ruleset
+    audit: AuditLog
+    learn: bool = False  # default-deny names pass, recorded as would: deny (issue: learn a policy)
+    ask_all: bool = False  # every default-deny name becomes a question
+    approver: Approver | None = None  # where `ask` questions go; None: they are denied
+    _resolver: dns.asyncresolver.Resolver | None = field(default=None, init=False, repr=False)
+    _system_dns: tuple[str, int] | None = field(default=None, init=False, repr=False)
+
+    def upstream_dns(self) -> tuple[str, int]:
+        """Where allowed queries are forwarded: the policy's resolver, else the system's first nameserver
+        (read from /etc/resolv.conf once, not on every query)."""
+        if self.rules.policy.resolver is not None:
+            return self.rules.policy.resolver
+        if self._system_dns is None:
+            system = dns.resolver.Resolver()
+            self._system_dns = (str(system.nameservers[0]), int(system.port))
+        return self._system_dns
+
+    def resolver(self) -> dns.asyncresolver.Resolver | None:
+        """A resolver pinned to the policy's `resolver:`; None means the system's (getaddrinfo)."""
+        target = self.rules.policy.resolver
+        if target is None:
+            return None
+        if self._resolver is None:
+            r = dns.asyncresolver.Resolver(configure=False)
+            r.nameservers = [target[0]]
+            r.port = target[1]
+            r.lifetime = RESOLVE_TIMEOUT
+            self._resolver = r
+        return self._resolver

@@ -1,0 +1,283 @@
+"""The egress proxy's mitmproxy addon: the single decision point for a sandbox's TCP, TLS and HTTP.
+
+Three kinds of listener per sandbox, each bound to that sandbox's policy by its "slot" (the
+listen port in its mitmproxy mode spec: the real port for `sandgate proxy`, a unique number
+for the daemon, whose sandboxes all listen on the same ports inside their own namespaces):
+  regular      explicit proxy (HTTP_PROXY): CONNECT host:port and absolute-URI plain HTTP
+  transparent  nftables-redirected TCP: decided by TLS SNI or HTTP Host, never by the original IP
+  dns          the sandbox's only resolver (netguard.proxy.dns, not mitmproxy): allowed names only
+
+Why every decision ends in `server_connect`: mitmproxy calls that hook before *any*
+upstream connection, whatever layer asked for it. We resolve the allowed name
+ourselves, veto loopback/private/metadata answers and this host's own addresses
+(rebinding, SSRF: netguard.localaddrs, netguard.verdict.veto) and then pin the
+connection to the checked address, so the name that was judged is the only
+thing that can be reached. TLS is never intercepted: after the decision the bytes
+are relayed untouched (netguard.proxy.layers). No mitmproxy addon but ours and the
+listener runs, so no flow is stored, no CA is offered to clients and bodies are streamed.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import dns.exception
+from mitmproxy import connection, http
+from mitmproxy.proxy import layer, server_hooks
+from mitmproxy.proxy.context import Context
+from mitmproxy.proxy.mode_specs import RegularMode
+
+from netguard import hosts, localaddrs, rules, verdict
+from netguard.audit import Kind, close_record, decision_record
+from netguard.proxy import layers
+from netguard.proxy.binding import Binding
+
+
+@dataclass
+class Decided:
+    """One decision about one destination of a connection: its audit id and the verdict."""
+
+    id: str
+    host: str
+    port: int
+    verdict: verdict.Verdict
+
+    @property
+    def allowed(self) -> bool:
+        return self.verdict.allowed and self.verdict.ip is not None
+
+
+@dataclass
+class _Conn:
+    """What the proxy knows about one client connection."""
+
+    binding: Binding
+    peer: tuple[str, int] | None = None
+    kind: Kind = "tcp"
+    pins: dict[tuple[str, int], Decided] = field(default_factory=dict)
+    last: Decided | None = None
+
+
+def _norm_key(host: str, port: int) -> tuple[str, int]:
+    try:
+        return str(rules.normalise(host)), port
+    except hosts.HostError:
+        return host, port
+
+
+class Gate:
+    """The mitmproxy addon. One instance serves every sandbox of the process; state is per connection.
+
+    `bindings` maps a slot (the listen port of a connection's proxy mode) to its sandbox; the
+    owner may add and remove slots while the proxy runs (the daemon does).
+    """
+
+    def __init__(self, bindings: dict[int, Binding]) -> None:
+        self.bindings = bindings
+        self._conns: dict[str, _Conn] = {}
+        self.local = localaddrs.LocalAddrs()  # this host's own addresses: read now, refreshed when stale
+
+    # ---- bookkeeping ------------------------------------------------------------------
+
+    def _conn(self, client: connection.Client) -> _Conn | None:
+        st = self._conns.get(client.id)
+        if st is None:
+            port = client.proxy_mode.listen_port()
+            binding = self.bindings.get(port) if port is not None else None
+            if binding is None:
+                return None  # a listener without a policy: refuse (fail closed)
+            peer = (str(client.peername[0]), int(client.peername[1])) if client.peername else None
+            st = self._conns[client.id] = _Conn(binding, peer)
+        return st
+
+    def client_connected(self, client: connection.Client) -> None:
+        if self._conn(client) is None:
+            client.error = "sandgate: no policy for this listener"
+
+    def client_disconnected(self, client: connection.Client) -> None:
+        self._conns.pop(client.id, None)
+
+    # ---- the decision -----------------------------------------------------------------
+
+    async def _authorize(
+        self, st: _Conn, kind: Kind, host: str, port: int, *, method: str | None = None, url: str | None = None
+    ) -> Decided:
+        """Run the verdict pipeline, write exactly one audit record; pin if allowed."""
+        key = _norm_key(host, port)
+        b = st.binding
+
+        async def ask(d: rules.Decision) -> rules.Decision:
+            assert b.approver is not None
+            return verdict.answered(d, await b.approver.ask(key[0], port, kind, st.peer, d.reason))
+
+        async def resolve(v: verdict.Verdict) -> verdict.Verdict:
+            pinned = st.pins.get(key)
+            if pinned is not None:
+                return verdict.Verdict(v.decision, v.by, v.would, pinned.verdict.ip)
+            return await self._resolve(b, host, port, v)
+
+        v = await verdict.run(
+            b.rules,
+            host,
+            port,
+            learn=b.learn,
+            ask_all=b.ask_all,
+            ask=ask if b.approver is not None else None,
+            resolve=resolve,
+        )
+        out = Decided(uuid.uuid4().hex[:12], key[0], port, v)
+        b.audit.write(
+            decision_record(
+                b.task,
+                out.id,
+                kind,
+                "allow" if out.allowed else "deny",
+                out.host,
+                port,
+                ip=v.ip if out.allowed else None,
+                method=method,
+                url=url,
+                rule=v.decision.rule,
+                reason=v.decision.reason,
+                would=v.would if out.allowed else None,
+            )
+        )
+        if out.allowed:
+            st.pins[key] = out
+            st.last = out
+        return out
+
+    async def _resolve(self, b: Binding, host: str, port: int, v: verdict.Verdict) -> verdict.Verdict:
+        """The address to pin an allowed destination to: resolved and vetoed, or the allowed address itself."""
+        dest = rules.normalise(host)
+        if not isinstance(dest, str):
+            return verdict.Verdict(v.decision, v.by, v.would, str(dest))  # allowed by a cidr rule: nothing to resolve
+        try:
+            addrs = await localaddrs.resolve(b.resolver(), dest, port)
+        except (OSError, dns.exception.DNSException) as e:
+            return verdict.unresolved(v, dest, str(e) or type(e).__name__)
+        return verdict.veto(b.rules, v, dest, addrs, port, self.local.table())
+
+    # ---- layers: what each listener speaks ----------------------------------------------
+
+    def next_layer(self, nextlayer: layer.NextLayer) -> None:
+        """Our own protocol detection; mitmproxy's default one (which can intercept TLS) is not loaded."""
+        if nextlayer.layer is not None:
+            return
+        st = self._conn(nextlayer.context.client)
+        if st is None:
+            return
+        kind = layers.choose(nextlayer, st.binding.rules, self._relay)
+        if kind is not None:
+            st.kind = kind
+
+    # ---- explicit proxy and plain HTTP --------------------------------------------------
+
+    async def http_connect(self, flow: http.HTTPFlow) -> None:
+        st = self._conn(flow.client_conn)
+        assert st is not None
+        st.kind = "connect"
+        d = await self._authorize(st, "connect", flow.request.host, flow.request.port)
+        if not d.allowed:
+            flow.response = refusal(d)
+
+    async def requestheaders(self, flow: http.HTTPFlow) -> None:
+        st = self._conn(flow.client_conn)
+        assert st is not None
+        req = flow.request
+        if not isinstance(flow.client_conn.proxy_mode, RegularMode):
+            # Transparent: the Host header names the destination; the original IP is not trusted.
+            name, _ = hosts.split_host_port((req.host_header or "").strip())
+            if name:
+                try:
+                    req.host = str(hosts.normalise(name))
+                except hosts.HostError:
+                    req.host = name
+        d = await self._authorize(st, "http", req.host, req.port, method=req.method, url=req.pretty_url)
+        if not d.allowed:
+            flow.response = refusal(d)
+            return
+        flow.metadata["sandgate"] = (d, time.monotonic(), layers.Counter(), layers.Counter())
+        req.stream = flow.metadata["sandgate"][2]
+
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        if (meta := flow.metadata.get("sandgate")) and flow.response is not None:
+            flow.response.stream = meta[3]
+
+    def response(self, flow: http.HTTPFlow) -> None:
+        self._http_closed(flow)
+
+    def error(self, flow: http.HTTPFlow) -> None:
+        self._http_closed(flow)
+
+    def _http_closed(self, flow: http.HTTPFlow) -> None:
+        meta = flow.metadata.pop("sandgate", None)
+        st = self._conns.get(flow.client_conn.id)
+        if meta is None or st is None:
+            return
+        d, t0, up, down = meta
+        st.binding.audit.write(
+            close_record(
+                st.binding.task,
+                d.id,
+                "http",
+                d.host,
+                d.port,
+                d.verdict.ip,
+                up.n,
+                down.n,
+                int((time.monotonic() - t0) * 1000),
+            )
+        )
+
+    # ---- every upstream connection ------------------------------------------------------
+
+    async def server_connect(self, data: server_hooks.ServerConnectionHookData) -> None:
+        st = self._conn(data.client)
+        if st is None or data.server.address is None:
+            data.server.error = "sandgate: no policy"
+            return
+        host, port = data.server.address[0], data.server.address[1]
+        d = st.pins.get(_norm_key(host, port))
+        if d is None:
+            # Nothing decided this destination yet (transparent TLS/raw TCP): decide now.
+            d = await self._authorize(st, st.kind, host, port)
+            if not d.allowed:
+                data.server.error = f"sandgate: {d.verdict.decision.reason}"
+                return
+        assert d.verdict.ip is not None
+        data.server.address = (d.verdict.ip, port)  # pin: the checked address, not a second lookup
+
+    # ---- raw TCP relays ----------------------------------------------------------------
+
+    def _relay(self, ctx: Context) -> layers.Relay:
+        def closed(relay: layers.Relay) -> None:
+            st = self._conns.get(ctx.client.id)
+            if st is None or st.last is None:
+                return
+            d = st.last
+            st.binding.audit.write(
+                close_record(
+                    st.binding.task,
+                    d.id,
+                    st.kind,
+                    d.host,
+                    d.port,
+                    d.verdict.ip,
+                    relay.up,
+                    relay.down,
+                    int((time.monotonic() - relay.t0) * 1000),
+                )
+            )
+
+        return layers.Relay(ctx, closed)
+
+
+def refusal(d: Decided) -> http.Response:
+    """The 403 a refused HTTP client or CONNECT gets: the body names host:port, the reason and the rule."""
+    body = verdict.refusal_text(d.host, d.port, d.verdict.decision) + "\n"
+    return http.Response.make(
+        403, body, {"Content-Type": "text/plain; charset=utf-8", "Connection": "close", "X-Sandgate": "blocked"}
+    )

@@ -1,0 +1,31 @@
+"""mitmproxy with only the Proxyserver and sandgate's Gate: the one setup the daemon and `sandgate proxy` share."""
+
+from __future__ import annotations
+
+from mitmproxy.addons.proxyserver import Proxyserver
+from mitmproxy.master import Master
+from mitmproxy.options import Options
+
+from netguard.proxy.binding import Binding
+from netguard.proxy.gate import Gate
+
+
+def make_master(bindings: dict[int, Binding], modes: list[str]) -> tuple[Master, Proxyserver, Gate]:
+    """The master, its Proxyserver and the Gate deciding for `bindings` (slot -> sandbox).
+
+    No TLS addon is loaded, so mitmproxy never creates its CA or touches its confdir (~/.mitmproxy):
+    nothing is written outside the audit log (tests check the home directory stays empty).
+    Must be called with an event loop running.
+    """
+    opts = Options(mode=modes)
+    master = Master(opts)
+    # mitmproxy leaves these unannotated (no-untyped-call): the types are the ones named here.
+    proxyserver = Proxyserver()  # type: ignore[no-untyped-call]
+    gate = Gate(bindings)
+    master.addons.add(proxyserver, gate)  # type: ignore[no-untyped-call]
+    opts.update(  # type: ignore[no-untyped-call]
+        connection_strategy="lazy",  # decide on the name (SNI/Host) before any upstream connection exists
+        stream_large_bodies="64k",  # bodies pass through, never buffered whole
+        store_streamed_bodies=False,
+    )
+    return master, proxyserver, gate
