@@ -298,7 +298,8 @@ def _confinement(opts: RunOptions, audit: AuditLog, rt: Path) -> Confinement:
     # sandgate's own state (the daemon's control socket, the approval socket, the trusted policy
     # records) and an embedding tool's approval socket are never the sandbox's business: it must
     # not be able to answer its own questions, bind itself a wider policy, or learn what is trusted.
-    from launcher import auditlogs, trust
+    from launcher import trust
+    from launcher.audit import logs as auditlogs
 
     own = (str(rt), str(trust.state_dir()), str(auditlogs.log_dir()), *((opts.approvals,) if opts.approvals else ()))
     eff = fspolicy.effective(
@@ -397,7 +398,7 @@ def summary(path: Path, task: str) -> str:
     line = f"sandgate: {counts['allow']} allowed{would}, {counts['deny']} denied -> {path}"
     if not counts["deny"]:
         return line
-    from launcher import denials
+    from launcher.audit import denials
 
     return "\n".join([line, *denials.lines(records, task, _bundled_rulesets())])
 
