@@ -50,7 +50,7 @@ def parse_addr(text: str, default_host: str = "127.0.0.1") -> tuple[str, int]:
 
 
 def default_audit_path() -> Path:
-    from launcher import auditlogs
+    from launcher.audit import logs as auditlogs
 
     return auditlogs.new_path()
 
@@ -238,7 +238,9 @@ def _approvals_path(spec: str | None) -> str | None:
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
-    from launcher import auditlogs, report
+    from launcher.audit import logs as auditlogs
+    from launcher.audit import suggest, summary
+    from netguard import audit, rules
 
     if args.audit_command is None:  # `sandgate audit`: the recent runs' logs
         logs = auditlogs.recent()
@@ -257,24 +259,24 @@ def cmd_audit(args: argparse.Namespace) -> int:
             )
         paths = [last]
     try:
-        records = report.read_logs(paths)
-    except report.ReportError as e:
+        records = auditlogs.read_logs(paths)
+    except audit.LogError as e:
         raise UsageError(str(e)) from None
-    if args.audit_command == "summary":
-        rows = report.summarize(records)
-        if args.json:
-            print(json.dumps(report.as_json(rows), indent=1))
-        else:
-            print(report.format_table(rows))
-        return 0
     from netguard import policy as netpolicy
 
     bundled = {
-        n: report.bundled_hosts(netpolicy.merge([s.network for s in lpolicy.load_policy_file(p)]))
+        n: rules.compile_policy(netpolicy.merge([s.network for s in lpolicy.load_policy_file(p)]))
         for n in allowlists.bundled_names()
         if (p := allowlists.bundled_path(n)) is not None
     }
-    sys.stdout.write(report.suggest(records, name=args.name, bundled=bundled))
+    if args.audit_command == "summary":
+        rows = summary.summarize(records)
+        if args.json:
+            print(json.dumps(summary.as_json(rows, bundled), indent=1))
+        else:
+            print(summary.format_table(rows, bundled))
+        return 0
+    sys.stdout.write(suggest.suggest(records, name=args.name, bundled=bundled))
     return 0
 
 

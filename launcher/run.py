@@ -301,7 +301,7 @@ def _confinement(opts: RunOptions, audit: AuditLog, rt: Path) -> Confinement:
     # sandgate's own state (the daemon's control socket, the approval socket, the trusted policy
     # records) and an embedding tool's approval socket are never the sandbox's business: it must
     # not be able to answer its own questions, bind itself a wider policy, or learn what is trusted.
-    from launcher import auditlogs
+    from launcher.audit import logs as auditlogs
     from launcher.config import trust
 
     own = (str(rt), str(trust.state_dir()), str(auditlogs.log_dir()), *((opts.approvals,) if opts.approvals else ()))
@@ -401,7 +401,7 @@ def summary(path: Path, task: str) -> str:
     line = f"sandgate: {counts['allow']} allowed{would}, {counts['deny']} denied -> {path}"
     if not counts["deny"]:
         return line
-    from launcher import denials
+    from launcher.audit import denials
 
     return "\n".join([line, *denials.lines(records, task, _bundled_rulesets())])
 

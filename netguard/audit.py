@@ -1,48 +1,132 @@
 """The egress audit log: one JSON object per line, appended and flushed as it happens.
 
-The schema lives here and nowhere else. Three events:
+The schema lives here and nowhere else: the record types below are the format (README's table
+is checked against them). Four events:
   decision  one per allow/deny decision (exactly one; tests count them)
   close     when an allowed connection or request ends: bytes and duration
+  approval  a question to a human, and its answer
   policy    once per run: the effective filesystem/process boundary (names, never values)
+Every record carries `schema` (SCHEMA); logs written before the field existed read as schema 1.
+
 Writes are single `write()` calls on an O_APPEND descriptor so several writers
 (one proxy serving several sandboxes, the launcher) interleave whole lines, and
-a crash loses nothing that was already decided.
+a crash loses nothing that was already decided. `read` is the one reader: it checks
+every record against its type, so what comes out is what the types say.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import types
+from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal, TypedDict, Union, cast, get_args, get_origin, get_type_hints
 
-Kind = Literal["connect", "http", "tls", "tcp", "dns", "packet", "policy"]
+#: The record format written now. 1: logs from before the field (no `schema`, no `would`).
+SCHEMA: Final = 2
 
-DECISION_FIELDS = (
-    "ts",
-    "task",
-    "event",
-    "id",
-    "kind",
-    "action",
-    "would",
-    "host",
-    "port",
-    "ip",
-    "proto",
-    "method",
-    "url",
-    "qtype",
-    "rule",
-    "reason",
-)
-CLOSE_FIELDS = ("ts", "task", "event", "id", "kind", "host", "port", "ip", "bytes_up", "bytes_down", "duration_ms")
+Kind = Literal["connect", "http", "tls", "tcp", "dns", "packet", "policy", "approval"]
+Event = Literal["decision", "close", "approval", "policy"]
+
+
+class DecisionRecord(TypedDict):
+    """One allow/deny decision (`kind` says which gate decided it)."""
+
+    ts: str
+    task: str
+    event: Literal["decision"]
+    id: str
+    kind: Kind
+    action: Literal["allow", "deny"]
+    would: Literal["deny"] | None  # learn mode let through what the policy would deny
+    host: str | None
+    port: int | None
+    ip: str | None
+    proto: str | None
+    method: str | None
+    url: str | None
+    qtype: str | None
+    rule: str | None
+    reason: str
+    schema: int
+
+
+class CloseRecord(TypedDict):
+    """An allowed connection or request ended: what it carried."""
+
+    ts: str
+    task: str
+    event: Literal["close"]
+    id: str
+    kind: Kind
+    host: str | None
+    port: int | None
+    ip: str | None
+    bytes_up: int
+    bytes_down: int
+    duration_ms: int
+    schema: int
+
+
+class ApprovalRecord(TypedDict):
+    """A question to a human (stage "question") or its answer (stage "answer")."""
+
+    ts: str
+    task: str
+    event: Literal["approval"]
+    kind: Literal["approval"]
+    id: str
+    stage: Literal["question", "answer"]
+    host: str
+    port: int
+    asked_by: str | None
+    answer: str | None
+    by: str | None  # terminal, socket, timeout, no-terminal
+    schema: int
+
+
+class PolicyRecord(TypedDict):
+    """The run's filesystem/process boundary, once per run (names only: never an environment value)."""
+
+    ts: str
+    task: str
+    event: Literal["policy"]
+    kind: Literal["policy"]
+    write: list[str]
+    private_tmp: bool
+    protect: list[str]
+    hidden: list[str]
+    env_dropped: list[str]
+    landlock_abi: int
+    warnings: list[str]
+    schema: int
+
+
+Record = DecisionRecord | CloseRecord | ApprovalRecord | PolicyRecord
+
+#: Each event's record type: what the reader checks a line against.
+RECORD_TYPES: Final[Mapping[str, type[Any]]] = {
+    "decision": DecisionRecord,
+    "close": CloseRecord,
+    "approval": ApprovalRecord,
+    "policy": PolicyRecord,
+}
+DECISION_FIELDS = tuple(DecisionRecord.__annotations__)
+CLOSE_FIELDS = tuple(CloseRecord.__annotations__)
 
 
 def now_rfc3339() -> str:
     """UTC with milliseconds and a Z, so logs from different machines sort and compare as text."""
     return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+# ---- the writer -------------------------------------------------------------------------------
+
+
+_ACTIONS: Final[Mapping[str, Literal["allow", "deny"]]] = {"allow": "allow", "deny": "deny"}
+_WOULD: Final[Mapping[str | None, Literal["deny"] | None]] = {"deny": "deny", None: None}
 
 
 def decision_record(
@@ -61,26 +145,27 @@ def decision_record(
     rule: str | None = None,
     reason: str = "",
     would: str | None = None,
-) -> dict[str, Any]:
-    record = {
-        "ts": now_rfc3339(),
-        "task": task,
-        "event": "decision",
-        "id": id,
-        "kind": kind,
-        "action": action,
-        "would": would,
-        "host": host,
-        "port": port,
-        "ip": ip,
-        "proto": proto,
-        "method": method,
-        "url": url,
-        "qtype": qtype,
-        "rule": rule,
-        "reason": reason,
-    }
-    return record
+) -> DecisionRecord:
+    """`action` "allow"/"deny", `would` "deny" or None; anything else is a bug and raises KeyError here."""
+    return DecisionRecord(
+        ts=now_rfc3339(),
+        task=task,
+        event="decision",
+        id=id,
+        kind=kind,
+        action=_ACTIONS[action],
+        would=_WOULD[would],
+        host=host,
+        port=port,
+        ip=ip,
+        proto=proto,
+        method=method,
+        url=url,
+        qtype=qtype,
+        rule=rule,
+        reason=reason,
+        schema=SCHEMA,
+    )
 
 
 def close_record(
@@ -93,47 +178,49 @@ def close_record(
     bytes_up: int,
     bytes_down: int,
     duration_ms: int,
-) -> dict[str, Any]:
-    return {
-        "ts": now_rfc3339(),
-        "task": task,
-        "event": "close",
-        "id": id,
-        "kind": kind,
-        "host": host,
-        "port": port,
-        "ip": ip,
-        "bytes_up": bytes_up,
-        "bytes_down": bytes_down,
-        "duration_ms": duration_ms,
-    }
+) -> CloseRecord:
+    return CloseRecord(
+        ts=now_rfc3339(),
+        task=task,
+        event="close",
+        id=id,
+        kind=kind,
+        host=host,
+        port=port,
+        ip=ip,
+        bytes_up=bytes_up,
+        bytes_down=bytes_down,
+        duration_ms=duration_ms,
+        schema=SCHEMA,
+    )
 
 
 def approval_record(
     task: str,
     *,
     id: str,
-    stage: str,
+    stage: Literal["question", "answer"],
     host: str,
     port: int,
     asked_by: str | None,
     answer: str | None = None,
     by: str | None = None,
-) -> dict[str, Any]:
+) -> ApprovalRecord:
     """A question to a human (stage "question") or its answer (stage "answer", `by` terminal/socket/timeout)."""
-    return {
-        "ts": now_rfc3339(),
-        "task": task,
-        "event": "approval",
-        "kind": "approval",
-        "id": id,
-        "stage": stage,
-        "host": host,
-        "port": port,
-        "asked_by": asked_by,
-        "answer": answer,
-        "by": by,
-    }
+    return ApprovalRecord(
+        ts=now_rfc3339(),
+        task=task,
+        event="approval",
+        kind="approval",
+        id=id,
+        stage=stage,
+        host=host,
+        port=port,
+        asked_by=asked_by,
+        answer=answer,
+        by=by,
+        schema=SCHEMA,
+    )
 
 
 def policy_record(
@@ -146,20 +233,21 @@ def policy_record(
     env_dropped: list[str],
     landlock_abi: int,
     warnings: list[str],
-) -> dict[str, Any]:
-    return {
-        "ts": now_rfc3339(),
-        "task": task,
-        "event": "policy",
-        "kind": "policy",
-        "write": write,
-        "private_tmp": private_tmp,
-        "protect": protect,
-        "hidden": hidden,
-        "env_dropped": env_dropped,
-        "landlock_abi": landlock_abi,
-        "warnings": warnings,
-    }
+) -> PolicyRecord:
+    return PolicyRecord(
+        ts=now_rfc3339(),
+        task=task,
+        event="policy",
+        kind="policy",
+        write=write,
+        private_tmp=private_tmp,
+        protect=protect,
+        hidden=hidden,
+        env_dropped=env_dropped,
+        landlock_abi=landlock_abi,
+        warnings=warnings,
+        schema=SCHEMA,
+    )
 
 
 class AuditLog:
@@ -183,8 +271,8 @@ class AuditLog:
         log._fd = fd
         return log
 
-    def write(self, record: dict[str, Any]) -> None:
-        if record.get("event") == "decision":
+    def write(self, record: Record) -> None:
+        if record["event"] == "decision":
             self.counts[record["action"]] = self.counts.get(record["action"], 0) + 1
         if self._fd is None:
             return
@@ -197,12 +285,100 @@ class AuditLog:
             self._fd = None
 
 
-def read_records(path: Path) -> list[dict[str, Any]]:
-    """Records of a log; a truncated last line (writer killed mid-write) is skipped, not an error."""
-    out: list[dict[str, Any]] = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            if not line.endswith("\n"):
-                break
-            out.append(json.loads(line))
-    return out
+# ---- the reader -------------------------------------------------------------------------------
+
+
+class LogError(ValueError):
+    """A log that cannot be read as one: `FILE:LINE: why` (one line: it ends up in `sandgate: error:`)."""
+
+
+def read(path: Path) -> Iterator[Record]:
+    """The records of one log, in line order, each checked against its type.
+
+    The last line may be cut short or garbage (writer killed mid-write, NUL padding after a
+    crash): skipped silently. Anything invalid before it means the file is not an audit log
+    (or was tampered with): LogError naming FILE:LINE. Blank lines carry nothing. OSError
+    (missing, unreadable) propagates for the caller to phrase.
+    """
+    pending: int | None = None  # the line number of an unparsable line, fatal unless it is the last
+    with open(path, "rb") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            if pending is not None:
+                raise LogError(f"{path}:{pending}: not a JSON record")
+            value = _json_object(line)
+            if value is None:
+                pending = lineno
+                continue
+            try:
+                yield parse(value)
+            except LogError as e:
+                raise LogError(f"{path}:{lineno}: {e}") from None
+
+
+def read_records(path: Path) -> list[Record]:
+    """All of `read(path)` at once, for callers that look at the records more than once."""
+    return list(read(path))
+
+
+def _json_object(line: bytes) -> dict[str, Any] | None:
+    # A complete object without its newline is kept: no proper prefix of a JSON object is itself one.
+    try:
+        value = json.loads(line.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def parse(value: Mapping[str, Any]) -> Record:
+    """One decoded JSON object as its typed record; LogError says which field does not fit.
+
+    A missing field that may be null reads as null (schema-1 logs had no `would`), a missing
+    `schema` as 1, a null `reason` as ""; unknown fields are dropped, so a record holds exactly
+    what its type declares.
+    """
+    event = value.get("event")
+    fields = _FIELD_TYPES.get(event) if isinstance(event, str) else None
+    if fields is None:
+        raise LogError(f"not an audit record (event {_short(event)})")
+    schema = value.get("schema", 1)
+    if isinstance(schema, int) and not isinstance(schema, bool) and schema > SCHEMA:
+        raise LogError(f"written by a newer sandgate (schema {schema}; this one reads up to {SCHEMA})")
+    out: dict[str, Any] = {}
+    for name, hint in fields.items():
+        field = value.get(name, 1 if name == "schema" else None)
+        if field is None and name == "reason":
+            field = ""
+        if not _fits(field, hint):
+            what = f"is {_short(field)}" if name in value else "is missing"
+            raise LogError(f"not an audit record ({event} field {name!r} {what})")
+        out[name] = field
+    return cast("Record", out)  # checked field by field against its type just above
+
+
+#: Each event's fields and their types, resolved once (the annotations are strings until then).
+_FIELD_TYPES: Final[Mapping[str, dict[str, Any]]] = {e: get_type_hints(t) for e, t in RECORD_TYPES.items()}
+
+
+def _fits(value: Any, hint: Any) -> bool:
+    """Does a JSON value fit a record field's type (str, int, bool, None, Literal, unions, list[...])?"""
+    origin = get_origin(hint)
+    if origin is Literal:
+        return any(type(value) is type(a) and value == a for a in get_args(hint))
+    if origin is Union or origin is types.UnionType:
+        return any(_fits(value, a) for a in get_args(hint))
+    if origin is list:
+        (item,) = get_args(hint)
+        return isinstance(value, list) and all(_fits(v, item) for v in value)
+    if hint is type(None):
+        return value is None
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)  # JSON true is not a port
+    return isinstance(value, hint)
+
+
+def _short(value: Any) -> str:
+    """A logged value in an error message: JSON, cut short, one line whatever the log held."""
+    text = json.dumps(value, ensure_ascii=True)
+    return text if len(text) <= 40 else text[:37] + "..."

@@ -1,4 +1,4 @@
-"""launcher.auditlogs: default logs are pruned by count, age and size, and only sandgate's own files go."""
+"""launcher.audit.logs: default logs are pruned by count, age and size, and only sandgate's own files go."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import os
 import time
 from pathlib import Path
 
-from launcher import auditlogs
+from launcher.audit import logs as auditlogs
 
 
 def make(d: Path, name: str, age_days: float, size: int = 10) -> Path:

@@ -1,11 +1,12 @@
-"""launcher.denials: the exit line names what was refused and the flag that would allow it."""
+"""launcher.audit.denials: the exit line names what was refused and the flag that would allow it."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from launcher import denials
-from netguard import rules
+from launcher.audit import denials
+from netguard import audit, rules
+from netguard.audit import Record
 from netguard.policy import NetworkPolicy, Rule
 
 PYPI = rules.compile_policy(
@@ -18,17 +19,10 @@ PYPI = rules.compile_policy(
 )
 
 
-def rec(kind: str, host: str, port: int | None, reason: str = "no allow rule matches", **kw: Any) -> dict[str, Any]:
-    return {
-        "task": "t",
-        "event": "decision",
-        "action": "deny",
-        "kind": kind,
-        "host": host,
-        "port": port,
-        "reason": reason,
-        **kw,
-    }
+def rec(kind: audit.Kind, host: str, port: int | None, reason: str = "no allow rule matches", **kw: Any) -> Record:
+    """A denial as the writer makes it."""
+    task = kw.pop("task", "t")
+    return audit.decision_record(task, "id", kind, kw.pop("action", "deny"), host, port, reason=reason, **kw)
 
 
 def test_most_frequent_first_and_dns_merged_with_its_connection() -> None:
@@ -38,8 +32,8 @@ def test_most_frequent_first_and_dns_merged_with_its_connection() -> None:
         rec("connect", "evil.test", 443),
         rec("connect", "evil.test", 443),
         rec("connect", "evil.test", 443),
-        {"task": "other", "event": "decision", "action": "deny", "kind": "connect", "host": "x.test", "port": 443},
-        {"task": "t", "event": "decision", "action": "allow", "kind": "connect", "host": "ok.test", "port": 443},
+        rec("connect", "x.test", 443, task="other"),
+        rec("connect", "ok.test", 443, action="allow"),
     ]
     got = denials.collect(recs, "t")
     assert [(d.host, d.port, d.count) for d in got] == [("evil.test", 443, 3), ("files.pythonhosted.org", 443, 2)]
@@ -85,3 +79,17 @@ def test_only_a_few_are_named_and_the_rest_counted() -> None:
     recs = [rec("connect", f"h{i}.test", 443) for i in range(5)]
     out = denials.lines(recs, "t", {})
     assert len(out) == denials.SHOWN + 1 and "2 more destinations" in out[-1]
+
+
+def test_explain_says_why_then_what_would_allow_it() -> None:
+    b = {"pypi": PYPI}
+    d = denials.Denied("files.pythonhosted.org", 443, "connect", 1, "no allow rule matches")
+    assert denials.explain(d, b) == (
+        "no allow rule matches: allow it with --allow pypi (or --allow files.pythonhosted.org)"
+    )
+    rule = denials.Denied("x.test", 443, "connect", 1, "denied by rule x.test")
+    assert denials.explain(rule, b) == denials.advice(rule, b)  # the advice already names the rule
+    dead = denials.Denied("nowhere.test", 443, "connect", 1, "cannot resolve nowhere.test: NXDOMAIN")
+    assert denials.explain(dead, b) == "cannot resolve nowhere.test: NXDOMAIN"
+    packet = denials.Denied("198.51.100.9", 53, "packet", 1, "udp packet dropped by the sandbox firewall", "udp")
+    assert denials.explain(packet, b).startswith("udp packet dropped by the sandbox firewall: udp traffic never")

@@ -12,9 +12,9 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from netguard import rules
+from netguard.audit import DecisionRecord, Kind, Record
 
 SHOWN = 3  # destinations named at exit; the rest are counted
 
@@ -23,33 +23,47 @@ SHOWN = 3  # destinations named at exit; the rest are counted
 class Denied:
     host: str
     port: int | None
-    kind: str
+    kind: Kind
     count: int
     reason: str
     proto: str | None = None
 
 
-def collect(records: Iterable[Mapping[str, Any]], task: str) -> list[Denied]:
+@dataclass
+class _Seen:
+    """One denied destination while the records stream by: the last connection's kind and reason win."""
+
+    count: int
+    kind: Kind
+    reason: str
+    proto: str | None
+
+
+def collect(records: Iterable[Record], task: str) -> list[Denied]:
     """Denied destinations of one task, most frequent first (then first seen)."""
-    seen: dict[tuple[str, int | None], list[Any]] = {}
+    seen: dict[tuple[str, int | None], _Seen] = {}
     for r in records:
-        if r.get("task") != task or r.get("event") != "decision" or r.get("action") != "deny":
+        if r["task"] != task or r["event"] != "decision" or r["action"] != "deny":
             continue
-        host, port = str(r.get("host") or "?"), r.get("port")
-        if r.get("kind") == "dns":
+        host = r["host"] or "?"
+        if r["kind"] == "dns":
             # A refused lookup and the connection that follows are one destination to the user.
             match = next((k for k in seen if k[0] == host), None)
             key = match or (host, None)
         else:
-            key = (host, port if isinstance(port, int) else None)
+            key = (host, r["port"])
             if (host, None) in seen and key not in seen:  # a DNS refusal seen first: merge into it
                 seen[key] = seen.pop((host, None))
-        entry = seen.setdefault(key, [0, str(r.get("kind")), str(r.get("reason") or ""), r.get("proto")])
-        entry[0] += 1
-        if r.get("kind") != "dns":
-            entry[1], entry[2], entry[3] = str(r.get("kind")), str(r.get("reason") or ""), r.get("proto")
-    out = [Denied(h, p, e[1], e[0], e[2], e[3]) for (h, p), e in seen.items()]
+        entry = seen.setdefault(key, _from(r, 0))
+        entry.count += 1
+        if r["kind"] != "dns":
+            entry.kind, entry.reason, entry.proto = r["kind"], r["reason"], r["proto"]
+    out = [Denied(h, p, e.kind, e.count, e.reason, e.proto) for (h, p), e in seen.items()]
     return sorted(out, key=lambda d: -d.count)  # stable: first seen first among equals
+
+
+def _from(r: DecisionRecord, count: int) -> _Seen:
+    return _Seen(count, r["kind"], r["reason"], r["proto"])
 
 
 def _is_ip(host: str) -> bool:
@@ -80,7 +94,17 @@ def advice(d: Denied, bundled: Mapping[str, rules.Ruleset]) -> str:
     return f"allow it with {flag}{alt}"
 
 
-def lines(records: Iterable[Mapping[str, Any]], task: str, bundled: Mapping[str, rules.Ruleset]) -> list[str]:
+def explain(d: Denied, bundled: Mapping[str, rules.Ruleset]) -> str:
+    """Why `d` was refused and what would allow it, in one phrase (`sandgate audit summary`'s REASON)."""
+    said = advice(d, bundled)
+    if not d.reason or said.startswith(d.reason):
+        return said  # the advice already names the reason (a deny rule, a vetoed address)
+    if d.reason.startswith("cannot resolve"):
+        return d.reason  # "does not resolve" would only repeat it, less precisely
+    return f"{d.reason}: {said}"
+
+
+def lines(records: Iterable[Record], task: str, bundled: Mapping[str, rules.Ruleset]) -> list[str]:
     """The exit's denial lines: a few destinations by name, what would allow each, then a count of the rest."""
     denied = collect(records, task)
     out = []

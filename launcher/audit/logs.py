@@ -1,9 +1,12 @@
-"""Where audit logs live by default, and how long: out of the workspace, owned by whoever ran sandgate.
+"""The audit log files: where they live by default, how long they stay, and reading several as one.
+
+Out of the workspace, owned by whoever ran sandgate.
 
 v1 wrote `.sandgate/audit-*.jsonl` into every workspace: never rotated, not git-ignored,
 root-owned under --user. Now the default is sandgate's state directory ($XDG_STATE_HOME/sandgate/
 audit, else ~/.local/state/sandgate/audit; root: /var/log/sandgate), which every sandbox is
 denied, pruned at each run by count, age and total size. `--audit-log PATH` still puts one anywhere.
+Reading goes through netguard.audit.read, the one reader of the format.
 """
 
 from __future__ import annotations
@@ -11,8 +14,11 @@ from __future__ import annotations
 import os
 import time
 import uuid
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
+
+from netguard import audit
 
 KEEP_FILES = 200
 KEEP_DAYS = 30
@@ -21,6 +27,7 @@ ROOT_DIR = Path("/var/log/sandgate")
 
 
 def log_dir() -> Path:
+    """The default directory: root's under /var/log, a user's in their state directory."""
     if os.geteuid() == 0:
         return ROOT_DIR
     from launcher.config import trust
@@ -79,3 +86,21 @@ def recent(d: Path | None = None, n: int = 20) -> list[tuple[float, int, Path]]:
 def latest(d: Path | None = None) -> Path | None:
     logs = _logs(d or log_dir())
     return logs[0][2] if logs else None
+
+
+def read_logs(paths: Sequence[Path | str]) -> list[audit.Record]:
+    """Every record of every log, in file then line order; audit.LogError names what cannot be read.
+
+    A torn last line is skipped (see audit.read); a missing or unreadable file is an error,
+    phrased for the one-line `sandgate: error:` message.
+    """
+    out: list[audit.Record] = []
+    for p in paths:
+        path = Path(p)
+        try:
+            out.extend(audit.read(path))
+        except FileNotFoundError:
+            raise audit.LogError(f"{path}: no such audit log") from None
+        except OSError as e:
+            raise audit.LogError(f"{path}: cannot read: {e.strerror or e}") from None
+    return out
