@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from netguard import hosts, rules
-from netguard.asking import Answer
+from netguard.approval import Answer
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 #: Who let a destination pass or stopped it: the policy's rules, learn mode, or the ask step.

@@ -140,7 +140,7 @@ class Box:
     def get(self, url: str, host: str | None = None) -> tuple[int, str]:
         return http_get(self.regular, url, host)
 
-    def decisions(self) -> list[dict[str, Any]]:
+    def decisions(self) -> list[Any]:
         return [r for r in read_records(self.audit) if r["event"] == "decision"]
 
 

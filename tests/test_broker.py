@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -76,7 +77,8 @@ class Setup:
     audit_path: Path
 
     def approvals(self) -> list[tuple[object, ...]]:
-        return [(r["stage"], r["host"], r["asked_by"], r["answer"], r["by"]) for r in read_records(self.audit_path)]
+        recs: list[Any] = read_records(self.audit_path)
+        return [(r["stage"], r["host"], r["asked_by"], r["answer"], r["by"]) for r in recs]
 
 
 @pytest.fixture

@@ -77,7 +77,7 @@ def query(name: str, rdtype: str = "A", **kw: Any) -> dns.message.Message:
     return dns.message.make_query(name, rdtype, **kw)
 
 
-def records(tmp_path: Path) -> list[dict[str, Any]]:
+def records(tmp_path: Path) -> list[Any]:
     return [r for r in read_records(tmp_path / "audit.jsonl") if r["event"] == "decision"]
 
 

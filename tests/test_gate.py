@@ -70,7 +70,7 @@ class World:
         self.binding = Binding("t1", rules.compile_policy(pol), AuditLog(self.log), learn=learn)
         self.gate = Gate({REGULAR: self.binding, TRANSPARENT: self.binding})
 
-    def records(self, event: str = "decision") -> list[dict[str, Any]]:
+    def records(self, event: str = "decision") -> list[Any]:
         return [r for r in read_records(self.log) if r["event"] == event]
 
 

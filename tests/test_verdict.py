@@ -13,7 +13,7 @@ from typing import get_args
 import pytest
 
 from netguard import rules, verdict
-from netguard.asking import Answer
+from netguard.approval import Answer
 from netguard.policy import parse_network
 from netguard.rules import Decision
 from netguard.verdict import Verdict

@@ -17,10 +17,11 @@ import uuid
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Literal
 
-from launcher.config import amend
 from launcher.approvals.channel import ClientChannel, DaemonChannel
 from launcher.approvals.prompt import TerminalPrompt, open_tty
+from launcher.config import amend
 from netguard.approval import Answer, By, Decision, Request
 from netguard.audit import AuditLog, approval_record
 
@@ -73,7 +74,9 @@ class Broker:
         self._record(req, "answer", answer, by)
         return Decision(req.id, answer)
 
-    def _record(self, req: Request, stage: str, answer: Answer | None = None, by: By | None = None) -> None:
+    def _record(
+        self, req: Request, stage: Literal["question", "answer"], answer: Answer | None = None, by: By | None = None
+    ) -> None:
         self.audit.write(
             approval_record(
                 self.task,

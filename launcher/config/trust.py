@@ -46,7 +46,7 @@ class Record:
 
 
 try:  # CPython's own SHA-256 (HACL*): hashlib would load OpenSSL first (~4 ms on every run)
-    from _sha2 import sha256 as _sha256  # type: ignore[import-not-found]  # CPython's private module: no stubs
+    from _sha2 import sha256 as _sha256  # CPython's private module (no stubs: see pyproject)
 except ImportError:  # another interpreter
     from hashlib import sha256 as _sha256
 

@@ -176,7 +176,7 @@ def code_id() -> str:
     ~25 stat calls: cheap enough for every run, and any edit or reinstall changes it.
     """
     try:  # CPython's own SHA-256: hashlib would load OpenSSL first (~4 ms on every run)
-        from _sha2 import sha256  # type: ignore[import-not-found]  # private: no stub
+        from _sha2 import sha256  # private: no stub (see pyproject)
     except ImportError:
         from hashlib import sha256
 
