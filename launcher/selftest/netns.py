@@ -20,19 +20,13 @@ from pathlib import Path
 from launcher.selftest.nsexec import sh
 
 NETNS_ETC = Path("/etc/netns")
-
-
 #: Name prefixes (world, client). Every name is <prefix><creating pid>x<n>, so cleanup_stale can
 #: tell a dead run's leftovers from a live one's, whichever of the two created them.
 TEST_PREFIXES = ("sandgate-w", "sandgate-c")
-
-
 VERIFY_PREFIXES = ("sandgate-v", "sandgate-vc")
-
-
 KNOWN_PREFIXES = TEST_PREFIXES + VERIFY_PREFIXES
-
-
+# Only distinctive names: cleanup_stale deletes namespaces by these prefixes. No trailing digit,
+# so the pid that follows is unambiguous.
 _PREFIX_RE = re.compile(r"sandgate-[a-z]+(?:-[a-z]+)*")
 
 

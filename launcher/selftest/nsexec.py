@@ -11,8 +11,6 @@ from collections.abc import Sequence
 from typing import Any
 
 KILL_GRACE = 5.0
-
-
 _PROXY_VARS = {"http_proxy", "https_proxy", "all_proxy", "no_proxy", "ftp_proxy"}
 
 

@@ -17,19 +17,11 @@ from typing import Any
 from launcher.selftest.nsexec import kill_group
 
 CANARY_MODULE = "launcher.selftest.canary"
-
-
 #: The directory holding the `launcher` package: put on the canaries' PYTHONPATH, since the
 #: interpreter running them need not have sandgate installed (a checkout, a test run).
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
-
-
 SERVER_KINDS = ("http", "https", "dns", "udp", "tcp")
-
-
 UNIX_KINDS = ("unix", "abstract")
-
-
 READY_TIMEOUT = 10.0
 
 

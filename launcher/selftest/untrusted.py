@@ -15,8 +15,6 @@ from launcher.selftest.passes import Pass, base_env, sandbox_view
 from launcher.selftest.world import World
 
 UNTRUSTED, AUDIT_UNTRUSTED = "untrusted_workspace_policy", "audit-untrusted.jsonl"
-
-
 UNTRUSTED_POLICY = f"""\
 # a checkout's own policy, never trusted: every key here would widen the sandbox
 version: 1

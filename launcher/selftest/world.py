@@ -49,11 +49,7 @@ from launcher.selftest.servers import CANARY_MODULE, PACKAGE_ROOT, READY_TIMEOUT
 from launcher.selftest.userns import UserNs
 
 TEST_NET = ipaddress.IPv4Network("198.51.100.0/24")
-
-
 DNS_IP = "198.51.100.53"
-
-
 DUMMY_IF = "sgw0"
 
 

@@ -17,11 +17,7 @@ from launcher.selftest.canary.log import JsonLog
 from launcher.selftest.canary.socket_canary import serve_tcp, serve_udp, serve_unix, unlink_on_sigterm
 
 IP_KINDS = ("http", "https", "dns", "udp", "tcp")
-
-
 UNIX_KINDS = ("unix", "abstract")
-
-
 KINDS = IP_KINDS + UNIX_KINDS
 
 

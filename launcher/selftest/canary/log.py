@@ -9,8 +9,6 @@ import time
 from typing import Any
 
 DATA_LIMIT = 100
-
-
 RAW_LIMIT = 512  # dns: per record text, and of an unparsable message
 
 

@@ -22,23 +22,11 @@ from launcher.selftest import markers
 from launcher.selftest.spec import VerifySpec
 
 GROUPS = ("network", "filesystem", "process")
-
-
 CONTEXTS = ("child", "grandchild", "daemon")
-
-
 EXPECTED = ("permitted", "blocked")
-
-
 OBSERVED = ("permitted", "blocked", "unsupported")
-
-
 PROBE_WATCHDOG = 20.0  # a probe still running after this is reported "unsupported" (probe bug)
-
-
 DETAIL_LIMIT = 300
-
-
 #: errno values that mean "the kernel or a boundary said no" (as opposed to a broken probe).
 REFUSAL_ERRNOS = frozenset(
     {

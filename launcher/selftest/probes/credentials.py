@@ -10,14 +10,8 @@ from launcher.selftest.probes.core import Ctx, Result, Unsupported, attempt, com
 
 #: Secret names v1's patterns missed, and a lower-case one; DATABASE_URL carries it in a URL.
 ENV_SECRETS = ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "PGPASSWORD", "MYSQL_PWD", "DATABASE_URL", "openai_api_key")
-
-
 PLAIN_ENV = "SANDGATE_VERIFY_PLAIN"
-
-
 CRED_FILES = (".npmrc", ".pypirc", ".git-credentials")
-
-
 HOME_CONTROL = "verify-notes.txt"
 
 

@@ -14,17 +14,9 @@ from pathlib import Path
 from launcher.selftest.probes.core import Blocked, Result, Unsupported
 
 DNS_TIMEOUT = 3.0
-
-
 RCODES = {0: "NOERROR", 1: "FORMERR", 2: "SERVFAIL", 3: "NXDOMAIN", 4: "NOTIMP", 5: "REFUSED"}
-
-
 QTYPE_A, QTYPE_TXT = 1, 16
-
-
 QTYPE_SOA, QTYPE_OPT, OPT_CODE, CLASS_IN = 6, 41, 65001, 1  # 65001: a local/experimental EDNS option
-
-
 QTYPE_NULL, QTYPE_MX, RCODE_REFUSED = 10, 15, 5
 
 

@@ -35,8 +35,6 @@ from launcher.selftest.probes.syscalls import (
 from launcher.selftest.spec import FileHandleSpec
 
 TOOL_TIMEOUT = 5.0  # nft / ip inside the sandbox
-
-
 CLONE_NEWNET = 0x40000000
 
 

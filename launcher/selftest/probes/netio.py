@@ -18,17 +18,9 @@ from launcher.selftest.probes.core import Blocked, Result, Unsupported, describe
 from launcher.selftest.spec import VerifySpec
 
 HTTP_TIMEOUT = 5.0  # every HTTP(S) exchange
-
-
 TCP_TIMEOUT = 3.0  # raw TCP / unix connect and reply
-
-
 ECHO_WAIT = 1.5  # UDP / QUIC / ICMP: how long to wait for an echo
-
-
 BODY_LIMIT = 4096
-
-
 USER_AGENT = "sandgate-verify"
 
 

@@ -37,8 +37,6 @@ def tiocsti(c: Ctx) -> Result:
 
 
 PTRACE_ATTACH, PTRACE_DETACH = 16, 17
-
-
 WALL = 0x40000000  # __WALL
 
 

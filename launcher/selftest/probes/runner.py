@@ -42,14 +42,8 @@ from launcher.selftest.probes.syscalls import fresh_libc
 from launcher.selftest.spec import VerifySpec, load_spec
 
 DAEMON_WAIT = 30.0
-
-
 HEARTBEAT_INTERVAL = 0.5
-
-
 HEARTBEAT_DURATION = 120.0
-
-
 GRANDCHILD_TIMEOUT = 300.0
 
 

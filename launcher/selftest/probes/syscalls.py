@@ -16,41 +16,21 @@ from collections.abc import Callable
 from launcher.selftest.probes.core import Result, Unsupported, attempt
 
 CHILD_TIMEOUT = 10.0  # a forked probe part (setns) that has not answered by then is killed
-
-
 MAX_HANDLE_SZ = 128
-
-
 #: Syscalls glibc does not wrap (bpf, keyctl, add_key), per machine.
 SYSCALLS = {
     "x86_64": {"bpf": 321, "add_key": 248, "keyctl": 250},
     "aarch64": {"bpf": 280, "add_key": 217, "keyctl": 219},
 }
-
-
 KEYCTL_SETPERM, KEYCTL_SEARCH, KEYCTL_READ, KEYCTL_SET_TIMEOUT, KEYCTL_INVALIDATE = 5, 10, 11, 15, 21
-
-
 KEY_SPEC_USER_KEYRING, KEY_SPEC_SESSION_KEYRING = -4, -3
-
-
 KEYCTL_JOIN_SESSION_KEYRING, KEYCTL_LINK = 1, 8
-
-
 #: Possessor: everything; user and others: view, read, search. Only sandgate may keep the command
 #: out, never the key's permissions (so the unprivileged pass tests the boundary, not DAC).
 KEY_PERM = 0x3F000000 | 0x000B0000 | 0x0000000B
-
-
 ENOKEY = 126
-
-
 IPC_PRIVATE, IPC_CREAT, IPC_RMID = 0, 0o1000, 0
-
-
 SHM_SIZE = 4096
-
-
 LIBC = ctypes.CDLL(None, use_errno=True)
 LIBC.syscall.restype = ctypes.c_long
 LIBC.shmat.restype = ctypes.c_void_p

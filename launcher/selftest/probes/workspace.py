@@ -14,8 +14,6 @@ from launcher.selftest.probes.filesystem import git_dir, try_append, unique_tag,
 from launcher.selftest.probes.syscalls import fresh_libc
 
 GIT_TIMEOUT = 15.0
-
-
 #: Inside `.git`: through these git finds config, hooks or code elsewhere (v1: commondir).
 GIT_TARGETS = (
     "commondir",
@@ -24,8 +22,6 @@ GIT_TARGETS = (
     "info/attributes",
     "objects/info/alternates",
 )
-
-
 #: Workspace files an editor or agent runs code from when the user next opens the folder.
 TOOL_TARGETS = (".vscode/settings.json", ".envrc", ".mcp.json", ".claude/settings.json")
 
