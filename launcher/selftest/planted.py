@@ -107,21 +107,24 @@ class Planted:
     def evidence(self, ws: Path, tag: str) -> dict[tuple[str, str], str]:
         """{(probe, context or "*"): what the host shows} after one pass; empty if the host is untouched."""
         found: dict[tuple[str, str], str] = {}
+
+        def node(ctx: str) -> str:  # what mknod_disk names its node in this context
+            return markers.disk_node(markers.mark(ctx, tag))
+
+        def payload(ctx: str) -> str:  # what every payload of this context starts with
+            return markers.payload(markers.mark(ctx, tag), "")
+
         for dirpath, dirnames, filenames in os.walk(ws):
             for n in (*dirnames, *filenames):
                 if stat.S_ISBLK(mode := os.lstat(os.path.join(dirpath, n)).st_mode) or stat.S_ISCHR(mode):
-                    found["mknod_disk", _ctx_in(n, lambda x: markers.disk_node(markers.mark(x, tag)))] = (
-                        f"device node left in the workspace: {n}"
-                    )
+                    found["mknod_disk", _ctx_in(n, node)] = f"device node left in the workspace: {n}"
         if socket.gethostname() != self.hostname:
             found["sethostname", "*"] = f"the host's hostname is now {socket.gethostname()!r}"
             socket.sethostname(self.hostname)
         if (now := _shm_state(self.shm_id)) != self.shm_seen:
             found["sysv_shm_host", "*"] = f"segment {self.shm_id} was attached meanwhile: {now}"
         text = ctypes.string_at(self.shm_addr, SHM_SIZE).decode(errors="replace")
-        if (ctx := _ctx_in(text, lambda x: markers.payload(markers.mark(x, tag), ""))) != "*" or markers.tag_trace(
-            tag
-        ) in text:
+        if (ctx := _ctx_in(text, payload)) != "*" or markers.tag_trace(tag) in text:
             found["sysv_shm_host", ctx] = f"segment {self.shm_id} holds a probe's marker: {text[1024:1100]!r}"
         self.shm_seen = now  # what one pass did is no evidence against the next
         return found
