@@ -11,7 +11,7 @@ a Python benchmark client does not share a GIL with them:
                        preallocated buffer, so memory stays flat whatever N is;
   GET /small        -> b"ok\\n".
 
-Both a plain HTTP and an HTTPS listener (throwaway CA from launcher/certs.py, certificate for 127.0.0.1) are served.
+Both a plain HTTP and an HTTPS listener (throwaway CA from launcher/selftest/certs.py, certificate for 127.0.0.1) are served.
 Every response carries ``Connection: close``: each request gets its own connection.
 """
 
@@ -118,7 +118,7 @@ class Certs:
 
 def make_certs(directory: Path) -> Certs:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from launcher.certs import CA  # the same throwaway CA code sandgate verify and the tests use
+    from launcher.selftest.certs import CA  # the same throwaway CA code sandgate verify and the tests use
 
     ca = CA("sandgate bench CA")
     certs = Certs(directory / "ca.pem", directory / "server-chain.pem", directory / "server-key.pem")

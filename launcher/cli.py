@@ -281,7 +281,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from launcher import verify
+    from launcher.selftest import verify
 
     for p in args.policy:
         lpolicy.build_policy([Path(p)], [], [])  # a policy error is reported before any namespace exists
@@ -310,7 +310,7 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
             sock.unlink(missing_ok=True)  # a dead daemon's socket
             removed.append(f"dead daemon socket {sock}")
     if os.geteuid() == 0 and shutil.which("ip"):
-        from launcher import world
+        from launcher.selftest import netns as world
 
         removed += world.cleanup_stale(world.VERIFY_PREFIXES)  # worlds of a killed `sandgate verify`
     for item in removed:

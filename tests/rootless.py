@@ -5,7 +5,7 @@ real CLI as a user that exists only for one test. Two problems are solved here:
 
 * The user must exist, be removed again (also when the test fails or pytest is killed), and
   nothing it started may survive it. Names are ``sandgate-u<creating pid>x<n>`` (the rules of
-  launcher/world.py's cleanup_stale), so cleanup_stale_users() can tell a dead run's users from a
+  launcher/selftest/netns.py's cleanup_stale), so cleanup_stale_users() can tell a dead run's users from a
   live one's. Processes are killed by PID only, and only when provably ours: running as the
   user's uid AND either inside one of our World's namespaces or a descendant of a process we
   started and have not reaped (so its PID cannot have been reused).
@@ -43,7 +43,10 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from launcher.world import Registry, _netns_pids, _owner_pid, _pid_alive
+from launcher.selftest.netns import netns_pids as _netns_pids
+from launcher.selftest.netns import owner_pid as _owner_pid
+from launcher.selftest.netns import pid_alive as _pid_alive
+from launcher.selftest.registry import Registry
 
 from .world import Client, World, _NetnsRunner
 
@@ -622,7 +625,7 @@ class UserRunner(_NetnsRunner):
 def cleanup_stale_users(base_dir: str | Path | None = None) -> list[str]:
     """Remove sandgate-u<pid>x<n> users and their temp dirs whose creating pid is dead (a SIGKILLed run).
 
-    Processes of such a user are not killed (launcher.world.cleanup_stale already swept the dead
+    Processes of such a user are not killed (launcher.selftest.netns.cleanup_stale already swept the dead
     run's namespaces); if any remain, the user is left in place with a warning. Returns what was removed.
     """
     removed: list[str] = []

@@ -1,4 +1,4 @@
-"""The probe runner of `sandgate verify` (launcher/probes.py), without a sandbox.
+"""The probe runner of `sandgate verify` (launcher/selftest/probes/), without a sandbox.
 
 Unit tests only: no namespaces, no sandgate. Without a sandbox the boundary is missing, so the
 filesystem probes here must report "permitted": that is what shows they can see a missing
@@ -28,8 +28,10 @@ from typing import Any
 
 import pytest
 
-from launcher import probes as P
-from launcher import probes_host as H
+from launcher.selftest import markers
+from launcher.selftest import planted as outside
+from launcher.selftest.probes import core, dnswire, netio, runner, syscalls
+from launcher.selftest.spec import FileHandleSpec, VerifySpec, dump_spec, load_spec
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -75,22 +77,71 @@ def loopback_only(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(var.lower(), raising=False)
 
 
-def run(name: str, spec: dict[str, Any], context: str = "child") -> dict[str, str]:
-    return P.run_one(P.REGISTRY[name], spec, context, watchdog=10)
+#: Every field of a spec, with values no probe here reaches for unless a test says so.
+BASE: dict[str, Any] = {
+    "allowed_host": "allowed.test",
+    "allowed_ip": "127.0.0.1",
+    "blocked_host": "blocked.test",
+    "blocked_ip": "127.0.0.1",
+    "tcp_port": 9,
+    "udp_port": 9,
+    "quic_port": 9,
+    "other_port": 9,
+    "host_loopback_port": 9,
+    "rogue_resolver": "127.0.0.1",
+    "exfil_domain": "exfil.test",
+    "rebind_loopback_host": "loopback.test",
+    "rebind_metadata_host": "metadata.test",
+    "rebind_own_host": "own.test",
+    "wild_domain": "wild.test",
+    "wild_ip": "127.0.0.1",
+    "abstract_socket": "sandgate-probes-test-none",
+    "path_socket": "/nonexistent/sandgate-probes-test.sock",
+    "world_netns": "/run/netns/sandgate-none-such",
+    "root_dev": (0, 0),
+    "root_dev_path": "",
+    "shm_id": -1,
+    "host_key": 0,
+    "host_key_description": "",
+    "ssh_key_handle": FileHandleSpec(type=0, hex=""),
+    "ca": "",
+    "home": "/nonexistent",
+    "outside_file": "/nonexistent/victim.txt",
+    "outside_dir": "/nonexistent",
+    "results_dir": "/nonexistent",
+    "secret_marker": SECRET,
+    "secret_env": "SANDGATE_PROBES_TEST_TOKEN",
+    "visible_env": "SANDGATE_PROBES_TEST_VISIBLE=yes",
+    "daemon_token": "sgvdtest",
+    "python": sys.executable,
+    "cred_marker": "sgcredtest",
+    "home_control": "plain-test",
+    "env_marker": "sgenvtest",
+    "plain_env": "SANDGATE_VERIFY_PLAIN=plain-test",
+    "audit_log": "/nonexistent/audit.jsonl",
+}
+
+
+def make_spec(**fields: Any) -> VerifySpec:
+    return VerifySpec(**{**BASE, **fields})
+
+
+def run(name: str, spec: dict[str, Any], context: str = "child") -> core.Record:
+    return core.run_one(core.REGISTRY[name], make_spec(**spec), context, watchdog=10)
 
 
 # ---- registry ----------------------------------------------------------------------------------
 
 
 def test_probe_list_is_complete_and_unique() -> None:
-    rows = P.probe_list()
+    rows = core.probe_list()
     assert rows
     names = [name for _, name, _ in rows]
     assert len(names) == len(set(names))
-    assert {group for group, _, _ in rows} == set(P.GROUPS)
-    assert {expected for _, _, expected in rows} == set(P.EXPECTED)
-    for group, name, expected in rows:
-        assert P.REGISTRY[name].threat, f"{name} has no docstring naming its threat"
+    assert {group for group, _, _ in rows} == set(core.GROUPS)
+    assert {expected for _, _, expected in rows} == set(core.EXPECTED)
+    for _group, name, _expected in rows:
+        assert core.REGISTRY[name].threat, f"{name} has no docstring naming its threat"
     for name in (
         "https_proxy_vars",
         "sni_spoof",
@@ -105,38 +156,69 @@ def test_probe_list_is_complete_and_unique() -> None:
 
 
 def test_contexts_skip_terminal_probe_outside_child() -> None:
-    child = {p.name for p in P.select_probes("child")}
+    child = {p.name for p in core.select_probes("child")}
     for ctx in ("grandchild", "daemon"):
-        assert {p.name for p in P.select_probes(ctx)} == child - {"tiocsti"}
+        assert {p.name for p in core.select_probes(ctx)} == child - {"tiocsti"}
     assert "tiocsti" in child
-    assert {p.group for p in P.select_probes("child", ["filesystem"])} == {"filesystem"}
-    assert [p.name for p in P.select_probes("daemon", ["udp", "secret_env"])] == ["udp", "secret_env"]
+    assert {p.group for p in core.select_probes("child", ["filesystem"])} == {"filesystem"}
+    assert [p.name for p in core.select_probes("daemon", ["udp", "secret_env"])] == ["udp", "secret_env"]
     with pytest.raises(ValueError, match="nosuch"):
-        P.select_probes("child", ["nosuch"])
+        core.select_probes("child", ["nosuch"])
 
 
 def test_bad_declarations_are_refused() -> None:
     with pytest.raises(ValueError, match="duplicate"):
-        P.probe("network", "udp", "blocked")(lambda c: ("blocked", ""))
+        core.probe("network", "udp", "blocked")(lambda c: ("blocked", ""))
     with pytest.raises(ValueError, match="bad probe"):
-        P.probe("network", "x_new", "maybe")
+        core.probe("network", "x_new", "maybe")
     with pytest.raises(ValueError, match="bad probe"):
-        P.probe("network", "x_new", "blocked", contexts=("sidecar",))
+        core.probe("network", "x_new", "blocked", contexts=("sidecar",))
 
 
 def test_markers() -> None:
-    c = P.Ctx({"exfil_domain": "exfil.test"}, "grandchild", "dns_udp_rogue")
+    c = core.Ctx(make_spec(exfil_domain="exfil.test"), "grandchild", "dns_udp_rogue")
     assert c.path == "/verify/grandchild/dns_udp_rogue"
     assert c.marker == b"verify:grandchild:dns_udp_rogue\n"
     assert c.dns_name() == "dns-udp-rogue-grandchild.exfil.test"
     assert c.url("https", "a.test") == "https://a.test/verify/grandchild/dns_udp_rogue"
 
 
+def test_the_judge_finds_every_marker_a_probe_sends() -> None:
+    """One definition of the markers: what a probe sends is what verify searches the canary logs for."""
+    c = core.Ctx(make_spec(exfil_domain="exfil.test", marker_tag="root"), "grandchild", "dns_txt_exfil")
+    wanted = markers.in_logs(c.probe, c.mark)
+    for sent in (c.path, c.marker.decode(), c.dns_name(), markers.exfil_name(SECRET, c.context, c.dns_name())):
+        assert any(m in sent for m in wanted), sent
+
+
+def test_every_probe_has_a_place_in_the_run_order() -> None:
+    assert set(core.ORDER) == set(core.REGISTRY) and len(core.ORDER) == len(set(core.ORDER))
+    with pytest.raises(ValueError, match="no place in ORDER"):
+        core.probe("network", "x_unordered", "blocked")
+
+
+def test_the_spec_round_trips_and_refuses_what_it_does_not_know() -> None:
+    spec = make_spec(only=("network", "udp"), marker_tag="user")
+    assert load_spec(dump_spec(spec)) == spec
+    raw = json.loads(dump_spec(spec))
+    for bad, why in (
+        ({**raw, "blocked_hots": "x"}, "unknown spec key"),
+        ({k: v for k, v in raw.items() if k != "blocked_host"}, "incomplete spec"),
+        ({**raw, "tcp_port": "9000"}, "'tcp_port'"),
+        ({**raw, "root_dev": [1]}, "'root_dev'"),
+        ({**raw, "ssh_key_handle": {"hex": ""}}, "'ssh_key_handle'"),
+    ):
+        with pytest.raises(ValueError, match=why):
+            load_spec(json.dumps(bad))
+    with pytest.raises(ValueError, match="JSON object"):
+        load_spec("[1, 2]")
+
+
 # ---- classification: a broken probe never reads as a pass ----------------------------------------
 
 
-def _raises(exc: BaseException) -> Callable[[P.Ctx], P.Result]:
-    def fn(c: P.Ctx) -> P.Result:
+def _raises(exc: BaseException) -> Callable[[core.Ctx], core.Result]:
+    def fn(c: core.Ctx) -> core.Result:
         raise exc
 
     return fn
@@ -154,8 +236,8 @@ def _raises(exc: BaseException) -> Callable[[P.Ctx], P.Result]:
         (ConnectionResetError(errno.ECONNRESET, "reset"), "blocked", "ECONNRESET"),
         (TimeoutError("timed out"), "blocked", "timed out"),
         (TimeoutError("timed out"), "blocked", "timed out"),
-        (P.Blocked("proxy said no"), "blocked", "proxy said no"),
-        (P.Unsupported("no terminal"), "unsupported", "no terminal"),
+        (core.Blocked("proxy said no"), "blocked", "proxy said no"),
+        (core.Unsupported("no terminal"), "unsupported", "no terminal"),
         (OSError(errno.ENOENT, "No such file"), "unsupported", "FileNotFoundError"),
         (OSError(errno.EINVAL, "Invalid argument"), "unsupported", "Invalid argument"),
         (ValueError("bad packet"), "unsupported", "ValueError: bad packet"),
@@ -163,8 +245,8 @@ def _raises(exc: BaseException) -> Callable[[P.Ctx], P.Result]:
     ],
 )
 def test_exceptions_are_classified(exc: BaseException, observed: str, fragment: str) -> None:
-    p = P.Probe("network", "fake", "blocked", frozenset(P.CONTEXTS), _raises(exc))
-    rec = P.run_one(p, {}, "daemon", watchdog=None)
+    p = core.Probe("network", "fake", "blocked", frozenset(core.CONTEXTS), _raises(exc))
+    rec = core.run_one(p, make_spec(), "daemon", watchdog=None)
     assert rec == {
         "group": "network",
         "probe": "fake",
@@ -174,40 +256,42 @@ def test_exceptions_are_classified(exc: BaseException, observed: str, fragment: 
         "detail": rec["detail"],
     }
     assert fragment in rec["detail"]
-    if observed == "unsupported" and not isinstance(exc, P.Unsupported):
+    if observed == "unsupported" and not isinstance(exc, core.Unsupported):
         assert "unexpected" in rec["detail"] and "test_probes.py" in rec["detail"]
 
 
 def test_nonsense_result_and_hang_are_unsupported() -> None:
-    p = P.Probe("process", "odd", "blocked", frozenset(P.CONTEXTS), lambda c: ("maybe", "?"))
-    assert P.run_one(p, {}, "child", watchdog=None)["observed"] == "unsupported"
+    p = core.Probe("process", "odd", "blocked", frozenset(core.CONTEXTS), lambda c: ("maybe", "?"))
+    assert core.run_one(p, make_spec(), "child", watchdog=None)["observed"] == "unsupported"
 
-    def hang(c: P.Ctx) -> P.Result:
+    def hang(c: core.Ctx) -> core.Result:
         time.sleep(5)
         return "blocked", "slept"
 
     start = time.monotonic()
-    rec = P.run_one(P.Probe("process", "hang", "blocked", frozenset(P.CONTEXTS), hang), {}, "child", watchdog=0.2)
+    rec = core.run_one(
+        core.Probe("process", "hang", "blocked", frozenset(core.CONTEXTS), hang), make_spec(), "child", watchdog=0.2
+    )
     assert rec["observed"] == "unsupported" and "still running" in rec["detail"]
     assert time.monotonic() - start < 2
 
 
 def test_detail_is_one_short_line() -> None:
-    p = P.Probe("network", "long", "blocked", frozenset(P.CONTEXTS), lambda c: ("blocked", "x\n" * 1000))
-    detail = P.run_one(p, {}, "child", watchdog=None)["detail"]
-    assert "\n" not in detail and len(detail) <= P.DETAIL_LIMIT
+    p = core.Probe("network", "long", "blocked", frozenset(core.CONTEXTS), lambda c: ("blocked", "x\n" * 1000))
+    detail = core.run_one(p, make_spec(), "child", watchdog=None)["detail"]
+    assert "\n" not in detail and len(detail) <= core.DETAIL_LIMIT
 
 
 def test_combine_and_attempt() -> None:
     ok, no, na = ("permitted", "a"), ("blocked", "b"), ("unsupported", "c")
-    assert P.combine([("x", no), ("y", ok)], need="any")[0] == "permitted"
-    assert P.combine([("x", no), ("y", na)], need="any")[0] == "unsupported"
-    assert P.combine([("x", no), ("y", no)], need="any") == ("blocked", "x: b; y: b")
-    assert P.combine([("x", ok), ("y", no)], need="all")[0] == "blocked"
-    assert P.combine([("x", ok), ("y", na)], need="all")[0] == "unsupported"
-    assert P.combine([("x", ok), ("y", ok)], need="all")[0] == "permitted"
-    assert P.attempt(_raises(PermissionError(errno.EPERM, "no")), None)[0] == "blocked"
-    observed, detail = P.attempt(_raises(ZeroDivisionError("boom")), None)
+    assert core.combine([("x", no), ("y", ok)], need="any")[0] == "permitted"
+    assert core.combine([("x", no), ("y", na)], need="any")[0] == "unsupported"
+    assert core.combine([("x", no), ("y", no)], need="any") == ("blocked", "x: b; y: b")
+    assert core.combine([("x", ok), ("y", no)], need="all")[0] == "blocked"
+    assert core.combine([("x", ok), ("y", na)], need="all")[0] == "unsupported"
+    assert core.combine([("x", ok), ("y", ok)], need="all")[0] == "permitted"
+    assert core.attempt(_raises(PermissionError(errno.EPERM, "no")), None)[0] == "blocked"
+    observed, detail = core.attempt(_raises(ZeroDivisionError("boom")), None)
     assert observed == "unsupported" and "ZeroDivisionError" in detail
 
 
@@ -215,16 +299,16 @@ def test_combine_and_attempt() -> None:
 
 
 def test_query_round_trips() -> None:
-    wire = P.build_query("Dns-UDP-rogue-child.exfil.test", P.QTYPE_TXT, qid=0x1234)
-    msg = P.parse_message(wire)
+    wire = dnswire.build_query("Dns-UDP-rogue-child.exfil.test", dnswire.QTYPE_TXT, qid=0x1234)
+    msg = dnswire.parse_message(wire)
     assert msg.id == 0x1234 and not msg.is_response and msg.flags & 0x0100  # RD
-    assert msg.questions == [("Dns-UDP-rogue-child.exfil.test", P.QTYPE_TXT)] and msg.answers == []
+    assert msg.questions == [("Dns-UDP-rogue-child.exfil.test", dnswire.QTYPE_TXT)] and msg.answers == []
 
 
 def _response(qid: int, rcode: int, name: str, answers: bytes = b"", ancount: int = 0) -> bytes:
     return (
         struct.pack("!HHHHHH", qid, 0x8180 | rcode, 1, ancount, 0, 0)
-        + P.encode_name(name)
+        + dnswire.encode_name(name)
         + struct.pack("!HH", 1, 1)
         + answers
     )
@@ -233,16 +317,16 @@ def _response(qid: int, rcode: int, name: str, answers: bytes = b"", ancount: in
 def test_parse_hand_made_response_with_compression() -> None:
     a = b"\xc0\x0c" + struct.pack("!HHIH", 1, 1, 60, 4) + bytes([198, 51, 100, 10])
     txt = b"\xc0\x0c" + struct.pack("!HHIH", 16, 1, 30, 8) + b"\x03abc\x03def"
-    msg = P.parse_message(_response(7, 0, "allowed.test", a + txt, 2))
+    msg = dnswire.parse_message(_response(7, 0, "allowed.test", a + txt, 2))
     assert msg.is_response and msg.rcode == 0 and msg.rcode_text == "NOERROR"
     assert [(r.name, r.rtype, r.ttl, r.data) for r in msg.answers] == [
         ("allowed.test", 1, 60, "198.51.100.10"),
         ("allowed.test", 16, 30, "abcdef"),
     ]
-    assert P._dns_verdict(msg) == ("permitted", "rcode NOERROR, 198.51.100.10, abcdef")
-    refused = P.parse_message(_response(7, 5, "x.exfil.test"))
-    assert refused.rcode_text == "REFUSED" and P._dns_verdict(refused)[0] == "blocked"
-    assert P._dns_verdict(P.parse_message(_response(7, 3, "x.exfil.test")))[0] == "blocked"  # NXDOMAIN
+    assert dnswire.dns_verdict(msg) == ("permitted", "rcode NOERROR, 198.51.100.10, abcdef")
+    refused = dnswire.parse_message(_response(7, 5, "x.exfil.test"))
+    assert refused.rcode_text == "REFUSED" and dnswire.dns_verdict(refused)[0] == "blocked"
+    assert dnswire.dns_verdict(dnswire.parse_message(_response(7, 3, "x.exfil.test")))[0] == "blocked"  # NXDOMAIN
 
 
 @pytest.mark.parametrize(
@@ -256,23 +340,23 @@ def test_parse_hand_made_response_with_compression() -> None:
 )
 def test_malformed_messages_are_rejected(wire: bytes) -> None:
     with pytest.raises(ValueError):
-        P.parse_message(wire)
+        dnswire.parse_message(wire)
 
 
 def test_names_are_checked_and_exfil_labels_split() -> None:
     with pytest.raises(ValueError):
-        P.encode_name("a" * 64 + ".test")
+        dnswire.encode_name("a" * 64 + ".test")
     with pytest.raises(ValueError):
-        P.encode_name("a..test")
+        dnswire.encode_name("a..test")
     with pytest.raises(ValueError):
-        P.encode_name(".".join(["a" * 60] * 5))
-    assert P.dns_label("Probe_Name-child") == "probe-name-child"
-    name = P.exfil_name("S" * 40, "grandchild", "dns-txt-exfil-grandchild.exfil.test")
+        dnswire.encode_name(".".join(["a" * 60] * 5))
+    assert markers.dns_label("Probe_Name-child") == "probe-name-child"
+    name = markers.exfil_name("S" * 40, "grandchild", "dns-txt-exfil-grandchild.exfil.test")
     first = name.split(".")
     assert all(len(label) <= 63 for label in first)
     assert "".join(first[:2]) == ("S" * 40).encode().hex() + "-grandchild"
     assert name.endswith(".dns-txt-exfil-grandchild.exfil.test")
-    P.encode_name(name)  # valid wire name
+    dnswire.encode_name(name)  # valid wire name
 
 
 # ---- local listeners (127.0.0.1 only) ----------------------------------------------------------------
@@ -385,7 +469,7 @@ def test_udp_probe_echo_and_silence(listeners: list[Listener]) -> None:
 
 def _dns_answerer(rcode: int) -> Callable[[bytes], bytes]:
     def answer(query: bytes) -> bytes:
-        q = P.parse_message(query)
+        q = dnswire.parse_message(query)
         name = q.questions[0][0]
         body = b"\xc0\x0c" + struct.pack("!HHIH", 1, 1, 1, 4) + bytes([192, 0, 2, 1]) if rcode == 0 else b""
         return _response(q.id, rcode, name, body, 1 if rcode == 0 else 0)
@@ -396,8 +480,8 @@ def _dns_answerer(rcode: int) -> Callable[[bytes], bytes]:
 @pytest.mark.parametrize(("rcode", "observed"), [(0, "permitted"), (5, "blocked"), (3, "blocked")])
 def test_dns_exchange_udp_and_tcp(listeners: list[Listener], rcode: int, observed: str) -> None:
     udp = udp_server(listeners, _dns_answerer(rcode))
-    assert P._dns_verdict(P.dns_exchange("127.0.0.1", "q-child.exfil.test", port=udp.port))[0] == observed
-    assert P.parse_message(udp.seen[0]).questions == [("q-child.exfil.test", P.QTYPE_A)]
+    assert dnswire.dns_verdict(dnswire.dns_exchange("127.0.0.1", "q-child.exfil.test", port=udp.port))[0] == observed
+    assert dnswire.parse_message(udp.seen[0]).questions == [("q-child.exfil.test", dnswire.QTYPE_A)]
 
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     s.bind(("127.0.0.1", 0))
@@ -411,8 +495,8 @@ def test_dns_exchange_udp_and_tcp(listeners: list[Listener], rcode: int, observe
             conn.sendall(struct.pack("!H", len(reply)) + reply)
 
     listeners.append(tcp := Listener(s, handle))
-    reply = P.dns_exchange("127.0.0.1", "q-child.exfil.test", P.QTYPE_TXT, port=tcp.port, tcp=True)
-    assert P._dns_verdict(reply)[0] == observed
+    reply = dnswire.dns_exchange("127.0.0.1", "q-child.exfil.test", dnswire.QTYPE_TXT, port=tcp.port, tcp=True)
+    assert dnswire.dns_verdict(reply)[0] == observed
 
 
 def test_dns_exchange_times_out(listeners: list[Listener]) -> None:
@@ -420,7 +504,7 @@ def test_dns_exchange_times_out(listeners: list[Listener]) -> None:
     silent.bind(("127.0.0.1", 0))
     try:
         with pytest.raises(TimeoutError):
-            P.dns_exchange("127.0.0.1", "x.test", port=silent.getsockname()[1], timeout=0.3)
+            dnswire.dns_exchange("127.0.0.1", "x.test", port=silent.getsockname()[1], timeout=0.3)
     finally:
         silent.close()
 
@@ -514,7 +598,7 @@ def test_connect_ip_literal_refused_and_accepted(
 @pytest.fixture
 def tls_pair(tmp_path: Path) -> tuple[ssl.SSLContext, Path, Path]:
     """Server context for localhost, the CA that signed it, and an unrelated CA."""
-    from launcher.certs import CA
+    from launcher.selftest.certs import CA
 
     ca, other = CA(), CA()
     server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -536,10 +620,10 @@ def test_https_transparent_and_raw_tls(
     rec = run("https_transparent", {"ca": str(other), "allowed_host": host})  # untrusted certificate
     assert rec["observed"] == "blocked" and "TLS failed" in rec["detail"], rec
     # The hand-made TLS request used by sni_spoof / blocked_transparent: any SNI, no verification.
-    status, body = P.raw_http(
+    status, body = netio.raw_http(
         "127.0.0.1", srv.server_address[1], "/verify/child/sni_spoof", "allowed.test", sni="allowed.test"
     )
-    assert status == 200 and P._says(body, "blocked.test") and not P._says(body, "allowed.test")
+    assert status == 200 and netio.says(body, "blocked.test") and not netio.says(body, "allowed.test")
     assert "GET /verify/child/sni_spoof Host=allowed.test" in srv.seen
 
 
@@ -659,9 +743,9 @@ def test_read_only_process_probes() -> None:
 
 
 def test_relay_line(capsys: pytest.CaptureFixture[str]) -> None:
-    assert P.relay_line('{"probe": "udp", "observed": "blocked"}\n')
-    assert not P.relay_line("Traceback (most recent call last):")
-    assert not P.relay_line("   ")
+    assert runner.relay_line('{"probe": "udp", "observed": "blocked"}\n')
+    assert not runner.relay_line("Traceback (most recent call last):")
+    assert not runner.relay_line("   ")
     out, err = capsys.readouterr()
     assert json.loads(out) == {"probe": "udp", "observed": "blocked"}
     assert "not a record" in err
@@ -671,22 +755,22 @@ def test_main_runs_selected_probes_and_rejects_bad_specs(
     fs_spec: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     spec = tmp_path / "spec.json"
-    spec.write_text(json.dumps({**fs_spec, "only": "secret_env"}))
-    assert P.main([str(spec), "--context", "grandchild"]) == 0
+    spec.write_text(dump_spec(make_spec(**fs_spec, only=("secret_env",))))
+    assert runner.main([str(spec), "--context", "grandchild"]) == 0
     recs = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [(r["probe"], r["context"], r["observed"]) for r in recs] == [("secret_env", "grandchild", "blocked")]
-    assert P.main([str(spec), "--context", "grandchild", "--only", "nosuch"]) == 2
+    assert runner.main([str(spec), "--context", "grandchild", "--only", "nosuch"]) == 2
     spec.write_text("[1, 2]")
-    assert P.main([str(spec)]) == 2
-    assert P.main([str(tmp_path / "missing.json")]) == 2
+    assert runner.main([str(spec)]) == 2
+    assert runner.main([str(tmp_path / "missing.json")]) == 2
     capsys.readouterr()
-    assert P.main(["--list"]) == 0
+    assert runner.main(["--list"]) == 0
     listed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert [(x["group"], x["probe"], x["expected"]) for x in listed] == P.probe_list()
+    assert [(x["group"], x["probe"], x["expected"]) for x in listed] == core.probe_list()
 
 
 def test_daemon_files() -> None:
-    f = P.DaemonFiles.of({"results_dir": "/r", "daemon_token": "sgvd.1"})
+    f = runner.DaemonFiles.of(make_spec(results_dir="/r", daemon_token="sgvd.1"))
     assert (str(f.partial), str(f.done), str(f.heartbeat), str(f.log)) == (
         "/r/daemon-sgvd.1.jsonl",
         "/r/daemon-sgvd.1.done.jsonl",
@@ -695,19 +779,19 @@ def test_daemon_files() -> None:
     )
 
 
-# ---- the v2 host-boundary probes (launcher/probes_host.py): without a sandbox they must see the host ------
+# ---- the v2 host-boundary probes (launcher/selftest/probes/host.py): without a sandbox they must see the host ------
 
 
 def test_markers_carry_the_pass_tag_and_host_probes_are_registered_in_group_order() -> None:
-    c = P.Ctx({"exfil_domain": "exfil.test", "marker_tag": "user"}, "daemon", "udp")
+    c = core.Ctx(make_spec(exfil_domain="exfil.test", marker_tag="user"), "daemon", "udp")
     assert (c.path, c.marker, c.dns_name()) == (
         "/verify/daemon-user/udp",
         b"verify:daemon-user:udp\n",
         "udp-daemon-user.exfil.test",
     )
-    groups = [g for g, _, _ in P.probe_list()]
-    assert groups == sorted(groups, key=P.GROUPS.index)
-    names = {n for _, n, _ in P.probe_list()}
+    groups = [g for g, _, _ in core.probe_list()]
+    assert groups == sorted(groups, key=core.GROUPS.index)
+    names = {n for _, n, _ in core.probe_list()}
     assert {
         "setns_host_netns",
         "netns_tamper",
@@ -728,10 +812,11 @@ def test_planted_shm_and_key_are_reached_without_a_sandbox_and_the_host_shows_it
 ) -> None:
     monkeypatch.chdir(tmp_path)
     token = f"t{os.getpid()}"
-    planted = H.Planted.plant(token)
+    planted = outside.Planted.plant(token)
     try:
         planted.controls()
-        spec = {**planted.spec(), "marker_tag": "t", "root_dev": [0, 0], "root_dev_path": ""}
+        spec = {"shm_id": planted.shm_id, "host_key": planted.key, "host_key_description": planted.key_description}
+        spec |= {"marker_tag": "t", "root_dev": (0, 0), "root_dev_path": ""}
         assert planted.evidence(tmp_path, "t") == {}  # nothing touched yet: no false alarm
         rec = run("sysv_shm_host", spec)
         assert rec["observed"] == "permitted" and f"sandgate-verify-shm-{token}" in rec["detail"], rec
@@ -744,13 +829,13 @@ def test_planted_shm_and_key_are_reached_without_a_sandbox_and_the_host_shows_it
     finally:
         planted.remove()
     with pytest.raises(OSError):  # invalidated (the kernel's collector removes it from /proc/keys soon after)
-        H.syscall("keyctl", H.KEYCTL_READ, planted.key, None, 0)
+        syscalls.syscall("keyctl", syscalls.KEYCTL_READ, planted.key, None, 0)
     assert str(planted.shm_id) not in [ln.split()[1] for ln in Path("/proc/sysvipc/shm").read_text().splitlines()[1:]]
 
 
 def test_open_by_handle_reads_the_key_its_path_no_longer_names(fs_spec: dict[str, Any]) -> None:
     key = Path(fs_spec["home"]) / ".ssh" / "id_ed25519"
-    spec = {**fs_spec, "ssh_key_handle": H.file_handle(key)}
+    spec = {**fs_spec, "ssh_key_handle": outside.file_handle(key)}
     rec = run("open_by_handle", spec)
     assert rec["observed"] == "permitted" and "read the secret" in rec["detail"], rec
     key.rename(key.with_name("moved"))  # the handle names the inode, not the path
@@ -762,12 +847,12 @@ def test_bpf_and_sethostname_succeed_for_root_without_a_sandbox() -> None:
     assert rec["observed"] == "permitted" and "BPF array map" in rec["detail"], rec
     hostname = socket.gethostname()
 
-    def in_own_uts() -> P.Result:  # a private UTS namespace: the host's name is never touched
+    def in_own_uts() -> core.Result:  # a private UTS namespace: the host's name is never touched
         os.unshare(os.CLONE_NEWUTS)
         r = run("sethostname", {"marker_tag": "t"})
         return r["observed"], r["detail"]
 
-    observed, detail = H.in_child(in_own_uts)
+    observed, detail = syscalls.in_child(in_own_uts)
     assert observed == "permitted" and "verify-child-t" in detail, detail
     assert socket.gethostname() == hostname
 
@@ -775,8 +860,17 @@ def test_bpf_and_sethostname_succeed_for_root_without_a_sandbox() -> None:
 def test_proc_environ_finds_a_secret_in_another_process(tmp_path: Path) -> None:
     secret = f"FAKE-SECRET-{os.getpid()}"
     spec = tmp_path / "spec.json"
-    spec.write_text(json.dumps({"secret_marker": secret, "visible_env": "SANDGATE_T_VISIBLE=yes"}))
-    argv = [sys.executable, "-m", "launcher.probes", str(spec), "--context", "grandchild", "--only", "proc_environ"]
+    spec.write_text(dump_spec(make_spec(secret_marker=secret, visible_env="SANDGATE_T_VISIBLE=yes")))
+    argv = [
+        sys.executable,
+        "-m",
+        "launcher.selftest.probes",
+        str(spec),
+        "--context",
+        "grandchild",
+        "--only",
+        "proc_environ",
+    ]
     env = {"PYTHONPATH": str(REPO), "SANDGATE_T_VISIBLE": "yes", "PATH": "/usr/bin:/bin"}
     holder = subprocess.Popen(["sleep", "30"], env={"SANDGATE_T_SECRET": secret})
     try:
@@ -809,7 +903,7 @@ def test_setns_into_the_world_reaches_its_canary(world: Any) -> None:
 
 
 def test_netns_tamper_reports_each_change_and_undoes_it() -> None:
-    def in_own_netns() -> P.Result:  # a throwaway network namespace: the host's table and links are never touched
+    def in_own_netns() -> core.Result:  # a throwaway network namespace: the host's table and links are never touched
         os.unshare(os.CLONE_NEWNET)
         subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
         subprocess.run(["nft", "add", "table", "inet", "sgtest"], check=True)
@@ -818,7 +912,7 @@ def test_netns_tamper_reports_each_change_and_undoes_it() -> None:
         table = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout
         return r["observed"], f"{r['detail']} | links: {links.count('sgvt')} | tables: {table.strip()}"
 
-    observed, detail = H.in_child(in_own_netns, timeout=30)
+    observed, detail = syscalls.in_child(in_own_netns, timeout=30)
     assert observed == "blocked" and "ECONNREFUSED" in detail, detail  # nothing listens: the canary's verdict
     for change in ("nft flush ruleset: done", "ip link add veth: done", "ip route replace default: done"):
         assert change in detail, detail

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from fsguard import landlock
-from launcher import probes, verify
+from launcher.selftest import verify
+from launcher.selftest.probes import core
 
 from .rootless import UnprivilegedUser
 from .world import World
@@ -47,8 +48,8 @@ def sandgate_verify(*args: str, weaken: str = "") -> tuple[int, list[dict[str, o
 def _assert_complete(rows: list[dict[str, object]]) -> None:
     """Every probe, in every context it declares, for both identities: nothing silently skipped."""
     seen = {(r["group"], r["probe"], r["context"], r["identity"]) for r in rows}
-    for group, probe, _ in probes.probe_list():
-        for ctx in probes.REGISTRY[probe].contexts:
+    for group, probe, _ in core.probe_list():
+        for ctx in core.REGISTRY[probe].contexts:
             for who in IDENTITIES:
                 assert (group, probe, ctx, who) in seen, (probe, ctx, who)
     for who in IDENTITIES:
@@ -74,7 +75,7 @@ def test_every_probe_behaves_as_expected_in_every_context() -> None:
     assert code == 0 and rows and not bad, (bad, err[-2000:])
     _assert_complete(rows)
     by = {(r["probe"], r["context"], r["identity"]): str(r["evidence"]) for r in rows}
-    for ctx in probes.CONTEXTS:
+    for ctx in core.CONTEXTS:
         for who in IDENTITIES:
             # The verdict of netns_tamper is the canary's; that each change was refused is in its detail.
             tamper = by["netns_tamper", ctx, who]
@@ -121,7 +122,7 @@ def test_no_network_namespace_makes_exactly_the_network_rows_fail_with_canary_ev
     failed = {(r["probe"], r["context"], r["identity"]): r for r in rows if not r["ok"]}
     assert {probe for probe, _, _ in failed} == expected
     for probe in expected:
-        for ctx in probes.CONTEXTS:
+        for ctx in core.CONTEXTS:
             for who in IDENTITIES:
                 row = failed[(probe, ctx, who)]
                 assert row["observed"] == "permitted" and "canary saw it" in str(row["evidence"]), row
@@ -134,7 +135,7 @@ def test_no_network_namespace_makes_exactly_the_network_rows_fail_with_canary_ev
 def test_cap_net_admin_flushes_the_table_yet_the_linkless_namespace_reaches_nothing() -> None:
     code, rows, err = sandgate_verify("--only", "network", weaken="netadmin")
     assert code == 0 and not [r for r in rows if not r["ok"]], err[-2000:]
-    for ctx in probes.CONTEXTS:
+    for ctx in core.CONTEXTS:
         root = next(r for r in rows if (r["probe"], r["context"], r["identity"]) == ("netns_tamper", ctx, "root"))
         # The weakening took effect (the probe's own detail), and still no canary saw a thing: there
         # is no link out of the namespace, whatever its table says.
@@ -195,7 +196,8 @@ def test_ctrl_c_removes_everything_verify_built() -> None:
     assert "sandgate-v" not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     after = set(os.listdir("/var/tmp")) | set(os.listdir("/tmp"))
     assert not [x for x in after - before if x.startswith("sandgate")]
-    assert subprocess.run(["pgrep", "-f", "launcher.probes|launcher.canary"], capture_output=True).returncode == 1
+    runners = "launcher.selftest.probes|launcher.selftest.canary"
+    assert subprocess.run(["pgrep", "-f", runners], capture_output=True).returncode == 1
 
 
 def test_an_ordinary_user_runs_verify_without_sudo(world: World, unprivileged: UnprivilegedUser) -> None:

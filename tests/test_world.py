@@ -13,12 +13,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from launcher.certs import CA
+from launcher.selftest.certs import CA
 
-from .world import NETNS_ETC, VERIFY_PREFIXES, World, cleanup_stale
+from .world import NETNS_ETC, VERIFY_PREFIXES, World, _NetnsRunner, cleanup_stale
 
 PY = sys.executable
 
@@ -116,14 +117,15 @@ print(json.dumps({"peer": peer[0], "orig": f"{socket.inet_ntoa(raw[4:8])}:{port}
 """
 
 
-def probe(runner: World | object, script: str, *args: object, timeout: float = 15) -> str:
-    res = runner.run([PY, "-c", script, *map(str, args)], timeout=timeout)  # type: ignore[attr-defined]
+def probe(runner: _NetnsRunner, script: str, *args: object, timeout: float = 15) -> str:
+    res = runner.run([PY, "-c", script, *map(str, args)], timeout=timeout)
     assert res.returncode == 0, res.stderr
-    return res.stdout.strip()
+    return str(res.stdout).strip()
 
 
-def dns_probe(runner: World | object, server: str, proto: str, name: str, rdtype: str) -> dict:
-    return json.loads(probe(runner, DNS_PROBE, server, proto, name, rdtype))
+def dns_probe(runner: _NetnsRunner, server: str, proto: str, name: str, rdtype: str) -> dict[str, Any]:
+    reply: dict[str, Any] = json.loads(probe(runner, DNS_PROBE, server, proto, name, rdtype))
+    return reply
 
 
 def host_traces() -> list[str]:
@@ -212,7 +214,7 @@ def test_https_with_world_ca_logs_sni(world: World) -> None:
 
 
 def test_https_leaf_verifies_against_world_ca_only(world: World) -> None:
-    """launcher/certs.py: a leaf for a name and an IP, checked by curl and by the ssl module (strict)."""
+    """launcher/selftest/certs.py: a leaf for a name and an IP, checked by curl and by the ssl module (strict)."""
     world.add_host("tls.test", "198.51.100.12")
     srv = world.serve("https", "198.51.100.12", 8443, name="tls.test")
 
@@ -321,10 +323,10 @@ def test_serve_unix_rejects_bad_arguments(world: World) -> None:
 
 
 def test_canary_runs_from_the_package_root(world: World) -> None:
-    """`python -P -m launcher.canary` with PYTHONPATH=<root of launcher/>: no install, no cwd needed."""
+    """`python -P -m launcher.selftest.canary` with PYTHONPATH=<root of launcher/>: no install, no cwd needed."""
     srv = world.serve("tcp", "198.51.100.33", 7001)
     cmdline = Path(f"/proc/{srv.pid}/cmdline").read_bytes().split(b"\0")
-    assert cmdline[:4] == [sys.executable.encode(), b"-P", b"-m", b"launcher.canary"]
+    assert cmdline[:4] == [sys.executable.encode(), b"-P", b"-m", b"launcher.selftest.canary"]
     environ = Path(f"/proc/{srv.pid}/environ").read_bytes().split(b"\0")
     root = str(Path(__file__).resolve().parent.parent).encode()
     assert any(e == b"PYTHONPATH=" + root or e.startswith(b"PYTHONPATH=" + root + b":") for e in environ)
@@ -383,7 +385,7 @@ def test_redirect_tcp_lands_on_listener_with_original_dst(world: World) -> None:
     http_before, udp_before = len(http.log_records()), len(udp.log_records())
 
     port = 15001
-    listener = world.popen([PY, "-c", ORIG_DST_LISTENER, port], stdout=subprocess.PIPE, text=True)
+    listener = world.popen([PY, "-c", ORIG_DST_LISTENER, str(port)], stdout=subprocess.PIPE, text=True)
     assert listener.stdout is not None and listener.stdout.readline() == "listening\n"
     client.redirect(tcp_port=port, dns_port=None)
 

@@ -1,4 +1,4 @@
-"""The e2e tests' fake internet: it lives in launcher/world.py (shared with `sandgate verify`).
+"""The e2e tests' fake internet: it lives in launcher/selftest/ (shared with `sandgate verify`).
 
 Re-exported here so tests keep `from .world import World, ...`; the defaults (netns prefixes
 sandgate-w / sandgate-c) are the tests' own.
@@ -6,23 +6,11 @@ sandgate-w / sandgate-c) are the tests' own.
 
 from __future__ import annotations
 
-from launcher.world import (
-    DNS_IP,
-    DUMMY_IF,
-    KNOWN_PREFIXES,
-    LINK_NET,
-    NETNS_ETC,
-    SERVER_KINDS,
-    TEST_NET,
-    TEST_PREFIXES,
-    UNIX_KINDS,
-    VERIFY_PREFIXES,
-    Client,
-    Server,
-    World,
-    _NetnsRunner,
-    cleanup_stale,
-)
+from launcher.selftest.clients import LINK_NET, Client
+from launcher.selftest.netns import KNOWN_PREFIXES, NETNS_ETC, TEST_PREFIXES, VERIFY_PREFIXES, cleanup_stale
+from launcher.selftest.nsexec import NetnsRunner as _NetnsRunner
+from launcher.selftest.servers import SERVER_KINDS, UNIX_KINDS, Server
+from launcher.selftest.world import DNS_IP, DUMMY_IF, TEST_NET, World
 
 __all__ = [
     "DNS_IP",

@@ -1,4 +1,4 @@
-"""Throwaway X.509 certificates for the fake internet (launcher/world.py): one CA, leaves on demand.
+"""Throwaway X.509 certificates for the fake internet (launcher/selftest/world.py): one CA, leaves on demand.
 
     ca = CA()                                  # fresh ECDSA P-256 key, self-signed, valid 30 days
     ca.write_cert(tmp / "ca.pem")              # the trust anchor clients are given (curl --cacert)

@@ -1,0 +1,10 @@
+"""The probes of `sandgate verify`, by subject; importing this package registers every one of them.
+
+core.py holds the registry, the Ctx a probe gets and how outcomes are classified; runner.py runs
+them inside the sandbox (``python -m launcher.selftest.probes SPEC.json``, see its docstring).
+Stdlib only, every module here: the sandbox's Python may have nothing else.
+"""
+
+from launcher.selftest.probes import credentials, dns, filesystem, host, network, process, workspace
+
+__all__ = ["credentials", "dns", "filesystem", "host", "network", "process", "workspace"]
