@@ -90,3 +90,18 @@ def test_the_size_checks_catch_an_offender(tmp_path: Path) -> None:
     assert oversized_functions([module]) == [f"{module}:63: over() 61 lines (limit 60)"]
     assert oversized_modules([module], limit=122) == [f"{module}:1: 123 lines (limit 122)"]
     assert oversized_modules([module]) == []
+
+
+def test_every_package_ships_in_the_wheel() -> None:
+    """pyproject lists packages by hand (the allowlists ride along under another name): none may be missing,
+    or `pip install --user`, pipx and uv tool would install a sandgate that fails on import."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {
+        str(init.parent.relative_to(ROOT)).replace("/", ".")
+        for top in ("launcher", "netguard", "fsguard")
+        for init in (ROOT / top).rglob("__init__.py")
+    }
+    assert found <= listed, f"add to [tool.setuptools] packages: {sorted(found - listed)}"
+    assert "launcher.allowlists" in listed

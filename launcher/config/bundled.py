@@ -6,7 +6,13 @@ from pathlib import Path
 
 from launcher.config import yamlfile
 
-ALLOWLIST_DIR = Path(__file__).resolve().parent.parent.parent / "allowlists"
+_HERE = Path(__file__).resolve().parent
+#: A checkout (or an editable install) reads the repository's allowlists/; a wheel (pip install
+#: --user, pipx, uv tool) carries the same files as launcher/allowlists (pyproject's package-dir).
+ALLOWLIST_DIR = next(
+    (d for d in (_HERE.parent / "allowlists", _HERE.parent.parent / "allowlists") if d.is_dir()),
+    _HERE.parent.parent / "allowlists",
+)
 
 
 def bundled_names() -> list[str]:
