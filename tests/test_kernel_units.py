@@ -93,7 +93,7 @@ def test_open_firewall_is_only_a_self_test_hole() -> None:
 
 
 def test_weakening_switch_rejects_unknown_names(monkeypatch: pytest.MonkeyPatch) -> None:
-    from launcher import run
+    from launcher.run import options as run
 
     monkeypatch.setenv(run.WEAKEN_ENV, "firewall,landlock")
     with pytest.raises(run.RunError, match="unknown weakenings"):
