@@ -32,6 +32,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import IO, Any
 from urllib.parse import parse_qs, urlsplit
 
 LOOPBACK = "127.0.0.1"
@@ -65,10 +66,11 @@ def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago (bind to port 0, read it back, release)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((LOOPBACK, 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
-def _stop(proc: subprocess.Popen, grace: float = 10.0) -> None:
+def _stop(proc: subprocess.Popen[bytes], grace: float = 10.0) -> None:
     """Stop one process we started: SIGTERM, wait, SIGKILL if it will not go."""
     if proc.poll() is not None:
         return
@@ -80,14 +82,17 @@ def _stop(proc: subprocess.Popen, grace: float = 10.0) -> None:
         proc.wait(timeout=grace)
 
 
-def _wait_for_line(proc: subprocess.Popen, stream, marker: str, timeout: float, what: str) -> list[str]:
+def _wait_for_line(
+    proc: subprocess.Popen[bytes], stream: IO[bytes] | None, marker: str, timeout: float, what: str
+) -> list[str]:
     """Read `stream` (in a daemon thread, which keeps draining it afterwards) until a line contains `marker`."""
+    assert stream is not None, "started without a pipe for its output"
     seen: list[str] = []
     ready = threading.Event()
 
     def pump() -> None:
         for raw in stream:
-            line = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
+            line = raw.decode(errors="replace")
             if len(seen) < 200:
                 seen.append(line.rstrip("\n"))
             if marker in line:
@@ -181,7 +186,9 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 128
 
-    def handle_error(self, request, client_address) -> None:  # a client hanging up mid-transfer is not news
+    def handle_error(
+        self, request: socket.socket | tuple[bytes, socket.socket], client_address: Any
+    ) -> None:  # a client hanging up mid-transfer is not news
         exc = sys.exc_info()[1]
         if not isinstance(exc, (ConnectionError, ssl.SSLError, TimeoutError)):
             super().handle_error(request, client_address)
@@ -192,7 +199,7 @@ class _TLSServer(_Server):
         super().__init__(addr, _Handler)
         self.ctx = ctx
 
-    def get_request(self):
+    def get_request(self) -> tuple[socket.socket, Any]:
         sock, addr = self.socket.accept()
         return self.ctx.wrap_socket(sock, server_side=True, do_handshake_on_connect=False), addr
 
@@ -221,7 +228,7 @@ class Servers:
     http_port: int
     https_port: int
     certs: Certs
-    proc: subprocess.Popen
+    proc: subprocess.Popen[bytes]
 
     def url(self, scheme: str, path: str) -> str:
         port = self.http_port if scheme == "http" else self.https_port
@@ -266,7 +273,7 @@ def local_servers() -> Iterator[Servers]:
 @dataclass
 class Proxy:
     port: int
-    proc: subprocess.Popen
+    proc: subprocess.Popen[bytes]
     audit_log: Path
 
     @property

@@ -27,6 +27,7 @@ import ssl
 import statistics
 import sys
 import time
+from collections.abc import Callable
 
 import _common as c
 
@@ -39,7 +40,7 @@ def _get(conn: http.client.HTTPConnection, target: str) -> None:
         raise RuntimeError(f"unexpected response {resp.status} {body[:80]!r} for {target}")
 
 
-def make_modes(srv: c.Servers, px: c.Proxy, ctx: ssl.SSLContext, timeout: float):
+def make_modes(srv: c.Servers, px: c.Proxy, ctx: ssl.SSLContext, timeout: float) -> dict[str, Callable[[], None]]:
     """name -> zero-argument callable performing one request on a fresh connection."""
     host = c.LOOPBACK
 

@@ -35,7 +35,9 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -44,15 +46,17 @@ from netguard import rules as nrules
 
 SIZES = (10, 1_000, 100_000)
 CIDR_PREFIXES = (12, 16, 24, 32)
+#: One entry of a policy's `allow:`/`deny:` list as YAML would give it: a bare name or a mapping.
+Entry = str | dict[str, Any]
 
 
-def build_entries(n: int) -> tuple[list, list]:
+def build_entries(n: int) -> tuple[list[Entry], list[Entry]]:
     """allow and deny entries totalling `n`: ~4% deny, ~1% cidr (at least one), ~25% wildcard, rest exact."""
     n_deny = max(1, n // 25)
     n_cidr = max(1, n // 100)
     n_wild = max(1, n // 4)
     n_exact = n - n_deny - n_cidr - n_wild
-    allow: list = []
+    allow: list[Entry] = []
     for i in range(n_exact):
         if i % 3 == 0:
             allow.append(f"pkg{i}.example.org")  # bare string: default ports 80, 443
@@ -72,13 +76,13 @@ def build_entries(n: int) -> tuple[list, list]:
             32: f"192.168.{hi}.{lo}",
         }[plen]
         allow.append({"cidr": f"{net}/{plen}", "ports": [443]})
-    deny: list = []
+    deny: list[Entry] = []
     for i in range(n_deny):
         deny.append(f"*.blocked{i}.example.org" if i % 2 else f"bad{i}.example.org")
     return allow, deny
 
 
-def build_queries(allow: list, count: int, rng: random.Random) -> list[tuple[str, int]]:
+def build_queries(allow: list[Entry], count: int, rng: random.Random) -> list[tuple[str, int]]:
     """A fixed mix: 30% exact hits, 30% wildcard hits, 25% misses, 15% IP literals; ports mostly 443."""
     exact = [
         e if isinstance(e, str) else e["host"]
@@ -99,7 +103,7 @@ def build_queries(allow: list, count: int, rng: random.Random) -> list[tuple[str
             host = f"x{rng.randrange(10**6)}.unknown{rng.randrange(1000)}.example.io"
         elif r < 0.925:
             net = rng.choice(cidrs).split("/")[0].split(".")
-            host = ".".join(net[:3] + [str(1 + rng.randrange(254)) if net[3] == "0" else net[3]])
+            host = ".".join([*net[:3], str(1 + rng.randrange(254)) if net[3] == "0" else net[3]])
         else:
             host = f"203.0.113.{rng.randrange(256)}"  # TEST-NET-3: never in any rule
         queries.append((host, port))
@@ -119,10 +123,10 @@ def time_decisions(rs: nrules.Ruleset, queries: list[tuple[str, int]], repeats: 
 
 
 @contextlib.contextmanager
-def uncached_normalise():
+def uncached_normalise() -> Iterator[None]:
     """Within the block, `decide` normalises every host afresh (bypasses rules' memo of hosts.normalise, if any)."""
-    memo = getattr(nrules, "normalise", None)
-    plain = getattr(memo, "__wrapped__", None)
+    memo: Any = getattr(nrules, "normalise", None)
+    plain: Any = getattr(memo, "__wrapped__", None)
     if plain is None:  # no memo in this version of rules: already uncached
         yield
         return
@@ -153,7 +157,7 @@ def main() -> int:
     args = ap.parse_args()
     started = time.perf_counter()
     memo = hasattr(getattr(nrules, "normalise", None), "cache_clear")
-    rows = []
+    rows: list[tuple[int, float, float, float, float, collections.Counter[nrules.Action]]] = []
     for n in SIZES:
         allow, deny = build_entries(n)
         t0 = time.perf_counter()
@@ -190,11 +194,11 @@ def main() -> int:
         f"{'rules':>8} {'parse ms':>9} {'compile ms':>11} {'cold ns':>8} {'vs 10':>6} {'warm ns':>8} {'vs 10':>6}"
         f"   outcomes (cold mix)"
     )
-    for n, parse_s, comp_s, cold, warm, actions in rows:
-        mix = ", ".join(f"{k} {v / args.decisions:.0%}" for k, v in sorted(actions.items()))
+    for n, parse_s, comp_s, cold_ns, warm_ns, outcomes in rows:
+        mix = ", ".join(f"{k} {v / args.decisions:.0%}" for k, v in sorted(outcomes.items()))
         print(
-            f"{n:>8,} {parse_s * 1000:>9.1f} {comp_s * 1000:>11.1f} {cold:>8.0f} {cold / c10:>5.2f}x "
-            f"{warm:>8.0f} {warm / w10:>5.2f}x   {mix}"
+            f"{n:>8,} {parse_s * 1000:>9.1f} {comp_s * 1000:>11.1f} {cold_ns:>8.0f} {cold_ns / c10:>5.2f}x "
+            f"{warm_ns:>8.0f} {warm_ns / w10:>5.2f}x   {mix}"
         )
     print()
     print(f"total run time {time.perf_counter() - started:.1f} s")

@@ -28,6 +28,7 @@ import os
 from collections.abc import Iterable
 
 from fsguard import seccomp
+from fsguard.process import prctl
 
 # include/uapi/linux/capability.h
 CAP_CHOWN = 0
@@ -141,10 +142,6 @@ class _CapData(ctypes.Structure):
 
 
 _libc = ctypes.CDLL(None, use_errno=True)
-# prctl is variadic: fixed full-width arguments, so unused ones are real zeros (the kernel checks them).
-_prctl = ctypes.CFUNCTYPE(
-    ctypes.c_int, ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, use_errno=True
-)(("prctl", _libc))
 _CapDataV3 = _CapData * _LINUX_CAPABILITY_U32S_3
 _capget = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(_CapHeader), ctypes.POINTER(_CapData), use_errno=True)(
     ("capget", _libc)
@@ -183,7 +180,7 @@ def last_cap() -> int:
     except (OSError, ValueError):
         # Fail closed: a newer kernel's extra capabilities must be dropped too, so find the real end.
         cap = 0
-        while _prctl(PR_CAPBSET_READ, cap + 1, 0, 0, 0) >= 0:
+        while prctl(PR_CAPBSET_READ, cap + 1) >= 0:
             cap += 1
         return cap
 
@@ -195,16 +192,16 @@ def drop_bounding(keep: frozenset[int] = KEEP) -> None:
     for cap in range(last_cap() + 1):
         if cap in keep:
             continue
-        present = _prctl(PR_CAPBSET_READ, cap, 0, 0, 0)
+        present = prctl(PR_CAPBSET_READ, cap)
         if present < 0:
             raise _fail(f"prctl(PR_CAPBSET_READ, {names(1 << cap)[0]})")
-        if present and _prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:  # already gone: nothing to drop
+        if present and prctl(PR_CAPBSET_DROP, cap) != 0:  # already gone: nothing to drop
             raise _fail(f"prctl(PR_CAPBSET_DROP, {names(1 << cap)[0]})")
 
 
 def clear_ambient() -> None:
     """Empty the ambient set: otherwise its capabilities pass through exec to any (non-root) program."""
-    if _prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) != 0:
+    if prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL) != 0:
         raise _fail("prctl(PR_CAP_AMBIENT_CLEAR_ALL)")
 
 

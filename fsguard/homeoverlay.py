@@ -46,7 +46,8 @@ def base_dir(uid: int, home: str) -> Path:
     """One layer per user AND home path: two homes must never share (or see) each other's writes."""
     from _sha2 import sha256  # CPython's own; hashlib would load OpenSSL on every run
 
-    return store(uid) / sha256(home.encode()).hexdigest()[:12]
+    digest: str = sha256(home.encode()).hexdigest()  # _sha2 ships no type information
+    return store(uid) / digest[:12]
 
 
 def _private(path: Path, uid: int) -> None:
@@ -84,7 +85,12 @@ def plan(home: str, write_roots: tuple[str, ...], *, uid: int, owner: int) -> Ho
         d.mkdir(mode=0o700, exist_ok=True)  # inside the private base: nobody else can have made them
     # The overlay's root takes the upper directory's owner and mode: the home's own, so a sudo
     # caller's command (uid U) can use its home inside as it can outside.
-    os.chown(upper, st.st_uid, st.st_gid)
+    try:
+        os.chown(upper, st.st_uid, st.st_gid)
+    except PermissionError:
+        # Unprivileged, with a home whose group (or owner) is not the caller's: the layer keeps
+        # the caller's ids, which is what the command inside is anyway.
+        pass
     os.chmod(upper, stat.S_IMODE(st.st_mode))
     rebinds = tuple(r for r in write_roots if r != real and r.startswith(real.rstrip("/") + "/"))
     return HomeOverlay(real, str(upper), str(work), rebinds)

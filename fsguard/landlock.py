@@ -24,9 +24,10 @@ import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from fsguard.process import PR_SET_NO_NEW_PRIVS, prctl
+
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
-_libc.prctl.restype = ctypes.c_int
 
 # Syscall numbers from the unified table (include/uapi/asm-generic/unistd.h): x86_64 and aarch64 alike.
 _SYS_LANDLOCK_CREATE_RULESET = 444
@@ -35,7 +36,6 @@ _SYS_LANDLOCK_RESTRICT_SELF = 446
 
 LANDLOCK_CREATE_RULESET_VERSION = 1 << 0
 LANDLOCK_RULE_PATH_BENEATH = 1
-PR_SET_NO_NEW_PRIVS = 38
 
 # include/uapi/linux/landlock.h, "Filesystem flags". ABI in which each appeared on the right.
 ACCESS_FS_EXECUTE = 1 << 0  # ABI 1 (not handled: reads/exec are governed by mounts)
@@ -248,6 +248,26 @@ def apply(p: Plan) -> list[str]:
     and closes every fd it opened. Returns human-readable warnings (e.g. skipped missing paths). Raises
     LandlockError if abi == 0 or any step fails: a half-applied policy must never exec the command.
     """
+    roots, files = _checked(p)
+    handled = handled_rights(p.abi)
+    warnings: list[str] = []
+    _no_new_privs()
+    ruleset_fd = _create_ruleset(p, handled)
+    try:
+        for what, paths, device in (("write root", roots, False), ("write file", files, True)):
+            for path in paths:
+                _add_rule(ruleset_fd, handled, path, what, device, warnings)
+        try:
+            _syscall(_SYS_LANDLOCK_RESTRICT_SELF, ctypes.c_long(ruleset_fd), ctypes.c_ulong(0))
+        except OSError as e:
+            raise LandlockError(e.errno, f"landlock_restrict_self failed: {os.strerror(e.errno or 0)}") from None
+    finally:
+        os.close(ruleset_fd)  # fd hygiene: nothing of ours stays open into the command (it is O_CLOEXEC as well)
+    return warnings
+
+
+def _checked(p: Plan) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The plan's roots and files, once the plan is known to be enforceable exactly on this kernel."""
     _check_abi(p.abi)
     if p.abi == 0:  # no Landlock: running anyway would give the command the whole writable filesystem
         raise LandlockError(
@@ -260,32 +280,25 @@ def apply(p: Plan) -> list[str]:
         raise LandlockError(
             errno.EOPNOTSUPP, f"the plan needs Landlock ABI {p.abi} but this kernel offers ABI {kernel}"
         )
-    roots = _clean_paths(p.write_roots, "write_roots")  # Plan can be built by hand: re-check what plan() checks
-    files = _clean_paths(p.write_files, "write_files")
+    # Plan can be built by hand: re-check what plan() checks.
+    return _clean_paths(p.write_roots, "write_roots"), _clean_paths(p.write_files, "write_files")
 
-    handled = handled_rights(p.abi)
+
+def _no_new_privs() -> None:
+    """setuid/file-caps binaries could otherwise regain what we drop (and Landlock requires it unprivileged)."""
+    if prctl(PR_SET_NO_NEW_PRIVS, 1) != 0:
+        err = ctypes.get_errno()
+        raise LandlockError(err, f"prctl(PR_SET_NO_NEW_PRIVS) failed: {os.strerror(err)}")
+
+
+def _create_ruleset(p: Plan, handled: int) -> int:
     attr = _RulesetAttr(
         handled_access_fs=handled,  # every write-side right: denied unless a rule below grants it
         handled_access_net=0,  # network is confined by the network namespace, not here
         scoped=(SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL) if p.scope_ipc else 0,  # driving outside processes
     )
-    warnings: list[str] = []
-
-    if (
-        _libc.prctl(
-            ctypes.c_int(PR_SET_NO_NEW_PRIVS),
-            ctypes.c_ulong(1),
-            ctypes.c_ulong(0),
-            ctypes.c_ulong(0),
-            ctypes.c_ulong(0),
-        )
-        != 0
-    ):  # setuid/file-caps binaries could otherwise regain what we drop
-        err = ctypes.get_errno()
-        raise LandlockError(err, f"prctl(PR_SET_NO_NEW_PRIVS) failed: {os.strerror(err)}")
-
     try:
-        ruleset_fd = _syscall(
+        return _syscall(
             _SYS_LANDLOCK_CREATE_RULESET,
             ctypes.byref(attr),
             ctypes.c_size_t(_ruleset_attr_size(p.abi)),
@@ -293,31 +306,25 @@ def apply(p: Plan) -> list[str]:
         )
     except OSError as e:
         raise LandlockError(e.errno, f"landlock_create_ruleset failed: {os.strerror(e.errno or 0)}") from None
+
+
+def _add_rule(ruleset_fd: int, handled: int, path: str, what: str, device: bool, warnings: list[str]) -> None:
+    """One path_beneath rule; a missing path is skipped with a warning (that only removes rights)."""
+    fd = _open_path(path, what, warnings)
+    if fd is None:
+        return
     try:
-        for what, paths, device in (("write root", roots, False), ("write file", files, True)):
-            for path in paths:
-                fd = _open_path(path, what, warnings)
-                if fd is None:
-                    continue
-                try:
-                    is_dir = stat.S_ISDIR(os.fstat(fd).st_mode)  # fstat the fd we add: no swap between check and use
-                    rule = _PathBeneathAttr(allowed_access=_rule_rights(handled, is_dir, device), parent_fd=fd)
-                    _syscall(
-                        _SYS_LANDLOCK_ADD_RULE,
-                        ctypes.c_long(ruleset_fd),
-                        ctypes.c_ulong(LANDLOCK_RULE_PATH_BENEATH),
-                        ctypes.byref(rule),
-                        ctypes.c_ulong(0),
-                    )
-                except OSError as e:
-                    reason = os.strerror(e.errno or 0)
-                    raise LandlockError(e.errno, f"Landlock cannot grant writes to {what} {path!r}: {reason}") from None
-                finally:
-                    os.close(fd)  # one fewer handle to a writable directory left around
-        try:
-            _syscall(_SYS_LANDLOCK_RESTRICT_SELF, ctypes.c_long(ruleset_fd), ctypes.c_ulong(0))
-        except OSError as e:
-            raise LandlockError(e.errno, f"landlock_restrict_self failed: {os.strerror(e.errno or 0)}") from None
+        is_dir = stat.S_ISDIR(os.fstat(fd).st_mode)  # fstat the fd we add: no swap between check and use
+        rule = _PathBeneathAttr(allowed_access=_rule_rights(handled, is_dir, device), parent_fd=fd)
+        _syscall(
+            _SYS_LANDLOCK_ADD_RULE,
+            ctypes.c_long(ruleset_fd),
+            ctypes.c_ulong(LANDLOCK_RULE_PATH_BENEATH),
+            ctypes.byref(rule),
+            ctypes.c_ulong(0),
+        )
+    except OSError as e:
+        reason = os.strerror(e.errno or 0)
+        raise LandlockError(e.errno, f"Landlock cannot grant writes to {what} {path!r}: {reason}") from None
     finally:
-        os.close(ruleset_fd)  # fd hygiene: nothing of ours stays open into the command (it is O_CLOEXEC as well)
-    return warnings
+        os.close(fd)  # one fewer handle to a writable directory left around

@@ -1,14 +1,10 @@
 """The sandbox's private mount namespace, built in an explicit order (like bubblewrap's arguments).
 
-`plan()` runs in the launcher and only looks at the filesystem; `build()` runs as the
-sandbox's first process and mounts, in this order:
+`plan()` runs in the launcher and only looks at the filesystem; the sandbox's first process
+then mounts, in this order (`make_private()`, `fsguard.kernelfs.fresh_proc_sys()`, `build()`):
 
 1. / becomes a slave mount tree: nothing we mount propagates back to the host;
-2. a fresh /proc and /sys for the new pid and network namespaces: the sandbox sees only its
-   own processes and links, and no /proc/<outside pid>/root; a minimal /dev (null, zero, full,
-   random, urandom, tty) with a private devpts instance and /dev/shm, so the sandbox cannot
-   open the host's disks or the user's other terminals, while its own terminal stays
-   reachable through its fds and /dev/tty;
+2. a fresh /proc, /sys and a minimal /dev for the new namespaces (fsguard/kernelfs.py);
 3. a private, empty /tmp (when /tmp is a writable root), with writable roots that live
    under the host's /tmp bound back in;
 4. pins: each directory between a writable root and a protected path is bound onto itself,
@@ -245,7 +241,8 @@ def _holds_placeholder_text(path: str, size: int) -> bool:
 # ---- sandbox side ----------------------------------------------------------------------------------
 
 
-def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+def mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    """mount(2); raises MountError naming the target, so a half-built namespace never runs a command."""
     # fsencode: a path found by walking the tree may hold bytes that are not UTF-8 (surrogate-escaped).
     if (
         _libc.mount(
@@ -267,68 +264,26 @@ def _mount(source: str | None, target: str, fstype: str | None, flags: int, data
 _KEPT_FLAGS = ((os.ST_NOEXEC, MS_NOEXEC), (os.ST_NOATIME, 1024), (os.ST_NODIRATIME, 2048), (os.ST_RELATIME, 1 << 21))
 
 
-def _bind_readonly(source: str, target: str) -> None:
-    _mount(source, target, None, MS_BIND | MS_REC)
+def bind_readonly(source: str, target: str) -> None:
+    """Bind `source` over `target`, then remount the bind read-only, nosuid and nodev."""
+    mount(source, target, None, MS_BIND | MS_REC)
     flags = MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV
     have = os.statvfs(target).f_flag
     for st_bit, ms_bit in _KEPT_FLAGS:
         if have & st_bit:
             flags |= ms_bit
-    _mount(None, target, None, flags)
+    mount(None, target, None, flags)
+
+
+def detach(path: str) -> None:
+    """Lazy unmount; a refusal is ignored: the callers cover what stays (a mount locked by the user
+    namespace stays underneath, unreachable)."""
+    _libc.umount2(os.fsencode(path), MNT_DETACH)
 
 
 def make_private() -> None:
-    _mount(None, "/", None, MS_REC | MS_SLAVE)
-
-
-def fresh_proc_sys() -> None:
-    # Detach the host's first where we may (in our own user namespace the inherited mounts are
-    # locked and stay underneath, unreachable: the new ones cover the whole path).
-    _libc.umount2(b"/proc", MNT_DETACH)
-    _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-    _libc.umount2(b"/sys", MNT_DETACH)
-    try:
-        _mount("sysfs", "/sys", "sysfs", MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY)
-    except MountError:
-        # A kernel that refuses sysfs in a user namespace (parts of the host's are covered):
-        # bind the host's read-only instead; /sys/class/net then shows the host's links'
-        # names but no way to reach them from this network namespace.
-        _bind_readonly("/sys", "/sys")
-    minimal_dev()
-
-
-#: The only host device nodes the sandbox sees (bubblewrap's --dev set). The threat: a root
-#: command in its user namespace still owns the host's root-owned nodes, and opening a device
-#: needs no capability, only DAC: /dev/vda (read the raw disk past every hidden path),
-#: /dev/kmsg, /dev/userfaultfd, /dev/loop*, /dev/kvm would all be open to it.
-DEV_NODES = ("null", "zero", "full", "random", "urandom", "tty")
-
-
-def minimal_dev() -> None:
-    """A fresh /dev: a few nodes bound from the host's, a private devpts and /dev/shm, the usual links."""
-    host = os.open("/dev", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        _mount("tmpfs", "/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=0755,size=64k")
-        for name in DEV_NODES:
-            if not os.path.exists(f"/proc/self/fd/{host}/{name}"):
-                continue
-            os.close(os.open(f"/dev/{name}", os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o666))
-            _mount(f"/proc/self/fd/{host}/{name}", f"/dev/{name}", None, MS_BIND)
-    finally:
-        os.close(host)
-    os.mkdir("/dev/pts", 0o755)
-    _mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620")
-    os.symlink("pts/ptmx", "/dev/ptmx")
-    os.mkdir("/dev/shm", 0o1777)
-    _mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")
-    for name, target in (
-        ("fd", "/proc/self/fd"),
-        ("stdin", "/proc/self/fd/0"),
-        ("stdout", "/proc/self/fd/1"),
-        ("stderr", "/proc/self/fd/2"),
-    ):
-        os.symlink(target, f"/dev/{name}")
-    _mount(None, "/dev", None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NOEXEC)  # nothing new appears in /dev
+    """Step 1: nothing mounted from here on propagates back to the host's mount namespace."""
+    mount(None, "/", None, MS_REC | MS_SLAVE)
 
 
 def build(p: MountPlan, run_dir: Path, files: dict[str, Path]) -> None:
@@ -364,11 +319,11 @@ def _protect_mounts(p: MountPlan) -> None:
     try:
         for path, kind in ops:
             if kind == 0:
-                _mount(path, path, None, MS_BIND | MS_REC)
+                mount(path, path, None, MS_BIND | MS_REC)
             elif kind == 1:
-                _mount(f"/proc/self/fd/{fds[path]}", path, None, MS_BIND | MS_REC)
+                mount(f"/proc/self/fd/{fds[path]}", path, None, MS_BIND | MS_REC)
             else:
-                _bind_readonly(path, path)
+                bind_readonly(path, path)
     finally:
         for fd in fds.values():
             os.close(fd)
@@ -379,7 +334,7 @@ def _home_overlay(h: HomeOverlay) -> None:
     keep = [(r, os.open(r, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)) for r in h.rebinds]
     try:
         try:
-            _mount(
+            mount(
                 "overlay",
                 h.home,
                 "overlay",
@@ -392,7 +347,7 @@ def _home_overlay(h: HomeOverlay) -> None:
             return
         for root, fd in keep:
             os.makedirs(root, exist_ok=True)  # in the upper layer only, if it was not there
-            _mount(f"/proc/self/fd/{fd}", root, None, MS_BIND | MS_REC)
+            mount(f"/proc/self/fd/{fd}", root, None, MS_BIND | MS_REC)
     finally:
         for _, fd in keep:
             os.close(fd)
@@ -403,15 +358,15 @@ def _build(p: MountPlan, run_dir: Path, files: dict[str, Path]) -> None:
         _home_overlay(p.home)
     if p.private_tmp:
         stage = run_dir / "hosttmp"
-        _mount("/tmp", str(stage), None, MS_BIND | MS_REC)
+        mount("/tmp", str(stage), None, MS_BIND | MS_REC)
         sfd = os.open(stage, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)  # the host's /tmp, by handle
         try:
-            _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")
+            mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")
             for root in p.tmp_rebinds:
                 inside = posixpath.join("/tmp", os.path.relpath(root, "/tmp"))
                 os.makedirs(inside, exist_ok=True)
-                _mount(f"/proc/self/fd/{sfd}/{os.path.relpath(root, '/tmp')}", inside, None, MS_BIND | MS_REC)
-            _libc.umount2(f"/proc/self/fd/{sfd}".encode(), MNT_DETACH)
+                mount(f"/proc/self/fd/{sfd}/{os.path.relpath(root, '/tmp')}", inside, None, MS_BIND | MS_REC)
+            detach(f"/proc/self/fd/{sfd}")
         finally:
             os.close(sfd)
     _protect_mounts(p)
@@ -420,11 +375,11 @@ def _build(p: MountPlan, run_dir: Path, files: dict[str, Path]) -> None:
         if not os.path.isfile(real):
             # Creating it would write to the host's filesystem: the mount namespace does not isolate files.
             raise MountError(2, f"cannot cover {target}: {real} is not a file")
-        _bind_readonly(str(source), real)
+        bind_readonly(str(source), real)
     empty = run_dir / "empty"
     for f in p.hide_files:
-        _bind_readonly(str(empty), f)
+        bind_readonly(str(empty), f)
     # Directories last: sandgate's own run directory (the source of the binds above) is one of them.
     for d in p.hide_dirs:
-        _mount("tmpfs", d, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=0555,size=4k")
+        mount("tmpfs", d, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=0555,size=4k")
     os.chdir(os.getcwd())  # step 8: the old cwd still names the directory *under* the pins

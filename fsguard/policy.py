@@ -11,8 +11,8 @@ import posixpath
 from dataclasses import dataclass
 from typing import Any
 
-# Re-exported: launcher/policy.py builds the `env:` section's EnvPolicy from here.
-from fsguard.env import EnvPolicy as EnvPolicy
+from fsguard.env import EnvPolicy
+from netguard.policyerror import PolicyError, line_of  # the one leaf fsguard takes from netguard
 
 #: Writable roots when no policy names any: the workspace and a private /tmp.
 DEFAULT_WRITE: tuple[str, ...] = (".", "/tmp")
@@ -112,14 +112,6 @@ FS_KEYS = ("write", "read_deny", "protect", "unprotect")
 ENV_KEYS = ("drop", "keep")
 
 
-class FsPolicyError(ValueError):
-    """A user mistake in `filesystem:`/`env:`; `line` points at it."""
-
-    def __init__(self, message: str, line: int | None = None) -> None:
-        super().__init__(message)
-        self.line = line
-
-
 @dataclass(frozen=True)
 class FsPolicy:
     write: tuple[str, ...] | None = None  # None: no file named any, so DEFAULT_WRITE applies
@@ -142,35 +134,28 @@ class Effective:
     existing_only: frozenset[str] = frozenset()
 
 
-def _line(container: Any, key: Any) -> int | None:
-    lines = getattr(container, "lines", None)
-    if lines is not None and key in lines:
-        return lines[key]
-    return getattr(container, "line", None)
-
-
 def _strings(section: Any, key: str, where: str) -> tuple[str, ...]:
     value = section.get(key)
     if value is None:
         return ()
     if not isinstance(value, list):
-        raise FsPolicyError(f"'{where}.{key}' must be a list of strings", _line(section, key))
+        raise PolicyError(f"'{where}.{key}' must be a list of strings", line_of(section, key))
     for i, item in enumerate(value):
         if not isinstance(item, str) or not item or "\0" in item:
-            raise FsPolicyError(
+            raise PolicyError(
                 f"'{where}.{key}' entries must be non-empty strings, not {item!r}",
-                _line(value, i) or _line(section, key),
+                line_of(value, i) or line_of(section, key),
             )
     return tuple(value)
 
 
 def _mapping(section: Any, keys: tuple[str, ...], where: str) -> None:
     if not isinstance(section, dict):
-        raise FsPolicyError(f"'{where}' must be a mapping with {', '.join(keys)}", getattr(section, "line", None))
+        raise PolicyError(f"'{where}' must be a mapping with {', '.join(keys)}", getattr(section, "line", None))
     for key in section:
         if key not in keys:
-            raise FsPolicyError(
-                f"unknown key '{where}.{key}' (expected one of: {', '.join(keys)})", _line(section, key)
+            raise PolicyError(
+                f"unknown key '{where}.{key}' (expected one of: {', '.join(keys)})", line_of(section, key)
             )
 
 
@@ -180,16 +165,16 @@ def parse_filesystem(section: Any) -> FsPolicy:
     _mapping(section, FS_KEYS, "filesystem")
     write = _strings(section, "write", "filesystem") if "write" in section else None
     for i, w in enumerate(write or ()):
-        check_path(w, _line(section["write"], i), must_not_be_root=True)
+        check_path(w, line_of(section["write"], i), must_not_be_root=True)
     read_deny = _strings(section, "read_deny", "filesystem")
     for i, p in enumerate(read_deny):
-        check_path(p, _line(section["read_deny"], i), must_not_be_root=True)
+        check_path(p, line_of(section["read_deny"], i), must_not_be_root=True)
     protect = _strings(section, "protect", "filesystem")
     for i, p in enumerate(protect):
-        check_path(p, _line(section["protect"], i), must_not_be_root=True)
+        check_path(p, line_of(section["protect"], i), must_not_be_root=True)
     unprotect = _strings(section, "unprotect", "filesystem")
     opened = tuple(
-        check_unprotect(p, _line(section["unprotect"], i) or _line(section, "unprotect"))
+        check_unprotect(p, line_of(section["unprotect"], i) or line_of(section, "unprotect"))
         for i, p in enumerate(unprotect)
     )
     return FsPolicy(write, read_deny, protect, opened)
@@ -206,11 +191,11 @@ def check_unprotect(p: str, line: int | None) -> str:
     bare = _bare(p)
     parts = [c.lower() for c in bare.split("/")]
     if ".git" in parts or any(c.startswith(".sandgate") for c in parts):
-        raise FsPolicyError(f"'{p}' cannot be unprotected: git's files and sandgate's own stay read-only", line)
+        raise PolicyError(f"'{p}' cannot be unprotected: git's files and sandgate's own stay read-only", line)
     if p.startswith(("/", "~")):
-        raise FsPolicyError(f"'{p}': unprotect takes a default protection's relative name, e.g. '.vscode/'", line)
+        raise PolicyError(f"'{p}': unprotect takes a default protection's relative name, e.g. '.vscode/'", line)
     if bare not in {_bare(t) for t in TOOL_PROTECT}:
-        raise FsPolicyError(
+        raise PolicyError(
             f"'{p}' is not a default protection that can be opened "
             f"(one of: {', '.join(_bare(t) for t in TOOL_PROTECT)})",
             line,
@@ -220,11 +205,11 @@ def check_unprotect(p: str, line: int | None) -> str:
 
 def check_path(p: str, line: int | None, must_not_be_root: bool = False) -> None:
     if p.startswith("~") and not (p == "~" or p.startswith("~/")):
-        raise FsPolicyError(f"'{p}': only '~' (the invoking user's home) is supported, not '~user'", line)
+        raise PolicyError(f"'{p}': only '~' (the invoking user's home) is supported, not '~user'", line)
     if ".." in p.split("/"):
-        raise FsPolicyError(f"'{p}': '..' is not allowed; write the path it means", line)
+        raise PolicyError(f"'{p}': '..' is not allowed; write the path it means", line)
     if must_not_be_root and posixpath.normpath(p) == "/":
-        raise FsPolicyError(f"'{p}' is the whole filesystem; name the directories instead", line)
+        raise PolicyError(f"'{p}' is the whole filesystem; name the directories instead", line)
 
 
 def parse_env(section: Any) -> EnvPolicy:

@@ -33,6 +33,8 @@ import os
 import platform
 from typing import NamedTuple
 
+from fsguard.process import PR_SET_NO_NEW_PRIVS, prctl
+
 # --- classic BPF opcodes (linux/bpf_common.h) -------------------------------------------------
 BPF_LD_W_ABS = 0x20  # BPF_LD | BPF_W | BPF_ABS: A = 32-bit word at seccomp_data + k
 BPF_JEQ_K = 0x15  # BPF_JMP | BPF_JEQ | BPF_K:  pc += (A == k) ? jt : jf
@@ -42,7 +44,6 @@ BPF_RET_K = 0x06  # BPF_RET | BPF_K:            return k
 # --- seccomp (linux/seccomp.h, linux/prctl.h) -------------------------------------------------
 SECCOMP_RET_ALLOW = 0x7FFF0000
 SECCOMP_RET_ERRNO = 0x00050000  # low 16 bits: the errno the syscall fails with
-PR_SET_NO_NEW_PRIVS = 38
 PR_SET_SECCOMP = 22
 SECCOMP_MODE_FILTER = 2
 
@@ -231,16 +232,8 @@ class _SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_SockFilter))]
 
 
-_libc = ctypes.CDLL(None, use_errno=True)
-# prctl is variadic; fixing the argument types makes the unused arguments real zero unsigned longs
-# (PR_SET_NO_NEW_PRIVS rejects non-zero arg3..arg5, and a c_int would leave the upper halves undefined).
-_prctl = ctypes.CFUNCTYPE(
-    ctypes.c_int, ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, use_errno=True
-)(("prctl", _libc))
-
-
 def _call_prctl(option: int, arg2: int, arg3: int, what: str) -> None:
-    if _prctl(option, arg2, arg3, 0, 0) != 0:
+    if prctl(option, arg2, arg3) != 0:
         e = ctypes.get_errno()
         raise SeccompError(e, f"prctl({what}): {os.strerror(e)}")
 

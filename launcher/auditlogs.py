@@ -23,7 +23,7 @@ ROOT_DIR = Path("/var/log/sandgate")
 def log_dir() -> Path:
     if os.geteuid() == 0:
         return ROOT_DIR
-    from launcher import trust
+    from launcher.config import trust
 
     return trust.state_dir() / "audit"
 

@@ -1,7 +1,4 @@
-"""`sandgate` command line: argument parsing and dispatch; each subcommand's body lives in its room.
-
-Errors become one line and exit 125 here, and only here (launcher/errors.py renders them).
-"""
+"""`sandgate` command line: parsing and dispatch (bodies live in their rooms); errors become one line here."""
 
 from __future__ import annotations
 
@@ -16,8 +13,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 from launcher import errors
-from launcher import policy as lpolicy
+from launcher.config import bundled as allowlists
+from launcher.config import load as lpolicy
+from launcher.config import yamlfile
+from launcher.config.errors import PolicyFileError
 from launcher.errors import UsageError
+from netguard.hosts import split_host_port
 
 
 class _Parser(argparse.ArgumentParser):
@@ -32,13 +33,10 @@ if TYPE_CHECKING:
 
 def parse_addr(text: str, default_host: str = "127.0.0.1") -> tuple[str, int]:
     """HOST:PORT, [V6]:PORT or PORT."""
-    host, port = default_host, text
-    if text.startswith("["):
-        host, _, rest = text[1:].partition("]")
-        port = rest[1:] if rest.startswith(":") else ""
-    elif ":" in text:
-        host, _, port = text.rpartition(":")
-    if not port.isdigit() or not 0 < int(port) < 65536:
+    host, port = split_host_port(text)
+    if port is None and not text.startswith("["):
+        host, port = default_host, text  # PORT alone
+    if port is None or not port.isdigit() or not 0 < int(port) < 65536:
         raise UsageError(f"invalid address '{text}': expected HOST:PORT with a port from 1 to 65535")
     return host, int(port)
 
@@ -99,8 +97,8 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
     bundled = {
         n: report.bundled_hosts(netpolicy.merge([s.network for s in lpolicy.load_policy_file(p)]))
-        for n in lpolicy.bundled_names()
-        if (p := lpolicy.bundled_path(n)) is not None
+        for n in allowlists.bundled_names()
+        if (p := allowlists.bundled_path(n)) is not None
     }
     sys.stdout.write(report.suggest(records, name=args.name, bundled=bundled))
     return 0
@@ -121,7 +119,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 def cmd_trust(args: argparse.Namespace) -> int:
     """`sandgate trust [FILE]`: let a workspace policy widen the defaults, until its content changes."""
-    from launcher import trust
+    from launcher.config import trust
 
     store = trust.Store.default()
     path = Path(args.file or ".sandgate.yaml")
@@ -129,7 +127,7 @@ def cmd_trust(args: argparse.Namespace) -> int:
         if args.list:
             for key, rec in sorted(store.records().items()):
                 try:
-                    now: str = trust.status_of({key: rec}, key, trust.read_file(Path(key), lpolicy.MAX_BYTES))
+                    now: str = trust.status_of({key: rec}, key, trust.read_file(Path(key), yamlfile.MAX_BYTES))
                 except trust.Unreadable:
                     now = "unreadable" if os.path.lexists(key) else "missing"
                 print(f"{now:<8} {key}  sha256 {rec.sha256[:12]}  since {rec.trusted_at}")
@@ -148,7 +146,7 @@ def cmd_trust(args: argparse.Namespace) -> int:
 
 
 def cmd_allowlists(args: argparse.Namespace) -> int:
-    rows = lpolicy.describe_bundled()
+    rows = allowlists.describe_bundled()
     width = max(len(n) for n, _, _ in rows)
     for name, desc, count in rows:
         print(f"{name:<{width}}  {count:>2} hosts  {desc}")
@@ -386,7 +384,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     pass  # a closed pipe: nothing more to say
             os._exit(code)
         return code
-    except lpolicy.PolicyFileError as e:
+    except PolicyFileError as e:
         errors.fail(f"{e}")
     except UsageError as e:
         errors.fail(str(e))

@@ -1,21 +1,18 @@
 """The proxy's side of human approval: ask the launcher, wait, remember "for this run".
 
-The proxy never talks to a human itself: it sends one JSON line per question over a unix
-socket that only root can reach (in sandgate's run directory, hidden from the sandbox) and
-holds the connection until the answer comes back. Fail closed: no channel, a closed channel,
-a malformed answer or no answer in time all mean "deny".
+The proxy never talks to a human itself: it sends one `approval.Request` line per question over
+a unix socket that only root can reach (in sandgate's run directory, hidden from the sandbox) and
+holds the connection until the `approval.Decision` comes back. Fail closed: no channel, a closed
+channel, a malformed answer or no answer in time all mean "deny".
 Concurrent connections to the same destination share one question.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import uuid
-from typing import Literal
 
-Answer = Literal["once", "run", "always", "deny", "timeout"]
-ANSWERS: frozenset[str] = frozenset({"once", "run", "always", "deny", "timeout"})
+from netguard.approval import Answer, Decision, ProtocolError, Request, decode, encode
 
 
 class Approver:
@@ -56,21 +53,7 @@ class Approver:
         self._waiting[qid] = waiter
         try:
             writer = await self._connect()
-            writer.write(
-                (
-                    json.dumps(
-                        {
-                            "id": qid,
-                            "host": host,
-                            "port": port,
-                            "kind": kind,
-                            "peer": list(peer) if peer else None,
-                            "reason": reason,
-                        }
-                    )
-                    + "\n"
-                ).encode()
-            )
+            writer.write(encode(Request(qid, host, port, kind, reason, peer, timeout=self.timeout)))
             await writer.drain()
             # The launcher enforces the timeout and answers "timeout"; the margin covers a stuck launcher.
             return await asyncio.wait_for(asyncio.shield(waiter), self.timeout + 5)
@@ -90,14 +73,19 @@ class Approver:
     async def _read_answers(self, reader: asyncio.StreamReader) -> None:
         try:
             while line := await reader.readline():
+                qid: str | None
+                answer: Answer
                 try:
-                    msg = json.loads(line)
-                    qid, answer = str(msg["id"]), str(msg["answer"])
-                except (ValueError, KeyError, TypeError):
-                    continue
-                fut = self._waiting.get(qid)
+                    msg = decode(line)
+                except ProtocolError as e:  # a malformed answer to a question we can name denies it
+                    qid, answer = e.id, "deny"
+                else:
+                    if not isinstance(msg, Decision):
+                        continue
+                    qid, answer = msg.id, msg.decision
+                fut = self._waiting.get(qid) if qid is not None else None
                 if fut is not None and not fut.done():
-                    fut.set_result(answer if answer in ANSWERS else "deny")  # type: ignore[arg-type]
+                    fut.set_result(answer)
         finally:
             for fut in self._waiting.values():  # channel closed: everything still waiting is denied
                 if not fut.done():

@@ -4,7 +4,7 @@ v2: the table lives in the sandbox's network namespace, never in the host's. Tha
 no link but `lo`; one route sends every destination to `lo`, and this table decides what the
 packets become. Locally generated packets meet, in this order:
 
-  output nat (-100)      DNS (udp/tcp 53, any address) -> our DNS listener on 127.0.0.1:53;
+  output nat (-100)      DNS (udp/tcp 53, any IPv4 address) -> our DNS listener on 127.0.0.1:53;
                          loopback destinations stay loopback (a test suite's own servers);
                          the explicit-proxy port on 127.0.0.1 stays; every other TCP -> the
                          transparent listener (all ports, all addresses: the proxy decides by name)
@@ -41,24 +41,19 @@ class Ports:
     dns: int = 53
 
 
-def build_ruleset(p: Ports, *, open_firewall: bool = False) -> str:
+def build_ruleset(p: Ports) -> str:
     """The table as nft script text; pure so tests can read exactly what would be installed.
 
-    `open_firewall` exists only for sandgate's own self-test (never a user option): the
-    catch-all redirect and the drops are left out, so the self-test can show that its probes
-    notice a sandbox whose traffic is not forced through the proxy.
+    There is no weakened variant: the self-test's "firewall" weakening (SANDGATE_INTERNAL_WEAKEN)
+    gives the sandbox no network namespace of its own instead, so this table is never installed.
     """
-    redirect = "" if open_firewall else f"    meta l4proto tcp redirect to :{p.transparent}\n"
-    drops = (
-        ""
-        if open_firewall
-        else """\
+    redirect = f"    meta l4proto tcp redirect to :{p.transparent}\n"
+    drops = """\
     meta nfproto ipv6 update @dropped6 { ip6 daddr . meta l4proto } drop
     meta l4proto udp update @dropped4 { ip daddr . meta l4proto . udp dport } drop
     meta l4proto tcp update @dropped4 { ip daddr . meta l4proto . tcp dport } drop
     update @dropped4x { ip daddr . meta l4proto } drop
 """
-    )
     return f"""\
 table inet {TABLE} {{
   set dropped4 {{ type ipv4_addr . inet_proto . inet_service; flags dynamic; counter; size 65536; }}
@@ -115,8 +110,8 @@ class Nft:
             raise NftError(f"nftables refused the sandbox table: {err.strip() or 'error'}")
         return out
 
-    def apply(self, p: Ports, *, open_firewall: bool = False) -> None:
-        self.run(build_ruleset(p, open_firewall=open_firewall))
+    def apply(self, p: Ports) -> None:
+        self.run(build_ruleset(p))
 
     def dropped(self) -> list[tuple[str, str, int | None, int]]:
         """(destination, protocol, port or None, packets) for every packet the table dropped so far."""

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from netguard import hosts
+from netguard.policyerror import PolicyError, line_of
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 RuleKind = Literal["host", "wildcard", "cidr"]
@@ -33,14 +34,6 @@ DEFAULT_ALLOW_PORTS: frozenset[int] = frozenset({80, 443})
 
 SECTION_KEYS = ("allow", "deny", "ask", "resolver")
 ENTRY_KEYS = ("host", "cidr", "ports", "dns")
-
-
-class PolicyError(ValueError):
-    """A user mistake in a policy; `line` (1-based, or None) points at it for the one-line error."""
-
-    def __init__(self, message: str, line: int | None = None) -> None:
-        super().__init__(message)
-        self.line = line
 
 
 @dataclass(frozen=True)
@@ -65,14 +58,6 @@ class NetworkPolicy:
     ask: tuple[Rule, ...] = ()
     resolver: tuple[str, int] | None = None
     resolver_origin: str | None = field(default=None, compare=False)
-
-
-def line_of(container: Any, key: Any) -> int | None:
-    """Line of `container[key]` when the loader recorded it; plain dicts (tests, CLI) have none."""
-    lines = getattr(container, "lines", None)
-    if lines is not None and key in lines:
-        return lines[key]
-    return getattr(container, "line", None)
 
 
 def _origin(source: str, line: int | None) -> str:

@@ -219,7 +219,7 @@ def decide(rs: Ruleset, host: str | Address, port: int | None) -> Decision:
     if r := _first_on_port(allow, port):
         return Decision("allow", r.origin, f"allowed by rule {r.describe()}")
     if r := _first_on_port(lookup(rs.ask), port):
-        # Approvals arrive in a later version; until then an ask is a refusal, never a silent allow.
+        # Pure: the caller asks (netguard.asking); no channel, no answer or a refusal all mean deny.
         return Decision("ask", r.origin, f"needs approval by rule {r.describe()}")
     if allow:
         ports = sorted({p for r in allow if r.ports for p in r.ports})

@@ -106,13 +106,13 @@ def make_listeners(p: Ports) -> Listeners:
     return Listeners(tcp(p.regular), tcp(p.transparent), udp, tcp(p.dns))
 
 
-def configure(p: Ports, *, open_firewall: bool = False) -> tuple[Listeners, Nft]:
+def configure(p: Ports) -> tuple[Listeners, Nft]:
     """Steps 1-4 of the module docstring, in this process's (new, empty) network namespace."""
     try:
         disable_ipv6()
         default_route_via_lo(lo_up())
         nft = Nft()
-        nft.apply(p, open_firewall=open_firewall)
+        nft.apply(p)
         return make_listeners(p), nft
     except SandboxNetError:
         raise

@@ -10,8 +10,8 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from launcher.amend import add_allow, allow_entry
-from launcher.policy import build_policy
+from launcher.config.amend import add_allow, allow_entry
+from launcher.config.load import build_policy
 from netguard.rules import compile_policy, decide
 
 ENTRY = '{host: "example.org", ports: [443]}'
@@ -299,7 +299,7 @@ def test_already_allowed_is_unchanged(name: str, text: str, host: str, port: int
 )
 def test_a_wrong_edit_is_never_returned(broken: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The last gate: whatever the line edit produced must parse to the old document plus the entry."""
-    from launcher import amend
+    from launcher.config import amend
 
     text = "version: 1\nnetwork:\n  allow:\n  - a.org\n"
     good = "version: 1\nnetwork:\n  allow:\n  - a.org\n  - " + ENTRY + "\n"

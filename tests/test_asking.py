@@ -6,22 +6,24 @@ import asyncio
 import json
 from pathlib import Path
 
+from netguard.approval import Answer, Decision, Request, decode, encode
 from netguard.asking import Approver
 
 
 async def fake_launcher(
-    path: Path, answer: str | None, seen: list[dict[str, object]], delay: float = 0.2, close_after: int | None = None
+    path: Path, answer: Answer | None, seen: list[dict[str, object]], delay: float = 0.2, close_after: int | None = None
 ) -> asyncio.AbstractServer:
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         while line := await reader.readline():
             q = json.loads(line)
             seen.append(q)
+            assert isinstance(decode(line), Request)  # the daemon speaks the one protocol
             if close_after is not None and len(seen) >= close_after:
                 writer.close()
                 return
             if answer is not None:
                 await asyncio.sleep(delay)
-                writer.write((json.dumps({"id": q["id"], "answer": answer}) + "\n").encode())
+                writer.write(encode(Decision(q["id"], answer)))
                 await writer.drain()
 
     return await asyncio.start_unix_server(handle, str(path))
@@ -57,5 +59,23 @@ def test_no_channel_no_answer_or_a_closed_channel_mean_deny(tmp_path: Path) -> N
         assert await a.ask("w.test", 443, "tls", None, "r") == "once" and not a.for_run
         for s in (silent, closing, once):
             s.close()
+
+    asyncio.run(main())
+
+
+def test_a_malformed_answer_denies_its_question_at_once(tmp_path: Path) -> None:
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while line := await reader.readline():
+            qid = json.loads(line)["id"]
+            writer.write(b"not json\n")  # refused, and names no question: ignored
+            writer.write((json.dumps({"type": "decision", "id": qid, "decision": "yes please"}) + "\n").encode())
+            await writer.drain()
+
+    async def main() -> None:
+        server = await asyncio.start_unix_server(handle, str(tmp_path / "s"))
+        a = Approver(str(tmp_path / "s"), timeout=30)
+        answer = await asyncio.wait_for(a.ask("x.test", 443, "tls", None, "r"), 5)  # not after 30 s
+        assert answer == "deny" and not a.for_run
+        server.close()
 
     asyncio.run(main())

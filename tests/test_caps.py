@@ -10,17 +10,12 @@ from __future__ import annotations
 import ctypes
 import errno
 import fcntl
-import json
 import os
 import platform
 import re
-import select
-import signal
 import socket
 import stat
 import struct
-import time
-import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +24,8 @@ import pytest
 
 from fsguard import caps, seccomp
 from fsguard.caps import CapsError
+
+from .kernelprobe import attempt, exec_in_child, in_child
 
 # Written out independently of the module, so a wrong constant there cannot hide here.
 KEEP_NAMES = [
@@ -140,84 +137,18 @@ def _pytest_process_keeps_its_capabilities() -> Iterator[None]:
     assert caps.current() == before, "a capability call ran in the pytest process, not in a forked child"
 
 
-def _read_all(fd: int, timeout: float) -> bytes:
-    deadline, chunks = time.monotonic() + timeout, list[bytes]()
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0 or not select.select([fd], [], [], left)[0]:
-            raise TimeoutError("child did not finish in time")
-        chunk = os.read(fd, 65536)
-        if not chunk:
-            return b"".join(chunks)
-        chunks.append(chunk)
-
-
-def _finish(pid: int, r: int, timeout: float) -> bytes:
-    try:
-        return _read_all(r, timeout)
-    except TimeoutError:
-        os.kill(pid, signal.SIGKILL)  # our own child only
-        raise
-    finally:
-        os.close(r)
-        os.waitpid(pid, 0)
-
-
-def in_child(body: Callable[[], Any], timeout: float = 10.0) -> Any:
-    """Run body() in a forked child and return its JSON-able result; the child never returns to pytest."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # child: leaves only through os._exit
-        try:
-            os.close(r)
-            try:
-                payload = {"ok": True, "result": body()}
-            except BaseException:
-                payload = {"ok": False, "error": traceback.format_exc()}
-            data = json.dumps(payload).encode()
-            while data:
-                data = data[os.write(w, data) :]
-        finally:
-            os._exit(0)
-    os.close(w)
-    raw = _finish(pid, r, timeout)
-    if not raw:
-        pytest.fail("child died without reporting")
-    payload = json.loads(raw)
-    if not payload["ok"]:
-        pytest.fail("child failed:\n" + payload["error"], pytrace=False)
-    return payload["result"]
-
-
 def exec_status(prepare: Callable[[], None]) -> dict[str, int]:
     """Fork, run prepare(), exec `cat /proc/self/status`: the sets the exec'd program really gets."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.close(r)
-            os.dup2(w, 1)
-            prepare()
-            os.execv("/bin/cat", ["cat", "/proc/self/status"])
-        except BaseException:
-            os.write(w, traceback.format_exc().encode())
-        finally:
-            os._exit(1)
-    os.close(w)
-    text = _finish(pid, r, 10.0).decode(errors="replace")
+
+    def argv() -> list[str]:
+        prepare()
+        return ["/bin/cat", "/proc/self/status"]
+
+    text = exec_in_child(argv)[1].decode(errors="replace")
     try:
         return caps.parse_status(text)
     except ValueError:
         pytest.fail(f"exec'd child did not report its status:\n{text}", pytrace=False)
-
-
-def attempt(action: Callable[[], object]) -> str:
-    """'ok', or the errno name the action failed with."""
-    try:
-        action()
-    except OSError as e:
-        return errno.errorcode.get(e.errno or 0, str(e.errno))
-    return "ok"
 
 
 def sandbox_caps() -> None:

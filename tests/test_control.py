@@ -211,6 +211,7 @@ def test_control_imports_no_mitmproxy_or_dnspython() -> None:
         "netguard.control",
         "netguard.hosts",
         "netguard.policy",
+        "netguard.policyerror",
         "netguard.spec",
     ]
 

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from fsguard import env as fe
 from fsguard import policy as fp
-from launcher.policy import PolicyFileError, build_policy
+from launcher.config.errors import PolicyFileError
+from launcher.config.load import build_policy
 
 BAD = [
     ("version: 1\nfilesystem: [a]\n", 2, "'filesystem' must be a mapping"),
@@ -66,7 +67,7 @@ def test_default_write_is_workspace_and_private_tmp() -> None:
 
 @given(st.dictionaries(st.from_regex(r"[A-Za-z_]{1,12}", fullmatch=True), st.just("v"), max_size=20))
 def test_filter_env_partitions_and_never_keeps_a_default_secret(env: dict[str, str]) -> None:
-    kept, dropped = fe.filter_env(env, fp.EnvPolicy())
+    kept, dropped = fe.filter_env(env, fe.EnvPolicy())
     assert set(kept) | set(dropped) == set(env) and not set(kept) & set(dropped)
     for name in map(str.upper, kept):  # names match in any letter case since issue 10
         assert not name.endswith("_TOKEN") and "SECRET" not in name and "PASSWORD" not in name
@@ -81,7 +82,7 @@ def test_missing_landlock_warns_or_refuses(monkeypatch: pytest.MonkeyPatch, tmp_
     from netguard.audit import AuditLog, read_records
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(landlock, "abi_version", lambda: 0)
+    monkeypatch.setattr(landlock, "abi_version", lambda: 0)  # the module confinement.py calls
     log = AuditLog(tmp_path / "a.jsonl")
     opts = RunOptions(cmd=["true"], audit_path=tmp_path / "a.jsonl", user=None)
     conf = confinement.plan(opts, log, tmp_path / "rt")
@@ -253,7 +254,7 @@ def test_git_symlinks_are_refused_and_the_hooks_weakening_still_opens_hooks(tmp_
     assert f"{ws}/nested/.git/hooks" not in p.protect  # the workspace root's `.git/<name>` list applies below it
     (ws / "linked").mkdir()
     (ws / "linked/.git").symlink_to(ws / "nested/.git")
-    with pytest.raises(mounts.MountError, match="make it a .git file"):
+    with pytest.raises(mounts.MountError, match=r"make it a .git file"):
         mounts.plan(eff)
     (ws / "linked/.git").unlink()
     (ws / ".git/hooks").rename(ws / ".git/hooks-real")
@@ -283,9 +284,9 @@ def test_protect_mounts_go_shallowest_first_and_reopen_from_a_descriptor(
     (g / "modules/sub/objects").mkdir(parents=True)
     calls: list[tuple[str, str]] = []
     monkeypatch.setattr(
-        mounts, "_mount", lambda src, tgt, *a: calls.append(("fd" if "/proc/self/fd/" in src else "pin", tgt))
+        mounts, "mount", lambda src, tgt, *a: calls.append(("fd" if "/proc/self/fd/" in src else "pin", tgt))
     )
-    monkeypatch.setattr(mounts, "_bind_readonly", lambda src, tgt: calls.append(("ro", tgt)))
+    monkeypatch.setattr(mounts, "bind_readonly", lambda src, tgt: calls.append(("ro", tgt)))
     p = mounts.MountPlan(
         False,
         (),

@@ -12,9 +12,7 @@ import ctypes
 import dataclasses
 import errno
 import fcntl
-import json
 import os
-import select
 import shutil
 import signal
 import socket
@@ -23,7 +21,6 @@ import subprocess
 import sys
 import tempfile
 import termios
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -33,6 +30,8 @@ from hypothesis import strategies as st
 
 from fsguard import landlock as ll
 from fsguard.landlock import DEFAULT_DEVICES, LandlockError, Plan, abi_version, apply, handled_rights, plan
+
+from .kernelprobe import attempt, in_child
 
 EXECUTE, WRITE_FILE, READ_FILE, READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
 REMOVE_DIR, REMOVE_FILE, MAKE_CHAR, MAKE_DIR, MAKE_REG = 1 << 4, 1 << 5, 1 << 6, 1 << 7, 1 << 8
@@ -197,57 +196,6 @@ def test_error_message_is_one_line() -> None:
 
 
 # ------------------------------------------------------------------------------------------ fork harness
-
-
-def in_child(fn: Callable[[], object], timeout: float = 10.0) -> object:
-    """Run fn in a forked child; return its JSON result. The child never returns into the caller."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.close(r)
-            try:
-                out: dict[str, object] = {"value": fn()}
-            except BaseException as e:
-                out = {"error": f"{type(e).__name__}: {e}"}
-            data = json.dumps(out).encode()
-            while data:
-                data = data[os.write(w, data) :]
-        finally:
-            os._exit(0)
-    os.close(w)
-    chunks: list[bytes] = []
-    deadline = time.monotonic() + timeout
-    try:
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                os.kill(pid, signal.SIGKILL)
-                pytest.fail(f"child {pid} timed out")
-            if not select.select([r], [], [], left)[0]:
-                continue
-            chunk = os.read(r, 65536)
-            if not chunk:
-                break
-            chunks.append(chunk)
-    finally:
-        os.close(r)
-        os.waitpid(pid, 0)
-    if not chunks:
-        pytest.fail("child died without reporting")
-    out = json.loads(b"".join(chunks))
-    if "error" in out:
-        pytest.fail(f"child raised {out['error']}")
-    return out["value"]
-
-
-def attempt(action: Callable[[], object]) -> str:
-    """'ok', or the errno name the action failed with."""
-    try:
-        action()
-    except OSError as e:
-        return errno.errorcode.get(e.errno or 0, str(e.errno))
-    return "ok"
 
 
 def write(path: str | Path, mode: str = "w") -> None:

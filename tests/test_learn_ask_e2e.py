@@ -96,7 +96,7 @@ def test_learn_suggest_enforce_round_trip(net: Net) -> None:
 
     # Direct IPs and UDP stay blocked in learn mode: they were never proxy-able.
     udp = "python3 -c \"import socket; s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.sendto(b'x', ('198.51.100.10', 9))\""
-    r, log2 = net.run(empty, udp, "--learn")
+    _, log2 = net.run(empty, udp, "--learn")
     assert [(x["kind"], x["action"]) for x in records(log2)] == [("packet", "deny")]
 
     suggested = net.world.run([*SANDGATE, "audit", "suggest", str(log), "--name", "learned"], env=env())
@@ -197,17 +197,17 @@ def test_allow_for_this_run_is_not_asked_again(net: Net) -> None:
 def test_deny_and_timeout_refuse_the_connection(net: Net) -> None:
     r, log, client, _ = ask_run(net, net.curl("https://ask.test/"), lambda req: "deny")
     assert r.stdout.strip() == "https://ask.test/ 000" and len(client.requests) == 1
-    assert records(log)[-1]["reason"].endswith("denied by a human")
+    assert str(records(log)[-1]["reason"]).endswith("denied by a human")
     r, log, client, _ = ask_run(net, net.curl("https://ask.test/"), lambda req: None, "--ask-timeout", "1")
     assert r.stdout.strip() == "https://ask.test/ 000" and len(client.requests) == 1
-    assert records(log)[-1]["reason"].endswith("no answer in time")
+    assert str(records(log)[-1]["reason"]).endswith("no answer in time")
     assert [a["by"] for a in records(log, "approval") if a["stage"] == "answer"] == ["timeout"]
 
 
 def test_always_writes_a_valid_policy_line(net: Net) -> None:
-    r, _, client, pol = ask_run(net, net.curl("https://ask.test/"), lambda req: "always")
+    r, _, _, pol = ask_run(net, net.curl("https://ask.test/"), lambda req: "always")
     assert r.stdout.strip() == "https://ask.test/ 200"
-    from launcher.policy import build_policy
+    from launcher.config.load import build_policy
     from netguard.rules import compile_policy, decide
 
     amended = build_policy([pol], [], [])
@@ -224,7 +224,7 @@ def test_concurrent_connections_share_one_question(net: Net) -> None:
 
 
 def test_ask_flag_asks_for_every_non_allowed_destination(net: Net) -> None:
-    r, _, client, _ = ask_run(
+    _, _, client, _ = ask_run(
         net,
         net.curl("https://other.test/"),
         lambda req: "deny",

@@ -11,15 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from launcher import trust
-from launcher.policy import (
-    Checks,
-    Policy,
-    PolicyFileError,
-    build_policy,
-    bundled_names,
-    describe_bundled,
-)
+from launcher.config import trust
+from launcher.config.bundled import bundled_names, describe_bundled
+from launcher.config.checks import Checks
+from launcher.config.errors import PolicyFileError
+from launcher.config.load import Policy, build_policy
 from netguard.policy import DEFAULT_ALLOW_PORTS
 
 REPO = Path(__file__).resolve().parent.parent
@@ -153,8 +149,8 @@ network:
     allow = {(r.kind, str(r.value)): r for r in pol.allow}
     assert allow[("host", "example.org")].ports == DEFAULT_ALLOW_PORTS
     assert allow[("host", "example.org")].origin.endswith("policy.yaml:6")
-    assert allow[("wildcard", "pythonhosted.org")].ports == {443}
-    assert allow[("cidr", "203.0.113.0/24")].ports == {8080}
+    assert allow[("wildcard", "pythonhosted.org")].ports == frozenset({443})
+    assert allow[("cidr", "203.0.113.0/24")].ports == frozenset({8080})
     assert allow[("cidr", "198.51.100.7/32")].kind == "cidr"
     assert (
         allow[("host", "pypi.org")].origin
@@ -244,12 +240,13 @@ def test_cli_allowlists_lists_every_bundled_list() -> None:
 def test_the_parsed_document_cache_gives_back_the_same_document_with_its_lines(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from launcher import policy as lp
+    from launcher.config import locs, parsecache
+    from launcher.config import yamlfile as lp
 
     text = "version: 1\nnetwork:\n  allow:\n    - a.test\n    - {host: b.test, ports: [8443]}\n"
-    monkeypatch.setattr(lp, "CACHE_DIR", None)
+    monkeypatch.setattr(parsecache, "CACHE_DIR", None)
     fresh = lp.parse_yaml(text, "p.yaml")
-    monkeypatch.setattr(lp, "CACHE_DIR", tmp_path / "cache")
+    monkeypatch.setattr(parsecache, "CACHE_DIR", tmp_path / "cache")
     lp.parse_yaml(text, "p.yaml")  # fills the cache
     (entry,) = (tmp_path / "cache").iterdir()
     assert (tmp_path / "cache").stat().st_mode & 0o777 == 0o700 and entry.stat().st_mode & 0o777 == 0o600
@@ -257,15 +254,16 @@ def test_the_parsed_document_cache_gives_back_the_same_document_with_its_lines(
     assert cached == fresh
     allow, fallow = cached["network"]["allow"], fresh["network"]["allow"]
     assert (cached.lines, allow.lines, allow[1].lines) == (fresh.lines, fallow.lines, fallow[1].lines)
-    assert isinstance(allow, lp.LocList) and isinstance(allow[1], lp.LocDict)
+    assert isinstance(allow, locs.LocList) and isinstance(allow[1], locs.LocDict)
 
 
 def test_a_damaged_cache_entry_is_a_miss_and_odd_types_are_never_cached(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from launcher import policy as lp
+    from launcher.config import parsecache
+    from launcher.config import yamlfile as lp
 
-    monkeypatch.setattr(lp, "CACHE_DIR", tmp_path)
+    monkeypatch.setattr(parsecache, "CACHE_DIR", tmp_path)
     text = "version: 1\nnetwork:\n  allow: [a.test]\n"
     lp.parse_yaml(text, "p.yaml")
     (entry,) = tmp_path.iterdir()
@@ -313,7 +311,7 @@ def test_wide_cidrs_are_refused_in_every_policy_unless_the_flag_says_so(
 
 
 def test_wide_cidr_limits_cover_ask_and_the_command_line_but_not_deny(tmp_path: Path) -> None:
-    with pytest.raises(PolicyFileError, match="network.ask: cidr 0.0.0.0/1"):
+    with pytest.raises(PolicyFileError, match=r"network.ask: cidr 0.0.0.0/1"):
         build_policy([allow_cidrs(tmp_path, "0.0.0.0/1", key="ask")], [], [], checks=Checks())
     with pytest.raises(PolicyFileError, match=r"^command line: network.allow: cidr 128.0.0.0/1 covers 1/2"):
         build_policy([], ["128.0.0.0/1"], [], checks=Checks())
@@ -365,7 +363,7 @@ def test_writable_root_checks_see_through_symlinks_and_the_workspace(tmp_path: P
     with pytest.raises(PolicyFileError, match="'/data/link' is a directory that holds your home"):
         build_policy([p], [], [], checks=links)
     dot = write(tmp_path, "version: 1\nfilesystem:\n  write: [.]\n", "dot.yaml")
-    with pytest.raises(PolicyFileError, match="entry '.' is your home directory"):
+    with pytest.raises(PolicyFileError, match=r"entry '.' is your home directory"):
         build_policy([dot], [], [], checks=Checks(homes=("/home/u",), cwd="/home/u"))
     with pytest.raises(PolicyFileError, match="is the whole filesystem"):  # fsguard's own check, first
         build_policy([write(tmp_path, "version: 1\nfilesystem:\n  write: [/]\n")], [], [], checks=HOME_CHECKS)
@@ -543,9 +541,10 @@ def test_messages_from_a_policy_never_carry_control_characters_or_run_long(tmp_p
 
 
 def test_limits_are_checked_before_a_document_is_cached(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from launcher import policy as lp
+    from launcher.config import parsecache
+    from launcher.config import yamlfile as lp
 
-    monkeypatch.setattr(lp, "CACHE_DIR", tmp_path / "cache")
+    monkeypatch.setattr(parsecache, "CACHE_DIR", tmp_path / "cache")
     bomb = "a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
         f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]\n" for i in range(1, 9)
     )
@@ -620,7 +619,7 @@ def test_a_trusted_workspace_policy_applies_in_full_until_it_changes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path, store = workspace(tmp_path, monkeypatch, "version: 1\ninclude: [pypi]\nnetwork:\n  allow: [ok.test]\n")
-    store.add(__import__("launcher.policy", fromlist=["x"]).trust_chain(path))
+    store.add(__import__("launcher.config.load", fromlist=["x"]).trust_chain(path))
     pol = build_policy([], [], [], workspace=path, store=store)
     assert {"ok.test", "pypi.org"} <= {r.value for r in pol.network.allow}
     assert pol.narrowed is None and pol.files == (path.resolve(),)
@@ -634,7 +633,7 @@ def test_a_trusted_workspace_policy_applies_in_full_until_it_changes(
 def test_file_includes_of_a_trusted_workspace_policy_must_be_trusted_too(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from launcher.policy import trust_chain
+    from launcher.config.load import trust_chain
 
     path, store = workspace(tmp_path, monkeypatch, "version: 1\ninclude:\n  - ./more.yaml\n")
     more = Path("more.yaml")
@@ -651,12 +650,12 @@ def test_file_includes_of_a_trusted_workspace_policy_must_be_trusted_too(
     store.add(chain)
     assert [r.value for r in build_policy([], [], [], workspace=path, store=store).network.allow] == ["more.test"]
     more.write_text("version: 1\nnetwork:\n  allow: [other.test]\n")
-    with pytest.raises(PolicyFileError, match="include './more.yaml' changed since it was trusted"):
+    with pytest.raises(PolicyFileError, match=r"include './more.yaml' changed since it was trusted"):
         build_policy([], [], [], workspace=path, store=store)
 
 
 def test_a_trust_list_inside_the_workspace_is_not_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from launcher.policy import trust_chain
+    from launcher.config.load import trust_chain
 
     path, _ = workspace(tmp_path, monkeypatch, "version: 1\nnetwork:\n  allow: [ok.test]\n")
     inside = trust.Store(tmp_path / "ws" / ".local" / "state" / "sandgate")
@@ -709,17 +708,17 @@ def test_cli_prints_one_line_for_an_untrusted_workspace_policy(tmp_path: Path) -
     ],
 )
 def test_allow_takes_a_url_as_its_host_and_port(url: str, host: str, port: int) -> None:
-    from launcher import policy as lp
+    from launcher.config import flags as lp
 
     (rule,) = lp.flag_entry(url, "allow").allow
     assert (rule.value, rule.ports) == (host, frozenset({port}))
 
 
 def test_a_url_without_host_or_known_port_is_one_clear_error() -> None:
-    from launcher import policy as lp
+    from launcher.config import flags as lp
 
     for bad in ("https:///nohost", "gopher://x.test/"):
-        with pytest.raises(lp.PolicyFileError, match="URL needs a host"):
+        with pytest.raises(PolicyFileError, match="URL needs a host"):
             lp.flag_entry(bad, "allow")
 
 
@@ -762,3 +761,14 @@ def test_version_and_a_closed_pipe(tmp_path: Path) -> None:
         env={**os.environ, "PYTHONPATH": str(REPO)},
     )
     assert "Traceback" not in p.stderr and "BrokenPipe" not in p.stderr, p.stderr
+
+
+def test_listen_addresses_are_taken_apart_by_the_one_host_port_parser() -> None:
+    from launcher.cli import UsageError, parse_addr
+
+    assert parse_addr("3128") == ("127.0.0.1", 3128)
+    assert parse_addr("0.0.0.0:8080") == ("0.0.0.0", 8080)
+    assert parse_addr("[::1]:53") == ("::1", 53)
+    for bad in ("[::1]", "host:", "host:x", "0", "65536", "::1:3128"):  # a bare IPv6 address has no port
+        with pytest.raises(UsageError, match="expected HOST:PORT"):
+            parse_addr(bad)

@@ -335,7 +335,7 @@ def test_audit_log_has_exactly_one_record_per_decision(net: Net, tmp_path) -> No
 TWO_SANDBOXES = textwrap.dedent("""\
     import asyncio, sys
     from pathlib import Path
-    from launcher.policy import build_policy
+    from launcher.config.load import build_policy
     from netguard import proxy, rules
     from netguard.audit import AuditLog
 

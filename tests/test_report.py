@@ -15,8 +15,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from launcher import policy as lpolicy
 from launcher import report
+from launcher.config import bundled, yamlfile
+from launcher.config import load as lpolicy
 from launcher.report import ReportError, read_logs, suggest, summarize
 from netguard import policy as netpolicy
 from netguard import rules
@@ -86,7 +87,7 @@ def write_log(path: Path, records: Sequence[dict[str, Any]], tail: str = "") -> 
 
 def load_suggestion(text: str) -> netpolicy.NetworkPolicy:
     """Exactly how the brief says a suggestion must parse: the project's YAML loader, then netguard."""
-    doc = lpolicy.parse_yaml(text, "suggested")
+    doc = yamlfile.parse_yaml(text, "suggested")
     assert doc["version"] == 1
     return netpolicy.parse_network(doc["network"], "suggested")
 
@@ -99,7 +100,7 @@ def effective(text: str, tmp_path: Path) -> rules.Ruleset:
 
 
 def allow_entries(text: str) -> list[Any]:
-    return list(lpolicy.parse_yaml(text, "suggested")["network"].get("allow") or [])
+    return list(yamlfile.parse_yaml(text, "suggested")["network"].get("allow") or [])
 
 
 def wildcards(text: str) -> list[str]:
@@ -114,7 +115,7 @@ def wildcards(text: str) -> list[str]:
 def real_bundled(*names: str) -> dict[str, set[str]]:
     out = {}
     for n in names:
-        path = lpolicy.bundled_path(n)
+        path = bundled.bundled_path(n)
         assert path is not None
         sections = lpolicy.load_policy_file(path)
         out[n] = report.bundled_hosts(netpolicy.merge([s.network for s in sections]))
@@ -316,15 +317,15 @@ def test_suggestion_header_and_description() -> None:
     recs = [dec("t1", "a.test", 443), dec("t2", "b.test", 443)]
     text = suggest(recs, name='pip "install"\nfor CI')
     assert text.splitlines()[0] == "# suggested by sandgate audit suggest from 2 records of 2 runs (tasks: t1, t2)"
-    doc = lpolicy.parse_yaml(text, "suggested")
+    doc = yamlfile.parse_yaml(text, "suggested")
     assert doc["description"] == 'pip "install"\nfor CI'
-    assert "description" not in lpolicy.parse_yaml(suggest(recs), "suggested")
+    assert "description" not in yamlfile.parse_yaml(suggest(recs), "suggested")
 
 
 def test_suggest_uses_bundled_list_when_its_host_is_seen(tmp_path: Path) -> None:
     recs = [dec("t", "pypi.org", 443), dec("t", "files.pythonhosted.org", 443), dec("t", "other.test", 443)]
     text = suggest(recs, bundled=real_bundled("pypi", "npm", "github"))
-    doc = lpolicy.parse_yaml(text, "suggested")
+    doc = yamlfile.parse_yaml(text, "suggested")
     assert doc["include"] == ["pypi"]
     assert allow_entries(text) == ["other.test"]
     load_suggestion(text)
@@ -336,7 +337,7 @@ def test_suggest_uses_bundled_list_when_its_host_is_seen(tmp_path: Path) -> None
 def test_bundled_host_on_another_port_is_still_listed(tmp_path: Path) -> None:
     recs = [dec("t", "github.com", 443), dec("t", "github.com", 22), dec("t", "api.github.com", 443)]
     text = suggest(recs, bundled={"github": {"github.com", "api.github.com"}})
-    assert lpolicy.parse_yaml(text, "suggested")["include"] == ["github"]
+    assert yamlfile.parse_yaml(text, "suggested")["include"] == ["github"]
     assert allow_entries(text) == [{"host": "github.com", "ports": [22, 443]}]
     rs = effective(text, tmp_path)
     assert rules.decide(rs, "github.com", 22).allowed and rules.decide(rs, "api.github.com", 443).allowed
@@ -345,7 +346,7 @@ def test_bundled_host_on_another_port_is_still_listed(tmp_path: Path) -> None:
 def test_bundled_wildcard_patterns_and_denied_note() -> None:
     recs = [dec("t", "us.archive.ubuntu.com", 80), dec("t", "security.ubuntu.com", 80, "deny")]
     text = suggest(recs, bundled={"ubuntu": {"*.archive.ubuntu.com", "security.ubuntu.com"}})
-    assert lpolicy.parse_yaml(text, "suggested")["include"] == ["ubuntu"]
+    assert yamlfile.parse_yaml(text, "suggested")["include"] == ["ubuntu"]
     assert "# denied, not suggested: security.ubuntu.com:80 (1 time); note: include ubuntu allows it" in text
 
 
@@ -503,7 +504,7 @@ def test_full_round_trip_through_the_policy_loader(tmp_path: Path) -> None:
     )
     text = suggest(records, name="two runs", bundled=real_bundled("pypi", "github"))
     net = load_suggestion(text)
-    assert lpolicy.parse_yaml(text, "suggested")["include"] == ["pypi"]
+    assert yamlfile.parse_yaml(text, "suggested")["include"] == ["pypi"]
     assert {r.describe() for r in net.allow} == {
         "*.example.net:80,443",
         "git.example.org:2222",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Iterable
 from typing import Any
 
 import pytest
@@ -10,13 +11,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from netguard import hosts
-from netguard.policy import NetworkPolicy, PolicyError, Rule, parse_network
+from netguard.policy import NetworkPolicy, Rule, parse_network
+from netguard.policyerror import PolicyError
 from netguard.rules import (
     DNS_ADDRESS_TYPES,
     DNS_EMPTY_TYPES,
     SPECIAL,
     SPECIAL_RANGES,
+    Address,
+    Network,
     PrefixTable,
+    Ruleset,
     check_address,
     compile_policy,
     decide,
@@ -62,7 +67,7 @@ def rules(draw: st.DrawFn, origin: str) -> Rule:
     ports = draw(PORTSETS)
     if kind == "cidr":
         return Rule("cidr", ipaddress.ip_network(draw(NETS)), ports, origin)
-    return Rule(kind, draw(NAMES), ports, origin)
+    return Rule("host" if kind == "host" else "wildcard", draw(NAMES), ports, origin)
 
 
 def reference(pol: NetworkPolicy, host: str, port: int | None) -> str:
@@ -78,7 +83,8 @@ def reference(pol: NetworkPolicy, host: str, port: int | None) -> str:
             if r.kind == "wildcard":
                 return dest.endswith("." + str(r.value))
             return False
-        return r.kind == "cidr" and dest.version == r.value.version and dest in r.value  # type: ignore[union-attr, operator]
+        net = r.value
+        return not isinstance(net, str) and dest.version == net.version and dest in net
 
     denies = [r for r in pol.deny if matches(r) and (port is not None or r.ports is None)]
     if denies:
@@ -98,27 +104,29 @@ def reference(pol: NetworkPolicy, host: str, port: int | None) -> str:
     st.one_of(NAMES, ADDRS),
     st.one_of(st.none(), PORTS),
 )
-def test_index_agrees_with_linear_reference(allow, deny, ask, host, port) -> None:
+def test_index_agrees_with_linear_reference(
+    allow: list[Rule], deny: list[Rule], ask: list[Rule], host: str, port: int | None
+) -> None:
     pol = NetworkPolicy(tuple(allow), tuple(deny), tuple(ask))
     assert decide(compile_policy(pol), host, port).action == reference(pol, host, port)
 
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(rules("allow"), max_size=8), NAMES, PORTS)
-def test_deny_beats_allow(allow, name, port) -> None:
-    pol = NetworkPolicy(tuple(allow) + (Rule("host", name, None, "a"),), (Rule("host", name, None, "d"),))
+def test_deny_beats_allow(allow: list[Rule], name: str, port: int) -> None:
+    pol = NetworkPolicy((*allow, Rule("host", name, None, "a")), (Rule("host", name, None, "d"),))
     d = decide(compile_policy(pol), name, port)
     assert d.action == "deny" and d.rule == "d"
 
 
 @settings(max_examples=200, deadline=None)
 @given(st.one_of(NAMES, ADDRS), PORTS)
-def test_default_deny(host, port) -> None:
+def test_default_deny(host: str, port: int) -> None:
     d = decide(compile_policy(NetworkPolicy()), host, port)
     assert d.action == "deny" and d.rule is None
 
 
-def rs(**section):
+def rs(**section: Any) -> Ruleset:
     return compile_policy(parse_network(section, "t.yaml"))
 
 
@@ -222,9 +230,9 @@ def near_a_range(draw: st.DrawFn) -> ipaddress.IPv4Address | ipaddress.IPv6Addre
     return ipaddress.ip_address(value) if net.version == 4 and value < 2**32 else ipaddress.IPv6Address(value)
 
 
-def linear_lookup(entries, ip):  # type: ignore[no-untyped-def]
+def linear_lookup(entries: Iterable[tuple[Network, str]], ip: Address) -> str | None:
     """The obvious reference: the reason of the longest network holding ip, first listed on a tie."""
-    best = None
+    best: tuple[Network, str] | None = None
     for net, why in entries:
         if net.version == ip.version and ip in net and (best is None or net.prefixlen > best[0].prefixlen):
             best = (net, why)
@@ -233,7 +241,7 @@ def linear_lookup(entries, ip):  # type: ignore[no-untyped-def]
 
 @settings(max_examples=1500, deadline=None)
 @given(st.one_of(V4, V6, near_a_range()))
-def test_special_table_agrees_with_linear_reference(ip) -> None:  # type: ignore[no-untyped-def]
+def test_special_table_agrees_with_linear_reference(ip: Address) -> None:
     assert SPECIAL.lookup(ip) == linear_lookup(SPECIAL_RANGES, ip)
 
 
@@ -253,7 +261,7 @@ TABLE_NETS = st.one_of(
 
 @settings(max_examples=400, deadline=None)
 @given(st.lists(st.tuples(TABLE_NETS, st.sampled_from(["a", "b", "c"])), max_size=10), st.data())
-def test_prefix_table_agrees_with_linear_reference(entries, data) -> None:  # type: ignore[no-untyped-def]
+def test_prefix_table_agrees_with_linear_reference(entries: list[tuple[Network, str]], data: st.DataObject) -> None:
     table = PrefixTable(entries)
     inside = [
         st.integers(int(n.network_address), int(n.broadcast_address)).map(
@@ -267,7 +275,7 @@ def test_prefix_table_agrees_with_linear_reference(entries, data) -> None:  # ty
 
 
 @pytest.mark.parametrize(("net", "why"), SPECIAL_RANGES, ids=[str(n) for n, _ in SPECIAL_RANGES])
-def test_every_special_range_is_vetoed_at_both_ends_and_reopened_by_its_cidr(net, why) -> None:  # type: ignore[no-untyped-def]
+def test_every_special_range_is_vetoed_at_both_ends_and_reopened_by_its_cidr(net: Network, why: str) -> None:
     closed, opened = rs(allow=["a.test"]), rs(allow=["a.test", {"cidr": str(net), "ports": [443]}])
     for ip in (net.network_address, net.broadcast_address):
         expected = SPECIAL.lookup(ip)  # a more specific range inside may give its own reason

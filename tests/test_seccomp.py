@@ -16,12 +16,10 @@ import os
 import platform
 import re
 import select
-import signal
 import struct
 import sys
 import termios
 import time
-import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -31,6 +29,8 @@ from hypothesis import strategies as st
 
 from fsguard import seccomp
 from fsguard.seccomp import SeccompError, build_filter, install
+
+from .kernelprobe import attempt, exec_in_child, in_child
 
 # Written out independently of the module so a wrong constant there cannot hide here.
 ALLOW = 0x7FFF0000
@@ -322,66 +322,6 @@ def _pytest_process_stays_unfiltered() -> Iterator[None]:
     assert _filter_count() == before, "install() ran in the pytest process, not in a forked child"
 
 
-def _read_all(fd: int, timeout: float) -> bytes:
-    deadline = time.monotonic() + timeout
-    chunks: list[bytes] = []
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0 or not select.select([fd], [], [], left)[0]:
-            raise TimeoutError("child did not finish in time")
-        chunk = os.read(fd, 65536)
-        if not chunk:
-            return b"".join(chunks)
-        chunks.append(chunk)
-
-
-def _reap(pid: int, timeout: float = 5.0) -> int:
-    deadline = time.monotonic() + timeout
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return status
-        if time.monotonic() > deadline:
-            os.kill(pid, signal.SIGKILL)
-            return os.waitpid(pid, 0)[1]
-        time.sleep(0.005)
-
-
-def in_child(body: Callable[[], Any], timeout: float = 5.0) -> Any:
-    """Run body() in a forked child and return its JSON-able result; the child never returns to pytest."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # child: never leave this block except through os._exit
-        code = 1
-        try:
-            os.close(r)
-            try:
-                payload = {"ok": True, "result": body()}
-                code = 0
-            except BaseException:
-                payload = {"ok": False, "error": traceback.format_exc()}
-            data = json.dumps(payload).encode()
-            while data:
-                data = data[os.write(w, data) :]
-        finally:
-            os._exit(code)
-    os.close(w)
-    try:
-        raw = _read_all(r, timeout)
-    except TimeoutError:
-        os.kill(pid, signal.SIGKILL)
-        raise
-    finally:
-        os.close(r)
-        status = _reap(pid)
-    if not raw:
-        pytest.fail(f"child died without reporting (wait status {status:#x})")
-    payload = json.loads(raw)
-    if not payload["ok"]:
-        pytest.fail("child failed:\n" + payload["error"], pytrace=False)
-    return payload["result"]
-
-
 def _pty_ctty() -> tuple[int, int]:
     """In the child: a new session whose controlling terminal is a fresh pty (the user's terminal stand-in).
 
@@ -397,14 +337,6 @@ def _pty_ctty() -> tuple[int, int]:
     attrs[6][termios.VTIME] = 0
     termios.tcsetattr(slave, termios.TCSANOW, attrs)
     return master, slave
-
-
-def _errname(fn: Callable[[], object]) -> str:
-    try:
-        fn()
-    except OSError as e:
-        return errno.errorcode.get(e.errno or 0, str(e.errno))
-    return "ok"
 
 
 def _read_until(fd: int, marker: bytes, timeout: float = 3.0) -> bytes:
@@ -425,7 +357,7 @@ def _what_arrived(master: int, slave: int) -> dict[str, str]:
 
 
 def _tiocsti(slave: int, byte: bytes = b"x") -> str:
-    return _errname(lambda: fcntl.ioctl(slave, termios.TIOCSTI, byte))
+    return attempt(lambda: fcntl.ioctl(slave, termios.TIOCSTI, byte))
 
 
 def test_tiocsti_injects_before_install_and_is_refused_after() -> None:
@@ -462,12 +394,12 @@ def test_tioclinux_and_high_word_cmd_are_refused() -> None:
         master, slave = _pty_ctty()
         high = 0xDEADBEEF_00000000 | TIOCSTI  # the kernel truncates cmd to unsigned int
         out: dict[str, Any] = {
-            "linux_before": _errname(lambda: fcntl.ioctl(slave, termios.TIOCLINUX, b"\x0b")),
+            "linux_before": attempt(lambda: fcntl.ioctl(slave, termios.TIOCLINUX, b"\x0b")),
             "high_before": _raw_ioctl(slave, high, b"h"),
             "arrived_before": _what_arrived(master, slave),
         }
         install()
-        out["linux_after"] = _errname(lambda: fcntl.ioctl(slave, termios.TIOCLINUX, b"\x0b"))
+        out["linux_after"] = attempt(lambda: fcntl.ioctl(slave, termios.TIOCLINUX, b"\x0b"))
         out["high_after"] = _raw_ioctl(slave, high, b"h")
         out["arrived_after"] = _what_arrived(master, slave)
         return out
@@ -603,16 +535,7 @@ def test_grandchild_forked_after_install_is_filtered() -> None:
     def body() -> dict[str, Any]:
         master, slave = _pty_ctty()
         install()
-        r, w = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            try:
-                os.write(w, json.dumps({"tiocsti": _tiocsti(slave), "uring": _io_uring()}).encode())
-            finally:
-                os._exit(0)
-        os.close(w)
-        report: dict[str, Any] = json.loads(_read_all(r, 3.0))
-        os.waitpid(pid, 0)
+        report: dict[str, Any] = in_child(lambda: {"tiocsti": _tiocsti(slave), "uring": _io_uring()}, 3.0)
         report["arrived"] = _what_arrived(master, slave)
         return report
 
@@ -638,31 +561,15 @@ print(json.dumps({"tiocsti": res, "seccomp": status["Seccomp"], "nnp": status["N
 
 @pytest.mark.parametrize("filtered", [False, True], ids=["control", "installed"])
 def test_filter_survives_exec_through_a_shell(filtered: bool) -> None:
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.close(r)
-            master, slave = _pty_ctty()
-            os.set_inheritable(master, True)
-            os.set_inheritable(slave, True)
-            os.dup2(w, 1)
-            if filtered:
-                install()
-            os.execv(
-                "/bin/sh",
-                ["/bin/sh", "-c", 'exec "$0" -S -c "$1" "$2" "$3"', sys.executable, _EXECED, str(master), str(slave)],
-            )
-        except BaseException:
-            os.write(w, traceback.format_exc().encode())
-        finally:
-            os._exit(1)
-    os.close(w)
-    try:
-        raw = _read_all(r, 5.0)
-    finally:
-        os.close(r)
-        status = _reap(pid)
+    def prepare() -> list[str]:
+        master, slave = _pty_ctty()
+        os.set_inheritable(master, True)
+        os.set_inheritable(slave, True)
+        if filtered:
+            install()
+        return ["/bin/sh", "-c", 'exec "$0" -S -c "$1" "$2" "$3"', sys.executable, _EXECED, str(master), str(slave)]
+
+    status, raw = exec_in_child(prepare, 5.0)
     assert status == 0, raw.decode(errors="replace")
     out = json.loads(raw)
     if filtered:
@@ -788,9 +695,9 @@ def test_kept_namespace_calls_still_work() -> None:
 
     def body() -> dict[str, str]:
         install()
-        out = {"unshare_uts": _errname(lambda: os.unshare(os.CLONE_NEWUTS))}
+        out = {"unshare_uts": attempt(lambda: os.unshare(os.CLONE_NEWUTS))}
         fd = os.open("/proc/self/ns/uts", os.O_RDONLY)
-        out["setns_own_uts"] = _errname(lambda: os.setns(fd, os.CLONE_NEWUTS))
+        out["setns_own_uts"] = attempt(lambda: os.setns(fd, os.CLONE_NEWUTS))
         os.close(fd)
         return out
 

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from fsguard import policy as fspolicy
-from launcher import trust
-from launcher.policy import build_policy
+from fsguard.env import EnvPolicy
+from launcher.config import trust
+from launcher.config.load import build_policy
 from netguard import policy as netpolicy
 
 REPO = Path(__file__).resolve().parent.parent
@@ -104,11 +105,11 @@ def test_narrow_keeps_only_what_forbids_more() -> None:
         {"allow": ["a.test"], "deny": ["d.test"], "ask": ["q.test"], "resolver": "192.0.2.1"}, "ws.yaml"
     )
     fs = fspolicy.FsPolicy(write=(".",), read_deny=("secrets",), protect=("notes.txt", "/etc/nologin", "~/.x"))
-    env = fspolicy.EnvPolicy(drop=("P_*",), keep=("*",))
+    env = EnvPolicy(drop=("P_*",), keep=("*",))
     net, fs2, env2, ignored = trust.narrow(rule, fs, env, has_include=True)
     assert net == netpolicy.NetworkPolicy(deny=rule.deny)
     assert fs2 == fspolicy.FsPolicy(read_deny=("secrets",), protect=("notes.txt",))
-    assert env2 == fspolicy.EnvPolicy(drop=("P_*",))
+    assert env2 == EnvPolicy(drop=("P_*",))
     assert ignored == (
         "include",
         "network.allow",
@@ -121,10 +122,10 @@ def test_narrow_keeps_only_what_forbids_more() -> None:
     # `write: []` (nothing writable) and `write: ["."]` (no private /tmp: the host's shows) are both ignored:
     # write is not monotonic, so no form of it is taken from an untrusted file.
     for write in ((), (".",), ("/tmp",)):
-        assert trust.narrow(netpolicy.NetworkPolicy(), fspolicy.FsPolicy(write=write), fspolicy.EnvPolicy(), False)[
-            3
-        ] == ("filesystem.write",)
-    assert trust.narrow(netpolicy.NetworkPolicy(), fspolicy.FsPolicy(), fspolicy.EnvPolicy(), False)[3] == ()
+        assert trust.narrow(netpolicy.NetworkPolicy(), fspolicy.FsPolicy(write=write), EnvPolicy(), False)[3] == (
+            "filesystem.write",
+        )
+    assert trust.narrow(netpolicy.NetworkPolicy(), fspolicy.FsPolicy(), EnvPolicy(), False)[3] == ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,7 +137,7 @@ class _WiderFs(fspolicy.FsPolicy):
 
 def test_narrow_drops_fields_it_does_not_know() -> None:
     fs = _WiderFs(read_deny=("s",), open_everything=("/",))
-    _, fs2, _, ignored = trust.narrow(netpolicy.NetworkPolicy(), fs, fspolicy.EnvPolicy(), False)
+    _, fs2, _, ignored = trust.narrow(netpolicy.NetworkPolicy(), fs, EnvPolicy(), False)
     assert type(fs2) is fspolicy.FsPolicy and fs2.read_deny == ("s",) and ignored == ("filesystem.open_everything",)
 
 

@@ -1,4 +1,4 @@
-"""launcher/whoasked.py: socket table parsing (pure) and, in a network namespace of our own, the real lookup.
+"""launcher/approvals/whoasked.py: socket table parsing (pure) and, in a network namespace of our own, the real lookup.
 
 The real tests need root and ip(8); like the other namespace tests they fail, never skip, without
 them. Everything they run stays on the loopback of the namespace they create (`sandgate-wa<pid>`),
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from launcher.whoasked import CMDLINE_MAX, Asker, find_asker, parse_proc_net
+from launcher.approvals.whoasked import CMDLINE_MAX, Asker, find_asker, parse_proc_net
 
 # ---------------------------------------------------------------- pure: parse_proc_net
 
@@ -222,6 +222,12 @@ class Pair:
     client: subprocess.Popen[str]
     ports: dict[str, int | None]
 
+    def port(self, name: str) -> int:
+        """The client's source port of one kind; only "six" may be missing (checked where used)."""
+        port = self.ports[name]
+        assert port is not None, f"the client opened no {name} socket"
+        return port
+
 
 @pytest.fixture(scope="module")
 def pair(netns: Netns) -> Pair:
@@ -242,11 +248,11 @@ def _expected(pid: int, server_port: int) -> Asker:
 
 def test_finds_the_client_by_its_tcp_source_port(pair: Pair) -> None:
     # Named by the SERVER's pid: any process of the namespace names it.
-    asker = find_asker(pair.server.pid, "127.0.0.1", pair.ports["tcp"])
+    asker = find_asker(pair.server.pid, "127.0.0.1", pair.port("tcp"))
     assert asker == _expected(pair.client.pid, pair.server_port)
     assert asker is not None and asker.name != "ip"
     # The client's own pid names the same namespace.
-    assert find_asker(pair.client.pid, "127.0.0.1", pair.ports["tcp"]) == asker
+    assert find_asker(pair.client.pid, "127.0.0.1", pair.port("tcp")) == asker
 
 
 def test_the_server_side_is_the_server(pair: Pair) -> None:
@@ -256,21 +262,21 @@ def test_the_server_side_is_the_server(pair: Pair) -> None:
 
 def test_udp_connected_and_wildcard_sockets(pair: Pair) -> None:
     expected = _expected(pair.client.pid, pair.server_port)
-    assert find_asker(pair.server.pid, "127.0.0.1", pair.ports["udp"], proto="udp") == expected
+    assert find_asker(pair.server.pid, "127.0.0.1", pair.port("udp"), proto="udp") == expected
     # Unconnected, bound to 0.0.0.0: its datagrams leave from the namespace's address and that port.
-    wild = find_asker(pair.server.pid, "10.99.0.2", pair.ports["wild"], proto="udp")
+    wild = find_asker(pair.server.pid, "10.99.0.2", pair.port("wild"), proto="udp")
     assert wild is not None and wild.pid == pair.client.pid
     # ...but a TCP lookup never falls back to the wildcard.
-    assert find_asker(pair.server.pid, "10.99.0.2", pair.ports["wild"], proto="tcp") is None
+    assert find_asker(pair.server.pid, "10.99.0.2", pair.port("wild"), proto="tcp") is None
 
 
 def test_dual_stack_socket_is_found_with_the_plain_ipv4_address(pair: Pair) -> None:
     if pair.ports["six"] is None:
         pytest.fail("the client could not open an AF_INET6 socket to ::ffff:127.0.0.1", pytrace=False)
-    asker = find_asker(pair.server.pid, "127.0.0.1", pair.ports["six"])
+    asker = find_asker(pair.server.pid, "127.0.0.1", pair.port("six"))
     assert asker is not None and asker.pid == pair.client.pid
-    assert find_asker(pair.server.pid, "::ffff:127.0.0.1", pair.ports["six"], proto="tcp6") == asker
-    assert find_asker(pair.server.pid, "127.0.0.1", pair.ports["six"], proto="udp") is None
+    assert find_asker(pair.server.pid, "::ffff:127.0.0.1", pair.port("six"), proto="tcp6") == asker
+    assert find_asker(pair.server.pid, "127.0.0.1", pair.port("six"), proto="udp") is None
 
 
 def test_a_port_nobody_uses(pair: Pair) -> None:
@@ -282,17 +288,17 @@ def test_a_port_nobody_uses(pair: Pair) -> None:
 
 def test_the_host_namespace_does_not_see_the_sandbox_socket(pair: Pair) -> None:
     # In the host's namespace the same ip:port is (almost surely) nobody's, and never the client's.
-    asker = find_asker(os.getpid(), "127.0.0.1", pair.ports["tcp"])
+    asker = find_asker(os.getpid(), "127.0.0.1", pair.port("tcp"))
     assert asker is None or asker.pid != pair.client.pid
 
 
 def test_a_dead_netns_pid(pair: Pair) -> None:
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait(timeout=10)
-    assert find_asker(gone.pid, "127.0.0.1", pair.ports["tcp"]) is None
+    assert find_asker(gone.pid, "127.0.0.1", pair.port("tcp")) is None
     with open("/proc/sys/kernel/pid_max") as f:
         beyond = int(f.read()) + 1  # can never exist
-    assert find_asker(beyond, "127.0.0.1", pair.ports["tcp"]) is None
+    assert find_asker(beyond, "127.0.0.1", pair.port("tcp")) is None
 
 
 def test_after_the_client_exits_nobody_owns_the_port(netns: Netns, pair: Pair) -> None:

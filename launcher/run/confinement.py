@@ -71,7 +71,8 @@ def _effective(opts: RunOptions, home: str, rt: Path) -> fspolicy.Effective:
     # sandgate's own state (the daemon's control socket, the approval socket, the trusted policy
     # records) and an embedding tool's approval socket are never the sandbox's business: it must
     # not be able to answer its own questions, bind itself a wider policy, or learn what is trusted.
-    from launcher import auditlogs, trust
+    from launcher import auditlogs
+    from launcher.config import trust
 
     own = (str(rt), str(trust.state_dir()), str(auditlogs.log_dir()), *((opts.approvals,) if opts.approvals else ()))
     eff = fspolicy.effective(

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fsguard import mounts, userns
-from launcher import policy as lpolicy
+from launcher.config import parsecache
 from launcher.errors import EXIT_ERROR, RunError
 from launcher.run import confinement, daemonctl, options, policyargs, runstate, sandbox, summary, supervise, workspace
 from netguard import nft, sandboxnet
@@ -35,7 +35,7 @@ from netguard.audit import AuditLog
 from netguard.spec import BindingSpec
 
 if TYPE_CHECKING:  # imported when used: most runs never ask a human (a fast start matters)
-    from launcher import approvals
+    from launcher.approvals import broker as approvals
 
 PORTS = nft.Ports()
 
@@ -44,7 +44,7 @@ def main(args: argparse.Namespace) -> int:
     """`sandgate run`, every step in order; any failure before CMD starts is one line and exit 125."""
     cmd = options.command(args)  # parse
     rt = runstate.runtime_dir()
-    lpolicy.CACHE_DIR = rt / "policy-cache"  # hidden from every sandbox
+    parsecache.CACHE_DIR = rt / "policy-cache"  # hidden from every sandbox
     pol = policyargs.policy_from_args(args)  # parsed once, here: the daemon gets the compiled result, never YAML
     opts = options.from_args(args, cmd, pol)
     workspace.check(opts, args.user)  # never `/` or a home writable
@@ -106,7 +106,7 @@ def _broker(opts: options.RunOptions, paths: runstate.RunPaths, audit: AuditLog)
     """The approval broker when a human may be asked (--ask, or `ask:` in the policy), else None."""
     if not (opts.ask or opts.policy.network.ask):
         return None
-    from launcher import approvals
+    from launcher.approvals import broker as approvals
 
     return approvals.Broker(
         paths.dir / "approvals.sock",
@@ -191,7 +191,7 @@ def _tell_terminal(text: str) -> None:
 
 
 def _asker(netns_pid: int, ip: str, port: int) -> str | None:
-    from launcher import whoasked
+    from launcher.approvals import whoasked
 
     found = whoasked.find_asker(netns_pid, ip, port)
     return f"{found.name}[{found.pid}]" if found else None

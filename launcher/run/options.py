@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from launcher import auditlogs
-from launcher import policy as lpolicy
+from launcher.config import load as lpolicy
 from launcher.errors import RunError, UsageError
 from netguard.policy import NetworkPolicy
 

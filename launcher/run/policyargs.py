@@ -7,19 +7,20 @@ import os
 import sys
 from pathlib import Path
 
-from launcher import policy as lpolicy
+from launcher.config import checks as policychecks
+from launcher.config import load as lpolicy
 from launcher.errors import UsageError
 
 
 def policy_from_args(args: argparse.Namespace) -> lpolicy.Policy:
     """--policy files and --allow/--deny; with neither, ./.sandgate.yaml, which only narrows until trusted."""
-    from launcher import trust
+    from launcher.config import trust
 
     files = [Path(p) for p in args.policy]
     implicit = not files and not args.allow and os.path.lexists(".sandgate.yaml")
     if not files and not args.allow and not implicit:
         _no_policy(args)
-    checks = lpolicy.Checks.current(
+    checks = policychecks.Checks.current(
         allow_wide_cidr=getattr(args, "allow_wide_cidr", False), user=getattr(args, "user", None)
     )
     writable = tuple(Path(os.path.expanduser(w)).absolute() for w in getattr(args, "write", ()))  # run --write

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
-from fsguard import caps, landlock, mounts, process, seccomp, userns
+from fsguard import caps, kernelfs, landlock, mounts, process, seccomp, userns
 from launcher.errors import EXIT_ERROR, RunError
 from netguard import sandboxnet
 from netguard.nft import Nft, Ports
@@ -201,7 +201,7 @@ def _init(ins: Inside, sig_r: int) -> None:
     """pid 1 of the sandbox: set up inside, start CMD, forward signals, reap, exit with CMD's status."""
     process.die_with_parent(None)  # our parent (the holder) is outside this pid namespace: getppid() is 0
     mounts.make_private()
-    mounts.fresh_proc_sys()
+    kernelfs.fresh_proc_sys()
     mounts.build(ins.mounts, ins.run_dir, {"/etc/resolv.conf": ins.run_dir / "resolv.conf"} if ins.own_netns else {})
     for d in ins.make_dirs:  # in the private /tmp only: nothing here reaches the host
         os.makedirs(d, mode=0o700, exist_ok=True)

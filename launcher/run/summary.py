@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from launcher import policy as lpolicy
+from launcher.config import bundled as allowlists
+from launcher.config import load as lpolicy
+from launcher.config.errors import PolicyFileError
 from netguard import policy as netpolicy
 from netguard import rules
 from netguard.audit import read_records
@@ -35,13 +37,13 @@ def summary(path: Path, task: str) -> str:
 def _bundled_rulesets() -> dict[str, rules.Ruleset]:
     """Each bundled allowlist compiled, to say which one would allow a denied host (parse cache: fast)."""
     out: dict[str, rules.Ruleset] = {}
-    for name in lpolicy.bundled_names():
-        path = lpolicy.bundled_path(name)
+    for name in allowlists.bundled_names():
+        path = allowlists.bundled_path(name)
         if path is None:
             continue
         try:
             sections = lpolicy.load_policy_file(path)
-        except lpolicy.PolicyFileError:
+        except PolicyFileError:
             continue
         out[name] = rules.compile_policy(netpolicy.merge([s.network for s in sections]))
     return out

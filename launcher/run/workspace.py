@@ -5,9 +5,10 @@ from __future__ import annotations
 import os
 
 from fsguard import policy as fspolicy
-from launcher import policy as lpolicy
+from launcher.config import checks as policychecks
 from launcher.errors import UsageError
 from launcher.run.options import RunOptions
+from netguard.policyerror import PolicyError
 
 
 def check(opts: RunOptions, user_spec: str | None) -> None:
@@ -15,7 +16,7 @@ def check(opts: RunOptions, user_spec: str | None) -> None:
     for p in (*opts.write, *opts.read_deny):
         try:
             fspolicy.check_path(p, None, must_not_be_root=True)
-        except fspolicy.FsPolicyError as e:
+        except PolicyError as e:
             raise UsageError(f"--write/--read-deny {e}") from None
     _check_write_roots(opts, user_spec)
 
@@ -26,13 +27,13 @@ def _check_write_roots(opts: RunOptions, user_spec: str | None) -> None:
     The threat: from `cd / && sandgate run` or `cd ~`, the default writable workspace would let a
     command plant ~/.bashrc, ~/.ssh/authorized_keys or /etc files that run outside the sandbox.
     """
-    checks = lpolicy.Checks.current(user=user_spec)
-    if opts.policy.filesystem.write is None and (problem := lpolicy.write_root_problem(".", checks)) is not None:
+    checks = policychecks.Checks.current(user=user_spec)
+    if opts.policy.filesystem.write is None and (problem := policychecks.write_root_problem(".", checks)) is not None:
         raise UsageError(
             f"the current directory {os.getcwd()} would be writable, and it is "
             f"{problem.split(' is ', 1)[1].split(':', 1)[0]}; run sandgate from a project directory, "
             "or name what the command may write with --write or a policy's filesystem.write"
         )
     for w in opts.write:
-        if (problem := lpolicy.write_root_problem(w, checks)) is not None:
+        if (problem := policychecks.write_root_problem(w, checks)) is not None:
             raise UsageError(f"--write {problem.split('entry ', 1)[1]}")

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from fsguard import policy as fspolicy
+from fsguard.env import EnvPolicy
 from netguard import policy as netpolicy
 
 FILE_NAME = "trusted.json"
@@ -45,13 +46,14 @@ class Record:
 
 
 try:  # CPython's own SHA-256 (HACL*): hashlib would load OpenSSL first (~4 ms on every run)
-    from _sha2 import sha256 as _sha256
+    from _sha2 import sha256 as _sha256  # type: ignore[import-not-found]  # CPython's private module: no stubs
 except ImportError:  # another interpreter
     from hashlib import sha256 as _sha256
 
 
 def digest(data: bytes) -> str:
-    return _sha256(data).hexdigest()
+    hexed: str = _sha256(data).hexdigest()
+    return hexed
 
 
 def status_of(records: Mapping[str, Record], key: str, data: bytes) -> Status:
@@ -103,8 +105,8 @@ def _split(section: str, value: Any) -> tuple[dict[str, Any], list[str]]:
 
 
 def narrow(
-    net: netpolicy.NetworkPolicy, fs: fspolicy.FsPolicy, env: fspolicy.EnvPolicy, has_include: bool
-) -> tuple[netpolicy.NetworkPolicy, fspolicy.FsPolicy, fspolicy.EnvPolicy, tuple[str, ...]]:
+    net: netpolicy.NetworkPolicy, fs: fspolicy.FsPolicy, env: EnvPolicy, has_include: bool
+) -> tuple[netpolicy.NetworkPolicy, fspolicy.FsPolicy, EnvPolicy, tuple[str, ...]]:
     """What an untrusted file may do: only forbid more. Returns the kept sections and the keys ignored.
 
     Kept: network.deny, filesystem.read_deny, env.drop, and filesystem.protect inside the workspace
@@ -121,7 +123,7 @@ def narrow(
     outside = ["filesystem.protect outside the workspace"] if len(inside) < len(fs.protect) else []
     f["protect"] = inside
     ignored = [*(["include"] if has_include else []), *ignored, *dropped_fs, *outside, *dropped_env]
-    return (netpolicy.NetworkPolicy(**n), fspolicy.FsPolicy(**f), fspolicy.EnvPolicy(**e), tuple(ignored))
+    return (netpolicy.NetworkPolicy(**n), fspolicy.FsPolicy(**f), EnvPolicy(**e), tuple(ignored))
 
 
 @dataclass(frozen=True)

@@ -25,9 +25,10 @@ from typing import Any
 
 import yaml
 from yaml.events import AliasEvent
-from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+from yaml.nodes import CollectionNode, MappingNode, Node, ScalarNode, SequenceNode
 
 from netguard import policy as netpolicy
+from netguard.policyerror import PolicyError
 
 __all__ = ["add_allow", "allow_entry"]
 
@@ -49,8 +50,8 @@ class _Composer(yaml.SafeLoader):
         super().__init__(stream)
         self.marked: set[int] = set()
 
-    def compose_node(self, parent: Node | None, index: Any) -> Node:
-        event = self.peek_event()
+    def compose_node(self, parent: Node | None, index: Any) -> Node | None:
+        event = self.peek_event()  # type: ignore[no-untyped-call]  # untyped in PyYAML's stubs
         node = super().compose_node(parent, index)
         if isinstance(event, AliasEvent) or event.anchor is not None or getattr(event, "tag", None) is not None:
             self.marked.add(id(node))  # every node stays referenced by the tree, so ids stay unique
@@ -177,7 +178,7 @@ def _content_end(node: Node, marked: set[int]) -> yaml.Mark:
             if node.style in ("|", ">"):  # a block scalar's end_mark lies past its trailing line breaks
                 raise _Unsafe("a block scalar at the end of the list")
             return node.end_mark
-        if node.flow_style or not node.value:
+        if not isinstance(node, CollectionNode) or node.flow_style or not node.value:
             return node.end_mark
         last = node.value[-1]
         node = last[1] if isinstance(node, MappingNode) else last
@@ -216,7 +217,7 @@ def _line_break(body: str) -> str:
 def _rule(host: str, port: int) -> netpolicy.Rule:
     try:
         return netpolicy.parse_entry({"host": host, "ports": [port]}, "amend", None, netpolicy.DEFAULT_ALLOW_PORTS)
-    except netpolicy.PolicyError as e:
+    except PolicyError as e:
         raise ValueError(f"invalid host {host!r}: {e}") from None
 
 
@@ -230,7 +231,7 @@ def _already_allowed(doc: dict[Any, Any], host: str, port: int) -> bool:
     for e in entries:
         try:
             r = netpolicy.parse_entry(e, "amend", None, netpolicy.DEFAULT_ALLOW_PORTS)
-        except (netpolicy.PolicyError, TypeError):
+        except (PolicyError, TypeError):
             continue
         if r.kind == want.kind and r.value == want.value and (r.ports is None or port in r.ports):
             return True

@@ -1,0 +1,1 @@
+"""Policy files: reading them (hostile input), includes, bundled lists, checks, trust and "always" answers."""

@@ -1,0 +1,55 @@
+"""`--allow` / `--deny` entries from the command line: HOST, HOST:PORT, [V6]:PORT, a CIDR or a pasted URL."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from launcher.config.bundled import bundled_names
+from launcher.config.errors import PolicyFileError
+from netguard import policy as netpolicy
+from netguard.hosts import split_host_port
+from netguard.policyerror import PolicyError
+
+_SCHEME_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443, "git": 9418, "ssh": 22, "ftp": 21}
+
+
+def _url_host_port(url: str, where: str) -> str:
+    """`https://pypi.org/simple` -> `pypi.org:443`; a path, query or user part is dropped."""
+    from urllib.parse import urlsplit
+
+    try:
+        u = urlsplit(url)
+        port = u.port or _SCHEME_PORTS.get(u.scheme.lower())
+    except ValueError as e:
+        raise PolicyFileError(where, None, f"not a usable URL ({e}); use HOST or HOST:PORT") from None
+    if not u.hostname or port is None:
+        raise PolicyFileError(
+            where, None, "a URL needs a host and a known scheme or an explicit port; use HOST or HOST:PORT"
+        )
+    host = f"[{u.hostname}]" if ":" in u.hostname else u.hostname
+    return f"{host}:{port}"
+
+
+def flag_entry(ref: str, which: str) -> netpolicy.NetworkPolicy:
+    """`--allow HOST[:PORT]` / `--deny HOST[:PORT]` as a one-entry network section."""
+    where = f"--{which} {ref}"
+    if "://" in ref:  # a URL (what people paste): its host, and its port or the scheme's
+        ref = _url_host_port(ref, where)
+    host, port = split_host_port(ref)
+    entry: dict[str, Any] = {"host": host}
+    if port is not None:
+        if not port.isdigit():
+            raise PolicyFileError(where, None, f"invalid port '{port}'; use HOST or HOST:PORT")
+        entry["ports"] = [int(port)]
+    if "/" in host:
+        entry = {"cidr": host, **({"ports": entry["ports"]} if "ports" in entry else {})}
+    if which == "allow" and "." not in host and ":" not in host and "/" not in host:
+        raise PolicyFileError(
+            where,
+            None,
+            f"'{ref}' is neither a bundled allowlist ({', '.join(bundled_names())}) nor a host name with a dot",
+        )
+    try:
+        return netpolicy.parse_network({which: [entry]}, "command line")
+    except PolicyError as e:
+        raise PolicyFileError.of(where, e) from None

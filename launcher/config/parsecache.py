@@ -1,0 +1,80 @@
+"""A cache of parsed policy documents, keyed by their exact text.
+
+Only for speed (every run parses the bundled lists). It lives in sandgate's runtime
+directory, which the sandbox can neither see nor write: a sandbox able to write this cache
+could widen its own next policy. Keyed by the SHA-256 of the text, so a hit is always the
+same document; anything odd (unreadable, malformed, a type JSON cannot hold) is a miss.
+Only documents that passed the reader's limits are stored (launcher.config.yamlfile).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from launcher.config.locs import LocDict, LocList
+from launcher.config.trust import digest
+
+MISS = object()
+CACHE_DIR: Path | None = None  # set by the run path (launcher/cli.py); None: no cache
+
+
+def _cache_file(text: str) -> Path | None:
+    if CACHE_DIR is None:
+        return None
+    return CACHE_DIR / f"{digest(text.encode())}.json"
+
+
+def get(text: str) -> Any:
+    """The document stored for `text`, or MISS."""
+    path = _cache_file(text)
+    if path is None:
+        return MISS
+    try:
+        return _decode(json.loads(path.read_bytes()))
+    except (OSError, ValueError, KeyError, TypeError, IndexError, RecursionError):
+        return MISS
+
+
+def put(text: str, doc: Any) -> None:
+    """Store `doc` for `text`; a failure costs only the next run's parse."""
+    path = _cache_file(text)
+    if path is None:
+        return
+    try:
+        data = json.dumps(_encode(doc)).encode()
+        path.parent.mkdir(mode=0o700, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        tmp.replace(path)
+    except (OSError, TypeError, ValueError, RecursionError):
+        pass
+
+
+def _encode(v: Any) -> Any:
+    if isinstance(v, LocDict):
+        return {"m": [[k, _encode(x), v.lines.get(k)] for k, x in v.items()], "l": v.line}
+    if isinstance(v, LocList):
+        return {"s": [_encode(x) for x in v], "l": v.line, "ls": [v.lines.get(i) for i in range(len(v))]}
+    if v is None or isinstance(v, (str, int, float, bool)):
+        return v
+    raise TypeError(f"not cacheable: {type(v).__name__}")  # e.g. a YAML timestamp
+
+
+def _decode(v: Any) -> Any:
+    if isinstance(v, dict):
+        if "m" in v:
+            d = LocDict()
+            d.line, d.lines = v["l"], {}
+            for k, x, line in v["m"]:
+                d[k] = _decode(x)
+                d.lines[k] = line
+            return d
+        lst = LocList(_decode(x) for x in v["s"])
+        lst.line, lst.lines = v["l"], dict(enumerate(v["ls"]))
+        return lst
+    return v
