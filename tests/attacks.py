@@ -15,6 +15,7 @@ import socket
 import struct
 import subprocess
 import sys
+from collections.abc import Callable
 
 libc = ctypes.CDLL(None, use_errno=True)
 libc.syscall.restype = ctypes.c_long
@@ -152,7 +153,7 @@ def attack_control(path: str) -> dict[str, object]:
     return _result(True, 0, s.recv(4096).decode("latin-1"))
 
 
-ATTACKS = {
+ATTACKS: dict[str, Callable[..., dict[str, object]]] = {
     "control": attack_control,
     "setns": attack_setns,
     "handle": attack_handle,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import select
 import subprocess
 import sys
@@ -55,19 +56,38 @@ class Proxy:
         self.listen = listen
         self.home = world.tmp / f"home-{time.monotonic_ns()}"
         self.home.mkdir()  # must stay empty: the proxy writes nothing but its audit log
-        self.proc = world.popen(args, stderr=subprocess.PIPE, cwd=REPO, env={**env(), "HOME": str(self.home)})
-        deadline = time.monotonic() + 30
-        line = b""
-        assert self.proc.stderr is not None
-        while b"proxy ready" not in line:
+        ready_r, ready_w = os.pipe()  # readiness: one JSON line on --ready-fd, never a scraped sentence
+        try:
+            self.proc = world.popen(
+                [*args, "--ready-fd", str(ready_w)],
+                stderr=subprocess.PIPE,
+                cwd=REPO,
+                env={**env(), "HOME": str(self.home)},
+                pass_fds=(ready_w,),
+            )
+        finally:
+            os.close(ready_w)
+        try:
+            self.ready = self._wait_ready(ready_r, time.monotonic() + 30)
+        finally:
+            os.close(ready_r)
+
+    def _wait_ready(self, fd: int, deadline: float) -> dict[str, Any]:
+        """The proxy's ready line: {"ready": true, "listen": [...], "audit": ...}, then EOF."""
+        data = b""
+        while not data.endswith(b"\n"):
             left = deadline - time.monotonic()
-            if left <= 0 or self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"proxy did not start: {line!r} {self.proc.stderr.read() if self.proc.poll() is not None else ''}"
-                )
-            r, _, _ = select.select([self.proc.stderr], [], [], left)
-            if r:
-                line = self.proc.stderr.readline()
+            r, _, _ = select.select([fd], [], [], max(left, 0))
+            chunk = os.read(fd, 4096) if r else b""
+            if not chunk:  # EOF before the line (it exited) or the deadline passed
+                if self.proc.poll() is None:
+                    self.proc.kill()
+                assert self.proc.stderr is not None
+                raise RuntimeError(f"proxy did not start: {data!r} {self.proc.stderr.read()!r}")
+            data += chunk
+        ready: dict[str, Any] = json.loads(data)
+        assert ready["ready"] is True and ready["audit"] == str(self.audit), ready
+        return ready
 
     @property
     def url(self) -> str:

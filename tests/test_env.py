@@ -410,7 +410,8 @@ def test_a_well_known_token_anywhere_in_a_value_is_dropped(name: str, token: str
 def test_audit_record_and_verbose_output_name_dropped_variables_never_values(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from launcher import run
+    from launcher.run import confinement
+    from launcher.run.options import RunOptions
     from netguard.audit import AuditLog, read_records
 
     values = {
@@ -427,10 +428,10 @@ def test_audit_record_and_verbose_output_name_dropped_variables_never_values(
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr("fsguard.landlock.abi_version", lambda: 0)
     log = AuditLog(tmp_path / "a.jsonl")
-    opts = run.RunOptions(cmd=["true"], audit_path=tmp_path / "a.jsonl", user=None, verbose=True)
+    opts = RunOptions(cmd=["true"], audit_path=tmp_path / "a.jsonl", user=None, verbose=True)
     err = io.StringIO()
     with redirect_stderr(err):
-        conf = run._confinement(opts, log, tmp_path / "rt")
+        conf = confinement.plan(opts, log, tmp_path / "rt")
     log.close()
     secret = {k: v for k, v in values.items() if k != "SANDGATE_TEST_PLAIN"}
     assert set(secret) <= set(conf.env_dropped) and not set(secret) & set(conf.env)

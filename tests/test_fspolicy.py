@@ -76,20 +76,22 @@ def test_filter_env_partitions_and_never_keeps_a_default_secret(env: dict[str, s
 
 def test_missing_landlock_warns_or_refuses(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     from fsguard import landlock
-    from launcher import run
+    from launcher.errors import RunError
+    from launcher.run import confinement
+    from launcher.run.options import RunOptions
     from netguard.audit import AuditLog, read_records
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(landlock, "abi_version", lambda: 0)  # the module run.py calls
+    monkeypatch.setattr(landlock, "abi_version", lambda: 0)  # the module confinement.py calls
     log = AuditLog(tmp_path / "a.jsonl")
-    opts = run.RunOptions(cmd=["true"], audit_path=tmp_path / "a.jsonl", user=None)
-    conf = run._confinement(opts, log, tmp_path / "rt")
+    opts = RunOptions(cmd=["true"], audit_path=tmp_path / "a.jsonl", user=None)
+    conf = confinement.plan(opts, log, tmp_path / "rt")
     assert conf.landlock is None
     rec = read_records(tmp_path / "a.jsonl")[0]
     assert rec["event"] == "policy" and rec["landlock_abi"] == 0 and "NOT restricted" in rec["warnings"][0]
     opts.require_landlock = True
-    with pytest.raises(run.RunError, match="--require-landlock"):
-        run._confinement(opts, log, tmp_path / "rt")
+    with pytest.raises(RunError, match="--require-landlock"):
+        confinement.plan(opts, log, tmp_path / "rt")
 
 
 def test_mount_plan_placeholders_pins_and_symlink_refusal(tmp_path: Path) -> None:

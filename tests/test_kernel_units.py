@@ -82,10 +82,11 @@ def test_audit_records_follow_the_schema(tmp_path: Path) -> None:
 
 
 def test_weakening_switch_rejects_unknown_names(monkeypatch: pytest.MonkeyPatch) -> None:
-    from launcher import run
+    from launcher.errors import RunError
+    from launcher.run import options as run
 
     monkeypatch.setenv(run.WEAKEN_ENV, "firewall,landlock")
-    with pytest.raises(run.RunError, match="unknown weakenings"):
+    with pytest.raises(RunError, match="unknown weakenings"):
         run.weakened()
     monkeypatch.setenv(run.WEAKEN_ENV, "git-hooks")
     assert run.weakened() == {"git-hooks"}

@@ -280,7 +280,7 @@ def test_unreadable_needed_paths_fail_clearly(tmp_path: Path) -> None:
     with pytest.raises(SandgateRootlessError, match="does not exist"):
         plan_paths([tmp_path / "missing"])
     # This checkout, its venv and interpreter are fine (else every rootless test would fail here).
-    binds, covers = plan_paths(default_paths())
+    binds, _covers = plan_paths(default_paths())
     assert all(Path(b).exists() for b, _ in binds)
 
 

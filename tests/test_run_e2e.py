@@ -86,7 +86,8 @@ class Env:
             cmd = ["sh", "-c", " ".join(cmd)]
         r = self.sandgate("-q", "--", *cmd)
         assert r.returncode == 0, r.stderr
-        return json.loads(r.stdout.strip().splitlines()[-1])
+        out: dict[str, str] = json.loads(r.stdout.strip().splitlines()[-1])
+        return out
 
     def records(self, audit: Path | None = None) -> list[dict[str, object]]:
         return [json.loads(x) for x in (audit or self.last_audit).read_text().splitlines()]
@@ -656,7 +657,8 @@ def on_a_terminal(e: Env, trials: int) -> list[str]:
         env=env(),
         timeout=60 + 10 * trials,
     )
-    return r.stdout.splitlines()
+    lines: list[str] = r.stdout.splitlines()
+    return lines
 
 
 def test_terminal_passes_through_and_ctrl_c_reaches_the_command(e: Env) -> None:

@@ -21,6 +21,7 @@ from launcher.config.errors import PolicyFileError
 from launcher.config.flags import flag_entry
 from launcher.config.locs import LocDict
 from netguard import policy as netpolicy
+from netguard import rules
 from netguard.policyerror import PolicyError, line_of
 
 MAX_INCLUDE_DEPTH = 16
@@ -238,3 +239,21 @@ def build_policy(
         tuple(full),
         narrowed,
     )
+
+
+def bundled_rulesets() -> dict[str, rules.Ruleset]:
+    """Each bundled allowlist compiled, to say which one would allow a denied host (parse cache: fast).
+
+    One list that does not load is left out rather than failing the caller's exit line or report.
+    """
+    out: dict[str, rules.Ruleset] = {}
+    for name in bundled_names():
+        path = bundled_path(name)
+        if path is None:
+            continue
+        try:
+            sections = load_policy_file(path)
+        except PolicyFileError:
+            continue
+        out[name] = rules.compile_policy(netpolicy.merge([s.network for s in sections]))
+    return out

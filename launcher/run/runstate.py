@@ -19,6 +19,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fsguard import mounts
+from launcher.errors import RunError
+from netguard.proxy import control
+
+
+def runtime_dir() -> Path:
+    """The user's runtime directory: the daemon's socket, every run's state, the policy cache."""
+    try:
+        return control.runtime_dir()
+    except control.ControlError as e:
+        raise RunError(str(e)) from None
 
 
 @dataclass(frozen=True)

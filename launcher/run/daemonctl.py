@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from launcher.errors import UsageError
 from netguard.proxy import control
 from netguard.proxy.spec import BindingSpec
 
@@ -26,7 +27,7 @@ START_TIMEOUT = 30.0
 DAEMON_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "PYTHONPATH", "XDG_RUNTIME_DIR")
 
 
-class DaemonError(Exception):
+class DaemonError(UsageError):
     """The daemon could not be started or refused the sandbox; one line for the user."""
 
 
@@ -80,10 +81,12 @@ class Daemon:
         """Called when wait_fd() is readable (or on a timer) while pending; True once connected."""
         assert self.ready_fd is not None
         try:
-            data = os.read(self.ready_fd, 64)
+            os.read(self.ready_fd, 64)
         except BlockingIOError:
             if time.monotonic() > self.deadline:
-                raise DaemonError(f"the proxy daemon did not start within {START_TIMEOUT:.0f} s; see {self.log}")
+                raise DaemonError(
+                    f"the proxy daemon did not start within {START_TIMEOUT:.0f} s; see {self.log}"
+                ) from None
             return False
         os.close(self.ready_fd)
         self.ready_fd = None
@@ -125,3 +128,26 @@ class Daemon:
         if self.ready_fd is not None:
             os.close(self.ready_fd)
             self.ready_fd = None
+
+
+class Handover:
+    """The listeners (and audit fd) on their way to the daemon; ours are closed once it holds them."""
+
+    def __init__(self, daemon: Daemon, spec: BindingSpec, fds: list[int]) -> None:
+        self.daemon, self.spec, self.fds = daemon, spec, fds
+        self.done = False
+
+    def try_bind(self) -> None:
+        """Bind now if the daemon is up; else later, when supervise() sees it ready."""
+        if self.done or self.daemon.pending:
+            return
+        try:
+            self.daemon.bind(self.spec, self.fds)
+        finally:
+            self.close()
+        self.done = True
+
+    def close(self) -> None:
+        for fd in self.fds:
+            os.close(fd)
+        self.fds = []

@@ -24,12 +24,13 @@ import signal
 import socket
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 from fsguard import caps, kernelfs, landlock, mounts, process, seccomp, userns
+from launcher.errors import EXIT_ERROR, RunError
 from netguard import sandboxnet
 from netguard.nft import Nft, Ports
 
-EXIT_ERROR = 125
 HOSTNAME = "sandgate"
 DROP_POLL = 1.0  # seconds between reports of dropped packets while the sandbox lives
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -66,6 +67,34 @@ def start_holder(parent: int, ins: Inside) -> tuple[int, socket.socket]:
         os._exit(EXIT_ERROR)
     theirs.close()
     return pid, mine
+
+
+def handshake(holder: int, chan: socket.socket, ident: userns.Identity) -> list[int]:
+    """The launcher's half: map the holder's ids once it has its namespaces, take its four listeners."""
+    _expect_msg(chan, b"U", holder)
+    try:
+        userns.write_maps(holder, ident)
+    except OSError as e:
+        raise RunError(f"cannot map ids into the sandbox's user namespace: {e.strerror}") from None
+    chan.send(b"M")
+    msg, fds, _, _ = socket.recv_fds(chan, 4096, 8)
+    if not msg.startswith(b"L") or len(fds) != 4:
+        for fd in fds:
+            os.close(fd)
+        _fail_from(msg, holder)
+    return fds
+
+
+def _expect_msg(chan: socket.socket, what: bytes, holder: int) -> None:
+    msg = chan.recv(4096)
+    if msg != what:
+        _fail_from(msg, holder)
+
+
+def _fail_from(msg: bytes, holder: int) -> NoReturn:
+    os.waitpid(holder, 0)
+    text = msg[1:].decode(errors="replace").strip() if msg[:1] == b"E" else ""
+    raise RunError(text or "sandbox setup failed")
 
 
 def _report(chan: socket.socket, text: str) -> None:
@@ -147,8 +176,8 @@ def _watch(init: int, chan: socket.socket, sig_w: int, nft: Nft | None) -> int:
     seen: set[tuple[str, str, int | None]] = set()
     pidfd = os.pidfd_open(init)
     while True:
-        ready, _, _ = select.select([pidfd, chan], [], [], DROP_POLL)
-        if chan in ready:
+        ready, _, _ = select.select([pidfd, chan.fileno()], [], [], DROP_POLL)
+        if chan.fileno() in ready:
             msg = chan.recv(64)
             if not msg:
                 os.kill(init, signal.SIGKILL)  # the launcher is gone: end the sandbox now

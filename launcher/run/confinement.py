@@ -1,0 +1,135 @@
+"""The filesystem and process boundary of one run, planned in the launcher before anything starts.
+
+Mounts (what is writable, read-only, hidden), the home overlay, Landlock and the filtered
+environment: all computed here, recorded in the audit log, applied later inside (sandbox.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pwd
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from fsguard import env as fsenv
+from fsguard import homeoverlay, landlock, mounts
+from fsguard import policy as fspolicy
+from launcher.errors import RunError
+from launcher.run.options import WEAKEN_ENV, RunOptions, weakened
+from netguard.audit import AuditLog, policy_record
+
+
+@dataclass(frozen=True)
+class Confinement:
+    """Everything the sandbox's processes apply, computed in the launcher before anything starts."""
+
+    mounts: mounts.MountPlan
+    landlock: landlock.Plan | None  # None: the kernel has no Landlock (and it was not required)
+    env: dict[str, str]
+    env_dropped: list[str]
+    home: str
+
+
+def plan(opts: RunOptions, audit: AuditLog, rt: Path) -> Confinement:
+    """Plan the filesystem and process boundary; refuse what cannot be enforced as asked."""
+    home = opts.user.home if opts.user else os.environ.get("HOME") or pwd.getpwuid(os.getuid()).pw_dir
+    eff = _effective(opts, home, rt)
+    try:
+        mplan = mounts.plan(eff)
+    except mounts.MountError as e:
+        raise RunError(e.strerror or str(e)) from None
+    try:
+        overlay = homeoverlay.plan(
+            home, mplan.write_roots, uid=opts.user.uid if opts.user else os.getuid(), owner=os.geteuid()
+        )
+    except homeoverlay.HomeOverlayError as e:
+        raise RunError(e.strerror or str(e)) from None
+    mplan = dataclasses.replace(mplan, home=overlay)
+    warnings = list(mplan.notes)
+    abi = landlock.abi_version()
+    lplan: landlock.Plan | None = None
+    if abi == 0:
+        if opts.require_landlock:
+            raise RunError("this kernel has no Landlock (disabled or too old), and --require-landlock was given")
+        warnings.append("Landlock is not available on this kernel: writes are NOT restricted to the writable paths")
+    else:
+        lplan = landlock.plan((*mplan.write_roots, *((overlay.home,) if overlay else ())), abi=abi)
+    env, dropped = fsenv.filter_env({k: v for k, v in os.environ.items() if k != WEAKEN_ENV}, opts.policy.env)
+    conf = Confinement(mplan, lplan, env, dropped, home)
+    _record(audit, opts.task, conf, abi, warnings)
+    for w in warnings:
+        print(f"sandgate: warning: {w}", file=sys.stderr)
+    if opts.verbose:
+        _describe(conf, abi)
+    return conf
+
+
+def _effective(opts: RunOptions, home: str, rt: Path) -> fspolicy.Effective:
+    """The policy's `filesystem:` section with the command line's additions and sandgate's own state."""
+    # sandgate's own state (the daemon's control socket, the approval socket, the trusted policy
+    # records) and an embedding tool's approval socket are never the sandbox's business: it must
+    # not be able to answer its own questions, bind itself a wider policy, or learn what is trusted.
+    from launcher.audit import logs as auditlogs
+    from launcher.config import trust
+
+    own = (str(rt), str(trust.state_dir()), str(auditlogs.log_dir()), *((opts.approvals,) if opts.approvals else ()))
+    eff = fspolicy.effective(
+        opts.policy.filesystem,
+        cwd=os.getcwd(),
+        home=home,
+        extra_write=opts.write,
+        extra_read_deny=(*opts.read_deny, *own),
+    )
+    # The audit log, wherever it lives, is never writable or removable from inside (the threat: a
+    # task forging or erasing its own record). Inside a writable root it is bound read-only over
+    # itself (a mount point cannot be unlinked or renamed, and its directories are pinned).
+    # Outside every writable root Landlock already refuses it (and a private /tmp hides it).
+    log = str(opts.audit_path)
+    if any(log.startswith(r.rstrip("/") + "/") for r in eff.write if r != "/tmp"):
+        eff = dataclasses.replace(eff, protect=(*eff.protect, (log, False)))
+    weak = weakened()
+    if weak:
+        print(
+            f"sandgate: WARNING: boundary deliberately weakened for a self-test: {', '.join(sorted(weak))}",
+            file=sys.stderr,
+        )
+    if "git-hooks" in weak:
+        eff = dataclasses.replace(eff, protect=tuple(p for p in eff.protect if not p[0].endswith("/.git/hooks")))
+    return eff
+
+
+def _record(audit: AuditLog, task: str, conf: Confinement, abi: int, warnings: list[str]) -> None:
+    """The run's `policy` record: the boundary as enforced, names of dropped variables (never values)."""
+    m = conf.mounts
+    audit.write(
+        policy_record(
+            task,
+            write=list(m.write_roots),
+            private_tmp=m.private_tmp,
+            protect=[*m.protect, *(p for p, _ in m.placeholders)],
+            hidden=[*m.hide_dirs, *m.hide_files],
+            env_dropped=conf.env_dropped,
+            landlock_abi=abi,
+            warnings=warnings,
+        )
+    )
+
+
+def _describe(conf: Confinement, abi: int) -> None:
+    """-v: the effective boundary, one line per kind."""
+    m, overlay = conf.mounts, conf.mounts.home
+    tmp = " (private)" if m.private_tmp else ""
+    say = sys.stderr
+    print(f"sandgate: writable: {', '.join(r + (tmp if r == '/tmp' else '') for r in m.write_roots)}", file=say)
+    print(f"sandgate: read-only: {', '.join([*m.protect, *(p for p, _ in m.placeholders)]) or '-'}", file=say)
+    print(f"sandgate: hidden: {', '.join([*m.hide_dirs, *m.hide_files]) or '-'}", file=say)
+    print(f"sandgate: environment dropped: {', '.join(conf.env_dropped) or '-'}", file=say)
+    print(f"sandgate: landlock ABI {abi}", file=say)
+    if overlay is not None:
+        print(
+            f"sandgate: home: {overlay.home} writable inside, writes kept in {overlay.upper} "
+            "(the real home never changes; sandgate cache clear)",
+            file=say,
+        )

@@ -1,0 +1,91 @@
+"""What lives outside a run: `sandgate cleanup`, `sandgate cache clear`, `sandgate daemon status|stop|start`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+from launcher.errors import UsageError
+from launcher.run import daemonctl, runstate
+from launcher.run.options import resolve_user
+from netguard.proxy import control
+
+
+def cleanup(args: argparse.Namespace) -> int:
+    """Remove what killed runs left: placeholders, state, dead daemons' sockets, a killed verify's worlds."""
+    rt = runstate.runtime_dir()
+    with runstate.lock(rt):  # never between another run's placeholder creation and its state file
+        removed = runstate.cleanup_stale(rt)
+    for sock in sorted(rt.glob("daemon-*.sock")):  # every netns and code version's daemon
+        try:
+            control.ControlClient.connect(sock, timeout=2.0).close()
+        except (OSError, control.ControlError):
+            sock.unlink(missing_ok=True)  # a dead daemon's socket
+            removed.append(f"dead daemon socket {sock}")
+    if os.geteuid() == 0 and shutil.which("ip"):
+        from launcher.selftest import netns as world
+
+        removed += world.cleanup_stale(world.VERIFY_PREFIXES)  # worlds of a killed `sandgate verify`
+    for item in removed:
+        print(f"sandgate: removed {item}", file=sys.stderr)
+    if not removed:
+        print("sandgate: nothing to clean up", file=sys.stderr)
+    return 0
+
+
+def cache_clear(args: argparse.Namespace) -> int:
+    """`sandgate cache clear`: forget what sandboxed runs wrote under ~ (caches, and anything else)."""
+    from fsguard import homeoverlay
+
+    user = resolve_user(args.user)  # --user, else the sudo caller, else you
+    try:
+        removed = homeoverlay.clear(user.uid if user else os.getuid(), os.geteuid())
+    except homeoverlay.HomeOverlayError as e:
+        raise UsageError(e.strerror or str(e)) from None
+    print(f"sandgate: removed {removed}" if removed else "sandgate: nothing to clear", file=sys.stderr)
+    return 0
+
+
+def daemon(args: argparse.Namespace) -> int:
+    """`sandgate daemon status|stop|start`: the per-user proxy daemon that `sandgate run` starts on demand."""
+    rt = runstate.runtime_dir()
+    path = control.socket_path(rt)
+    if args.daemon_command == "start":
+        d = daemonctl.Daemon(rt)
+        d.wait_ready(daemonctl.START_TIMEOUT)
+        d.close()
+        print(f"sandgate: daemon running ({path})", file=sys.stderr)
+        return 0
+    try:
+        client = control.ControlClient.connect(path, timeout=2.0)
+    except (OSError, control.ControlError):
+        print(f"sandgate: no daemon running ({path})", file=sys.stderr)
+        return 3 if args.daemon_command == "status" else 0
+    try:
+        if args.daemon_command == "stop":
+            client.stop()
+            print("sandgate: daemon stopped", file=sys.stderr)
+            return 0
+        st = client.status()
+    finally:
+        client.close()
+    if args.json:
+        print(json.dumps(st))
+    else:
+        _print_status(st, path)
+    return 0
+
+
+def _print_status(st: dict[str, Any], path: Path) -> None:
+    bindings = st.get("bindings", [])
+    print(
+        f"sandgate: daemon pid {st.get('pid')}, up {float(st.get('uptime', 0)):.0f} s, "
+        f"{len(bindings)} sandbox(es); socket {path}"
+    )
+    for b in bindings:
+        print(f"  task {b.get('task')}")

@@ -1,0 +1,112 @@
+"""What one `sandgate run` was asked to do, as a typed record built once from the command line."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pwd
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from launcher.audit import logs as auditlogs
+from launcher.config import load as lpolicy
+from launcher.errors import RunError, UsageError
+from netguard.policy import NetworkPolicy
+
+#: Test-only: sandgate verify's self-test sets this to weaken ONE mechanism and prove that the
+#: matching probes then fail. Not a command-line option; announced loudly; never passed inside.
+WEAKEN_ENV = "SANDGATE_INTERNAL_WEAKEN"
+WEAKENINGS = frozenset({"firewall", "git-hooks", "netadmin"})
+
+
+def weakened() -> frozenset[str]:
+    value = os.environ.get(WEAKEN_ENV, "")
+    names = frozenset(x for x in value.split(",") if x)
+    if names - WEAKENINGS:
+        raise RunError(f"{WEAKEN_ENV} names unknown weakenings {sorted(names - WEAKENINGS)}")
+    return names
+
+
+@dataclass
+class User:
+    uid: int
+    gid: int
+    name: str
+    home: str
+    groups: list[int] = field(default_factory=list)
+
+
+@dataclass
+class RunOptions:
+    cmd: list[str]
+    audit_path: Path
+    user: User | None  # the host user CMD runs as; None: whoever started sandgate
+    policy: lpolicy.Policy = field(default_factory=lambda: lpolicy.Policy(NetworkPolicy(), ()))
+    policy_file: Path | None = None  # the first --policy file: where "always" answers are written
+    root_inside: bool = False  # --user 0/root: uid 0 inside the sandbox's user namespace
+    write: tuple[str, ...] = ()  # --write
+    read_deny: tuple[str, ...] = ()  # --read-deny
+    require_landlock: bool = False
+    learn: bool = False  # let default-deny names through, recorded as would: deny
+    ask: bool = False  # every default-deny name is a question for a human
+    ask_timeout: float = 60.0
+    approvals: str | None = None  # unix socket path for an embedding tool; None: the terminal
+    quiet: bool = False
+    verbose: bool = False
+    task: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+
+
+def command(args: argparse.Namespace) -> list[str]:
+    """CMD and its arguments, after an optional `--`."""
+    cmd: list[str] = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if not cmd:
+        raise UsageError("no command given: sandgate run [options] -- CMD [ARGS...]")
+    return cmd
+
+
+def from_args(args: argparse.Namespace, cmd: list[str], pol: lpolicy.Policy) -> RunOptions:
+    """The run's options; the policy was already parsed (once, by the caller)."""
+    files = list(pol.files)  # --policy files or a trusted ./.sandgate.yaml: "always" answers go to the first
+    root_inside = args.user in ("0", "root")
+    return RunOptions(
+        cmd=cmd,
+        audit_path=(Path(args.audit_log) if args.audit_log else auditlogs.new_path()).absolute(),
+        user=None if root_inside and os.geteuid() != 0 else resolve_user(args.user),
+        policy=pol,
+        policy_file=files[0] if files else None,
+        root_inside=root_inside,
+        write=tuple(args.write),
+        read_deny=tuple(args.read_deny),
+        require_landlock=args.require_landlock,
+        quiet=args.quiet,
+        verbose=args.verbose,
+        learn=args.learn,
+        ask=args.ask,
+        ask_timeout=args.ask_timeout,
+        approvals=_approvals_path(args.approvals),
+    )
+
+
+def _approvals_path(spec: str | None) -> str | None:
+    if spec is None:
+        return None
+    if not spec.startswith("unix:") or not spec[5:].startswith("/"):
+        raise UsageError(f"invalid --approvals '{spec}': use unix:/absolute/path/to/socket")
+    if not Path(spec[5:]).parent.is_dir():
+        raise UsageError(f"--approvals: directory {Path(spec[5:]).parent} does not exist")
+    return spec[5:]
+
+
+def resolve_user(spec: str | None) -> User | None:
+    """--user NAME|UID, else the sudo caller (SUDO_UID), else None (stay root)."""
+    try:
+        if spec is not None:
+            pw = pwd.getpwuid(int(spec)) if spec.isdigit() else pwd.getpwnam(spec)
+        elif os.geteuid() == 0 and os.environ.get("SUDO_UID", "0") not in ("", "0"):
+            pw = pwd.getpwuid(int(os.environ["SUDO_UID"]))
+        else:
+            return None
+    except (KeyError, ValueError):
+        raise RunError(f"unknown user '{spec}'; give a user name or uid that exists on this machine") from None
+    return User(pw.pw_uid, pw.pw_gid, pw.pw_name, pw.pw_dir, os.getgrouplist(pw.pw_name, pw.pw_gid))

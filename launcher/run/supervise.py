@@ -1,0 +1,132 @@
+"""While the sandbox lives: forward signals, hand over to a late daemon, report a dead one, record drops.
+
+CMD's exit code becomes sandgate's: a normal exit as is, death by signal N as 128+N (as in a
+shell). Terminal-generated signals are not forwarded twice: the terminal already delivered them.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import socket
+import sys
+import uuid
+
+from launcher.errors import render
+from launcher.run import daemonctl
+from netguard.audit import AuditLog, decision_record
+
+# Signals a user sends to sandgate that CMD should get. Terminal-generated ones (Ctrl-C, Ctrl-\)
+# already reach CMD directly because it is in the terminal's foreground process group.
+FORWARDED = (
+    signal.SIGTERM,
+    signal.SIGHUP,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+    signal.SIGINT,
+    signal.SIGQUIT,
+    signal.SIGCONT,
+)
+TTY_SIGNALS = (signal.SIGINT, signal.SIGQUIT)
+
+
+def supervise(holder: int, chan: socket.socket, handover: daemonctl.Handover, audit: AuditLog, task: str) -> int:
+    """Wait for the sandbox; forward signals; hand over to a late daemon; report a dead one; record drops."""
+    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    pending: list[int] = []
+
+    def on_signal(sig: int, _frame: object) -> None:
+        pending.append(sig)
+
+    old_wakeup = signal.set_wakeup_fd(wake_w)
+    old = {s: signal.signal(s, on_signal) for s in FORWARDED}
+    holder_fd = os.pidfd_open(holder)
+    daemon = handover.daemon
+    daemon_fd = daemon.wait_fd()
+    chan_open = True
+    try:
+        while True:
+            fds = [holder_fd, wake_r, *([chan.fileno()] if chan_open else [])]
+            fds += [daemon_fd] if daemon_fd is not None else []
+            ready, _, _ = select.select(fds, [], [], 1.0 if daemon.pending else None)
+            if wake_r in ready:
+                os.read(wake_r, 4096)
+            while pending:
+                _forward(pending.pop(0), chan if chan_open else None)
+            if daemon_fd is not None and (daemon_fd in ready or daemon.pending):
+                daemon_fd = _daemon_event(handover)
+            if chan_open and chan.fileno() in ready:
+                chan_open = _drops(chan, audit, task)
+            if holder_fd in ready:
+                while chan_open:  # the holder's last report of dropped packets
+                    chan_open = _drops(chan, audit, task)
+                _, status = os.waitpid(holder, 0)
+                code = os.waitstatus_to_exitcode(status)
+                return 128 - code if code < 0 else code
+    finally:
+        os.close(holder_fd)
+        handover.close()
+        signal.set_wakeup_fd(old_wakeup)
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def _forward(sig: int, chan: socket.socket | None) -> None:
+    """Pass a signal on to the holder, which relays it to init and so to CMD."""
+    if sig in TTY_SIGNALS and _terminal_owns_us():
+        return  # the terminal already delivered it to CMD's process group
+    if chan is not None:
+        chan.send(f"S{sig}".encode())
+
+
+def _daemon_event(handover: daemonctl.Handover) -> int | None:
+    """The daemon became ready (bind now), failed to start, or died: returns the next fd to watch."""
+    daemon = handover.daemon
+    if daemon.pending:
+        try:
+            if not daemon.poll_ready():
+                return daemon.wait_fd()
+            handover.try_bind()
+            return daemon.wait_fd()
+        except daemonctl.DaemonError as e:
+            handover.close()  # the waiting connections are reset: no network (fail closed)
+            print(render(f"{e}; the sandbox has no network (fail closed)"), file=sys.stderr)
+            return None
+    print(render("the proxy daemon exited; the sandbox has no network from now on (fail closed)"), file=sys.stderr)
+    daemon.close()
+    return None
+
+
+def _drops(chan: socket.socket, audit: AuditLog, task: str) -> bool:
+    """One `kind: packet` record per (destination, protocol, port) the sandbox's table dropped; False at EOF."""
+    try:
+        msg = chan.recv(4096)
+    except OSError:
+        return False
+    if not msg:
+        return False
+    if msg[:1] == b"D":
+        dst, proto, port = msg[1:].decode(errors="replace").split(" ")
+        audit.write(
+            decision_record(
+                task,
+                uuid.uuid4().hex[:12],
+                "packet",
+                "deny",
+                dst,
+                int(port) if port.isdigit() else None,
+                proto=proto,
+                reason=f"{proto} packet dropped by the sandbox firewall",
+            )
+        )
+    elif msg[:1] == b"E":
+        print(render(msg[1:].decode(errors="replace")), file=sys.stderr)
+    return True
+
+
+def _terminal_owns_us() -> bool:
+    try:
+        return os.isatty(0) and os.tcgetpgrp(0) == os.getpgrp()
+    except OSError:
+        return False
