@@ -87,7 +87,7 @@ RULES: tuple[Rule, ...] = (
 )
 
 # Native syscall numbers. x86_64: /usr/include/x86_64-linux-gnu/asm/unistd_64.h; aarch64 uses the
-# generic table, /usr/include/asm-generic/unistd.h. tests/test_seccomp.py re-reads both headers.
+# generic table, /usr/include/asm-generic/unistd.h. tests/unit/test_seccomp.py re-reads both headers.
 SYSCALL_NRS: dict[str, dict[str, int]] = {
     "x86_64": {
         "ioctl": 16,

@@ -1,4 +1,4 @@
-"""Shared fixtures: the isolated fake internet (launcher/selftest/world.py, via tests/world.py) for end-to-end tests."""
+"""Shared fixtures: the isolated fake internet (launcher/selftest/world.py, via tests/support/world.py) for end-to-end tests."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from .world import World, cleanup_stale
+from .support.world import World, cleanup_stale
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -35,9 +35,9 @@ def world() -> Iterator[World]:
         yield w
 
 
-# ---- the throwaway unprivileged user (tests/rootless.py): sandgate must work without sudo
+# ---- the throwaway unprivileged user (tests/support/rootless.py): sandgate must work without sudo
 
-from .rootless import UnprivilegedUser, cleanup_stale_users  # noqa: E402
+from .support.rootless import UnprivilegedUser, cleanup_stale_users  # noqa: E402
 
 
 @pytest.fixture(scope="session")

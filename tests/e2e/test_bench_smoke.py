@@ -1,0 +1,19 @@
+"""The benchmarks still run (tiny sizes, inside a disposable world): figures are read by people, not asserted."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from ..support.runner import REPO, env
+from ..support.world import World
+
+
+@pytest.mark.parametrize(
+    "script,args", [("throughput.py", ["--mb", "2"]), ("latency.py", ["--n", "5"]), ("startup.py", ["--n", "1"])]
+)
+def test_benchmark_runs(world: World, script: str, args: list[str]) -> None:
+    r = world.run([sys.executable, str(REPO / "bench" / script), *args], cwd=REPO, env=env(), timeout=180)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "ratio" in r.stdout or "proxied" in r.stdout or "added" in r.stdout, r.stdout

@@ -1,0 +1,203 @@
+"""REAL-REGISTRY SMOKE TEST: the one place the tests use the real network (issue 11, DEVELOPERS.md).
+
+Through `sandgate run` with the bundled lists and default settings, the ordinary clients (npm,
+pip, uv, poetry, corepack, apt-get) install from PyPI, the npm registry and Debian's repositories
+(the only registries these machines reach), each twice: the second run must work from the
+sandbox home's warm cache. The clients that do not come with the machine (uv, poetry) are
+installed through sandgate too. One destination off the allowlist is named in the exit summary.
+Nothing else is contacted. Timings are printed (pytest -s), not asserted.
+
+The home used here is a throwaway one (HOME points into a temporary directory outside /tmp),
+seeded with a few files; after every client its tree is hashed and must be byte for byte what
+it was: the caches those clients wrote live in sandgate's layer, which is removed afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ..support.trees import tree_hash
+
+REPO = Path(__file__).resolve().parent.parent.parent
+SANDGATE = [sys.executable, "-m", "launcher.cli", "run"]
+
+
+def _daemon(*args: str) -> int:
+    return subprocess.run(
+        [sys.executable, "-m", "launcher.cli", "daemon", *args],
+        cwd=REPO,
+        capture_output=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    ).returncode
+
+
+@pytest.fixture(scope="module")
+def home() -> Iterator[Path]:
+    d = Path(tempfile.mkdtemp(prefix="sandgate-smoke-home-", dir="/var/tmp"))
+    # What a real home holds where these clients write: the sandbox may read it, never change it.
+    for rel, text in (
+        (".bashrc", "# smoke\n"),
+        (".cache/README", "real cache\n"),
+        (".local/share/x", "x\n"),
+        (".config/pip/pip.conf.example", "[global]\n"),
+    ):
+        (d / rel).parent.mkdir(parents=True, exist_ok=True)
+        (d / rel).write_text(text)
+    had_daemon = _daemon("status") == 0  # this runs in the host's namespace: someone's daemon may be up
+    try:
+        yield d
+    finally:
+        if not had_daemon:
+            _daemon("stop")  # the one these runs started: leave no process behind
+        from fsguard import homeoverlay
+
+        homeoverlay.forget_under(os.getuid(), str(d))
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def run(
+    home: Path, ws: Path, *args: str, timeout: float = 300, env: dict[str, str] | None = None
+) -> tuple[subprocess.CompletedProcess[str], float]:
+    # The machine's own settings (CA bundles, pip's index...) are what "as set up here" means.
+    full = {**os.environ, "HOME": str(home), "PYTHONPATH": str(REPO), "LANG": "C.UTF-8", **(env or {})}
+    t0 = time.monotonic()
+    r = subprocess.run([*SANDGATE, *args], cwd=ws, env=full, capture_output=True, text=True, timeout=timeout)
+    return r, time.monotonic() - t0
+
+
+def twice(
+    home: Path,
+    ws: Path,
+    name: str,
+    args: list[str],
+    reset: list[str] | None = None,
+    env: dict[str, str] | None = None,
+) -> None:
+    """Run `sandgate run ARGS` twice in `ws` (the second from a warm cache); the real home stays as it was."""
+    ws.mkdir(exist_ok=True)
+    before = tree_hash(home)
+    times = []
+    for attempt in ("cold", "warm"):
+        r, took = run(home, ws, *args, env=env)
+        assert r.returncode == 0, f"{name} ({attempt}) failed:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}"
+        assert " 0 denied" in r.stderr, r.stderr
+        times.append(took)
+        if reset:
+            subprocess.run(reset, cwd=ws, check=True)
+    print(f"\n{name}: first {times[0]:.2f} s, second (warm) {times[1]:.2f} s")
+    assert tree_hash(home) == before, f"{name} changed the real home"
+
+
+@pytest.fixture(scope="module")
+def tools(home: Path) -> Iterator[Path]:
+    """A venv with uv and poetry, installed from PyPI through sandgate (pip in the sandbox).
+
+    It lives outside /tmp: the sandbox's /tmp is its own, so a tool under the host's /tmp is not there.
+    """
+    ws = Path(tempfile.mkdtemp(prefix="sandgate-smoke-tools-", dir="/var/tmp"))
+    try:
+        subprocess.run([sys.executable, "-m", "venv", str(ws / "v")], check=True)
+        r, took = run(home, ws, "--allow", "pypi", "--", str(ws / "v/bin/pip"), "install", "-q", "uv", "poetry")
+        assert r.returncode == 0 and " 0 denied" in r.stderr, (r.stdout[-1500:], r.stderr[-1500:])
+        print(f"\ninstalling uv and poetry through sandgate: {took:.2f} s")
+        yield ws / "v/bin"
+    finally:
+        shutil.rmtree(ws, ignore_errors=True)
+
+
+def test_npm_install_is_number_twice(home: Path, tmp_path: Path) -> None:
+    if shutil.which("npm") is None:
+        pytest.fail("npm is not installed on this machine", pytrace=False)
+    npm = ["npm", "install", "--no-audit", "--no-fund", "is-number"]
+    reset = ["rm", "-rf", "node_modules", "package.json", "package-lock.json"]
+    twice(home, tmp_path / "npm", "npm", ["--allow", "npm", "--", *npm], reset=reset)
+    assert not (home / ".npm").exists()  # npm's cache went to the sandbox's home layer
+
+
+def test_pip_install_into_a_venv_twice(home: Path, tmp_path: Path) -> None:
+    ws = tmp_path / "pipws"
+    ws.mkdir()
+    subprocess.run([sys.executable, "-m", "venv", str(ws / "v")], check=True)
+    pip = [str(ws / "v/bin/pip"), "install", "--no-input", "--force-reinstall", "six"]
+    twice(home, ws, "pip", ["--allow", "pypi", "--", *pip])
+    assert subprocess.run([str(ws / "v/bin/python"), "-c", "import six"]).returncode == 0
+
+
+def test_uv_pip_install_twice(home: Path, tmp_path: Path, tools: Path) -> None:
+    ws = tmp_path / "uvws"
+    ws.mkdir()
+    venv = [sys.executable, "-m", "venv", "--clear", str(ws / "v")]
+    subprocess.run(venv, check=True)
+    uv = [str(tools / "uv"), "pip", "install", "--python", str(ws / "v/bin/python"), "six"]
+    twice(home, ws, "uv", ["--allow", "pypi", "--", *uv], reset=venv)
+
+
+def test_poetry_add_twice(home: Path, tmp_path: Path, tools: Path) -> None:
+    ws = tmp_path / "poetryws"
+    ws.mkdir()
+    project = '[project]\nname = "smoke"\nversion = "0.1.0"\nrequires-python = ">=3.12"\ndependencies = []\n'
+    project += "\n[tool.poetry]\npackage-mode = false\n"
+    (ws / "pyproject.toml").write_text(project)
+    # Poetry keeps its cache and the project's virtualenv under ~/.cache/pypoetry: the sandbox home's.
+    reset = ["sh", "-c", f"rm -f poetry.lock && printf '%s' '{project}' > pyproject.toml"]
+    twice(
+        home,
+        ws,
+        "poetry",
+        ["--allow", "pypi", "--", str(tools / "poetry"), "add", "--no-interaction", "six"],
+        reset=reset,
+    )
+
+
+def test_corepack_fetches_pnpm_twice(home: Path, tmp_path: Path) -> None:
+    if shutil.which("corepack") is None:
+        pytest.fail("corepack is not installed on this machine", pytrace=False)
+    # The registry these machines reach serves metadata without npm's signatures, which corepack
+    # checks (outside sandgate as well): the test turns that check off; the env family *_KEYS
+    # would drop the variable, so the policy keeps it.
+    policy = tmp_path / "corepack.yaml"
+    policy.write_text("version: 1\nenv:\n  keep: [COREPACK_INTEGRITY_KEYS]\n")
+    env = {"COREPACK_INTEGRITY_KEYS": "0", "COREPACK_ENABLE_DOWNLOAD_PROMPT": "0"}
+    args = ["--policy", str(policy), "--allow", "npm", "--", "corepack", "pnpm@9.15.0", "--version"]
+    twice(home, tmp_path / "corepack", "corepack", args, env=env)
+
+
+def test_apt_get_download_hostname_twice(home: Path, tmp_path: Path) -> None:
+    if shutil.which("apt-get") is None:
+        pytest.fail("apt-get is not installed on this machine", pytrace=False)
+    args = ["--allow", "debian", "--", "apt-get", "download", "hostname"]
+    twice(home, tmp_path / "apt", "apt", args, reset=["sh", "-c", "rm -f *.deb"])
+
+
+def test_a_registry_off_the_list_is_named_in_the_summary(home: Path, tmp_path: Path) -> None:
+    ws = tmp_path / "denied"
+    ws.mkdir()
+    subprocess.run([sys.executable, "-m", "venv", str(ws / "v")], check=True)
+    r, took = run(
+        home,
+        ws,
+        "--allow",
+        "npm",
+        "--",
+        str(ws / "v/bin/pip"),
+        "download",
+        "--no-deps",
+        "--retries",
+        "0",
+        "-d",
+        str(ws),
+        "six",
+    )
+    assert r.returncode != 0
+    named = [x for x in r.stderr.splitlines() if x.startswith("sandgate: denied pypi.org:443")]
+    assert named and "--allow pypi" in named[0], r.stderr
+    print(f"\npip against a denied registry gave up after {took:.2f} s")

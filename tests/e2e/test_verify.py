@@ -1,0 +1,214 @@
+"""`sandgate verify` as the regression suite of the boundary: every probe row is asserted, and
+weakening one mechanism (through the internal test-only switch) makes exactly its rows fail.
+
+Every probe runs twice (identity "root": the command is uid 0 inside, what root gets by default;
+"user": an unprivileged command), and verify runs both as root and as a throwaway ordinary user
+without sudo (its world then lives in a user namespace of its own)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fsguard import landlock
+from launcher.selftest import verify
+from launcher.selftest.probes import core
+
+from ..support.rootless import UnprivilegedUser
+from ..support.world import World
+
+REPO = Path(__file__).resolve().parent.parent.parent
+IDENTITIES = ("root", "user")
+ROW_KEYS = {"group", "probe", "context", "expected", "observed", "ok", "evidence", "identity"}
+
+
+def sandgate_verify(*args: str, weaken: str = "") -> tuple[int, list[dict[str, object]], str]:
+    if os.geteuid() != 0:
+        pytest.fail("sandgate verify needs root", pytrace=False)
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "PYTHONPATH": str(REPO), "LANG": "C.UTF-8"}
+    if weaken:
+        env["SANDGATE_INTERNAL_WEAKEN"] = weaken
+    r = subprocess.run(
+        [sys.executable, "-m", "launcher.cli", "verify", "--json", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd="/",
+        timeout=300,
+    )
+    return r.returncode, (json.loads(r.stdout) if r.stdout.strip() else []), r.stderr
+
+
+def _assert_complete(rows: list[dict[str, object]]) -> None:
+    """Every probe, in every context it declares, for both identities: nothing silently skipped."""
+    seen = {(r["group"], r["probe"], r["context"], r["identity"]) for r in rows}
+    for group, probe, _ in core.probe_list():
+        for ctx in core.REGISTRY[probe].contexts:
+            for who in IDENTITIES:
+                assert (group, probe, ctx, who) in seen, (probe, ctx, who)
+    for who in IDENTITIES:
+        assert ("process", "daemon_after_run", "daemon", who) in seen
+    assert not [r for r in rows if r["observed"] == "unsupported"]
+    assert all(set(r) == ROW_KEYS for r in rows)  # the v1 keys unchanged, plus "identity"
+
+
+def _host_keys_and_segments() -> tuple[set[str], set[str]]:
+    keys = {
+        line
+        for line in Path("/proc/keys").read_text().splitlines()  # live ones: not invalidated/dead/revoked
+        if "sandgate-verify:" in line and not set(line.split()[1]) & set("iDR")
+    }
+    shm = {line.split()[1] for line in Path("/proc/sysvipc/shm").read_text().splitlines()[1:]}
+    return keys, shm
+
+
+def test_every_probe_behaves_as_expected_in_every_context() -> None:
+    hostname, (_, shm_before) = socket.gethostname(), _host_keys_and_segments()
+    code, rows, err = sandgate_verify()
+    bad = [r for r in rows if not r["ok"]]
+    assert code == 0 and rows and not bad, (bad, err[-2000:])
+    _assert_complete(rows)
+    by = {(r["probe"], r["context"], r["identity"]): str(r["evidence"]) for r in rows}
+    for ctx in core.CONTEXTS:
+        for who in IDENTITIES:
+            # The verdict of netns_tamper is the canary's; that each change was refused is in its detail.
+            tamper = by["netns_tamper", ctx, who]
+            for change in ("nft flush ruleset", "ip link add veth", "ip route replace default"):
+                assert f"{change}: refused" in tamper, tamper
+            setns = by["setns_host_netns", ctx, who]
+            assert "EPERM" in setns and "/run/netns/sandgate-v" in setns, setns
+            assert "ECONNREFUSED" in by["host_loopback_service", ctx, who]  # the sandbox's own, empty loopback
+    # What verify planted outside is gone again, and the host's name never changed.
+    keys, shm_after = _host_keys_and_segments()
+    assert socket.gethostname() == hostname and not keys and not (shm_after - shm_before)
+    leftovers = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert "sandgate-v" not in leftovers
+
+
+#: Without a network namespace of its own (the "firewall" weakening) the command shares the world's:
+#: nothing redirects or drops, so every direct connection reaches its canary; DNS goes to the world's
+#: resolver (no resolver of our own is in /etc/resolv.conf); 127.0.0.1 is the host's.
+OPEN_NETWORK_FAILS = {
+    "direct_tcp_ip",
+    "allowed_ip_other_port",
+    "udp",
+    "quic",  # nothing dropped
+    "blocked_transparent",
+    "sni_spoof",
+    "host_mismatch",  # no transparent proxy: the blocked IP answers itself
+    "dns_udp_rogue",
+    "dns_tcp_rogue",
+    "dns_txt_exfil",  # any resolver, and the world's relays the secret
+    "dns_smuggling",  # the world's resolver sees the client's own bytes: extra records, options, case
+    "wildcard_dns_types",  # the world's resolver answers TXT/NULL/MX for any name: nothing refuses them
+    "rebind_own_address",  # transparently, the name leads straight to the world's own address
+    "host_loopback_service",  # the host's own loopback services
+    "netns_tamper",  # its final connection goes straight through
+}
+
+
+def test_no_network_namespace_makes_exactly_the_network_rows_fail_with_canary_evidence() -> None:
+    code, rows, err = sandgate_verify("--only", "network", weaken="firewall")
+    assert code == 1, err[-2000:]
+    expected = set(OPEN_NETWORK_FAILS)
+    if landlock.abi_version() < 6:
+        expected.add("abstract_unix")  # else Landlock's abstract-socket scope still keeps it out
+    failed = {(r["probe"], r["context"], r["identity"]): r for r in rows if not r["ok"]}
+    assert {probe for probe, _, _ in failed} == expected
+    for probe in expected:
+        for ctx in core.CONTEXTS:
+            for who in IDENTITIES:
+                row = failed[(probe, ctx, who)]
+                assert row["observed"] == "permitted" and "canary saw it" in str(row["evidence"]), row
+    # What does not depend on the network namespace still holds: the proxy's decisions, the
+    # capability checks (setns), the mount namespace (path_unix).
+    still_ok = {r["probe"] for r in rows if r["ok"]}
+    assert {"https_proxy_vars", "blocked_via_proxy", "rebind_loopback", "setns_host_netns", "path_unix"} <= still_ok
+
+
+def test_cap_net_admin_flushes_the_table_yet_the_linkless_namespace_reaches_nothing() -> None:
+    code, rows, err = sandgate_verify("--only", "network", weaken="netadmin")
+    assert code == 0 and not [r for r in rows if not r["ok"]], err[-2000:]
+    for ctx in core.CONTEXTS:
+        root = next(r for r in rows if (r["probe"], r["context"], r["identity"]) == ("netns_tamper", ctx, "root"))
+        # The weakening took effect (the probe's own detail), and still no canary saw a thing: there
+        # is no link out of the namespace, whatever its table says.
+        assert root["observed"] == "blocked" and "nft flush ruleset: done" in str(root["evidence"]), root
+        assert "ip link add veth: done" in str(root["evidence"]) and "canary saw it" not in str(root["evidence"])
+        user = next(r for r in rows if (r["probe"], r["context"], r["identity"]) == ("netns_tamper", ctx, "user"))
+        assert "nft flush ruleset: refused" in str(user["evidence"])  # an unprivileged command holds nothing
+
+
+def test_removing_the_git_hooks_protection_makes_that_probe_fail() -> None:
+    code, rows, err = sandgate_verify("--only", "filesystem", weaken="git-hooks")
+    assert code == 1, err[-2000:]
+    failed = {(r["probe"], r["identity"]): r for r in rows if not r["ok"]}
+    # Only the weakened mechanism: a hook can be planted, and .git/hooks (no longer a mount point)
+    # renamed away; .git itself and .git/config stay protected.
+    assert set(failed) == {(probe, who) for probe in ("git_hooks", "rename_protected") for who in IDENTITIES}
+    for who in IDENTITIES:
+        assert "renamed .git/hooks" in str(failed["rename_protected", who]["evidence"])
+
+
+def test_readme_coverage_table_is_generated_from_the_probe_list() -> None:
+    assert verify.coverage_markdown() in (REPO / "README.md").read_text()
+
+
+def test_verify_reports_a_bad_policy_before_building_anything(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("version: 1\nnetwork:\n  allow: ['*']\n")
+    r = subprocess.run(
+        [sys.executable, "-m", "launcher.cli", "verify", "--policy", str(bad)],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)},
+    )
+    assert r.returncode == 125 and r.stderr.startswith(f"sandgate: error: {bad}:3:")
+
+
+def test_ctrl_c_removes_everything_verify_built() -> None:
+    import signal
+    import time
+
+    before = set(os.listdir("/var/tmp")) | set(os.listdir("/tmp"))
+    p = subprocess.Popen(
+        [sys.executable, "-m", "launcher.cli", "verify"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd="/",
+        env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "PYTHONPATH": str(REPO)},
+    )
+    deadline = time.monotonic() + 30
+    while "sandgate-v" not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout:
+        assert time.monotonic() < deadline and p.poll() is None
+        time.sleep(0.2)
+    time.sleep(3)  # the probes are running inside `sandgate run` now
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 130 and "Traceback" not in err, err
+    assert "sandgate-v" not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    after = set(os.listdir("/var/tmp")) | set(os.listdir("/tmp"))
+    assert not [x for x in after - before if x.startswith("sandgate")]
+    runners = "launcher.selftest.probes|launcher.selftest.canary"
+    assert subprocess.run(["pgrep", "-f", runners], capture_output=True).returncode == 1
+
+
+def test_an_ordinary_user_runs_verify_without_sudo(world: World, unprivileged: UnprivilegedUser) -> None:
+    """No root anywhere: verify builds its world in a user namespace of its own, runs the rootless path."""
+    r = unprivileged.runner(world).run(
+        [sys.executable, "-m", "launcher.cli", "verify", "--json"], env={"PYTHONPATH": str(REPO)}, timeout=300
+    )
+    rows = json.loads(r.stdout) if r.stdout.strip() else []
+    bad = [x for x in rows if not x["ok"]]
+    assert r.returncode == 0 and rows and not bad, (bad, r.stderr[-2000:])
+    _assert_complete(rows)
+    setns = [str(x["evidence"]) for x in rows if x["probe"] == "setns_host_netns"]
+    # Its world has no /run/netns name: the setns target is the rootless world's own bound handle.
+    assert all("EPERM" in e and "/world-netns" in e for e in setns), setns

@@ -1,0 +1,1 @@
+"""Unit tests: the pure core and each kernel mechanism alone (no test world, no sandgate run)."""
