@@ -14,8 +14,10 @@ import shutil
 import stat
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -52,6 +54,21 @@ def _passwd_names() -> set[str]:
 
 def _group_names() -> set[str]:
     return {line.split(":", 1)[0] for line in Path("/etc/group").read_text().splitlines() if line}
+
+
+@pytest.fixture
+def closed() -> Iterator[Path]:
+    """A directory only root may traverse (as pyenv's /root is), with something the user must reach
+    inside and something it must not see: the mount trick is exercised wherever the interpreter lives."""
+    top = Path(tempfile.mkdtemp(prefix="sandgate-closed-", dir="/var/tmp"))
+    try:
+        top.chmod(0o700)
+        (top / "needed").mkdir()
+        (top / "needed" / "tool.txt").write_text("reachable\n")
+        (top / "private.txt").write_text("root's own\n")
+        yield top
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
 
 
 def _start_ready(r: UserRunner, seconds: int = 300) -> subprocess.Popen[bytes]:
@@ -177,10 +194,11 @@ def test_venv_python_and_sandgate_cli_run_as_the_user(world: World, unprivileged
         assert res.returncode != 0 and "ermission denied" in res.stderr, res
 
 
-def test_user_sees_only_the_skeleton_of_covered_dirs(world: World, unprivileged: UnprivilegedUser) -> None:
-    r = unprivileged.runner(world)
-    if not r.covers:
-        pytest.skip("nothing this run needs lies under a directory others cannot traverse")
+def test_user_sees_only_the_skeleton_of_covered_dirs(
+    world: World, unprivileged: UnprivilegedUser, closed: Path
+) -> None:
+    r = unprivileged.runner(world, paths=[*default_paths(), closed / "needed"])
+    assert str(closed) in r.covers
     for cover in r.covers:
         host = sorted(os.listdir(cover))
         # Expected: per level, only the next component of each bound path below the cover.
@@ -207,10 +225,9 @@ def test_user_sees_only_the_skeleton_of_covered_dirs(world: World, unprivileged:
     assert sorted(res.stdout.split()) == sorted(os.listdir(path))
 
 
-def test_host_root_and_mounts_are_untouched(world: World, unprivileged: UnprivilegedUser) -> None:
-    r = unprivileged.runner(world)
-    if not r.covers:
-        pytest.skip("nothing this run needs lies under a directory others cannot traverse")
+def test_host_root_and_mounts_are_untouched(world: World, unprivileged: UnprivilegedUser, closed: Path) -> None:
+    r = unprivileged.runner(world, paths=[*default_paths(), closed / "needed"])
+    assert str(closed) in r.covers
     covers = r.covers
     before = {c: (stat.S_IMODE(os.stat(c).st_mode), sorted(os.listdir(c))) for c in covers}
     host_mounts = Path("/proc/self/mountinfo").read_text()
