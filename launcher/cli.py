@@ -3,19 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import sys
 from collections.abc import Sequence
-from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 from launcher import errors
-from launcher.config import bundled as allowlists
 from launcher.config import load as lpolicy
-from launcher.config import yamlfile
 from launcher.config.errors import PolicyFileError
 from launcher.errors import UsageError
 from netguard.hosts import split_host_port
@@ -63,41 +59,22 @@ def _housekeeping(args: argparse.Namespace) -> int:
     return body[args.command](args)
 
 
-def cmd_audit(args: argparse.Namespace) -> int:
-    from launcher.audit import logs as auditlogs
-    from launcher.audit import suggest, summary
-    from netguard import audit
+def _audit(args: argparse.Namespace) -> int:
+    from launcher.audit import command
 
-    if args.audit_command is None:  # `sandgate audit`: the recent runs' logs
-        logs = auditlogs.recent()
-        if not logs:
-            print(f"sandgate: no audit logs in {auditlogs.log_dir()}", file=sys.stderr)
-        for mtime, size, path in logs:
-            stamp = datetime.fromtimestamp(mtime).strftime("%Y-%m-%d %H:%M:%S")
-            print(f"{stamp}  {size / 1024:8.1f} KiB  {path}")
-        return 0
-    paths = [Path(p) for p in args.logs]
-    if not paths:
-        last = auditlogs.latest()
-        if last is None:
-            raise UsageError(
-                f"no audit logs in {auditlogs.log_dir()}; name one: sandgate audit {args.audit_command} LOG"
-            )
-        paths = [last]
-    try:
-        records = auditlogs.read_logs(paths)
-    except audit.LogError as e:
-        raise UsageError(str(e)) from None
-    bundled = lpolicy.bundled_rulesets()
-    if args.audit_command == "summary":
-        rows = summary.summarize(records)
-        if args.json:
-            print(json.dumps(summary.as_json(rows, bundled), indent=1))
-        else:
-            print(summary.format_table(rows, bundled))
-        return 0
-    sys.stdout.write(suggest.suggest(records, name=args.name, bundled=bundled))
-    return 0
+    return command.main(args)
+
+
+def _trust(args: argparse.Namespace) -> int:
+    from launcher.config import commands
+
+    return commands.trust(args)
+
+
+def _allowlists(args: argparse.Namespace) -> int:
+    from launcher.config import commands
+
+    return commands.list_bundled(args)
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -111,42 +88,6 @@ def cmd_verify(args: argparse.Namespace) -> int:
         return verify.main([Path(p) for p in args.policy], args.json, args.only)
     except verify.VerifyError as e:
         raise UsageError(str(e)) from None
-
-
-def cmd_trust(args: argparse.Namespace) -> int:
-    """`sandgate trust [FILE]`: let a workspace policy widen the defaults, until its content changes."""
-    from launcher.config import trust
-
-    store = trust.Store.default()
-    path = Path(args.file or ".sandgate.yaml")
-    try:
-        if args.list:
-            for key, rec in sorted(store.records().items()):
-                try:
-                    now: str = trust.status_of({key: rec}, key, trust.read_file(Path(key), yamlfile.MAX_BYTES))
-                except trust.Unreadable:
-                    now = "unreadable" if os.path.lexists(key) else "missing"
-                print(f"{now:<8} {key}  sha256 {rec.sha256[:12]}  since {rec.trusted_at}")
-            return 0
-        if args.revoke:
-            done = store.revoke(path)
-            print(f"sandgate: {'no longer trusted' if done else 'was not trusted'}: {trust.key(path)}", file=sys.stderr)
-            return 0
-        if (problem := store.problem((Path.cwd(), path.absolute().parent))) is not None:
-            raise UsageError(problem)
-        for key, digest in store.add(lpolicy.trust_chain(path)):
-            print(f"sandgate: trusted {key} (sha256 {digest[:12]}); any change to it revokes this", file=sys.stderr)
-    except trust.TrustError as e:
-        raise UsageError(str(e)) from None
-    return 0
-
-
-def cmd_allowlists(args: argparse.Namespace) -> int:
-    rows = allowlists.describe_bundled()
-    width = max(len(n) for n, _, _ in rows)
-    for name, desc, count in rows:
-        print(f"{name:<{width}}  {count:>2} hosts  {desc}")
-    return 0
 
 
 class _Version(argparse.Action):
@@ -299,18 +240,18 @@ def _add_audit(sub: _Subparsers) -> None:
         "audit",
         help="read audit logs: what a task reached, and the policy it needed (alone: list the recent runs' logs)",
     )
-    au.set_defaults(func=cmd_audit)
+    au.set_defaults(func=_audit)
     au_sub = au.add_subparsers(dest="audit_command", parser_class=_Parser)
     su = au_sub.add_parser("summary", help="one row per destination, riskiest first (default: the last run)")
     su.add_argument("logs", nargs="*", metavar="LOG")
     su.add_argument("--json", action="store_true")
-    su.set_defaults(func=cmd_audit)
+    su.set_defaults(func=_audit)
     sg = au_sub.add_parser(
         "suggest", help="print a policy that allows exactly what the runs needed (default: the last run)"
     )
     sg.add_argument("logs", nargs="*", metavar="LOG")
     sg.add_argument("--name", help="description for the suggested policy")
-    sg.set_defaults(func=cmd_audit)
+    sg.set_defaults(func=_audit)
 
 
 def _add_housekeeping(sub: _Subparsers) -> None:
@@ -343,10 +284,10 @@ def _add_trust(sub: _Subparsers) -> None:
     which = tr.add_mutually_exclusive_group()
     which.add_argument("--revoke", action="store_true", help="forget FILE: it only narrows again")
     which.add_argument("--list", action="store_true", help="every trusted file, and whether it changed since")
-    tr.set_defaults(func=cmd_trust)
+    tr.set_defaults(func=_trust)
 
     al = sub.add_parser("allowlists", help="list the bundled allowlists")
-    al.set_defaults(func=cmd_allowlists)
+    al.set_defaults(func=_allowlists)
 
 
 def _policy_args(p: argparse.ArgumentParser) -> None:

@@ -150,30 +150,6 @@ class LocalAddrs:
 # ---- resolving an allowed name ------------------------------------------------------------------
 
 
-async def resolve_checked(
-    resolver: dns.asyncresolver.Resolver | None,
-    rs: rules.Ruleset,
-    name: str,
-    port: int,
-    d: rules.Decision,
-    own: rules.PrefixTable | None,
-) -> tuple[rules.Decision, str | None]:
-    """(decision, address to pin): the first resolved address that passes the veto, else the first veto."""
-    try:
-        addrs = await resolve(resolver, name, port)
-    except (OSError, dns.exception.DNSException) as e:
-        return rules.Decision("deny", d.rule, f"cannot resolve {name}: {e or type(e).__name__}"), None
-    if not addrs:
-        return rules.Decision("deny", d.rule, f"cannot resolve {name}: no address"), None
-    vetoes = []
-    for a in addrs:
-        veto = rules.check_address(rs, a, port, own)
-        if veto is None:
-            return d, str(a)
-        vetoes.append(veto)
-    return vetoes[0], None
-
-
 async def resolve(r: dns.asyncresolver.Resolver | None, name: str, port: int) -> list[Address]:
     """All addresses of `name`, IPv4 first, via the policy's resolver `r` or the system's (None)."""
     found: list[Address] = []
