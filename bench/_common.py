@@ -106,6 +106,21 @@ def _wait_for_line(
     return seen
 
 
+def _wait_ready_fd(proc: subprocess.Popen[bytes], fd: int, timeout: float, what: str) -> None:
+    """`sandgate proxy --ready-fd`: one JSON line once it accepts connections; EOF first means it exited."""
+    import json
+    import select
+
+    try:
+        ready, _, _ = select.select([fd], [], [], timeout)
+        line = os.read(fd, 65536) if ready else b""
+    finally:
+        os.close(fd)
+    if not line or not json.loads(line).get("ready"):
+        err = proc.stderr.read().decode(errors="replace") if proc.stderr and proc.poll() is not None else ""
+        raise RuntimeError(f"{what} did not become ready within {timeout:.0f}s (exit code {proc.poll()}): {err}")
+
+
 # --- certificates --------------------------------------------------------------------------------
 
 
@@ -315,15 +330,19 @@ def sandgate_proxy(allowed_ports: list[int]) -> Iterator[Proxy]:
         policy.write_text(policy_yaml(allowed_ports))
         audit = tmp / "audit.jsonl"
         port = free_port()
+        r, w = os.pipe()
+        listen = ["--listen", f"{LOOPBACK}:{port}", "--audit-log", str(audit), "--ready-fd", str(w)]
         proc = subprocess.Popen(
-            [SANDGATE, "proxy", "--policy", str(policy), "--listen", f"{LOOPBACK}:{port}", "--audit-log", str(audit)],
+            [SANDGATE, "proxy", "--policy", str(policy), *listen],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             cwd=tmp,
             env=clean_env(),
+            pass_fds=(w,),
         )
-        _wait_for_line(proc, proc.stderr, "sandgate: proxy ready on", READY_TIMEOUT, "sandgate proxy")
+        os.close(w)
+        _wait_ready_fd(proc, r, READY_TIMEOUT, "sandgate proxy")
         yield Proxy(port, proc, audit)
     finally:
         if proc is not None:
