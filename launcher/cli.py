@@ -82,6 +82,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     for p in args.policy:
         lpolicy.build_policy([Path(p)], [], [])  # a policy error is reported before any namespace exists
+    # An ordinary user's PATH often lacks the sbin directories, where nft (and on some systems ip) live.
+    path = os.environ.get("PATH", "").split(":")
+    os.environ["PATH"] = ":".join([*path, *(d for d in ("/usr/sbin", "/sbin") if d not in path)])
     if shutil.which("nft") is None:
         raise UsageError("nft not found; install nftables (apt-get install nftables)")
     try:
