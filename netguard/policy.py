@@ -211,18 +211,11 @@ def parse_resolver(value: Any, line: int | None) -> tuple[str, int]:
     if not isinstance(value, str):
         raise PolicyError(f"'resolver' must be a string 'IP:PORT', not {_typename(value)}", line)
     text = value.strip()
-    port = 53
-    if text.startswith("["):
-        addr, _, rest = text[1:].partition("]")
-        if rest:
-            if not rest.startswith(":"):
-                raise PolicyError(f"invalid resolver '{value}': expected '[IPv6]:PORT'", line)
-            port = _port(rest[1:], value, line)
-    elif text.count(":") == 1:
-        addr, _, p = text.partition(":")
-        port = _port(p, value, line)
-    else:
-        addr = text
+    after_bracket = text.partition("]")[2] if text.startswith("[") else ""
+    if after_bracket and not after_bracket.startswith(":"):
+        raise PolicyError(f"invalid resolver '{value}': expected '[IPv6]:PORT'", line)
+    addr, port_text = hosts.split_host_port(text)
+    port = 53 if port_text is None else _port(port_text, value, line)
     try:
         ip = ipaddress.ip_address(addr)
     except ValueError:

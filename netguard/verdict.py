@@ -78,10 +78,15 @@ def judge(rs: rules.Ruleset, host: str, port: int | None, *, learn: bool = False
     # and raw addresses stay governed by cidr rules.
     default_deny = d.action == "deny" and d.rule is None and is_name(host)
     if default_deny and learn:
-        return Verdict(rules.Decision("allow", None, f"learn mode: {d.reason}"), by="learn", would="deny")
+        return learned(d, d.reason)
     if default_deny and ask_all:
         return Verdict(rules.Decision("ask", None, f"{d.reason} (--ask)"))
     return Verdict(d)
+
+
+def learned(d: rules.Decision, why: str) -> Verdict:
+    """What learn mode makes of a denial: let it through, and record that the policy would deny it."""
+    return Verdict(rules.Decision("allow", d.rule, f"learn mode: {why}"), by="learn", would="deny")
 
 
 def is_name(host: str) -> bool:

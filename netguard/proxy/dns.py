@@ -224,7 +224,7 @@ def _by_type(b: Binding, name: str, q: dns.rrset.RRset, v: verdict.Verdict) -> t
             (f"type {qtype} refused: {only}, which serves A and AAAA; add 'dns: [{qtype}]' to that entry to allow it"),
         )
     if b.learn:
-        return "forward", verdict.Verdict(rules.Decision("allow", d.rule, f"learn mode: {why}"), "learn", "deny")
+        return "forward", verdict.learned(d, why)
     return how, verdict.Verdict(rules.Decision("deny", d.rule, why))
 
 

@@ -146,3 +146,14 @@ def test_garbage_before_the_last_line_is_an_error(tmp_path: Path) -> None:
     path.write_text(f"{good}\n{{not json\n{good}\n")
     with pytest.raises(audit.LogError, match=r"bad\.jsonl:2: not a JSON record"):
         list(audit.read(path))
+
+
+def test_readme_lists_every_decision_kind() -> None:
+    """A new Kind literal must be documented where users read the log's format."""
+    from typing import get_args
+
+    row = next(line for line in README.read_text().splitlines() if line.startswith("| `kind` |"))
+    decision_cell = row.split("|")[2]
+    listed = set(re.findall(r"`(\w+)`", decision_cell))
+    decision_kinds = set(get_args(audit.Kind)) - {"approval", "policy"}
+    assert listed == decision_kinds

@@ -105,3 +105,50 @@ def test_every_package_ships_in_the_wheel() -> None:
     }
     assert found <= listed, f"add to [tool.setuptools] packages: {sorted(found - listed)}"
     assert "launcher.allowlists" in listed
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    """Every module a file imports, at any depth (function-level imports too), as absolute names."""
+    out: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out += [(node.lineno, node.module)] + [(node.lineno, f"{node.module}.{a.name}") for a in node.names]
+    return out
+
+
+#: The one arrow between the guards: the stdlib-only leaf both policy sections share.
+ALLOWED_CROSS = {("fsguard", "netguard.policyerror")}
+
+
+def arrow_violations(root: Path) -> list[str]:
+    """The guards never import the launcher; they never import each other, save ALLOWED_CROSS."""
+    bad = []
+    for guard, other in (("netguard", "fsguard"), ("fsguard", "netguard")):
+        for path in sorted((root / guard).rglob("*.py")):
+            for line, name in _imports(path):
+                top = name.split(".")[0]
+                crossing = top == other and not any(
+                    name == leaf or name.startswith(leaf + ".") for g, leaf in ALLOWED_CROSS if g == guard
+                )
+                if top == "launcher" or crossing:
+                    bad.append(f"{path.relative_to(root)}:{line}: imports {name}")
+    return bad
+
+
+def test_the_guards_never_import_the_launcher_or_each_other() -> None:
+    bad = arrow_violations(ROOT)
+    assert not bad, "arrows broken:\n" + "\n".join(bad)
+
+
+def test_the_arrow_check_catches_an_offender(tmp_path: Path) -> None:
+    for pkg in ("netguard", "fsguard"):
+        (tmp_path / pkg).mkdir()
+    (tmp_path / "netguard" / "a.py").write_text("def f():\n    from launcher.cli import main\n")
+    (tmp_path / "fsguard" / "b.py").write_text("from netguard.policyerror import PolicyError\nimport netguard.rules\n")
+    assert arrow_violations(tmp_path) == [
+        "netguard/a.py:2: imports launcher.cli",
+        "netguard/a.py:2: imports launcher.cli.main",
+        "fsguard/b.py:2: imports netguard.rules",
+    ]

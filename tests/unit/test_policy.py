@@ -764,7 +764,8 @@ def test_version_and_a_closed_pipe(tmp_path: Path) -> None:
 
 
 def test_listen_addresses_are_taken_apart_by_the_one_host_port_parser() -> None:
-    from launcher.cli import UsageError, parse_addr
+    from launcher.cli import parse_addr
+    from launcher.errors import UsageError
 
     assert parse_addr("3128") == ("127.0.0.1", 3128)
     assert parse_addr("0.0.0.0:8080") == ("0.0.0.0", 8080)
