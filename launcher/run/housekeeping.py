@@ -8,7 +8,6 @@ import os
 import shutil
 import sys
 from pathlib import Path
-from typing import Any
 
 from launcher.errors import UsageError
 from launcher.run import daemonctl, runstate
@@ -81,11 +80,8 @@ def daemon(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_status(st: dict[str, Any], path: Path) -> None:
-    bindings = st.get("bindings", [])
-    print(
-        f"sandgate: daemon pid {st.get('pid')}, up {float(st.get('uptime', 0)):.0f} s, "
-        f"{len(bindings)} sandbox(es); socket {path}"
-    )
+def _print_status(st: control.Status, path: Path) -> None:
+    bindings = st["bindings"]
+    print(f"sandgate: daemon pid {st['pid']}, up {st['uptime']:.0f} s, {len(bindings)} sandbox(es); socket {path}")
     for b in bindings:
-        print(f"  task {b.get('task')}")
+        print(f"  task {b['task']} since {b['since']}")

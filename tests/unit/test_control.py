@@ -302,3 +302,17 @@ def test_adopt_fds_refuses_wrong_count_and_duplicates(tmp_path: Path) -> None:
     with pytest.raises(control.BindError, match="passed twice"):
         control.adopt_fds(fds)
     assert all(_closed(fd) for fd in fds)
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        {"ok": True},
+        {"ok": True, "pid": "1", "uptime": 2.0, "bindings": []},
+        {"ok": True, "pid": 1, "uptime": 2.0, "bindings": [{"task": 5, "since": "x"}]},
+        {"ok": True, "pid": 1, "uptime": 2.0, "bindings": {}},
+    ],
+)
+def test_a_malformed_status_reply_is_a_control_error(reply: dict[str, object]) -> None:
+    with pytest.raises(ControlError, match="malformed"):
+        control.parse_status(reply)
