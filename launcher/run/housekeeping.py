@@ -13,6 +13,7 @@ from launcher.errors import UsageError
 from launcher.run import daemonctl, runstate
 from launcher.run.options import resolve_user
 from netguard.proxy import control
+from netguard.proxy.status import Status
 
 
 def cleanup(args: argparse.Namespace) -> int:
@@ -80,7 +81,7 @@ def daemon(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_status(st: control.Status, path: Path) -> None:
+def _print_status(st: Status, path: Path) -> None:
     bindings = st["bindings"]
     print(f"sandgate: daemon pid {st['pid']}, up {st['uptime']:.0f} s, {len(bindings)} sandbox(es); socket {path}")
     for b in bindings:

@@ -28,9 +28,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self, TypedDict
+from typing import Any, Self
 
 from netguard.proxy.spec import BindingSpec, encode
+from netguard.proxy.status import Status, parse_status
 
 MAX_MESSAGE = 1 << 20
 #: The fds a bind carries, in this order.
@@ -95,41 +96,6 @@ def close_fds(fds: Sequence[int]) -> None:
 # ---- the client -----------------------------------------------------------------------------
 
 
-class BindingStatus(TypedDict):
-    task: str
-    since: str  # RFC 3339 UTC
-
-
-class Status(TypedDict):
-    """The daemon's `status` reply, as `sandgate daemon status` shows it."""
-
-    ok: bool
-    pid: int
-    uptime: float
-    bindings: list[BindingStatus]
-
-
-def parse_status(reply: dict[str, Any]) -> Status:
-    """Check a `status` reply's shape: a daemon of other code must not make the launcher crash on a KeyError."""
-    bindings = reply.get("bindings")
-    ok = (
-        isinstance(reply.get("pid"), int)
-        and isinstance(reply.get("uptime"), int | float)
-        and isinstance(bindings, list)
-        and all(
-            isinstance(b, dict) and isinstance(b.get("task"), str) and isinstance(b.get("since"), str) for b in bindings
-        )
-    )
-    if not ok or not isinstance(bindings, list):
-        raise ControlError("the daemon's status reply is malformed")
-    return Status(
-        ok=True,
-        pid=reply["pid"],
-        uptime=float(reply["uptime"]),
-        bindings=[BindingStatus(task=b["task"], since=b["since"]) for b in bindings],
-    )
-
-
 class ControlClient:
     """A blocking client for one launcher: one connection, at most one binding, closed on exit."""
 
@@ -157,7 +123,10 @@ class ControlClient:
         self._request({"op": "end"})
 
     def status(self) -> Status:
-        return parse_status(self._request({"op": "status"}))
+        try:
+            return parse_status(self._request({"op": "status"}))
+        except ValueError as e:
+            raise ControlError(str(e)) from None
 
     def stop(self) -> None:
         self._request({"op": "stop"})

@@ -214,6 +214,7 @@ def test_control_imports_no_mitmproxy_or_dnspython() -> None:
         "netguard.proxy",
         "netguard.proxy.control",
         "netguard.proxy.spec",
+        "netguard.proxy.status",
     ]
 
 
@@ -314,5 +315,7 @@ def test_adopt_fds_refuses_wrong_count_and_duplicates(tmp_path: Path) -> None:
     ],
 )
 def test_a_malformed_status_reply_is_a_control_error(reply: dict[str, object]) -> None:
-    with pytest.raises(ControlError, match="malformed"):
-        control.parse_status(reply)
+    from netguard.proxy.status import parse_status
+
+    with pytest.raises(ValueError, match="malformed"):
+        parse_status(reply)
