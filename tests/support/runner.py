@@ -146,7 +146,7 @@ class Sandgate:
     `where` is a World, a Client or a UserRunner (tests/support/rootless.py), so the same runner
     starts sandgate as root and as the throwaway user. The fields are defaults; each call may
     override them (`dataclasses.replace` makes a variant). The command line is
-    RUN [-q] [--policy P] [--audit-log A] ARGS... [-- CMD...].
+    RUN [-q] [--policy P] [--audit-log A] ARGS... [-- CMD...] (`view=False`: without RUN's VIEW).
     """
 
     where: _NetnsRunner
@@ -157,6 +157,7 @@ class Sandgate:
     env: Mapping[str, str] | None = None  # None: env(), the tests' plain environment
     cwd: Path | None = None
     timeout: float = 30
+    view: bool = True  # False: `sandgate run` without VIEW's --write of a checkout under /tmp
 
     def argv(
         self,
@@ -168,7 +169,10 @@ class Sandgate:
     ) -> list[str]:
         """The command line; ARGS are sandgate options (or a whole `-- CMD` tail when `cmd` is None)."""
         policy, audit = policy or self.policy, audit or self.audit
-        line = [*RUN, *(["-q"] if (self.quiet if quiet is None else quiet) else [])]
+        line = [
+            *(RUN if self.view else [*SANDGATE, "run"]),
+            *(["-q"] if (self.quiet if quiet is None else quiet) else []),
+        ]
         line += ["--policy", str(policy)] if policy else []
         line += ["--audit-log", str(audit)] if audit else []
         line += args
