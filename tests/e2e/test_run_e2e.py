@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from ..support.runner import REPO, SANDGATE, VIEW, Sandgate, env, write_policy
+from ..support.runner import REPO, SANDGATE, Sandgate, env, write_policy
 from ..support.world import Server, World
 
 ALLOWED, BLOCKED, UDPHOST = "198.51.100.10", "198.51.100.20", "198.51.100.60"
@@ -572,26 +572,13 @@ PTY_DRIVER = textwrap.dedent("""\
 
 
 def on_a_terminal(e: Env, trials: int) -> list[str]:
+    sandgate = e.sg.argv(
+        quiet=True,
+        audit=e.world.tmp / "pty.jsonl",
+        cmd=["sh", "-c", "[ -t 0 ] && [ -t 1 ] && echo tty=yes; exec sleep 30"],
+    )
     r = e.world.run(
-        [
-            sys.executable,
-            "-c",
-            PTY_DRIVER,
-            str(trials),
-            "-m",
-            "launcher.cli",
-            "run",
-            *VIEW,
-            "-q",
-            "--policy",
-            str(e.policy),
-            "--audit-log",
-            str(e.world.tmp / "pty.jsonl"),
-            "--",
-            "sh",
-            "-c",
-            "[ -t 0 ] && [ -t 1 ] && echo tty=yes; exec sleep 30",
-        ],
+        [sys.executable, "-c", PTY_DRIVER, str(trials), *sandgate[1:]],  # the driver execs sys.executable itself
         cwd=e.world.tmp,
         env=env(),
         timeout=60 + 10 * trials,
