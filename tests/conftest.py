@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from .support.runner import Sandgate
 from .support.world import World, cleanup_stale
 
 
@@ -33,6 +34,16 @@ def world() -> Iterator[World]:
         )
     with World() as w:
         yield w
+
+
+@pytest.fixture
+def sandgate(world: World) -> Sandgate:
+    """`sandgate run` as root inside `world`, in its tmp directory, with the tests' plain environment.
+
+    A module that overrides `world` gets its runner in that world. For the throwaway user, build
+    `Sandgate(unprivileged.runner(world), ...)` or `dataclasses.replace(sandgate, where=...)`.
+    """
+    return Sandgate(world, cwd=world.tmp)
 
 
 # ---- the throwaway unprivileged user (tests/support/rootless.py): sandgate must work without sudo

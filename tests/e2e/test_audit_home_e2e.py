@@ -13,7 +13,7 @@ import pytest
 
 from netguard import audit
 
-from ..support.runner import RUN, env, write_policy
+from ..support.runner import Sandgate, env, write_policy
 from ..support.world import World
 
 FORGE = (
@@ -32,7 +32,7 @@ def w() -> Iterator[World]:
 def _run(w: World, ws: Path, *args: str, home: Path | None = None) -> tuple[int, str, str]:
     pol = write_policy(w, "version: 1\nnetwork:\n  allow: [allowed.test]\n", f"p{time.monotonic_ns()}")
     e = {**env(), "HOME": str(home or w.tmp)}
-    r = w.run([*RUN, "--policy", str(pol), *args], cwd=ws, env=e)
+    r = Sandgate(w, policy=pol, env=e, cwd=ws).run(*args)
     return r.returncode, r.stdout, r.stderr
 
 

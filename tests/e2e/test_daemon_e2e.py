@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from ..support.runner import RUN, SANDGATE, env, write_policy
+from ..support.runner import SANDGATE, Sandgate, env, write_policy
 from ..support.world import World
 
 A_HOST, A_IP, B_HOST, B_IP = "a.test", "198.51.100.31", "b.test", "198.51.100.32"
@@ -52,10 +52,8 @@ def wait_for(pred: object, timeout: float = 20.0) -> None:
 def start(w: World, name: str, allow: str, script: str) -> tuple[subprocess.Popen[str], Path]:
     policy = write_policy(w, f"version: 1\nnetwork:\n  allow: [{allow}]\n", f"pol-{name}")
     audit = w.tmp / f"audit-{name}-{time.monotonic_ns()}.jsonl"
-    p = w.popen(
-        [*RUN, "--policy", str(policy), "--audit-log", str(audit), "--", "sh", "-c", script],
-        cwd=w.tmp,
-        env=env(),
+    p = Sandgate(w, policy=policy, audit=audit, cwd=w.tmp).popen(
+        cmd=["sh", "-c", script],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -120,11 +118,8 @@ def test_a_fresh_daemon_is_started_on_demand_and_stops_on_request(w: World) -> N
     r = w.run([*SANDGATE, "daemon", "status"], cwd=w.tmp, env=env())
     assert r.returncode == 3 and "no daemon running" in r.stderr
     pol = write_policy(w, f"version: 1\nnetwork:\n  allow: [{A_HOST}]\n", "ondemand")
-    r = w.run(
-        [*RUN, "-q", "--policy", str(pol), "--audit-log", str(w.tmp / "od.jsonl"), "--", "sh", "-c", curl(A_HOST)],
-        cwd=w.tmp,
-        env=env(),
-    )
+    sg = Sandgate(w, policy=pol, audit=w.tmp / "od.jsonl", quiet=True, cwd=w.tmp)
+    r = sg.run(cmd=["sh", "-c", curl(A_HOST)])
     assert r.stdout.split() == [f"{A_HOST}=200"], r.stderr  # the first request waited for the cold daemon
     st = status(w)
     assert st["bindings"] == []  # the run ended: its binding is gone

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from ..support.runner import RUN, env
+from ..support.runner import Sandgate, env
 from ..support.world import World
 
 SECRET = "SECRET-KEY-6f1d"
@@ -40,6 +40,11 @@ class Fs:
     outside: Path
     policy: Path
 
+    @property
+    def sg(self) -> Sandgate:
+        """`sandgate run -q` in the workspace under the module's policy."""
+        return Sandgate(self.world, policy=self.policy, quiet=True, cwd=self.ws)
+
     def run(
         self,
         script: str,
@@ -52,9 +57,10 @@ class Fs:
         """Run `script` in the sandbox by the command itself ("child") or by a process it starts ("grandchild")."""
         self.audit = audit or self.base / f"audit-{time.monotonic_ns()}.jsonl"
         cmd = ["sh", "-c", script] if depth == "child" else ["sh", "-c", 'sh -c "$SG_SCRIPT"']
-        return self.world.run(
-            [*RUN, "-q", "--policy", str(self.policy), "--audit-log", str(self.audit), *extra, "--", *cmd],
-            cwd=self.ws,
+        return self.sg.run(
+            *extra,
+            audit=self.audit,
+            cmd=cmd,
             timeout=timeout,
             env={**env(), "HOME": str(self.home), "SG_SCRIPT": script, **(envx or {})},
         )
@@ -278,19 +284,7 @@ def test_terminal_injection_fails(fs: Fs, depth: str) -> None:
     audit = fs.base / "tty.jsonl"
     cmd = ["python3", "-c", INJECT] if depth == "child" else ["sh", "-c", 'python3 -c "$SG_SCRIPT"']
     inside = fs.world.run(
-        [
-            sys.executable,
-            "-c",
-            TIOCSTI_DRIVER,
-            *RUN,
-            "-q",
-            "--policy",
-            str(fs.policy),
-            "--audit-log",
-            str(audit),
-            "--",
-            *cmd,
-        ],
+        [sys.executable, "-c", TIOCSTI_DRIVER, *fs.sg.argv(audit=audit, cmd=cmd)],
         cwd=fs.ws,
         env={**env(), "SG_SCRIPT": INJECT},
         timeout=60,
@@ -367,21 +361,14 @@ def test_outside_processes_are_invisible_and_untouchable(fs: Fs, depth: str) -> 
 def test_inherited_file_descriptors_are_closed(fs: Fs) -> None:
     fd = os.open(fs.outside / "victim.txt", os.O_RDWR)  # a descriptor the caller leaks into sandgate
     try:
-        r = fs.world.run(
-            [
-                *RUN,
-                "-q",
-                "--policy",
-                str(fs.policy),
-                "--audit-log",
-                str(fs.base / "fd.jsonl"),
-                "--",
+        r = fs.sg.run(
+            audit=fs.base / "fd.jsonl",
+            cmd=[
                 "python3",
                 "-c",
                 f"import os\ntry:\n    os.write({fd}, b'hijack'); print('w=ok')\n"
                 "except OSError as e:\n    print('w=' + e.strerror)",
             ],
-            cwd=fs.ws,
             env={**env(), "HOME": str(fs.home)},
             pass_fds=(fd,),
         )

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from ..support.runner import RUN, env
+from ..support.runner import Sandgate, env
 from ..support.world import World
 
 ID = {
@@ -46,12 +46,8 @@ class Git:
 
     def run(self, script: str, *extra: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
         audit = self.base / f"audit-{time.monotonic_ns()}.jsonl"
-        return self.world.run(
-            [*RUN, "-q", "--policy", str(self.policy), "--audit-log", str(audit), *extra, "--", "sh", "-c", script],
-            cwd=cwd or self.ws,
-            timeout=120,
-            env=self.env(),
-        )
+        sg = Sandgate(self.world, policy=self.policy, quiet=True, cwd=self.ws, timeout=120)
+        return sg.run(*extra, audit=audit, cmd=["sh", "-c", script], cwd=cwd, env=self.env())
 
     def env(self) -> dict[str, str]:
         return {**env(), **ID, "HOME": str(self.home), "M": str(self.marker)}

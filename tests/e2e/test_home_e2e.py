@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 
 from ..support.rootless import UnprivilegedUser
-from ..support.runner import SANDGATE, env, write_policy
+from ..support.runner import SANDGATE, Sandgate, env, write_policy
 from ..support.trees import tree_hash
 from ..support.world import World
 
@@ -24,7 +25,9 @@ def user() -> Iterator[UnprivilegedUser]:
         yield u
 
 
-def test_writes_under_home_stay_in_the_sandbox_and_are_there_next_time(world: World, user: UnprivilegedUser) -> None:
+def test_writes_under_home_stay_in_the_sandbox_and_are_there_next_time(
+    world: World, sandgate: Sandgate, user: UnprivilegedUser
+) -> None:
     home = user.home
     assert not str(home).startswith("/tmp/")
     (home / ".ssh").mkdir(mode=0o700)
@@ -39,28 +42,22 @@ def test_writes_under_home_stay_in_the_sandbox_and_are_there_next_time(world: Wo
     pol.chmod(0o644)
     before = tree_hash(home)
     runner = user.runner(world)
+    as_user = replace(
+        sandgate,
+        where=runner,
+        policy=pol,
+        audit=proj / "a.jsonl",
+        quiet=True,
+        env={**env(), "HOME": str(home)},
+        cwd=proj,
+        view=False,  # this test always ran `sandgate run` without VIEW
+    )
 
-    def sandgate(script: str) -> tuple[int, str, str]:
-        r = runner.run(
-            [
-                *SANDGATE,
-                "run",
-                "-q",
-                "--policy",
-                str(pol),
-                "--audit-log",
-                str(proj / "a.jsonl"),
-                "--",
-                "sh",
-                "-c",
-                script,
-            ],
-            cwd=proj,
-            env={**env(), "HOME": str(home)},
-        )
+    def run(script: str) -> tuple[int, str, str]:
+        r = as_user.run(cmd=["sh", "-c", script])
         return r.returncode, r.stdout, r.stderr
 
-    code, out, err = sandgate(
+    code, out, err = run(
         "mkdir -p ~/.npm/_cacache && echo tarball > ~/.npm/_cacache/is-number "
         "&& echo 'alias ls=evil' >> ~/.bashrc && echo built > built.txt "
         "&& cat ~/.ssh/id_test 2>&1 | grep -c SECRET-KEY-MARKER"
@@ -70,10 +67,10 @@ def test_writes_under_home_stay_in_the_sandbox_and_are_there_next_time(world: Wo
     (proj / "built.txt").unlink()
     (proj / "a.jsonl").unlink()
     assert tree_hash(home) == before  # the real home is byte for byte as it was
-    code, out, _ = sandgate("cat ~/.npm/_cacache/is-number; tail -1 ~/.bashrc")
+    code, out, _ = run("cat ~/.npm/_cacache/is-number; tail -1 ~/.bashrc")
     assert out.split("\n")[:2] == ["tarball", "alias ls=evil"]  # the next sandboxed run: warm (and, by design,
     # sees what the last one wrote under ~)
     r = runner.run([*SANDGATE, "cache", "clear"], cwd=proj, env={**env(), "HOME": str(home)})
     assert r.returncode == 0 and "removed" in r.stderr, r.stderr
-    code, out, _ = sandgate("cat ~/.npm/_cacache/is-number 2>/dev/null || echo cold; tail -1 ~/.bashrc")
+    code, out, _ = run("cat ~/.npm/_cacache/is-number 2>/dev/null || echo cold; tail -1 ~/.bashrc")
     assert out.split("\n")[:2] == ["cold", "# the user's own"]

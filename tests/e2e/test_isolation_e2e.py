@@ -19,23 +19,17 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import pytest
 
 from ..support.rootless import UnprivilegedUser
-from ..support.runner import REPO, RUN, SANDGATE, env, write_policy
-from ..support.world import Server, World
+from ..support.runner import REPO, SANDGATE, Sandgate, env, write_policy
+from ..support.world import Server, World, _NetnsRunner
 
 BLOCKED = "198.51.100.20"
 ATTACKS = Path(__file__).resolve().parent.parent / "support" / "attacks.py"
 SECRET = "sandgate-secret-value-7f3a"
-
-
-class Runner(Protocol):
-    def run(self, cmd: list[str], *, timeout: float = 30, **kw: Any) -> subprocess.CompletedProcess[Any]: ...
-
-    def popen(self, cmd: list[str], **kw: Any) -> subprocess.Popen[Any]: ...
 
 
 @dataclass
@@ -44,22 +38,24 @@ class Side:
 
     name: str
     world: World
-    runner: Runner
+    runner: _NetnsRunner  # the world itself (root) or a UserRunner (the throwaway user)
     work: Path  # the workspace (cwd), writable by whoever runs sandgate
     home: Path
     canary: Server
     policy: Path
 
+    @property
+    def sg(self) -> Sandgate:
+        """`sandgate run -q` in the workspace, started by this side's runner under the module's policy."""
+        return Sandgate(
+            self.runner, policy=self.policy, quiet=True, env={**env(), "HOME": str(self.home)}, cwd=self.work
+        )
+
     def sandgate(
         self, *args: str, extra_env: dict[str, str] | None = None, timeout: float = 60
     ) -> subprocess.CompletedProcess[str]:
         e = {**env(), "HOME": str(self.home), **(extra_env or {})}
-        return self.runner.run(
-            [*RUN, "-q", "--policy", str(self.policy), "--audit-log", str(self.work / "audit.jsonl"), *args],
-            timeout=timeout,
-            cwd=self.work,
-            env=e,
-        )
+        return self.sg.run(*args, audit=self.work / "audit.jsonl", timeout=timeout, env=e)
 
     def attack(self, name: str, *args: str, extra_env: dict[str, str] | None = None) -> dict[str, Any]:
         """The attack from the strongest command each side can start: root inside its user namespace.
@@ -142,19 +138,7 @@ def test_nothing_of_a_sandbox_is_created_in_the_host_namespaces(side: Side) -> N
     assert side.sandgate("--", "true").returncode == 0  # the daemon is up: it is no sandbox's state
     before = host_state()
     flag = side.work / f"flag-{side.name}"
-    cmd = [
-        *RUN,
-        "-q",
-        "--policy",
-        str(side.policy),
-        "--audit-log",
-        str(side.work / "a2.jsonl"),
-        "--",
-        "sh",
-        "-c",
-        f"touch {flag}; sleep 2",
-    ]
-    proc = side.runner.popen(cmd, cwd=side.work, env={**env(), "HOME": str(side.home)})
+    proc = side.sg.popen(audit=side.work / "a2.jsonl", cmd=["sh", "-c", f"touch {flag}; sleep 2"])
     try:
         deadline = time.monotonic() + 20
         while not flag.exists() and time.monotonic() < deadline:

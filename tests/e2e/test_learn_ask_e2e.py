@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ..support.runner import RUN, SANDGATE, env
+from ..support.runner import SANDGATE, Sandgate, env
 from ..support.world import World
 
 HOSTS = {
@@ -34,6 +34,11 @@ HOSTS = {
 class Net:
     world: World
 
+    @property
+    def sg(self) -> Sandgate:
+        """`sandgate run` as root in the world's tmp directory; each test brings its own policy."""
+        return Sandgate(self.world, cwd=self.world.tmp)
+
     def curl(self, url: str) -> str:
         return f"curl -sS -m 20 --cacert {self.world.ca_pem} -o /dev/null -w '{url} %{{http_code}}\\n' {url}"
 
@@ -41,12 +46,7 @@ class Net:
         self, policy: Path, script: str, *extra: str, audit: Path | None = None, timeout: float = 90
     ) -> tuple[subprocess.CompletedProcess[str], Path]:
         audit = audit or self.world.tmp / f"audit-{time.monotonic_ns()}.jsonl"
-        r = self.world.run(
-            [*RUN, "--policy", str(policy), "--audit-log", str(audit), *extra, "--", "sh", "-c", script],
-            cwd=self.world.tmp,
-            env=env(),
-            timeout=timeout,
-        )
+        r = self.sg.run(*extra, policy=policy, audit=audit, cmd=["sh", "-c", script], timeout=timeout)
         return r, audit
 
 
@@ -286,15 +286,7 @@ def test_the_terminal_prompt_carries_the_runs_code_and_takes_the_answer(net: Net
             sys.executable,
             "-c",
             TERMINAL_DRIVER,
-            *RUN,
-            "--policy",
-            str(pol),
-            "--audit-log",
-            str(audit),
-            "--",
-            "sh",
-            "-c",
-            net.curl("https://ask.test/"),
+            *net.sg.argv(policy=pol, audit=audit, cmd=["sh", "-c", net.curl("https://ask.test/")]),
         ],
         cwd=net.world.tmp,
         env=env(),

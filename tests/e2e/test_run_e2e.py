@@ -15,12 +15,12 @@ import sys
 import textwrap
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
 
-from ..support.runner import REPO, RUN, SANDGATE, VIEW, env, write_policy
+from ..support.runner import REPO, SANDGATE, Sandgate, env, write_policy
 from ..support.world import Server, World
 
 ALLOWED, BLOCKED, UDPHOST = "198.51.100.10", "198.51.100.20", "198.51.100.60"
@@ -67,15 +67,15 @@ class Env:
     probe_py: Path
     servers: dict[str, Server]
 
+    @property
+    def sg(self) -> Sandgate:
+        """`sandgate run` as root in the world's tmp directory under the module's policy."""
+        return Sandgate(self.world, policy=self.policy, cwd=self.world.tmp)
+
     def sandgate(self, *args: str, timeout: float = 60, audit: Path | None = None) -> subprocess.CompletedProcess[str]:
         audit = audit or self.world.tmp / f"audit-{time.monotonic_ns()}.jsonl"
         self.last_audit = audit
-        return self.world.run(
-            [*RUN, "--policy", str(self.policy), "--audit-log", str(audit), *args],
-            timeout=timeout,
-            cwd=self.world.tmp,
-            env=env(),
-        )
+        return self.sg.run(*args, audit=audit, timeout=timeout)
 
     def probe_cmd(self, kind: str, target: str) -> list[str]:
         return [sys.executable, str(self.probe_py), kind, target]
@@ -295,10 +295,9 @@ def test_killing_the_daemon_makes_further_connects_fail(e: Env) -> None:
     audit = e.world.tmp / f"audit-kill-{time.monotonic_ns()}.jsonl"
     curl = " ".join(curl_args(e, "https://allowed.test/"))
     script = f"{curl} > {first}; while [ ! -e {go} ]; do sleep 0.1; done; {curl}; echo rc=$?"
-    p = e.world.popen(
-        [*RUN, "--policy", str(e.policy), "--audit-log", str(audit), "--", "sh", "-c", script],
-        cwd=e.world.tmp,
-        env=env(),
+    p = e.sg.popen(
+        audit=audit,
+        cmd=["sh", "-c", script],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -326,21 +325,7 @@ def test_sigkill_of_sandgate_leaves_no_sandbox_and_the_daemon_drops_it(e: Env) -
     ready = e.world.tmp / f"ready-{time.monotonic_ns()}"
     token = f"sgorphan{time.monotonic_ns()}"
     audit = e.world.tmp / f"audit-sigkill-{time.monotonic_ns()}.jsonl"
-    p = e.world.popen(
-        [
-            *RUN,
-            "--policy",
-            str(e.policy),
-            "--audit-log",
-            str(audit),
-            "--",
-            "bash",
-            "-c",
-            f"touch {ready}; exec -a {token} sleep 300",
-        ],
-        cwd=e.world.tmp,
-        env=env(),
-    )
+    p = e.sg.popen(audit=audit, cmd=["bash", "-c", f"touch {ready}; exec -a {token} sleep 300"])
     deadline = time.monotonic() + 30
     while not ready.exists() and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -389,21 +374,10 @@ def test_exit_codes_are_the_commands(e: Env, cmd: list[str], code: int) -> None:
 def test_sigterm_to_sandgate_reaches_the_command(e: Env) -> None:
     ready = e.world.tmp / f"ready-{time.monotonic_ns()}"
     audit = e.world.tmp / f"audit-term-{time.monotonic_ns()}.jsonl"
-    p = e.world.popen(
-        [
-            *RUN,
-            "-q",
-            "--policy",
-            str(e.policy),
-            "--audit-log",
-            str(audit),
-            "--",
-            "sh",
-            "-c",
-            f"trap 'echo got-term; exit 42' TERM; touch {ready}; while :; do sleep 0.1; done",
-        ],
-        cwd=e.world.tmp,
-        env=env(),
+    p = e.sg.popen(
+        quiet=True,
+        audit=audit,
+        cmd=["sh", "-c", f"trap 'echo got-term; exit 42' TERM; touch {ready}; while :; do sleep 0.1; done"],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -417,21 +391,22 @@ def test_sigterm_to_sandgate_reaches_the_command(e: Env) -> None:
 
 def test_sandgate_errors_exit_125_with_one_line(e: Env) -> None:
     bad = write_policy(e.world, 'version: 1\nnetwork:\n  allow: ["*"]\n', "bad")
-    r = e.world.run([*RUN, "--policy", str(bad), "--", "true"], cwd=e.world.tmp, env=env())
+    r = e.sg.run(policy=bad, cmd=["true"])
     assert r.returncode == 125
     assert r.stderr.strip().splitlines() == [
         f"sandgate: error: {bad}:3: '*' would match every host; list the hosts instead"
     ]
-    r = e.world.run([*RUN, "--allow", "pypi"], cwd=e.world.tmp, env=env())
+    r = replace(e.sg, policy=None).run("--allow", "pypi")
     assert r.returncode == 125 and "no command given" in r.stderr
 
 
 def test_command_runs_as_the_sudo_caller_or_user(e: Env) -> None:
     r = e.sandgate("-q", "--user", "nobody", "--", "id", "-u")
     assert r.stdout.strip() == "65534"
-    r = e.world.run(
-        [*RUN, "-q", "--policy", str(e.policy), "--audit-log", str(e.world.tmp / "u.jsonl"), "--", "id", "-u"],
-        cwd=e.world.tmp,
+    r = e.sg.run(
+        quiet=True,
+        audit=e.world.tmp / "u.jsonl",
+        cmd=["id", "-u"],
         env={**env(), "SUDO_UID": "65534", "SUDO_GID": "65534"},
     )
     assert r.stdout.strip() == "65534"
@@ -454,43 +429,18 @@ def test_audit_log_of_a_run_has_allowed_denied_and_packet_records(e: Env) -> Non
 
 
 def test_stdin_and_stdout_pass_through(e: Env) -> None:
-    r = e.world.run(
-        [
-            *RUN,
-            "-q",
-            "--policy",
-            str(e.policy),
-            "--audit-log",
-            str(e.world.tmp / "io.jsonl"),
-            "--",
-            "sh",
-            "-c",
-            "tr a-z A-Z; echo err >&2",
-        ],
+    r = e.sg.run(
+        quiet=True,
+        audit=e.world.tmp / "io.jsonl",
+        cmd=["sh", "-c", "tr a-z A-Z; echo err >&2"],
         input="hello sandbox\n",
-        cwd=e.world.tmp,
-        env=env(),
     )
     assert (r.returncode, r.stdout, r.stderr) == (0, "HELLO SANDBOX\n", "err\n")
 
 
 def test_next_run_removes_what_a_killed_run_left(e: Env) -> None:
     ready = e.world.tmp / f"ready-{time.monotonic_ns()}"
-    p = e.world.popen(
-        [
-            *RUN,
-            "--policy",
-            str(e.policy),
-            "--audit-log",
-            str(e.world.tmp / "k.jsonl"),
-            "--",
-            "sh",
-            "-c",
-            f"touch {ready}; sleep 300",
-        ],
-        cwd=e.world.tmp,
-        env=env(),
-    )
+    p = e.sg.popen(audit=e.world.tmp / "k.jsonl", cmd=["sh", "-c", f"touch {ready}; sleep 300"])
     deadline = time.monotonic() + 30
     while not ready.exists() and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -514,11 +464,8 @@ def test_dot_sandgate_yaml_is_the_default_policy(e: Env) -> None:
     (proj / ".sandgate.yaml").write_text("version: 1\nnetwork:\n  allow: [blocked.test]\n")
     run_env = {**env(), "PYTHONPATH": str(REPO), "XDG_STATE_HOME": str(e.world.tmp / "state")}
     before = e.mark()
-    r = e.world.run(
-        [*RUN, "-q", "--", *curl_args(e, "http://blocked.test/", "-o", "/dev/null", "-w", "%{http_code}")],
-        cwd=proj,
-        env=run_env,
-    )
+    sg = Sandgate(e.world, quiet=True, cwd=proj, env=run_env)  # no --policy: .sandgate.yaml is the policy
+    r = sg.run(cmd=curl_args(e, "http://blocked.test/", "-o", "/dev/null", "-w", "%{http_code}"))
     assert r.stdout == "403" and e.untouched(before, "blocked"), r.stderr
     notice = (
         "sandgate: .sandgate.yaml is not trusted, so only what it forbids applies; ignored: network.allow; "
@@ -526,7 +473,7 @@ def test_dot_sandgate_yaml_is_the_default_policy(e: Env) -> None:
     )
     assert r.stderr.splitlines() == [notice]
     assert e.world.run([*SANDGATE, "trust"], cwd=proj, env=run_env).returncode == 0
-    r = e.world.run([*RUN, "-q", "--", *curl_args(e, "http://blocked.test/")], cwd=proj, env=run_env)
+    r = sg.run(cmd=curl_args(e, "http://blocked.test/"))
     assert r.stdout.strip() == "hello from blocked.test", r.stderr
     assert sorted(p.name for p in proj.iterdir()) == [".sandgate.yaml"]  # sandgate left nothing in the workspace
 
@@ -535,11 +482,7 @@ def test_default_audit_logs_live_outside_the_workspace_and_are_listed(e: Env) ->
     proj = e.world.tmp / f"logs-{time.monotonic_ns()}"
     proj.mkdir()
     pol = write_policy(e.world, "version: 1\nnetwork:\n  allow: [allowed.test]\n", f"logs{time.monotonic_ns()}")
-    r = e.world.run(
-        [*RUN, "--policy", str(pol), "--", *curl_args(e, "http://blocked.test/", "-o", "/dev/null")],
-        cwd=proj,
-        env=env(),
-    )
+    r = Sandgate(e.world, policy=pol, cwd=proj).run(cmd=curl_args(e, "http://blocked.test/", "-o", "/dev/null"))
     log = Path(r.stderr.strip().splitlines()[0].rsplit("-> ", 1)[1])
     assert log.parent == Path("/var/log/sandgate") and log.is_file(), r.stderr  # root's default
     assert list(proj.iterdir()) == []  # nothing of sandgate's in the workspace, during or after
@@ -575,9 +518,7 @@ def test_no_policy_means_no_network_and_says_so_in_one_line(e: Env) -> None:
     ws = e.world.tmp / f"nopol-{time.monotonic_ns()}"
     ws.mkdir()
     before = e.mark()
-    r = e.world.run(
-        [*RUN, "--audit-log", str(ws / "a.jsonl"), "--", *curl_args(e, "http://allowed.test/")], cwd=ws, env=env()
-    )
+    r = Sandgate(e.world, audit=ws / "a.jsonl", cwd=ws).run(cmd=curl_args(e, "http://allowed.test/"))
     assert r.returncode != 0 or "hello" not in r.stdout
     assert r.stderr.splitlines()[0].startswith("sandgate: no policy given: the command gets no network"), r.stderr
     assert e.untouched(before, "allowed")
@@ -586,10 +527,8 @@ def test_no_policy_means_no_network_and_says_so_in_one_line(e: Env) -> None:
 def test_learn_needs_no_policy(e: Env) -> None:
     ws = e.world.tmp / f"learn-{time.monotonic_ns()}"
     ws.mkdir()
-    r = e.world.run(
-        [*RUN, "--learn", "--audit-log", str(ws / "a.jsonl"), "--", *curl_args(e, "http://allowed.test/")],
-        cwd=ws,
-        env=env(),
+    r = Sandgate(e.world, cwd=ws).run(
+        "--learn", "--audit-log", str(ws / "a.jsonl"), cmd=curl_args(e, "http://allowed.test/")
     )
     assert r.stdout.strip() == "hello from allowed.test", r.stderr
     recs = [json.loads(x) for x in (ws / "a.jsonl").read_text().splitlines()]
@@ -633,26 +572,13 @@ PTY_DRIVER = textwrap.dedent("""\
 
 
 def on_a_terminal(e: Env, trials: int) -> list[str]:
+    sandgate = e.sg.argv(
+        quiet=True,
+        audit=e.world.tmp / "pty.jsonl",
+        cmd=["sh", "-c", "[ -t 0 ] && [ -t 1 ] && echo tty=yes; exec sleep 30"],
+    )
     r = e.world.run(
-        [
-            sys.executable,
-            "-c",
-            PTY_DRIVER,
-            str(trials),
-            "-m",
-            "launcher.cli",
-            "run",
-            *VIEW,
-            "-q",
-            "--policy",
-            str(e.policy),
-            "--audit-log",
-            str(e.world.tmp / "pty.jsonl"),
-            "--",
-            "sh",
-            "-c",
-            "[ -t 0 ] && [ -t 1 ] && echo tty=yes; exec sleep 30",
-        ],
+        [sys.executable, "-c", PTY_DRIVER, str(trials), *sandgate[1:]],  # the driver execs sys.executable itself
         cwd=e.world.tmp,
         env=env(),
         timeout=60 + 10 * trials,
@@ -674,23 +600,13 @@ def test_an_extra_write_root_gets_no_placeholders_and_nothing_is_left(e: Env) ->
     ws.mkdir()
     extra.mkdir()
     (extra / ".vscode").mkdir()  # an existing protected name is still protected there
-    r = e.world.run(
-        [
-            *RUN,
-            "-q",
-            "--policy",
-            str(e.policy),
-            "--audit-log",
-            str(e.world.tmp / "x.jsonl"),
-            "--write",
-            str(extra),
-            "--",
-            "sh",
-            "-c",
-            f"ls -A {extra}; echo ---; ls -A .; touch {extra}/.vscode/x 2>/dev/null || echo ro",
-        ],
+    r = e.sg.run(
+        "--write",
+        str(extra),
+        quiet=True,
+        audit=e.world.tmp / "x.jsonl",
+        cmd=["sh", "-c", f"ls -A {extra}; echo ---; ls -A .; touch {extra}/.vscode/x 2>/dev/null || echo ro"],
         cwd=ws,
-        env=env(),
     )
     extra_seen, ws_seen = r.stdout.split("---")
     assert extra_seen.split() == [".vscode"], r.stdout  # no .sandgate.yaml, .idea, .envrc... sprouted there

@@ -24,7 +24,7 @@ import pytest
 from fsguard import mounts
 from fsguard import policy as fp
 
-from ..support.runner import RUN, env
+from ..support.runner import Sandgate, env
 from ..support.world import World
 
 MARKER = "CRED-MARKER-3c9e"
@@ -56,10 +56,11 @@ class Home:
         pol = self.base / f"policy-{stamp}.yaml"
         pol.write_text(policy)
         audit = self.base / f"audit-{stamp}.jsonl"
-        r = self.world.run(
-            [*RUN, flag, "--policy", str(pol), "--audit-log", str(audit), "--", *cmd],
-            cwd=self.ws,
-            timeout=60,
+        sg = Sandgate(self.world, policy=pol, audit=audit, cwd=self.ws, timeout=60)
+        r = sg.run(
+            *([] if flag == "-q" else [flag]),
+            quiet=flag == "-q",
+            cmd=cmd,
             env={**env(), "HOME": str(self.home), **(envx or {})},
         )
         return r, audit

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from ..support.runner import RUN, SANDGATE, env
+from ..support.runner import SANDGATE, Sandgate, env
 from ..support.world import Server, World
 
 FAKE, DENIED, BY_IP = "198.51.100.30", "198.51.100.31", "198.51.100.32"
@@ -71,7 +71,8 @@ class Ws:
     def sandgate(self, proj: Path, home: Path, *args: str) -> tuple[int, str, list[str], Path]:
         """`sandgate run` in `proj`: (exit code, stdout, stderr lines, audit log)."""
         audit = self.world.tmp / f"audit-{time.monotonic_ns()}.jsonl"
-        r = self.world.run([*RUN, "-q", "--audit-log", str(audit), *args], cwd=proj, env=self.env(home), timeout=90)
+        sg = Sandgate(self.world, audit=audit, quiet=True, cwd=proj, timeout=90)  # no --policy: .sandgate.yaml
+        r = sg.run(*args, env=self.env(home))
         return r.returncode, r.stdout, r.stderr.splitlines(), audit
 
     def trust(self, proj: Path, home: Path, *args: str) -> list[str]:

@@ -1,4 +1,5 @@
-"""Helpers for end-to-end tests: the real sandgate CLI started inside a test World, and curl."""
+"""Helpers for end-to-end tests: the real sandgate CLI started inside a test World (`Sandgate` for
+`sandgate run`, `Proxy` for `sandgate proxy`), and curl."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import select
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import KW_ONLY, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -132,6 +134,85 @@ class Proxy:
 
 def env() -> dict[str, str]:
     return {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "PYTHONPATH": str(REPO), "LANG": "C.UTF-8"}
+
+
+_plain_env = env  # Sandgate's `env` parameters shadow the function inside its methods
+
+
+@dataclass(frozen=True)
+class Sandgate:
+    """`sandgate run` started in one place, its command line built in one place.
+
+    `where` is a World, a Client or a UserRunner (tests/support/rootless.py), so the same runner
+    starts sandgate as root and as the throwaway user. The fields are defaults; each call may
+    override them (`dataclasses.replace` makes a variant). The command line is
+    RUN [-q] [--policy P] [--audit-log A] ARGS... [-- CMD...] (`view=False`: without RUN's VIEW).
+    """
+
+    where: _NetnsRunner
+    _: KW_ONLY
+    policy: Path | None = None
+    audit: Path | None = None
+    quiet: bool = False
+    env: Mapping[str, str] | None = None  # None: env(), the tests' plain environment
+    cwd: Path | None = None
+    timeout: float = 30
+    view: bool = True  # False: `sandgate run` without VIEW's --write of a checkout under /tmp
+
+    def argv(
+        self,
+        *args: str,
+        cmd: Sequence[str] | None = None,
+        policy: Path | None = None,
+        audit: Path | None = None,
+        quiet: bool | None = None,
+    ) -> list[str]:
+        """The command line; ARGS are sandgate options (or a whole `-- CMD` tail when `cmd` is None)."""
+        policy, audit = policy or self.policy, audit or self.audit
+        line = [
+            *(RUN if self.view else [*SANDGATE, "run"]),
+            *(["-q"] if (self.quiet if quiet is None else quiet) else []),
+        ]
+        line += ["--policy", str(policy)] if policy else []
+        line += ["--audit-log", str(audit)] if audit else []
+        line += args
+        return line if cmd is None else [*line, "--", *cmd]
+
+    def run(
+        self,
+        *args: str,
+        cmd: Sequence[str] | None = None,
+        policy: Path | None = None,
+        audit: Path | None = None,
+        quiet: bool | None = None,
+        cwd: Path | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+        **kw: Any,
+    ) -> subprocess.CompletedProcess[str]:
+        """Run it to its end (output captured as text by default); `kw` goes to `where.run`."""
+        line = self.argv(*args, cmd=cmd, policy=policy, audit=audit, quiet=quiet)
+        kw.update(cwd=cwd or self.cwd, env=self._env(env))
+        result: subprocess.CompletedProcess[str] = self.where.run(line, timeout=timeout or self.timeout, **kw)
+        return result
+
+    def popen(
+        self,
+        *args: str,
+        cmd: Sequence[str] | None = None,
+        policy: Path | None = None,
+        audit: Path | None = None,
+        quiet: bool | None = None,
+        cwd: Path | None = None,
+        env: Mapping[str, str] | None = None,
+        **kw: Any,
+    ) -> subprocess.Popen[Any]:
+        """Start it and return at once; `where` kills its process group when the world closes."""
+        line = self.argv(*args, cmd=cmd, policy=policy, audit=audit, quiet=quiet)
+        return self.where.popen(line, cwd=cwd or self.cwd, env=self._env(env), **kw)
+
+    def _env(self, env: Mapping[str, str] | None) -> dict[str, str]:
+        return dict(env if env is not None else self.env if self.env is not None else _plain_env())
 
 
 @dataclass
