@@ -25,6 +25,7 @@ root inside the sandbox cannot undo this.
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import posixpath
 import stat
@@ -329,18 +330,26 @@ def _protect_mounts(p: MountPlan) -> None:
             os.close(fd)
 
 
+def _mount_overlay(h: HomeOverlay) -> None:
+    """Mounted from inside the sandbox's user namespace, where overlayfs may not set trusted.*
+    xattrs: without `userxattr` (Linux 5.11+) it cannot record a removed or renamed directory of
+    the real home (whiteouts, redirects), and `rm -rf ~/.cache/x` fails with EIO. Older kernels
+    do not know the option: there the overlay still works, only without those operations."""
+    data = f"lowerdir={h.home},upperdir={h.upper},workdir={h.work}"
+    try:
+        mount("overlay", h.home, "overlay", MS_NOSUID | MS_NODEV, data + ",userxattr")
+    except MountError as e:
+        if e.errno != errno.EINVAL:
+            raise
+        mount("overlay", h.home, "overlay", MS_NOSUID | MS_NODEV, data)
+
+
 def _home_overlay(h: HomeOverlay) -> None:
     """Step 3b: ~ becomes the overlay; writable roots inside it are bound back to the real ones."""
     keep = [(r, os.open(r, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)) for r in h.rebinds]
     try:
         try:
-            mount(
-                "overlay",
-                h.home,
-                "overlay",
-                MS_NOSUID | MS_NODEV,
-                f"lowerdir={h.home},upperdir={h.upper},workdir={h.work}",
-            )
+            _mount_overlay(h)
         except MountError as e:
             # Fail soft, never open: the home simply stays as it was (read-only to the command).
             os.write(2, f"sandgate: warning: the home directory stays read-only inside ({e.strerror})\n".encode())

@@ -74,3 +74,46 @@ def test_writes_under_home_stay_in_the_sandbox_and_are_there_next_time(
     assert r.returncode == 0 and "removed" in r.stderr, r.stderr
     code, out, _ = run("cat ~/.npm/_cacache/is-number 2>/dev/null || echo cold; tail -1 ~/.bashrc")
     assert out.split("\n")[:2] == ["cold", "# the user's own"]
+
+
+def test_directories_of_the_real_home_can_be_removed_and_renamed_inside(
+    world: World, sandgate: Sandgate, user: UnprivilegedUser
+) -> None:
+    """Tools prune and replace their caches (`npm cache clean`, pip's cache rotation): removing or
+    renaming a directory that exists in the real home must work inside (overlayfs needs `userxattr`
+    in a user namespace, else EIO/EXDEV), and the real home must stay as it was."""
+    home = user.home
+    (home / ".cache" / "tool" / "sub").mkdir(parents=True)
+    (home / ".cache" / "tool" / "sub" / "entry").write_text("cached\n")
+    (home / ".m2").mkdir()
+    proj = home / "proj"
+    proj.mkdir()
+    for p in (
+        home / ".cache",
+        home / ".cache/tool",
+        home / ".cache/tool/sub",
+        home / ".cache/tool/sub/entry",
+        home / ".m2",
+        proj,
+    ):
+        os.chown(p, user.uid, user.gid)
+    world.tmp.chmod(0o755)
+    before = tree_hash(home)
+    as_user = replace(
+        sandgate,
+        where=user.runner(world),
+        audit=world.tmp / "rm.jsonl",
+        quiet=True,
+        env={**env(), "HOME": str(home)},
+        cwd=proj,
+        view=False,
+    )
+    (world.tmp / "rm.jsonl").touch()
+    os.chown(world.tmp / "rm.jsonl", user.uid, user.gid)
+    r = as_user.run(
+        cmd=["sh", "-c", "rm -rf ~/.cache/tool && mv ~/.m2 ~/.m2-old && mkdir ~/.m2 && ls -A ~/.cache; echo ok"]
+    )
+    assert r.returncode == 0 and r.stdout.split() == ["ok"], (r.stdout, r.stderr)
+    r = as_user.run(cmd=["sh", "-c", "test -e ~/.cache/tool && echo back || echo gone; ls -d ~/.m2-old"])
+    assert r.stdout.split() == ["gone", f"{home}/.m2-old"], (r.stdout, r.stderr)  # the next run sees the same
+    assert tree_hash(home) == before  # the real home still has both
