@@ -86,7 +86,10 @@ GIT_DIR_PROTECT: tuple[str, ...] = (
     "objects/info/http-alternates",
 )
 #: sandgate's own policy and logs: a workspace must not write the policy the user later trusts.
-SANDGATE_PROTECT: tuple[str, ...] = (".sandgate.yaml", ".sandgate/")
+#: ".sandgate.yaml/" as for the tool files below: a missing policy is held by an empty directory
+#: (git, npm pack and a concurrent run's policy lookup do not take it for a file); an existing
+#: policy is bound read-only as the file it is.
+SANDGATE_PROTECT: tuple[str, ...] = (".sandgate.yaml/", ".sandgate/")
 #: Editor and agent configuration that runs code when the user next opens the folder or starts
 #: the agent (tasks, hooks, MCP servers, direnv), outside any sandbox. `filesystem.unprotect`
 #: may open one of these, and only these. The files (.envrc, .mcp.json) carry a "/" too: when

@@ -17,7 +17,10 @@ def policy_from_args(args: argparse.Namespace) -> lpolicy.Policy:
     from launcher.config import trust
 
     files = [Path(p) for p in args.policy]
-    implicit = not files and not args.allow and os.path.lexists(".sandgate.yaml")
+    # A directory there is another live run's placeholder (fsguard.policy.SANDGATE_PROTECT), not a policy.
+    implicit = (
+        not files and not args.allow and os.path.lexists(".sandgate.yaml") and not os.path.isdir(".sandgate.yaml")
+    )
     if not files and not args.allow and not implicit:
         _no_policy(args)
     checks = policychecks.Checks.current(

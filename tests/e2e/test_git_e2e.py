@@ -351,3 +351,26 @@ def test_unprotect_opens_one_tool_directory_and_nothing_else(g: Git) -> None:
     bad.write_text("version: 1\nfilesystem:\n  unprotect:\n    - .vscode/\n    - .git/hooks/\n")
     r = g.run("true", "--policy", str(bad))
     assert r.returncode != 0 and f"{bad}:5:" in r.stderr and "cannot be unprotected" in r.stderr, r.stderr
+
+
+def test_placeholders_leave_no_trace_in_git_or_a_concurrent_run(g: Git) -> None:
+    """A missing protected path is held by an empty directory: git does not list it (so `git add -A`
+    cannot commit it), and a second run in the same workspace does not take it for its policy."""
+    assert not (g.ws / ".sandgate.yaml").exists() and not (g.ws / ".mcp.json").exists()
+    g.host(g.ws, "commit", "-q", "--allow-empty", "-m", "clean")
+    r = g.run("git status --porcelain --untracked-files=all; echo end")
+    assert r.returncode == 0 and r.stdout.split() == ["end"], (r.stdout, r.stderr)  # git sees no placeholder
+    sg = Sandgate(g.world, cwd=g.ws, timeout=60)
+    first = sg.popen(policy=g.policy, quiet=True, audit=g.base / "long.jsonl", cmd=["sleep", "4"], env=g.env())
+    try:
+        deadline = time.monotonic() + 20
+        while not (g.ws / ".sandgate.yaml").is_dir() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert (g.ws / ".sandgate.yaml").is_dir(), "positive control: the first run holds the placeholder"
+        second = sg.run(audit=g.base / "second.jsonl", cmd=["true"], env=g.env())
+        assert second.returncode == 0, second.stderr  # it found no policy there: the placeholder is not read as one
+        assert "no policy given" in second.stderr
+    finally:
+        assert first.wait(60) == 0
+    assert not (g.ws / ".sandgate.yaml").exists()
+    assert g.host(g.ws, "status", "--porcelain").stdout == ""

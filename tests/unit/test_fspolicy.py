@@ -106,7 +106,10 @@ def test_mount_plan_placeholders_pins_and_symlink_refusal(tmp_path: Path) -> Non
     eff = fp.effective(fp.FsPolicy(protect=("sub/deep/key",)), cwd=str(ws), home=str(home))
     p = mounts.plan(eff)
     assert f"{ws}/.git/hooks" in p.protect and f"{ws}/.git/config" in p.protect
-    assert (f"{ws}/.sandgate.yaml", False) in p.placeholders and (f"{ws}/sub", True) in p.placeholders
+    assert (f"{ws}/.sandgate.yaml", True) in p.placeholders and (
+        f"{ws}/sub",
+        True,
+    ) in p.placeholders  # a directory: git, npm pack and a concurrent run do not take it for a file
     assert p.pins[0] == str(ws) and f"{ws}/.git" in p.pins  # ancestors pinned, shallowest first
     # home lies under the host's /tmp here, which the sandbox's private /tmp already leaves out:
     # nothing to hide (and nothing to mount over). A home elsewhere is hidden as usual.
