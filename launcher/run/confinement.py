@@ -57,6 +57,10 @@ def plan(opts: RunOptions, audit: AuditLog, rt: Path) -> Confinement:
     else:
         lplan = landlock.plan((*mplan.write_roots, *((overlay.home,) if overlay else ())), abi=abi)
     env, dropped = fsenv.filter_env({k: v for k, v in os.environ.items() if k != WEAKEN_ENV}, opts.policy.env)
+    if opts.user is not None:
+        # The command runs as the sudo caller or --user: its home (where the overlay is) and its
+        # names, as `sudo -i` would give them; sudo leaves HOME pointing at root's home.
+        env.update(HOME=opts.user.home, USER=opts.user.name, LOGNAME=opts.user.name)
     conf = Confinement(mplan, lplan, env, dropped, home)
     _record(audit, opts.task, conf, abi, warnings)
     for w in warnings:

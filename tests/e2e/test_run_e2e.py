@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import signal
 import subprocess
 import sys
@@ -401,15 +402,16 @@ def test_sandgate_errors_exit_125_with_one_line(e: Env) -> None:
 
 
 def test_command_runs_as_the_sudo_caller_or_user(e: Env) -> None:
-    r = e.sandgate("-q", "--user", "nobody", "--", "id", "-u")
-    assert r.stdout.strip() == "65534"
-    r = e.sg.run(
+    nobody = pwd.getpwnam("nobody")
+    r = e.sandgate("-q", "--user", "nobody", "--", "sh", "-c", 'id -u; echo "$HOME $USER"')
+    assert r.stdout.split() == ["65534", nobody.pw_dir, "nobody"]
+    r = e.sg.run(  # sudo's own environment: HOME stays root's, SUDO_UID names the caller
         quiet=True,
         audit=e.world.tmp / "u.jsonl",
-        cmd=["id", "-u"],
-        env={**env(), "SUDO_UID": "65534", "SUDO_GID": "65534"},
+        cmd=["sh", "-c", 'id -u; echo "$HOME $LOGNAME"'],
+        env={**env(), "SUDO_UID": "65534", "SUDO_GID": "65534", "HOME": "/root"},
     )
-    assert r.stdout.strip() == "65534"
+    assert r.stdout.split() == ["65534", nobody.pw_dir, "nobody"], r.stderr
 
 
 def test_audit_log_of_a_run_has_allowed_denied_and_packet_records(e: Env) -> None:
