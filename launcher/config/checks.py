@@ -31,6 +31,7 @@ class Checks:
     homes: tuple[str, ...] = ()  # every home `~` may mean in this run; no writable root may hold one
     cwd: str = "/"
     realpath: Callable[[str], str] = posixpath.normpath  # os.path.realpath in a run
+    others: tuple[str, ...] = ()  # the other people's homes on this machine: no writable root may hold one either
 
     @classmethod
     def current(cls, *, allow_wide_cidr: bool = False, user: str | None = None) -> Checks:
@@ -39,7 +40,7 @@ class Checks:
         found = [os.environ.get("HOME", ""), *(_home(w) for w in (str(os.geteuid()), sudo, user or "") if w)]
         homes = [h for h in found if h.startswith("/")]
         both = [*(posixpath.normpath(h) for h in homes), *(os.path.realpath(h) for h in homes)]
-        return cls(allow_wide_cidr, tuple(dict.fromkeys(both)), os.getcwd(), os.path.realpath)
+        return cls(allow_wide_cidr, tuple(dict.fromkeys(both)), os.getcwd(), os.path.realpath, _people_homes())
 
 
 def _home(who: str) -> str:
@@ -49,6 +50,19 @@ def _home(who: str) -> str:
         return (pwd.getpwuid(int(who)) if who.isdigit() else pwd.getpwnam(who)).pw_dir
     except (KeyError, ValueError):
         return ""  # an unknown --user is reported by the run itself
+
+
+def _people_homes() -> tuple[str, ...]:
+    """Homes of root and of the login accounts (uid >= 1000, not nobody) that exist: `cd /home &&
+    sandgate run` as root must not let a command plant another user's ~/.bashrc either."""
+    import pwd
+
+    homes = {
+        os.path.realpath(p.pw_dir)
+        for p in pwd.getpwall()
+        if (p.pw_uid == 0 or 1000 <= p.pw_uid < 65534) and p.pw_dir.startswith("/") and os.path.isdir(p.pw_dir)
+    }
+    return tuple(sorted(h for h in homes if h != "/"))
 
 
 def _under(path: str, root: str) -> bool:
@@ -62,13 +76,14 @@ def write_root_problem(entry: str, checks: Checks) -> str | None:
     else:
         paths = [posixpath.normpath(posixpath.join(checks.cwd, entry))]
     for p in (*paths, *(checks.realpath(p) for p in paths)):
-        for home in checks.homes:
+        for home in (*checks.homes, *checks.others):
             if _under(home, p):
-                what = "your home directory" if home == p else "a directory that holds your home"
+                whose = "your home" if home in checks.homes else "a user's home"
+                what = f"{whose} directory" if home == p else f"a directory that holds {whose}"
                 return (
                     f"'filesystem.write' entry '{entry}' is {what} ({home}): a command could plant files that "
-                    "run outside the sandbox (~/.bashrc, ~/.ssh/authorized_keys); name the directories it "
-                    "must write instead, e.g. '~/.cache/pip'"
+                    "run outside the sandbox (~/.bashrc, ~/.ssh/authorized_keys); writes under ~ already work "
+                    "inside (kept in sandgate's home layer), so name the project directories it must write instead"
                 )
     return None
 

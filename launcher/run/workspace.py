@@ -32,7 +32,7 @@ def _check_write_roots(opts: RunOptions, user_spec: str | None) -> None:
         raise UsageError(
             f"the current directory {os.getcwd()} would be writable, and it is "
             f"{problem.split(' is ', 1)[1].split(':', 1)[0]}; run sandgate from a project directory, "
-            "or name what the command may write with --write or a policy's filesystem.write"
+            "or name what the command may write in a policy's filesystem.write (--write only adds to the current directory)"
         )
     for w in opts.write:
         if (problem := policychecks.write_root_problem(w, checks)) is not None:

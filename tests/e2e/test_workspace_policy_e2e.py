@@ -161,8 +161,9 @@ def test_trusting_a_hostile_file_still_refuses_a_writable_home_and_wide_cidrs(ws
         assert code == 125 and err == [
             (
                 f"sandgate: error: .sandgate.yaml:9: 'filesystem.write' entry '~' is your home directory ({home}): a "
-                "command could plant files that run outside the sandbox (~/.bashrc, ~/.ssh/authorized_keys); name the "
-                "directories it must write instead, e.g. '~/.cache/pip'"
+                "command could plant files that run outside the sandbox (~/.bashrc, ~/.ssh/authorized_keys); writes "
+                "under ~ already work inside (kept in sandgate's home layer), so name the project directories it must "
+                "write instead"
             )
         ], err
     (proj / ".sandgate.yaml").write_text(HOSTILE.replace('  write: ["~"]\n', ""))

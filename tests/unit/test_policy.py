@@ -354,7 +354,7 @@ def test_writable_roots_at_or_above_home_are_refused(tmp_path: Path, entry: str,
         build_policy([p], [], [], checks=HOME_CHECKS)
     msg = str(e.value)
     assert msg.startswith(f"{p}:5: 'filesystem.write' entry '{entry}' is "), msg
-    assert "(/home/u)" in msg and "name the directories it must write instead" in msg
+    assert "(/home/u)" in msg and "name the project directories it must write instead" in msg
 
 
 def test_writable_root_checks_see_through_symlinks_and_the_workspace(tmp_path: Path) -> None:
@@ -773,3 +773,14 @@ def test_listen_addresses_are_taken_apart_by_the_one_host_port_parser() -> None:
     for bad in ("[::1]", "host:", "host:x", "0", "65536", "::1:3128"):  # a bare IPv6 address has no port
         with pytest.raises(UsageError, match="expected HOST:PORT"):
             parse_addr(bad)
+
+
+def test_another_users_home_or_a_directory_holding_it_is_refused_too(tmp_path: Path) -> None:
+    """Root in /home: the workspace must not be where another user's ~/.bashrc could be planted."""
+    checks = Checks(homes=("/root",), cwd="/srv/ws", others=("/home/alice",))
+    for entry, what in (("/home", "a directory that holds a user's home"), ("/home/alice", "a user's home directory")):
+        p = write(tmp_path, f'version: 1\nfilesystem:\n  write: ["{entry}"]\n')
+        with pytest.raises(PolicyFileError, match=rf"is {what} \(/home/alice\)"):
+            build_policy([p], [], [], checks=checks)
+    p = write(tmp_path, 'version: 1\nfilesystem:\n  write: ["/home/alice-data"]\n')  # a sibling is fine
+    assert build_policy([p], [], [], checks=checks).filesystem.write == ("/home/alice-data",)
