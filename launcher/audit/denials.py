@@ -113,5 +113,5 @@ def lines(records: Iterable[Record], task: str, bundled: Mapping[str, rules.Rule
         times = f" ({d.count}x)" if d.count > 1 else ""
         out.append(f"sandgate: denied {where}{times}: {advice(d, bundled)}")
     if len(denied) > SHOWN:
-        out.append(f"sandgate: ... and {len(denied) - SHOWN} more destinations; see 'sandgate audit summary LOG'")
+        out.append(f"sandgate: ... and {len(denied) - SHOWN} more destinations; see 'sandgate audit summary'")
     return out

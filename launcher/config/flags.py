@@ -19,7 +19,9 @@ def _url_host_port(url: str, where: str) -> str:
 
     try:
         u = urlsplit(url)
-        port = u.port or _SCHEME_PORTS.get(u.scheme.lower())
+        port = _SCHEME_PORTS.get(u.scheme.lower()) if u.port is None else u.port
+        if port == 0:
+            raise ValueError("port 0 is not a destination")
     except ValueError as e:
         raise PolicyFileError(where, None, f"not a usable URL ({e}); use HOST or HOST:PORT") from None
     if not u.hostname or port is None:

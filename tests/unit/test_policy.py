@@ -720,6 +720,9 @@ def test_a_url_without_host_or_known_port_is_one_clear_error() -> None:
     for bad in ("https:///nohost", "gopher://x.test/"):
         with pytest.raises(PolicyFileError, match="URL needs a host"):
             lp.flag_entry(bad, "allow")
+    for bad in ("https://pypi.org:0/", "https://pypi.org:99999/"):  # never silently the scheme's port
+        with pytest.raises(PolicyFileError, match="not a usable URL"):
+            lp.flag_entry(bad, "allow")
 
 
 def test_version_and_a_closed_pipe(tmp_path: Path) -> None:
