@@ -240,6 +240,20 @@ def _init(ins: Inside, sig_r: int) -> None:
     os._exit(128 - code if code < 0 else code)  # dying by signal N reads as 128+N, as in a shell
 
 
+_TMP_HINT = "the sandbox has its own, empty /tmp: run it from elsewhere, or add its directory with --write"
+
+
+def _not_found(name: str, path: str) -> str:
+    """Why exec found nothing, as seen inside: a missing #! interpreter, or a tool under the host's /tmp."""
+    dirs = [d or "." for d in path.split(":")] if "/" not in name else []
+    found = next((f for f in (os.path.join(d, name) for d in dirs) if os.path.isfile(f)), None)
+    if ("/" in name and os.path.isfile(name)) or found:
+        return f"{found or name}: its interpreter (the #! line) was not found"
+    if name.startswith("/tmp/") or any(d == "/tmp" or d.startswith("/tmp/") for d in dirs):
+        return f"{name}: command not found ({_TMP_HINT})"
+    return f"{name}: command not found"
+
+
 def _exec_cmd(ins: Inside) -> None:
     name = ins.cmd[0]
     try:
@@ -258,10 +272,7 @@ def _exec_cmd(ins: Inside) -> None:
         os.closerange(3, os.sysconf("SC_OPEN_MAX") if os.sysconf("SC_OPEN_MAX") > 0 else 65536)
         os.execvpe(name, list(ins.cmd), ins.env)
     except FileNotFoundError:
-        hint = ""
-        if name.startswith("/tmp/") and not os.path.exists(name):
-            hint = " (the sandbox has its own, empty /tmp: run it from elsewhere, or add its directory with --write)"
-        os.write(2, f"sandgate: error: {name}: command not found{hint}\n".encode())
+        os.write(2, f"sandgate: error: {_not_found(name, ins.env.get('PATH', os.defpath))}\n".encode())
         os._exit(127)
     except PermissionError as e:
         os.write(2, f"sandgate: error: {name}: {e.strerror}\n".encode())

@@ -540,6 +540,20 @@ def test_learn_needs_no_policy(e: Env) -> None:
 def test_a_command_under_the_hosts_tmp_gets_a_hint(e: Env) -> None:
     r = e.sandgate("-q", "--", "/tmp/sandgate-no-such-tool")
     assert r.returncode == 127 and "own, empty /tmp" in r.stderr, r.stderr
+    # Found on the host through a PATH entry under /tmp: the same hint.
+    r = e.sg.run(quiet=True, cmd=["sandgate-no-such-tool"], env={**env(), "PATH": f"/tmp/bin:{env()['PATH']}"})
+    assert r.returncode == 127 and "own, empty /tmp" in r.stderr, r.stderr
+    r = e.sandgate("-q", "--", "sandgate-no-such-tool")  # control: no /tmp on PATH, no hint
+    assert r.returncode == 127 and "sandgate-no-such-tool: command not found\n" in r.stderr, r.stderr
+
+
+def test_a_script_whose_interpreter_is_missing_says_so(e: Env) -> None:
+    ws = e.world.tmp / f"shebang-{time.monotonic_ns()}"
+    ws.mkdir()
+    (ws / "tool").write_text("#!/nonexistent/interp\necho never\n")
+    (ws / "tool").chmod(0o755)
+    r = Sandgate(e.world, cwd=ws, quiet=True).run(audit=ws / "a.jsonl", cmd=["./tool"])
+    assert r.returncode == 127 and "./tool: its interpreter (the #! line) was not found" in r.stderr, r.stderr
 
 
 PTY_DRIVER = textwrap.dedent("""\
