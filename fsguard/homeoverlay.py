@@ -59,10 +59,16 @@ def _private(path: Path, uid: int) -> None:
         raise HomeOverlayError(e.errno or 1, f"cannot create the sandbox's home store {path}: {e.strerror}") from None
     # The threat: /var/tmp is shared; another user creating our name first could read or seed our home.
     if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode) or st.st_uid != uid or st.st_mode & 0o077:
+        # Someone else's entry in a shared directory cannot be removed by us: say who can.
+        fix = (
+            "remove it and run again"
+            if st.st_uid == uid
+            else f"it belongs to uid {st.st_uid}: ask an administrator to remove it"
+        )
         raise HomeOverlayError(
             1,
             f"refusing {path} as the sandbox's home store: it must be a directory owned by "
-            f"uid {uid} with mode 0700; remove it and run again",
+            f"uid {uid} with mode 0700; {fix}",
         )
 
 
