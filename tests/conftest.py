@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from .support.runner import Sandgate
-from .support.world import World, cleanup_stale
+from .support.world import World, cleanup_stale, new_world
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -24,15 +24,8 @@ def _sandgate_cleanup_stale() -> None:
 
 @pytest.fixture
 def world() -> Iterator[World]:
-    """A fresh fake internet. Fails (never skips) without root/ip/nft: a skipped boundary test is a defect."""
-    missing = [tool for tool in ("ip", "nft") if shutil.which(tool) is None]
-    if os.geteuid() != 0 or missing:
-        pytest.fail(
-            "the sandgate e2e world needs root and the ip (iproute2) and nft (nftables) tools; "
-            f"euid={os.geteuid()} missing={missing or 'none'}. Run the tests as root after .ci/setup.",
-            pytrace=False,
-        )
-    with World() as w:
+    """A fresh fake internet (support/world.py's new_world: fails, never skips, without root/ip/nft)."""
+    with new_world() as w:
         yield w
 
 

@@ -14,7 +14,7 @@ import pytest
 from netguard import audit
 
 from ..support.runner import Sandgate, env, write_policy
-from ..support.world import World
+from ..support.world import World, new_world
 
 FORGE = (
     'echo \'{"event":"decision","action":"allow","forged":1}\' >> {log}; '
@@ -25,7 +25,7 @@ FORGE = (
 
 @pytest.fixture(scope="module")
 def w() -> Iterator[World]:
-    with World() as world:
+    with new_world() as world:
         yield world
 
 

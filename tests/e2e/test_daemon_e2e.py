@@ -12,18 +12,21 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from netguard.audit import read_records
+
 from ..support.runner import SANDGATE, Sandgate, env, write_policy
-from ..support.world import World
+from ..support.world import World, new_world
 
 A_HOST, A_IP, B_HOST, B_IP = "a.test", "198.51.100.31", "b.test", "198.51.100.32"
 
 
 @pytest.fixture(scope="module")
 def w() -> Iterator[World]:
-    with World() as world:
+    with new_world() as world:
         for name, ip in ((A_HOST, A_IP), (B_HOST, B_IP)):
             world.add_host(name, ip)
             world.serve("http", ip, 80, name)
@@ -84,7 +87,7 @@ def test_two_concurrent_runs_get_their_own_policy_from_one_daemon(w: World) -> N
     assert out_b.split() == [f"{A_HOST}=403", f"{B_HOST}=200"], out_b
     assert status(w)["pid"] == pid  # one daemon served both
     for audit, allowed, denied in ((audit_a, A_HOST, B_HOST), (audit_b, B_HOST, A_HOST)):
-        recs = [json.loads(x) for x in audit.read_text().splitlines()]
+        recs: list[Any] = read_records(audit)
         got = {(r["host"], r["action"]) for r in recs if r["event"] == "decision" and r["kind"] == "http"}
         assert got == {(allowed, "allow"), (denied, "deny")}, got  # each log holds only its own run
 

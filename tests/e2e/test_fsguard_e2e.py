@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import json
 import os
 import shutil
 import subprocess
@@ -22,11 +21,14 @@ import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from netguard.audit import read_records
+
 from ..support.runner import Sandgate, env
-from ..support.world import World
+from ..support.world import World, new_world
 
 SECRET = "SECRET-KEY-6f1d"
 
@@ -80,7 +82,7 @@ def fs() -> Iterator[Fs]:
         pytest.fail("e2e tests need root", pytrace=False)
     base = Path(tempfile.mkdtemp(prefix="sandgate-fs-", dir="/var/tmp"))
     try:
-        with World() as w:
+        with new_world() as w:
             ws, home, outside = base / "ws", base / "home", base / "outside"
             for d in (ws, home / ".ssh", home / ".aws", outside):
                 d.mkdir(parents=True)
@@ -240,7 +242,7 @@ def test_environment_secrets_are_dropped_and_kept_ones_present(fs: Fs, depth: st
     names = set(lines(r))
     assert {"KEEP_TOKEN", "PLAIN", "HTTPS_PROXY"} <= names
     assert not names & {"MY_TOKEN", "GITHUB_TOKEN", "DB_PASSWORD_X", "AWS_SECRET_ACCESS_KEY"}
-    rec = next(json.loads(x) for x in fs.audit.read_text().splitlines() if json.loads(x)["event"] == "policy")
+    rec: Any = next(r for r in read_records(fs.audit) if r["event"] == "policy")
     assert {"MY_TOKEN", "GITHUB_TOKEN", "DB_PASSWORD_X", "AWS_SECRET_ACCESS_KEY"} <= set(rec["env_dropped"])
     assert "v1" not in fs.audit.read_text()  # names only, never values
     assert rec["landlock_abi"] >= 1 and str(fs.ws) in rec["write"] and rec["private_tmp"] is True

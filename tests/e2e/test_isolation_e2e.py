@@ -25,7 +25,7 @@ import pytest
 
 from ..support.rootless import UnprivilegedUser
 from ..support.runner import REPO, SANDGATE, Sandgate, env, write_policy
-from ..support.world import Server, World, _NetnsRunner
+from ..support.world import Server, World, _NetnsRunner, new_world
 
 BLOCKED = "198.51.100.20"
 ATTACKS = Path(__file__).resolve().parent.parent / "support" / "attacks.py"
@@ -78,7 +78,7 @@ def outside(world: World, name: str, *args: str) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def world() -> Iterator[World]:
-    with World() as w:
+    with new_world() as w:
         w.add_host("blocked.test", BLOCKED)
         w.tmp.chmod(0o755)  # the unprivileged side reads the probe and the policy here
         yield w

@@ -12,12 +12,15 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
+from netguard.audit import read_records
+
 from ..support.runner import SANDGATE, Sandgate, env
-from ..support.world import World
+from ..support.world import World, new_world
 
 HOSTS = {
     "reg.test": "198.51.100.10",
@@ -50,15 +53,15 @@ class Net:
         return r, audit
 
 
-def records(path: Path, event: str = "decision") -> list[dict[str, object]]:
-    return [r for r in map(json.loads, path.read_text().splitlines()) if r["event"] == event]
+def records(path: Path, event: str = "decision") -> list[Any]:
+    return [r for r in read_records(path) if r["event"] == event]
 
 
 @pytest.fixture(scope="module")
 def net() -> Iterator[Net]:
     if os.geteuid() != 0:
         pytest.fail("e2e tests need root", pytrace=False)
-    with World() as w:
+    with new_world() as w:
         for name, ip in HOSTS.items():
             w.add_host(name, ip)
             w.serve("https", ip, 443, name)

@@ -7,18 +7,20 @@ to be alive by a permitted or direct request in the same run.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 import textwrap
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
+from netguard.audit import read_records
+
 from ..support.runner import REPO, Proxy, curl, env, write_policy
-from ..support.world import World
+from ..support.world import World, new_world
 
 ALLOWED, BLOCKED, SUB, APEX, EVIL, PORTS, CIDR = (
     "198.51.100.10",
@@ -70,7 +72,7 @@ class Net:
 def net() -> Iterator[Net]:
     if os.geteuid() != 0:
         pytest.fail("e2e tests need root (they build network namespaces)", pytrace=False)
-    with World() as w:
+    with new_world() as w:
         for name, ip in (
             ("allowed.test", ALLOWED),
             ("blocked.test", BLOCKED),
@@ -361,7 +363,7 @@ def test_one_proxy_serves_two_sandboxes_with_their_own_policies(net: Net) -> Non
         assert curl(net.world, "http://blocked.test/", "-x", a).status == 403
         assert curl(net.world, "http://blocked.test/", "-x", b).body == "hello from blocked.test"
         assert curl(net.world, "http://allowed.test/", "-x", b).status == 403
-        recs = [json.loads(x) for x in log.read_text().splitlines()]
+        recs: list[Any] = read_records(log)
         got = [(r["task"], r["host"], r["action"]) for r in recs if r["event"] == "decision"]
         assert got == [
             ("a", "allowed.test", "allow"),

@@ -32,7 +32,7 @@ from ..support.rootless import (
     plan_paths,
     processes_of,
 )
-from ..support.world import World
+from ..support.world import World, new_world
 
 VENV_PY = REPO / ".venv" / "bin" / "python"
 PYENV = {"PYTHONPATH": str(REPO)}
@@ -313,7 +313,7 @@ def test_creation_is_fast() -> None:
 
 
 def test_teardown_removes_everything_even_when_the_test_fails() -> None:
-    with World() as w:
+    with new_world() as w:
         with pytest.raises(RuntimeError, match="the test failed"), UnprivilegedUser() as u:
             r = u.runner(w)
             sleeper = _start_ready(r)

@@ -18,11 +18,14 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from netguard.audit import read_records
+
 from ..support.runner import REPO, SANDGATE, Sandgate, env, write_policy
-from ..support.world import Server, World
+from ..support.world import Server, World, new_world
 
 ALLOWED, BLOCKED, UDPHOST = "198.51.100.10", "198.51.100.20", "198.51.100.60"
 POLICY = "version: 1\nnetwork:\n  allow:\n    - allowed.test\n"
@@ -90,8 +93,8 @@ class Env:
         out: dict[str, str] = json.loads(r.stdout.strip().splitlines()[-1])
         return out
 
-    def records(self, audit: Path | None = None) -> list[dict[str, object]]:
-        return [json.loads(x) for x in (audit or self.last_audit).read_text().splitlines()]
+    def records(self, audit: Path | None = None) -> list[Any]:
+        return read_records(audit or self.last_audit)
 
     def mark(self) -> dict[str, int]:
         return {k: len(v.log_records()) for k, v in self.servers.items()}
@@ -104,7 +107,7 @@ class Env:
 def e() -> Iterator[Env]:
     if os.geteuid() != 0:
         pytest.fail("e2e tests need root (they build network namespaces)", pytrace=False)
-    with World() as w:
+    with new_world() as w:
         # Worst case for the boundary: a host that routes (Docker hosts, routers). Without our rules,
         # the sandbox's packets would be forwarded straight to the canaries.
         w.run(["sysctl", "-q", "-w", "net.ipv4.ip_forward=1"], check=True)
@@ -533,8 +536,8 @@ def test_learn_needs_no_policy(e: Env) -> None:
         "--learn", "--audit-log", str(ws / "a.jsonl"), cmd=curl_args(e, "http://allowed.test/")
     )
     assert r.stdout.strip() == "hello from allowed.test", r.stderr
-    recs = [json.loads(x) for x in (ws / "a.jsonl").read_text().splitlines()]
-    assert any(x.get("would") == "deny" and x.get("host") == "allowed.test" for x in recs)
+    recs: list[Any] = read_records(ws / "a.jsonl")
+    assert any(x["event"] == "decision" and x["would"] == "deny" and x["host"] == "allowed.test" for x in recs)
 
 
 def test_a_command_under_the_hosts_tmp_gets_a_hint(e: Env) -> None:

@@ -8,7 +8,6 @@ test passes because the file was unreadable anyway.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -23,9 +22,10 @@ import pytest
 
 from fsguard import mounts
 from fsguard import policy as fp
+from netguard.audit import read_records
 
 from ..support.runner import Sandgate, env
-from ..support.world import World
+from ..support.world import World, new_world
 
 MARKER = "CRED-MARKER-3c9e"
 GHP = "ghp_" + "Q7w8E9r0T1" * 3 + "y2U3i4"  # a classic GitHub token's shape, under an innocent name
@@ -76,7 +76,7 @@ def h() -> Iterator[Home]:
         pytest.fail("e2e tests need root", pytrace=False)
     base = Path(tempfile.mkdtemp(prefix="sandgate-secrets-", dir="/var/tmp"))
     try:
-        with World() as w:
+        with new_world() as w:
             ws, home = base / "ws", base / "home"
             ws.mkdir(parents=True)
             for rel in CRED_FILES:
@@ -96,8 +96,8 @@ def environ(r: subprocess.CompletedProcess[str]) -> dict[str, str]:
     return dict(line.split("=", 1) for line in r.stdout.splitlines() if "=" in line)
 
 
-def policy_record(audit: Path) -> dict[str, Any]:
-    return next(rec for rec in map(json.loads, audit.read_text().splitlines()) if rec["event"] == "policy")
+def policy_record(audit: Path) -> Any:
+    return next(rec for rec in read_records(audit) if rec["event"] == "policy")
 
 
 def test_the_default_read_deny_names_the_issues_credential_files() -> None:

@@ -25,7 +25,7 @@ import pytest
 from netguard import localaddrs, rules
 
 from ..support.runner import REPO, Proxy, curl, write_policy
-from ..support.world import Client, Server, World
+from ..support.world import Client, Server, World, new_world
 
 ALLOWED, WILD, TXT = "198.51.100.10", "198.51.100.11", "198.51.100.12"
 V6_DNS_PORT = 5354
@@ -99,7 +99,7 @@ class Net:
 def net() -> Iterator[Net]:
     if os.geteuid() != 0:
         pytest.fail("e2e tests need root (they build network namespaces)", pytrace=False)
-    with World() as w:
+    with new_world() as w:
         w.add_host("allowed.test", ALLOWED)
         w.add_host("a.wild.test", WILD)
         w.add_host("t.txt.test", TXT)

@@ -9,7 +9,6 @@ same path works once the policy is trusted.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
@@ -17,11 +16,14 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from netguard.audit import read_records
+
 from ..support.runner import SANDGATE, Sandgate, env
-from ..support.world import Server, World
+from ..support.world import Server, World, new_world
 
 FAKE, DENIED, BY_IP = "198.51.100.30", "198.51.100.31", "198.51.100.32"
 SECRET = "sgsecret-7d1c"
@@ -91,7 +93,7 @@ class Ws:
 def ws() -> Iterator[Ws]:
     if os.geteuid() != 0:
         pytest.fail("e2e tests need root (they build network namespaces)", pytrace=False)
-    with World() as w:
+    with new_world() as w:
         w.add_host("fake.test", FAKE)
         w.add_host("denied.test", DENIED)
         servers = {
@@ -125,8 +127,8 @@ PROBES = " ; ".join(
 )
 
 
-def decisions(audit: Path) -> list[dict[str, object]]:
-    return [r for r in map(json.loads, audit.read_text().splitlines()) if r["event"] == "decision"]
+def decisions(audit: Path) -> list[Any]:
+    return [r for r in read_records(audit) if r["event"] == "decision"]
 
 
 def test_an_untrusted_checkout_policy_gets_nothing_it_asks_for_but_its_denials(ws: Ws) -> None:

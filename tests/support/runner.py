@@ -14,6 +14,8 @@ from dataclasses import KW_ONLY, dataclass
 from pathlib import Path
 from typing import Any
 
+from netguard.audit import read_records
+
 from .world import World, _NetnsRunner
 
 REPO = Path(__file__).resolve().parent.parent.parent
@@ -95,17 +97,13 @@ class Proxy:
     def url(self) -> str:
         return f"http://{self.listen}"
 
-    def records(self, event: str | None = "decision") -> list[dict[str, Any]]:
+    def records(self, event: str | None = "decision") -> list[Any]:
         if not self.audit.exists():
             return []
-        out = []
-        for line in self.audit.read_text().splitlines():
-            rec = json.loads(line)  # every line must parse: a malformed line fails the test here
-            if event is None or rec["event"] == event:
-                out.append(rec)
-        return out
+        # The one reader: a malformed line fails the test here (a torn last line is still being written).
+        return [r for r in read_records(self.audit) if event is None or r["event"] == event]
 
-    def wait_record(self, pred: Any, event: str = "decision", timeout: float = 5.0) -> dict[str, Any]:
+    def wait_record(self, pred: Any, event: str = "decision", timeout: float = 5.0) -> Any:
         deadline = time.monotonic() + timeout
         while True:
             for r in self.records(event):

@@ -12,6 +12,27 @@ from launcher.selftest.nsexec import NetnsRunner as _NetnsRunner
 from launcher.selftest.servers import SERVER_KINDS, UNIX_KINDS, Server
 from launcher.selftest.world import DNS_IP, DUMMY_IF, TEST_NET, World
 
+
+def new_world() -> World:
+    """The tests' one way to a fresh fake internet (the `world` fixture and every module's own setup).
+
+    Fails (never skips) without root/ip/nft: a skipped boundary test is a defect.
+    """
+    import os
+    import shutil
+
+    import pytest
+
+    missing = [tool for tool in ("ip", "nft") if shutil.which(tool) is None]
+    if os.geteuid() != 0 or missing:
+        pytest.fail(
+            "the sandgate e2e world needs root and the ip (iproute2) and nft (nftables) tools; "
+            f"euid={os.geteuid()} missing={missing or 'none'}. Run the tests as root after .ci/setup.",
+            pytrace=False,
+        )
+    return World()
+
+
 __all__ = [
     "DNS_IP",
     "DUMMY_IF",
@@ -28,4 +49,5 @@ __all__ = [
     "World",
     "_NetnsRunner",
     "cleanup_stale",
+    "new_world",
 ]
