@@ -29,6 +29,7 @@ from ..support.trees import tree_hash
 
 REPO = Path(__file__).resolve().parent.parent.parent
 SANDGATE = [sys.executable, "-m", "launcher.cli", "run"]
+SYSTEM_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 
 
 def _daemon(*args: str) -> int:
@@ -69,6 +70,12 @@ def run(
 ) -> tuple[subprocess.CompletedProcess[str], float]:
     # The machine's own settings (CA bundles, pip's index...) are what "as set up here" means.
     full = {**os.environ, "HOME": str(home), "PYTHONPATH": str(REPO), "LANG": "C.UTF-8", **(env or {})}
+    # A client that ships its own roots (uv, node, requests' certifi) trusts the machine's registry
+    # mirror only through these; a bare CI environment (env -i) may lack them: point them at the
+    # system bundle, as this machine's own login environment does.
+    if os.path.isfile(SYSTEM_BUNDLE):
+        for name in ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "NODE_EXTRA_CA_CERTS", "CURL_CA_BUNDLE"):
+            full.setdefault(name, SYSTEM_BUNDLE)
     t0 = time.monotonic()
     r = subprocess.run([*SANDGATE, *args], cwd=ws, env=full, capture_output=True, text=True, timeout=timeout)
     return r, time.monotonic() - t0

@@ -7,7 +7,7 @@ import json
 import os
 from pathlib import Path
 
-from launcher.selftest.probes.core import Ctx, Result, Unsupported, attempt, combine, describe, probe
+from launcher.selftest.probes.core import Ctx, Result, Unsupported, attempt, combine, describe, is_refusal, probe
 
 AUDIT_NAME = "audit-verify.jsonl"  # inside the workspace (not under the protected .sandgate/)
 
@@ -104,7 +104,24 @@ def write_outside(c: Ctx) -> Result:
 
 
 def _create_or_open(path: Path) -> Result:
-    """Create `path` (removed again afterwards) or, if it exists, open it for writing without writing."""
+    """Create `path` (removed again afterwards) or, if it exists, open it for writing without writing.
+
+    A directory there is sandgate's placeholder for a missing file: the name is only safe if the
+    directory can neither be removed nor filled (removing it would free the name for a file)."""
+    if path.is_dir() and not path.is_symlink():
+        try:
+            os.rmdir(path)
+        except OSError as e:
+            if not is_refusal(e):
+                raise
+        else:
+            path.mkdir()
+            return "permitted", f"removed the placeholder {path} (made again)"
+        inner = path / ".sandgate-probe"
+        fd = os.open(inner, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)  # a refusal raises: blocked
+        os.close(fd)
+        inner.unlink()
+        return "permitted", f"created {inner} inside the placeholder (removed again)"
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     except FileExistsError:
