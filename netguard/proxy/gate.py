@@ -192,7 +192,7 @@ class Gate:
             name, _ = hosts.split_host_port((req.host_header or "").strip())
             if name:
                 try:
-                    req.host = str(hosts.normalise(name))
+                    req.host = str(rules.normalise(name))  # cached: a kept-alive connection asks per request
                 except hosts.HostError:
                     req.host = name
         d = await self._authorize(st, "http", req.host, req.port, method=req.method, url=req.pretty_url)

@@ -358,9 +358,12 @@ def test_placeholders_leave_no_trace_in_git_or_a_concurrent_run(g: Git) -> None:
     cannot commit it), and a second run in the same workspace does not take it for its policy."""
     assert not (g.ws / ".sandgate.yaml").exists() and not (g.ws / ".mcp.json").exists()
     g.host(g.ws, "commit", "-q", "--allow-empty", "-m", "clean")
-    r = g.run("git status --porcelain --untracked-files=all; echo end")
+    # The placeholder still protects: the name can be neither filled nor freed for a planted file.
+    plant = "echo x > .sandgate.yaml/p 2>/dev/null && echo filled; rmdir .sandgate.yaml 2>/dev/null && echo freed"
+    r = g.run(f"{plant}; git status --porcelain --untracked-files=all; echo end")
     untracked = [line for line in r.stdout.splitlines() if line.startswith("??")]
     assert r.returncode == 0 and r.stdout.endswith("end\n") and untracked == [], (r.stdout, r.stderr)  # no placeholder
+    assert "filled" not in r.stdout and "freed" not in r.stdout, r.stdout
     sg = Sandgate(g.world, cwd=g.ws, timeout=60)
     first = sg.popen(policy=g.policy, quiet=True, audit=g.base / "long.jsonl", cmd=["sleep", "4"], env=g.env())
     try:
