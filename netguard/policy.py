@@ -14,6 +14,9 @@ allow entry can list more types for its names:
       dns: [TXT, SRV]        # also forward these query types for names under example.org
 
 Exact host entries need nothing: their name is fixed, every type is served.
+
+Request-level rules (`inspect:`, `http:`, `log_query:` on allow entries) are netguard.httprules';
+`credentials:` is netguard.credentials'.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from netguard import hosts
+from netguard.credentials import Credential, parse_credentials
+from netguard.httprules import HttpRule, parse_http
 from netguard.policyerror import PolicyError, line_of
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -32,8 +37,8 @@ RuleKind = Literal["host", "wildcard", "cidr"]
 #: An allow/ask entry without `ports:` means web traffic only; a deny entry without ports means every port.
 DEFAULT_ALLOW_PORTS: frozenset[int] = frozenset({80, 443})
 
-SECTION_KEYS = ("allow", "deny", "ask", "resolver")
-ENTRY_KEYS = ("host", "cidr", "ports", "dns")
+SECTION_KEYS = ("allow", "deny", "ask", "resolver", "credentials")
+ENTRY_KEYS = ("host", "cidr", "ports", "dns", "inspect", "http", "log_query")
 
 
 @dataclass(frozen=True)
@@ -45,6 +50,9 @@ class Rule:
     ports: frozenset[int] | None
     origin: str
     dns: frozenset[int] | None = None  # extra DNS query types (numbers) a wildcard allow forwards
+    inspect: bool = False  # TLS is terminated and each request judged (netguard.httprules)
+    http: tuple[HttpRule, ...] | None = None  # None with inspect: every request allowed, each audited
+    log_query: bool = False  # audit records of inspected requests keep the query string
 
     def describe(self) -> str:
         pat = f"*.{self.value}" if self.kind == "wildcard" else str(self.value)
@@ -58,6 +66,7 @@ class NetworkPolicy:
     ask: tuple[Rule, ...] = ()
     resolver: tuple[str, int] | None = None
     resolver_origin: str | None = field(default=None, compare=False)
+    credentials: tuple[Credential, ...] = ()
 
 
 def _origin(source: str, line: int | None) -> str:
@@ -69,7 +78,9 @@ def parse_network(section: Any, source: str) -> NetworkPolicy:
     if section is None:
         return NetworkPolicy()
     if not isinstance(section, dict):
-        raise PolicyError("'network' must be a mapping with allow/deny/ask/resolver", getattr(section, "line", None))
+        raise PolicyError(
+            "'network' must be a mapping with allow/deny/ask/resolver/credentials", getattr(section, "line", None)
+        )
     for key in section:
         if key not in SECTION_KEYS:
             raise PolicyError(
@@ -93,7 +104,8 @@ def parse_network(section: Any, source: str) -> NetworkPolicy:
     if section.get("resolver") is not None:
         resolver = parse_resolver(section["resolver"], line_of(section, "resolver"))
         resolver_origin = _origin(source, line_of(section, "resolver"))
-    return NetworkPolicy(lists["allow"], lists["deny"], lists["ask"], resolver, resolver_origin)
+    creds = parse_credentials(section.get("credentials"), source, line_of(section, "credentials"))
+    return NetworkPolicy(lists["allow"], lists["deny"], lists["ask"], resolver, resolver_origin, creds)
 
 
 def parse_entry(
@@ -107,7 +119,8 @@ def parse_entry(
         for key in entry:
             if key not in ENTRY_KEYS:
                 raise PolicyError(
-                    f"unknown key '{key}' in entry (expected host or cidr, ports, dns)", line_of(entry, key)
+                    f"unknown key '{key}' in entry (expected host or cidr, ports, dns, inspect, http, log_query)",
+                    line_of(entry, key),
                 )
         if ("host" in entry) == ("cidr" in entry):
             raise PolicyError("an entry needs exactly one of 'host' or 'cidr'", line)
@@ -133,7 +146,27 @@ def parse_entry(
                 "'dns' is only for wildcard hosts ('*.example.org'): an exact name is served every query type", where
             )
         rule = dataclasses.replace(rule, dns=parse_dns_types(entry["dns"], where))
+    if isinstance(entry, dict) and any(k in entry for k in ("inspect", "http", "log_query")):
+        rule = _inspection(rule, entry, source, line, list_name)
     return rule
+
+
+def _inspection(rule: Rule, entry: dict[str, Any], source: str, line: int | None, list_name: str) -> Rule:
+    """`inspect`, `http`, `log_query` of an allow entry for names (netguard.httprules)."""
+    key = next(k for k in ("inspect", "http", "log_query") if k in entry)
+    where = line_of(entry, key) or line
+    if list_name != "allow":
+        raise PolicyError(f"'{key}' belongs on allow entries, not {list_name} entries", where)
+    if rule.kind == "cidr":
+        raise PolicyError(f"'{key}' needs a host name: an address has no name to check the certificate for", where)
+    for flag in ("inspect", "log_query"):
+        if flag in entry and not isinstance(entry[flag], bool):
+            raise PolicyError(f"'{flag}' is true or false, not {_typename(entry[flag])}", line_of(entry, flag))
+    http = parse_http(entry["http"], source, line_of(entry, "http") or line) if "http" in entry else None
+    if entry.get("inspect") is False and (http is not None or entry.get("log_query")):
+        raise PolicyError("'inspect: false' with http rules or log_query: rules need inspection; drop one", where)
+    inspect = http is not None or bool(entry.get("inspect")) or bool(entry.get("log_query"))
+    return dataclasses.replace(rule, inspect=inspect, http=http, log_query=bool(entry.get("log_query")))
 
 
 def parse_dns_types(value: Any, line: int | None) -> frozenset[int]:
@@ -241,12 +274,20 @@ def merge(policies: list[NetworkPolicy]) -> NetworkPolicy:
                     f"{p.resolver[0]}:{p.resolver[1]} ({p.resolver_origin}); keep one"
                 )
             resolver, resolver_origin = p.resolver, p.resolver_origin
+    creds: dict[tuple[str, str], Credential] = {}
+    for c in (c for p in policies for c in p.credentials):
+        other = creds.setdefault((c.host, c.header.lower()), c)
+        if other != c:
+            raise PolicyError(
+                f"two credentials for header {c.header} on {c.host} ({other.origin} and {c.origin}); keep one"
+            )
     return NetworkPolicy(
         allow=tuple(r for p in policies for r in p.allow),
         deny=tuple(r for p in policies for r in p.deny),
         ask=tuple(r for p in policies for r in p.ask),
         resolver=resolver,
         resolver_origin=resolver_origin,
+        credentials=tuple(creds.values()),
     )
 
 

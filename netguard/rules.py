@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from netguard import hosts
+from netguard.httprules import HttpRule
 from netguard.policy import NetworkPolicy, Rule
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -319,3 +320,34 @@ def dns_types(rs: Ruleset, name: str) -> frozenset[int] | None:
         return None
     extra = frozenset(t for r in found if r.dns for t in r.dns)
     return DNS_ADDRESS_TYPES | extra
+
+
+# ---- inspection: which allowed destinations have their requests judged one by one -----------------
+
+
+@dataclass(frozen=True)
+class Inspection:
+    """How an inspected destination's requests are judged (netguard.httprules.decide_request)."""
+
+    http: tuple[HttpRule, ...] | None  # None: every request allowed (and audited)
+    log_query: bool
+    origin: str  # the first inspecting entry, for the audit's `rule`
+
+
+def inspection(rs: Ruleset, host: str, port: int) -> Inspection | None:
+    """The request rules for `host:port` when an allow entry covering it inspects, else None (passthrough).
+
+    Only inspecting entries count: an entry for the same host without `http:` (a bundled list, a
+    plain --allow) never widens what an inspecting one allows. Deny beats allow here too.
+    """
+    try:
+        dest = normalise(host)
+    except hosts.HostError:
+        return None
+    if not isinstance(dest, str):
+        return None
+    found = [r for r in rs.allow.name_rules(dest) if r.inspect and (r.ports is None or port in r.ports)]
+    if not found:
+        return None
+    http = None if any(r.http is None for r in found) else tuple(h for r in found for h in r.http or ())
+    return Inspection(http, any(r.log_query for r in found), found[0].origin)

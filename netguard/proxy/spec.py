@@ -13,11 +13,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from netguard import hosts
+from netguard.credentials import Secret
+from netguard.httprules import HttpRule, canonical_path
 from netguard.policy import NetworkPolicy, Rule
 
-SPEC_KEYS = ("task", "policy", "learn", "ask_all", "approval_socket", "ask_timeout")
+SPEC_KEYS = (
+    "task", "policy", "learn", "ask_all", "approval_socket", "ask_timeout", "ca", "upstream_ca", "secrets"
+)  # fmt: skip
 POLICY_KEYS = ("allow", "deny", "ask", "resolver", "resolver_origin")
-RULE_KEYS = ("kind", "value", "ports", "origin", "dns")
+RULE_KEYS = ("kind", "value", "ports", "origin", "dns", "inspect", "http", "log_query")
+HTTP_KEYS = ("methods", "paths", "origin")
+CA_KEYS = ("cert", "key")
+SECRET_KEYS = ("host", "header", "value", "real", "sentinel", "variable", "origin")
+MAX_PEM = 1 << 20
 RULE_KINDS = ("host", "wildcard", "cidr")
 MAX_TASK = 200
 MAX_TEXT = 4096
@@ -25,6 +33,14 @@ MAX_TEXT = 4096
 
 class SpecError(ValueError):
     """A spec the daemon refuses; the message names the offending field."""
+
+
+@dataclass(frozen=True)
+class CaPair:
+    """The run's inspection CA: PEM certificate and private key (the key never enters the sandbox)."""
+
+    cert: str
+    key: str
 
 
 @dataclass(frozen=True)
@@ -37,6 +53,9 @@ class BindingSpec:
     ask_all: bool = False
     approval_socket: str | None = None
     ask_timeout: float = 60.0
+    ca: CaPair | None = None  # needed when any rule inspects or a credential is bound
+    upstream_ca: str | None = None  # PEM: extra roots for inspected upstreams (default: the host's store)
+    secrets: tuple[Secret, ...] = ()
 
 
 # ---- encode ---------------------------------------------------------------------------------
@@ -58,6 +77,9 @@ def encode(spec: BindingSpec) -> dict[str, Any]:
         "ask_all": spec.ask_all,
         "approval_socket": spec.approval_socket,
         "ask_timeout": float(spec.ask_timeout),
+        "ca": {"cert": spec.ca.cert, "key": spec.ca.key} if spec.ca is not None else None,
+        "upstream_ca": spec.upstream_ca,
+        "secrets": [{k: getattr(x, k) for k in SECRET_KEYS} for x in spec.secrets],
     }
 
 
@@ -68,6 +90,17 @@ def _encode_rule(r: Rule) -> dict[str, Any]:
         "ports": sorted(r.ports) if r.ports is not None else None,
         "origin": r.origin,
         "dns": sorted(r.dns) if r.dns else None,
+        "inspect": r.inspect,
+        "http": [_encode_http(h) for h in r.http] if r.http is not None else None,
+        "log_query": r.log_query,
+    }
+
+
+def _encode_http(h: HttpRule) -> dict[str, Any]:
+    return {
+        "methods": sorted(h.methods) if h.methods is not None else None,
+        "paths": list(h.paths) if h.paths is not None else None,
+        "origin": h.origin,
     }
 
 
@@ -88,14 +121,42 @@ def decode(obj: Any) -> BindingSpec:
     timeout = d["ask_timeout"]
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not math.isfinite(timeout) or timeout <= 0:
         raise SpecError("ask_timeout must be a positive finite number of seconds")
+    ca = None
+    if d["ca"] is not None:
+        c = _mapping(d["ca"], "ca", CA_KEYS)
+        ca = CaPair(_text(c["cert"], "ca.cert", MAX_PEM), _text(c["key"], "ca.key", MAX_PEM))
+    upstream = _text(d["upstream_ca"], "upstream_ca", MAX_PEM) if d["upstream_ca"] is not None else None
+    if not isinstance(d["secrets"], list):
+        raise SpecError("secrets must be a list")
+    secrets = tuple(_decode_secret(x, f"secrets[{i}]") for i, x in enumerate(d["secrets"]))
+    policy = _decode_policy(d["policy"])
+    if ca is None and (secrets or any(r.inspect for r in policy.allow)):
+        raise SpecError("ca is needed: a rule inspects or a credential is bound")  # fail closed, never passthrough
     return BindingSpec(
         task,
-        _decode_policy(d["policy"]),
+        policy,
         _bool(d["learn"], "learn"),
         _bool(d["ask_all"], "ask_all"),
         sock,
         float(timeout),
+        ca,
+        upstream,
+        secrets,
     )
+
+
+def _decode_secret(obj: Any, where: str) -> Secret:
+    d = _mapping(obj, where, SECRET_KEYS)
+    f = {k: _text(d[k], f"{where}.{k}", MAX_TEXT) for k in SECRET_KEYS}
+    if not f["sentinel"] or not f["real"] or any(c in f["value"] for c in "\r\n\0"):
+        raise SpecError(f"{where}: empty sentinel or secret, or a line break in the header value")
+    try:
+        canonical = hosts.normalise_name(f["host"])
+    except hosts.HostError as e:
+        raise SpecError(f"{where}.host: {e}") from None
+    if canonical != f["host"]:
+        raise SpecError(f"{where}.host {f['host']!r} is not in canonical form ({canonical!r})")
+    return Secret(**f)
 
 
 def _decode_policy(obj: Any) -> NetworkPolicy:
@@ -138,7 +199,13 @@ def _decode_rule(obj: Any, where: str) -> Rule:
         if kind != "wildcard":
             raise SpecError(f"{where}.dns is only meaningful on a wildcard rule")
         dns = frozenset(dns)
+    inspect, log_query = _bool(d["inspect"], f"{where}.inspect"), _bool(d["log_query"], f"{where}.log_query")
+    http = _decode_http(d["http"], where)
+    if (http is not None or log_query) and not inspect:
+        raise SpecError(f"{where}: http rules and log_query need inspect")
     if kind == "cidr":
+        if inspect:
+            raise SpecError(f"{where}: a cidr rule cannot inspect")
         return Rule("cidr", _network(value, where), ports, origin)
     # A non-canonical name would silently never match: refuse it so the launcher's bug is seen.
     try:
@@ -147,7 +214,33 @@ def _decode_rule(obj: Any, where: str) -> Rule:
         raise SpecError(f"{where}.value: {e}") from None
     if canonical != value:
         raise SpecError(f"{where}.value {value!r} is not in canonical form ({canonical!r})")
-    return Rule("host" if kind == "host" else "wildcard", value, ports, origin, dns)
+    return Rule("host" if kind == "host" else "wildcard", value, ports, origin, dns, inspect, http, log_query)
+
+
+def _decode_http(obj: Any, where: str) -> tuple[HttpRule, ...] | None:
+    if obj is None:
+        return None
+    if not isinstance(obj, list) or not obj:
+        raise SpecError(f"{where}.http must be null or a non-empty list")
+    out = []
+    for i, item in enumerate(obj):
+        w = f"{where}.http[{i}]"
+        d = _mapping(item, w, HTTP_KEYS)
+        methods, paths = d["methods"], d["paths"]
+        if methods is not None and (not isinstance(methods, list) or not methods or not all(
+            isinstance(m, str) and m and m == m.upper() and m.isprintable() and " " not in m for m in methods
+        )):  # fmt: skip
+            raise SpecError(f"{w}.methods must be null or a non-empty list of upper-case methods")
+        if paths is not None and (not isinstance(paths, list) or not paths or not all(
+            isinstance(p, str) and canonical_path(p.replace("*", "x")) == p.replace("*", "x") for p in paths
+        )):  # fmt: skip
+            raise SpecError(f"{w}.paths must be null or a non-empty list of canonical path patterns")
+        out.append(HttpRule(
+            frozenset(methods) if methods is not None else None,
+            tuple(paths) if paths is not None else None,
+            _text(d["origin"], f"{w}.origin", MAX_TEXT),
+        ))  # fmt: skip
+    return tuple(out)
 
 
 def _network(text: str, where: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:

@@ -208,7 +208,9 @@ def test_control_imports_no_mitmproxy_or_dnspython() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert json.loads(out.replace("'", '"')) == [
         "netguard",
+        "netguard.credentials",
         "netguard.hosts",
+        "netguard.httprules",
         "netguard.policy",
         "netguard.policyerror",
         "netguard.proxy",

@@ -74,6 +74,9 @@ def test_a_parsed_policy_round_trips() -> None:
         "ports": [80, 443],
         "origin": "p.yaml",
         "dns": None,
+        "inspect": False,
+        "http": None,
+        "log_query": False,
     }
     assert enc["policy"]["allow"][3]["ports"] == [22, 80] and enc["policy"]["deny"][0]["ports"] is None
     assert enc["policy"]["resolver"] == ["2001:db8::1", 5353]

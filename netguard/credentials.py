@@ -1,0 +1,138 @@
+"""Credential brokering: secrets the proxy adds on egress, which the sandbox never holds. Pure: no I/O.
+
+    network:
+      credentials:
+        - host: api.openai.com
+          header: Authorization               # the default
+          value: "Bearer ${OPENAI_API_KEY}"   # the secret: the launcher's $OPENAI_API_KEY ...
+        - host: npm.example.test
+          value: "Bearer ${NPM_TOKEN}"
+          file: ~/.config/sandgate/npm-token  # ... or this file's content (hidden inside)
+
+Inside the sandbox the variable holds a per-run sentinel, so an SDK that insists on a key still
+starts. The proxy inspects the bound host and, only on requests to it over verified TLS, sets the
+header (and swaps the sentinel wherever else a header carries it). A sentinel sent anywhere else
+(another host, plain HTTP) is refused and recorded as an attempted leak. The real value lives in
+the launcher and the daemon only: never in the sandbox's environment, files or the audit log.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from netguard import hosts
+from netguard.policyerror import PolicyError, line_of
+
+CREDENTIAL_KEYS = ("host", "header", "value", "file")
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_HEADER = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+#: Headers that frame or route the request: a credential in them would change where it goes.
+_FRAMING = frozenset({"host", "content-length", "transfer-encoding", "connection", "upgrade", "te", "trailer"})
+_PREFIX = re.compile(r"[A-Za-z]{1,10}[-_]")  # sk-, ghp_, npm_: kept so format checks in SDKs still pass
+
+
+@dataclass(frozen=True)
+class Credential:
+    """A credential as the policy names it: where it goes and where its secret comes from (no secret)."""
+
+    host: str  # canonical exact name: a credential is bound to one host, never a wildcard
+    header: str
+    template: str  # the header value with one ${VARIABLE}
+    variable: str  # the variable the sandbox sees, holding the sentinel
+    file: str | None  # the secret's source instead of the launcher's environment
+    origin: str
+
+
+@dataclass(frozen=True)
+class Secret:
+    """A credential as the daemon holds it: the rendered header, the real value and its sentinel."""
+
+    host: str
+    header: str
+    value: str  # the whole header value, secret included
+    real: str
+    sentinel: str
+    variable: str
+    origin: str
+
+
+def parse_credentials(section: Any, source: str, line: int | None) -> tuple[Credential, ...]:
+    """`network.credentials`: a list of mappings with host, value (and header, file)."""
+    if section is None:
+        return ()
+    if not isinstance(section, list):
+        raise PolicyError("'network.credentials' must be a list of {host, header, value} mappings", line)
+    out = tuple(_parse_one(item, source, line_of(section, i) or line) for i, item in enumerate(section))
+    seen: dict[tuple[str, str], str] = {}
+    for c in out:
+        key = (c.host, c.header.lower())
+        if key in seen:
+            raise PolicyError(
+                f"two credentials for header {c.header} on {c.host} ({seen[key]} and {c.origin}); keep one"
+            )
+        seen[key] = c.origin
+    return out
+
+
+def _parse_one(item: Any, source: str, line: int | None) -> Credential:
+    if not isinstance(item, dict):
+        raise PolicyError("a credential is a mapping with host, header, value (and file)", line)
+    for key in item:
+        if key not in CREDENTIAL_KEYS:
+            raise PolicyError(
+                f"unknown key '{key}' in a credential (expected {', '.join(CREDENTIAL_KEYS)})", line_of(item, key)
+            )
+    for key in ("host", "value"):
+        if not isinstance(item.get(key), str):
+            raise PolicyError(f"a credential needs '{key}' as a string", line_of(item, key) or line)
+    host = item["host"]
+    try:
+        name = hosts.normalise(host)
+    except hosts.HostError as e:
+        raise PolicyError(f"credential host '{host}': {e}", line_of(item, "host") or line) from None
+    if "*" in host or not isinstance(name, str):
+        raise PolicyError(
+            f"credential host '{host}': bind a credential to one host name", line_of(item, "host") or line
+        )
+    header = item.get("header", "Authorization")
+    if not isinstance(header, str) or not _HEADER.fullmatch(header) or header.lower() in _FRAMING:
+        raise PolicyError(
+            f"credential header {header!r} is not a header a credential can go in", line_of(item, "header")
+        )
+    value = item["value"]
+    found = _VAR.findall(value)
+    if len(found) != 1 or "\r" in value or "\n" in value:
+        raise PolicyError(
+            f"credential value {value!r} must hold exactly one ${{VARIABLE}} ('Bearer ${{OPENAI_API_KEY}}')",
+            line_of(item, "value") or line,
+        )
+    file = item.get("file")
+    if file is not None and (not isinstance(file, str) or not file.strip()):
+        raise PolicyError("credential 'file' must be a path", line_of(item, "file"))
+    return Credential(name, header, value, found[0], file, f"{source}:{line}" if line is not None else source)
+
+
+def render(c: Credential, secret: str) -> str:
+    """The header value with the secret in place of its variable."""
+    return _VAR.sub(lambda _: secret, c.template)
+
+
+def sentinel_for(secret: str, token: str) -> str:
+    """What the sandbox sees instead of `secret`: its vendor prefix (if any) and a random token."""
+    m = _PREFIX.match(secret)
+    return f"{m.group(0) if m else ''}sandgate-sentinel-{token}"
+
+
+def carried(text: str, secrets: tuple[Secret, ...]) -> Secret | None:
+    """The secret whose sentinel (or real value) `text` carries, if any: a leak unless bound there."""
+    for s in secrets:
+        if s.sentinel in text or (s.real and s.real in text):
+            return s
+    return None
+
+
+def leak_reason(s: Secret, host: str, where: str) -> str:
+    """The refusal text of an attempted leak (never the value itself)."""
+    return f"attempted leak: the sentinel of ${s.variable} (bound to {s.host}) sent to {host} in {where}"
