@@ -1,4 +1,5 @@
-"""One sandbox as the proxy and its DNS server see it: task id, compiled policy, audit log, approvals."""
+"""One sandbox as the proxy and its DNS server see it: task id, compiled policy, audit log, approvals,
+and for inspected hosts the run's CA, the extra upstream roots and the brokered credentials."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import dns.resolver
 from netguard import rules
 from netguard.asking import Approver
 from netguard.audit import AuditLog
+from netguard.credentials import Secret
 from netguard.localaddrs import RESOLVE_TIMEOUT
+from netguard.proxy.spec import CaPair
 
 
 @dataclass
@@ -23,6 +26,9 @@ class Binding:
     learn: bool = False  # default-deny names pass, recorded as would: deny (issue: learn a policy)
     ask_all: bool = False  # every default-deny name becomes a question
     approver: Approver | None = None  # where `ask` questions go; None: they are denied
+    ca: CaPair | None = None  # signs the leaf certificates of inspected hosts; None: nothing is inspected
+    upstream_ca: str | None = None  # PEM roots trusted for inspected upstreams besides the host's store
+    secrets: tuple[Secret, ...] = ()  # brokered credentials: their hosts are inspected
     _resolver: dns.asyncresolver.Resolver | None = field(default=None, init=False, repr=False)
     _system_dns: tuple[str, int] | None = field(default=None, init=False, repr=False)
 
@@ -48,3 +54,17 @@ class Binding:
             r.lifetime = RESOLVE_TIMEOUT
             self._resolver = r
         return self._resolver
+
+    def inspection(self, host: str, port: int) -> rules.Inspection | None:
+        """How requests to `host:port` are judged; None: passthrough (the bytes are relayed untouched).
+
+        A brokered credential's host is inspected on every port its allow rule covers, whatever
+        the rule says: the proxy has to see the request to add the header. Without a CA nothing is
+        inspected (the spec refuses a policy that would need one).
+        """
+        if self.ca is None:
+            return None
+        found = rules.inspection(self.rules, host, port)
+        if found is None and any(s.host == host for s in self.secrets):
+            return rules.Inspection(None, False, next(s.origin for s in self.secrets if s.host == host))
+        return found

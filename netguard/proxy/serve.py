@@ -273,6 +273,9 @@ class Daemon:
             learn=spec.learn,
             ask_all=spec.ask_all,
             approver=approver,
+            ca=spec.ca,
+            upstream_ca=spec.upstream_ca,
+            secrets=spec.secrets,
         )
         sb = Sandbox(task, binding, (0, 0), since=now_rfc3339())
         try:
