@@ -14,6 +14,7 @@ from netguard.audit import AuditLog
 from netguard.credentials import Secret
 from netguard.localaddrs import RESOLVE_TIMEOUT
 from netguard.proxy.spec import CaPair
+from netguard.rules import Inspection
 
 
 @dataclass
@@ -55,7 +56,7 @@ class Binding:
             self._resolver = r
         return self._resolver
 
-    def inspection(self, host: str, port: int) -> rules.Inspection | None:
+    def inspection(self, host: str, port: int) -> Inspection | None:
         """How requests to `host:port` are judged; None: passthrough (the bytes are relayed untouched).
 
         A brokered credential's host is inspected on every port its allow rule covers, whatever
@@ -66,5 +67,5 @@ class Binding:
             return None
         found = rules.inspection(self.rules, host, port)
         if found is None and any(s.host == host for s in self.secrets):
-            return rules.Inspection(None, False, next(s.origin for s in self.secrets if s.host == host))
+            return Inspection(None, False, next(s.origin for s in self.secrets if s.host == host))
         return found
