@@ -1,0 +1,348 @@
+"""A fake HTTPS upstream for the e2e tests: it answers every request and logs what it received.
+
+    fake = httpsfake.start(world, "api.test", "198.51.100.72")   # a cert from world.ca (the test CA)
+    ... a client in a sandbox sends requests through sandgate ...
+    fake.seen()            # every request that reached it: method, target (with query), headers, body
+
+It runs inside the world's network namespace (`python -m tests.support.httpsfake`), speaks
+HTTP/1.1 with keep-alive and HTTP/2 (ALPN h2), or plain HTTP/1.1 (`plain=True`). The log is the
+evidence of what a refusal kept away: a request the proxy refused never appears in it. The
+default handler answers `hello from NAME METHOD PATH`; `/bytes/N` answers N bytes; `/status/N`
+answers status N. tests/support/gitfake.py puts git's smart-HTTP CGI behind the same server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import hashlib
+import itertools
+import json
+import os
+import select
+import ssl
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypedDict
+
+import h2.config
+import h2.connection
+import h2.events
+from cryptography import x509
+from cryptography.hazmat.primitives.serialization import Encoding
+
+REPO = Path(__file__).resolve().parent.parent.parent
+READY_TIMEOUT = 10.0
+
+
+class Seen(TypedDict):
+    """One request as the fake received it (one JSON line of its log)."""
+
+    conn: int  # connection number: requests on one kept-alive connection share it
+    proto: str  # "h2" or "http/1.1"
+    sni: str | None
+    method: str
+    target: str  # the request target as sent: path and query
+    headers: list[list[str]]  # [name, value] in order received (h2 names in lower case)
+    body: int  # bytes of request body
+    status: int  # what the fake answered
+
+
+@dataclass(frozen=True)
+class Request:
+    method: str
+    target: str
+    headers: list[tuple[str, str]]
+    body: bytes
+
+    def header(self, name: str) -> str | None:
+        return next((v for k, v in self.headers if k.lower() == name.lower()), None)
+
+
+@dataclass(frozen=True)
+class Response:
+    status: int
+    body: bytes
+    headers: list[tuple[str, str]] = field(default_factory=list)
+
+
+Handler = Callable[[Request], Response]
+
+
+def hello(name: str) -> Handler:
+    """The default handler: a body naming the host, method and path, so a client can tell who answered."""
+
+    def handle(req: Request) -> Response:
+        path = req.target.split("?", 1)[0]
+        if path.startswith("/bytes/") and path[7:].isdigit():
+            return Response(200, b"x" * int(path[7:]))
+        if path.startswith("/status/") and path[8:].isdigit():
+            return Response(int(path[8:]), f"status {path[8:]} from {name}\n".encode())
+        return Response(200, f"hello from {name} {req.method} {path}\n".encode())
+
+    return handle
+
+
+# ---- the server (inside the world) ------------------------------------------------------------
+
+
+class Server:
+    """One listening socket; each connection is HTTP/2 when ALPN chose h2, else HTTP/1.1 keep-alive."""
+
+    def __init__(self, handler: Handler, log: Path) -> None:
+        self.handler = handler
+        self.log = log.open("a", encoding="utf-8")
+        self.conns = itertools.count(1)
+        self.sni: dict[int, str | None] = {}
+
+    def record(self, conn: int, proto: str, sni: str | None, req: Request, resp: Response) -> None:
+        seen = Seen(
+            conn=conn,
+            proto=proto,
+            sni=sni,
+            method=req.method,
+            target=req.target,
+            headers=[[k, v] for k, v in req.headers],
+            body=len(req.body),
+            status=resp.status,
+        )
+        self.log.write(json.dumps(seen) + "\n")
+        self.log.flush()
+
+    def tls_context(self, cert: str, key: str) -> ssl.SSLContext:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(cert, key)
+        ctx.set_alpn_protocols(["h2", "http/1.1"])
+
+        def on_sni(obj: ssl.SSLSocket | ssl.SSLObject, name: str | None, _ctx: ssl.SSLContext) -> None:
+            self.sni[id(obj)] = name
+
+        ctx.sni_callback = on_sni
+        return ctx
+
+    async def connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        conn = next(self.conns)
+        obj = writer.get_extra_info("ssl_object")
+        sni = self.sni.pop(id(obj), None) if obj is not None else None
+        proto = (obj.selected_alpn_protocol() if obj is not None else None) or "http/1.1"
+        try:
+            if proto == "h2":
+                await self.serve_h2(conn, sni, reader, writer)
+            else:
+                await self.serve_h1(conn, sni, reader, writer)
+        except (ConnectionError, asyncio.IncompleteReadError, ssl.SSLError, ValueError):
+            pass
+        finally:
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    async def serve_h1(self, conn: int, sni: str | None, reader: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        while True:
+            try:
+                head = await reader.readuntil(b"\r\n\r\n")
+            except asyncio.IncompleteReadError:
+                return
+            lines = head.decode("latin-1").split("\r\n")
+            method, target, version = lines[0].split(" ", 2)
+            headers = [(k.strip(), v.strip()) for k, v in (x.split(":", 1) for x in lines[1:] if x)]
+            req = Request(method, target, headers, b"")
+            req = Request(method, target, headers, await _h1_body(reader, req))
+            resp = self.handler(req)
+            self.record(conn, "http/1.1", sni, req, resp)
+            close = (req.header("connection") or "").lower() == "close" or version == "HTTP/1.0"
+            out = [f"HTTP/1.1 {resp.status} X", f"Content-Length: {len(resp.body)}", *_lines(resp.headers)]
+            out += ["Connection: close"] if close else []
+            w.write(("\r\n".join(out) + "\r\n\r\n").encode("latin-1") + (b"" if method == "HEAD" else resp.body))
+            await w.drain()
+            if close:
+                return
+
+    async def serve_h2(self, conn: int, sni: str | None, reader: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        h2c = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False, header_encoding="utf-8"))
+        h2c.initiate_connection()
+        w.write(h2c.data_to_send())
+        streams: dict[int, tuple[list[tuple[str, str]], bytearray]] = {}
+        pending: dict[int, bytes] = {}
+        while data := await reader.read(65536):
+            for ev in h2c.receive_data(data):
+                if isinstance(ev, h2.events.RequestReceived) and ev.stream_id is not None:
+                    streams[ev.stream_id] = ([(str(k), str(v)) for k, v in ev.headers or []], bytearray())
+                elif isinstance(ev, h2.events.DataReceived) and ev.stream_id is not None:
+                    streams[ev.stream_id][1].extend(ev.data or b"")
+                    h2c.acknowledge_received_data(ev.flow_controlled_length or 0, ev.stream_id)
+                elif isinstance(ev, h2.events.StreamEnded) and ev.stream_id in streams:
+                    pending[ev.stream_id] = self._h2_answer(conn, sni, h2c, ev.stream_id, *streams.pop(ev.stream_id))
+                elif isinstance(ev, h2.events.ConnectionTerminated):
+                    return
+            _pump(h2c, pending)
+            w.write(h2c.data_to_send())
+            await w.drain()
+
+    def _h2_answer(
+        self,
+        conn: int,
+        sni: str | None,
+        h2c: h2.connection.H2Connection,
+        sid: int,
+        hs: list[tuple[str, str]],
+        body: bytearray,
+    ) -> bytes:
+        """Answer one stream's headers now; its body goes out as flow control allows (_pump)."""
+        pseudo = dict(h for h in hs if h[0].startswith(":"))
+        req = Request(
+            pseudo.get(":method", ""), pseudo.get(":path", ""), [h for h in hs if not h[0].startswith(":")], bytes(body)
+        )
+        resp = self.handler(req)
+        self.record(conn, "h2", sni, req, resp)
+        extra = [(k.lower(), v) for k, v in resp.headers if k.lower() not in ("connection", "transfer-encoding")]
+        h2c.send_headers(sid, [(":status", str(resp.status)), ("content-length", str(len(resp.body))), *extra])
+        return b"" if req.method == "HEAD" else resp.body
+
+
+def _pump(h2c: h2.connection.H2Connection, pending: dict[int, bytes]) -> None:
+    """Send each stream's remaining body as far as the peer's flow-control window lets us."""
+    for sid in list(pending):
+        body = pending[sid]
+        while body:
+            n = min(h2c.local_flow_control_window(sid), h2c.max_outbound_frame_size, len(body))
+            if n <= 0:
+                break
+            h2c.send_data(sid, body[:n])
+            body = body[n:]
+        if body:
+            pending[sid] = body
+        else:
+            h2c.end_stream(sid)
+            del pending[sid]
+
+
+async def _h1_body(reader: asyncio.StreamReader, req: Request) -> bytes:
+    if (req.header("transfer-encoding") or "").lower() == "chunked":
+        out = bytearray()
+        while size := int((await reader.readuntil(b"\r\n")).split(b";")[0], 16):
+            out += await reader.readexactly(size)
+            await reader.readexactly(2)
+        while (await reader.readuntil(b"\r\n")) != b"\r\n":  # trailers
+            pass
+        return bytes(out)
+    return await reader.readexactly(int(req.header("content-length") or 0))
+
+
+def _lines(headers: Sequence[tuple[str, str]]) -> list[str]:
+    return [f"{k}: {v}" for k, v in headers if k.lower() not in ("content-length", "connection")]
+
+
+def serve_forever(handler: Handler, args: argparse.Namespace) -> None:
+    """Listen, print "ready" (the parent waits for it), serve until killed."""
+    server = Server(handler, Path(args.log))
+    ctx = None if args.plain else server.tls_context(args.cert, args.key)
+
+    async def main() -> None:
+        srv = await asyncio.start_server(server.connection, args.ip, args.port, ssl=ctx)
+        print("ready", flush=True)
+        async with srv:
+            await srv.serve_forever()
+
+    asyncio.run(main())
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--ip", required=True)
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--log", required=True)
+    ap.add_argument("--name", required=True)
+    ap.add_argument("--cert")
+    ap.add_argument("--key")
+    ap.add_argument("--plain", action="store_true", help="plain HTTP/1.1, no TLS")
+    return ap
+
+
+# ---- the test's side ----------------------------------------------------------------------------
+
+
+@dataclass
+class Fake:
+    """A running fake upstream: its name, address, certificate and log."""
+
+    name: str
+    ip: str
+    port: int
+    log: Path
+    cert_pem: bytes  # b"" for plain HTTP
+    proc: subprocess.Popen[bytes]
+
+    def seen(self) -> list[Seen]:
+        """Every request it has answered so far (a line being written is skipped)."""
+        out: list[Seen] = []
+        for line in self.log.read_text(encoding="utf-8").splitlines():
+            with contextlib.suppress(ValueError):
+                out.append(json.loads(line))
+        return out
+
+    def mark(self) -> int:
+        return len(self.seen())
+
+    def since(self, mark: int) -> list[Seen]:
+        return self.seen()[mark:]
+
+    def fingerprint(self) -> str:
+        """SHA-256 of its leaf certificate (DER, hex): what a client that reached it directly sees."""
+        return hashlib.sha256(x509.load_pem_x509_certificate(self.cert_pem).public_bytes(Encoding.DER)).hexdigest()
+
+
+def header(seen: Seen, name: str) -> list[str]:
+    """Every value of header `name` (any case) in one seen request."""
+    return [v for k, v in seen["headers"] if k.lower() == name.lower()]
+
+
+def start(
+    world: Any,
+    name: str,
+    ip: str,
+    port: int = 443,
+    *,
+    plain: bool = False,
+    module: str = __name__,
+    extra: Sequence[str] = (),
+) -> Fake:
+    """Start a fake upstream `name` on ip:port inside `world` (a launcher.selftest World); waits until it listens.
+
+    The name resolves to ip in the world's DNS; the certificate is issued by the world's test CA
+    for [name, ip]. `module` is the server's `python -m` module (gitfake passes its own).
+    """
+    world.add_host(name, ip)
+    log = world.tmp / f"fake-{name}-{port}-{time.monotonic_ns()}.jsonl"
+    log.touch()
+    argv = [sys.executable, "-P", "-m", module, "--ip", ip, "--port", str(port), "--log", str(log), "--name", name]
+    cert_pem = b""
+    if not plain:
+        chain, key = world.cert_for(name, ip)
+        cert_pem = Path(chain).read_bytes()
+        argv += ["--cert", str(chain), "--key", str(key)]
+    else:
+        argv += ["--plain"]
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(REPO), "LANG": "C.UTF-8"}
+    err = log.with_suffix(".stderr")
+    with err.open("wb") as errf:
+        proc: subprocess.Popen[bytes] = world.popen(
+            [*argv, *extra], env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=errf
+        )
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], READY_TIMEOUT)
+    line = proc.stdout.readline() if ready else b""
+    if line != b"ready\n":
+        proc.kill()
+        raise RuntimeError(f"fake {name} on {ip}:{port} did not start: {line!r} {err.read_text(errors='replace')}")
+    return Fake(name, ip, port, log, cert_pem, proc)
+
+
+if __name__ == "__main__":
+    _args = parser().parse_args()
+    serve_forever(hello(_args.name), _args)
