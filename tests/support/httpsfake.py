@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 import h2.config
 import h2.connection
@@ -341,6 +341,176 @@ def start(
         proc.kill()
         raise RuntimeError(f"fake {name} on {ip}:{port} did not start: {line!r} {err.read_text(errors='replace')}")
     return Fake(name, ip, port, log, cert_pem, proc)
+
+
+# ---- clients inside the sandbox -------------------------------------------------------------------
+
+#: `sgprobe.py` (write_probes): what a test's script inside the sandbox imports. Each attempt prints
+#: one JSON line {"name", "status" (HTTP, 0 if none), "body", "error", ...}; `results()` reads them.
+PROBE_PY = r"""
+import http.client, json, os, socket, ssl, subprocess, sys, urllib.request
+
+NO_PROXY_ENV = ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy", "HTTP_PROXY", "http_proxy")
+
+def emit(name, **kw):
+    print(json.dumps({"name": name, **kw}), flush=True)
+
+def proxied():
+    return bool(os.environ.get("HTTPS_PROXY"))
+
+def curl(name, *args):
+    # One curl run, maybe several transfers (--next): one line "status connects version" per transfer.
+    w = "\n@@%{http_code} %{num_connects} %{http_version}\n"
+    argv, cur = ["curl", "-sS", "-m", "10"], ["-o", "-", "-w", w]
+    for a in args:
+        if a == "--next":
+            argv += [*cur, "--next"]
+        else:
+            argv.append(a)
+    p = subprocess.run([*argv, *cur], capture_output=True, text=True, timeout=30)
+    parts = p.stdout.split("\n@@")
+    bodies, metas = [parts[0]], []
+    for part in parts[1:]:
+        meta, _, rest = part.partition("\n")
+        metas.append(meta.split())
+        bodies.append(rest)
+    for i, m in enumerate(metas or [["0", "0", "0"]]):
+        emit(f"{name}.{i}" if len(metas) > 1 else name, status=int(m[0]), connects=int(m[1]), version=m[2],
+             body=bodies[i], code=p.returncode, error=p.stderr[-600:])
+
+def guard(name, fn):
+    try:
+        status, body = fn()
+        emit(name, status=status, body=body)
+    except Exception as e:
+        emit(name, status=0, body="", error=f"{type(e).__name__}: {e}")
+
+def with_requests(name, method, url, data=None, session=None, **kw):
+    import requests
+    def go():
+        r = (session or requests).request(method, url, data=data, timeout=10, **kw)
+        return r.status_code, r.text
+    guard(name, go)
+
+def with_urllib(name, method, url, data=None):
+    def go():
+        req = urllib.request.Request(url, data=data, method=method)
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+    guard(name, go)
+
+def connection(host, port=443, context=None):
+    # One http.client connection: through the explicit proxy (CONNECT) when HTTPS_PROXY is set.
+    ctx = context or ssl.create_default_context()
+    if proxied():
+        hp = os.environ["HTTPS_PROXY"].split("//", 1)[1].rstrip("/")
+        c = http.client.HTTPSConnection(hp.split(":")[0], int(hp.split(":")[1]), context=ctx, timeout=10)
+        c.set_tunnel(host, port)
+    else:
+        c = http.client.HTTPSConnection(host, port, context=ctx, timeout=10)
+    return c
+
+def keepalive(name, host, requests_):
+    # Several requests on ONE connection; each line carries the connection's local port.
+    c = connection(host)
+    for i, (method, path) in enumerate(requests_):
+        def go():
+            c.request(method, path, body=b"x" if method == "POST" else None)
+            r = c.getresponse()
+            body = r.read().decode()
+            return r.status, body
+        guard(f"{name}.{i}", go)
+        print(json.dumps({"name": f"{name}.{i}.sock", "status": 0, "body": str(c.sock.getsockname() if c.sock else None)}), flush=True)
+
+def peer(name, host, port=443, context=None):
+    # The certificate the client sees (DER sha256 and issuer) and whether it verified.
+    import hashlib
+    ctx = context
+    if ctx is None:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    def go():
+        c = connection(host, port, ctx)
+        c.connect()
+        der = c.sock.getpeercert(binary_form=True)
+        from cryptography import x509
+        cert = x509.load_der_x509_certificate(der)
+        c.close()
+        return 200, json.dumps({"sha256": hashlib.sha256(der).hexdigest(), "issuer": cert.issuer.rfc4514_string()})
+    guard(name, go)
+
+def node(name, mode, attempts):
+    # mode "https" (https.request) or "fetch" (global fetch); attempts: [[name, method, url, body], ...]
+    p = subprocess.run(["node", os.path.join(os.path.dirname(os.path.abspath(__file__)), "sgprobe.js"), mode,
+                        json.dumps(attempts)], capture_output=True, text=True, timeout=60)
+    for line in p.stdout.splitlines():
+        r = json.loads(line)
+        emit(f"{name}.{r['name']}", status=r["status"], body=r["body"], error=r.get("error", "") + p.stderr[-300:])
+
+def sh(name, script, env=None):
+    p = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=60, env=env)
+    emit(name, status=p.returncode, body=p.stdout, error=p.stderr[-2000:])
+"""
+
+PROBE_JS = r"""
+const https = require('https');
+const [mode, list] = [process.argv[2], JSON.parse(process.argv[3])];
+function viaHttps(method, url, body) {
+  return new Promise(res => {
+    const req = https.request(url, {method}, r => {
+      let d = ''; r.on('data', c => d += c); r.on('end', () => res({status: r.statusCode, body: d}));
+    });
+    req.on('error', e => res({status: 0, body: '', error: String(e)}));
+    if (body) req.write(body);
+    req.end();
+  });
+}
+async function viaFetch(method, url, body) {
+  try {
+    const r = await fetch(url, {method, body: body || undefined});
+    return {status: r.status, body: await r.text()};
+  } catch (e) { return {status: 0, body: '', error: String(e) + ' ' + String(e.cause)}; }
+}
+(async () => {
+  for (const [name, method, url, body] of list) {
+    const r = await (mode === 'fetch' ? viaFetch : viaHttps)(method, url, body);
+    console.log(JSON.stringify({name, ...r}));
+  }
+})();
+"""
+
+
+class Result(TypedDict):
+    """One probe's line: HTTP status (0 if none, or an exit status for `sh`), body and error text."""
+
+    name: str
+    status: int
+    body: str
+    error: str
+    connects: NotRequired[int]  # curl: new connections this transfer made (0: reused)
+    version: NotRequired[str]  # curl: the HTTP version spoken
+    count: NotRequired[int]  # certificates in a bundle
+
+
+def write_probes(where: Path) -> None:
+    """Put sgprobe.py and sgprobe.js into `where` (a directory the sandbox can read: its cwd)."""
+    (where / "sgprobe.py").write_text(PROBE_PY)
+    (where / "sgprobe.js").write_text(PROBE_JS)
+
+
+def results(stdout: str) -> dict[str, Result]:
+    """The probes' JSON lines by name (other output is ignored)."""
+    out: dict[str, Result] = {}
+    for line in stdout.splitlines():
+        if line.startswith('{"name"'):
+            rec = json.loads(line)
+            rec.setdefault("error", "")
+            out[rec["name"]] = rec
+    return out
 
 
 if __name__ == "__main__":

@@ -1,0 +1,475 @@
+"""Issue 13, end to end: TLS inspection per host, per-request rules, the sandbox's trust in the run CA.
+
+Real `sandgate run` in a World, the daemon trusting the fake upstreams through `--upstream-ca`
+(the world's test CA). The fakes (tests/support/httpsfake.py, gitfake.py) log every request they
+receive: a refused request is judged by the client's 403 *and* by the fake never seeing it, next
+to an allowed request in the same run that shows the path works. Every client runs twice: with
+HTTPS_PROXY set (CONNECT through the explicit proxy) and without it (the transparent path).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+import textwrap
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from netguard.audit import read_records
+
+from ..support import gitfake, httpsfake
+from ..support.httpsfake import Fake, Result
+from ..support.runner import Sandgate, env
+from ..support.world import World, new_world
+
+GIT, API, LOGQ, PASS = "198.51.100.71", "198.51.100.72", "198.51.100.73", "198.51.100.74"
+POLICY = textwrap.dedent("""\
+    version: 1
+    network:
+      allow:
+        - host: git.test
+          http:
+            - read-only
+            - methods: [POST]
+              paths: ["/*/*/git-upload-pack"]
+        - host: api.test
+          http:
+            - read-only
+            - methods: [POST]
+              paths: ["/v1/allowed/**"]
+        - host: logq.test
+          inspect: true
+          log_query: true
+        - pass.test
+    """)
+#: Where each rule of POLICY starts (FILE:LINE in 403 bodies and audit records).
+GIT_RULE, API_RULE = 4, 9
+NO_PROXY = ["env", "-u", "HTTPS_PROXY", "-u", "https_proxy", "-u", "ALL_PROXY", "-u", "all_proxy"]
+PATHS = ("explicit", "transparent")
+GIT_ID = {k: v for k, v in gitfake.GIT_ENV.items() if k != "HOME"}
+#: Every variable the issue names for the sandbox's trust in the run CA.
+CA_VARS = (
+    "SSL_CERT_FILE",
+    "REQUESTS_CA_BUNDLE",
+    "PIP_CERT",
+    "NODE_EXTRA_CA_CERTS",
+    "GIT_SSL_CAINFO",
+    "CURL_CA_BUNDLE",
+    "CARGO_HTTP_CAINFO",
+    "AWS_CA_BUNDLE",
+    "DENO_CERT",
+)
+SYSTEM_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+
+
+@dataclass
+class Lab:
+    world: World
+    base: Path
+    ws: Path  # the sandbox's cwd: probes, a copy of the (public) test CA certificate
+    home: Path
+    policy: Path
+    upstream_ca: Path
+    git_root: Path
+    fakes: dict[str, Fake]
+
+    def run(self, script: str, path: str = "explicit", timeout: float = 90) -> tuple[dict[str, Result], Path]:
+        """`script` (Python, `from sgprobe import *` done) in one sandbox; its probe results and audit log."""
+        audit = self.base / f"audit-{time.monotonic_ns()}.jsonl"
+        sg = Sandgate(self.world, policy=self.policy, audit=audit, quiet=True, cwd=self.ws, timeout=timeout)
+        cmd = [sys.executable, "-c", "from sgprobe import *\n" + textwrap.dedent(script)]
+        r = sg.run(
+            "--upstream-ca",
+            str(self.upstream_ca),
+            cmd=cmd if path == "explicit" else [*NO_PROXY, *cmd],
+            env={**env(), **GIT_ID, "HOME": str(self.home)},
+        )
+        assert r.returncode == 0, r.stdout + r.stderr
+        return httpsfake.results(r.stdout), audit
+
+    def seen(self, fake: str, mark: int) -> list[tuple[str, str]]:
+        return [(s["method"], s["target"]) for s in self.fakes[fake].since(mark)]
+
+
+@pytest.fixture(scope="module")
+def lab() -> Iterator[Lab]:
+    if os.geteuid() != 0:
+        pytest.fail("e2e tests need root (they build network namespaces)", pytrace=False)
+    base = Path(tempfile.mkdtemp(prefix="sandgate-inspect-", dir="/var/tmp"))  # the sandbox's /tmp is its own
+    try:
+        with new_world() as w:
+            ws, home = base / "ws", base / "home"
+            ws.mkdir()
+            home.mkdir()
+            httpsfake.write_probes(ws)
+            shutil.copy(w.ca_pem, ws / "test-ca.pem")
+            git_root = gitfake.bare_repo(w.tmp / "git")
+            fakes = {
+                "git": gitfake.start(w, "git.test", GIT, git_root),
+                "api": httpsfake.start(w, "api.test", API),
+                "logq": httpsfake.start(w, "logq.test", LOGQ),
+                "pass": httpsfake.start(w, "pass.test", PASS),
+            }
+            policy = base / "policy.yaml"
+            policy.write_text(POLICY)
+            yield Lab(w, base, ws, home, policy, w.ca_pem, git_root, fakes)
+    finally:
+        from fsguard import homeoverlay
+
+        homeoverlay.forget_under(os.getuid(), str(base))
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def refused(r: Result, method: str, path: str) -> bool:
+    """A 403 from sandgate naming the request and the rule that decides the host."""
+    body = r["body"]
+    return r["status"] == 403 and "sandgate" in body and method in body and path.split("?")[0] in body
+
+
+def records(audit: Path) -> list[Any]:
+    """The run's audit records (the one reader; a malformed line fails the test)."""
+    return list(read_records(audit))
+
+
+def requests_of(audit: Path, host: str) -> list[Any]:
+    return [x for x in records(audit) if x["event"] == "request" and x["host"] == host]
+
+
+def took(audit: Path, host: str, path: str, node: bool = False) -> None:
+    """The requests really went the way the test meant: CONNECT through the explicit proxy, or the
+    transparent path (kind "tls"); Node's clients ignore HTTPS_PROXY, so they are transparent in both."""
+    kinds = {x["kind"] for x in requests_of(audit, host)}
+    want = {"connect", "tls"} if node else {"connect"}
+    assert kinds == (want if path == "explicit" else {"tls"}), kinds
+
+
+# ---- request rules, by every client -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_request_rules_with_curl_requests_urllib_and_node(lab: Lab, path: str) -> None:
+    mark = lab.fakes["api"].mark()
+    tag = path[0]
+    script = f"""
+        for tool in ("curl", "requests", "urllib"):
+            base = "https://api.test/v1"
+            t = tool + "-{tag}"
+            calls = [("get", "GET", f"{{base}}/items/{{t}}?q=1", None),
+                     ("post", "POST", f"{{base}}/allowed/{{t}}", b"payload"),
+                     ("delete", "DELETE", f"{{base}}/items/{{t}}", None),
+                     ("post-other", "POST", f"{{base}}/other/{{t}}", b"payload")]
+            for name, method, url, data in calls:
+                if tool == "curl":
+                    curl(f"{{tool}}.{{name}}", "-X", method, *(["--data-binary", data.decode()] if data else []), url)
+                elif tool == "requests":
+                    with_requests(f"{{tool}}.{{name}}", method, url, data=data)
+                else:
+                    with_urllib(f"{{tool}}.{{name}}", method, url, data=data)
+        for mode in ("https", "fetch"):
+            t = "node" + mode + "-{tag}"
+            node(mode, mode, [["get", "GET", f"https://api.test/v1/items/{{t}}?q=1", None],
+                              ["post", "POST", f"https://api.test/v1/allowed/{{t}}", "payload"],
+                              ["delete", "DELETE", f"https://api.test/v1/items/{{t}}", None],
+                              ["post-other", "POST", f"https://api.test/v1/other/{{t}}", "payload"]])
+        """
+    res, audit = lab.run(script, path)
+    tools = ("curl", "requests", "urllib", "https", "fetch")
+    for tool in tools:
+        t = f"node{tool}-{tag}" if tool in ("https", "fetch") else f"{tool}-{tag}"
+        assert res[f"{tool}.get"]["status"] == 200, res[f"{tool}.get"]
+        assert res[f"{tool}.get"]["body"] == f"hello from api.test GET /v1/items/{t}\n"
+        assert res[f"{tool}.post"]["status"] == 200, res[f"{tool}.post"]
+        assert refused(res[f"{tool}.delete"], "DELETE", f"/v1/items/{t}"), res[f"{tool}.delete"]
+        assert refused(res[f"{tool}.post-other"], "POST", f"/v1/other/{t}"), res[f"{tool}.post-other"]
+    seen = lab.seen("api", mark)
+    want = []
+    for tool in tools:
+        t = f"node{tool}-{tag}" if tool in ("https", "fetch") else f"{tool}-{tag}"
+        want += [("GET", f"/v1/items/{t}?q=1"), ("POST", f"/v1/allowed/{t}")]
+    assert sorted(seen) == sorted(want)  # the refused ones never reached the upstream
+    posted = [s for s in lab.fakes["api"].since(mark) if s["method"] == "POST"]
+    assert all(s["body"] == len(b"payload") for s in posted), posted
+    denies = [x for x in requests_of(audit, "api.test") if x["action"] == "deny"]
+    assert len(denies) == 2 * len(tools), denies
+    took(audit, "api.test", path, node=True)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_git_clone_and_fetch_pass_push_is_refused(lab: Lab, path: str) -> None:
+    repo = lab.git_root / "o/r.git"
+    before = gitfake.refs(repo)
+    mark = lab.fakes["git"].mark()
+    script = f"""
+        d = "/tmp/clone-{path}"
+        sh("clone", f"git clone -q https://git.test/o/r.git {{d}} && cat {{d}}/README")
+        sh("fetch", f"git -C {{d}} fetch -q origin && git -C {{d}} rev-parse origin/main")
+        sh("commit", f"cd {{d}} && echo change > f && git add f && git commit -qm change")
+        sh("push", f"git -C {{d}} push origin main")
+        sh("push-h1", f"git -C {{d}} -c http.version=HTTP/1.1 push origin main")
+        """
+    res, audit = lab.run(script, path)
+    assert res["clone"]["status"] == 0 and res["clone"]["body"] == "hello\n", res["clone"]
+    assert res["fetch"]["status"] == 0 and res["fetch"]["body"].strip() == before.split()[1], res["fetch"]
+    assert res["commit"]["status"] == 0, res["commit"]
+    for push in ("push", "push-h1"):
+        assert res[push]["status"] != 0 and "403" in res[push]["error"], res[push]
+    assert gitfake.refs(repo) == before  # the fake's repository is unchanged
+    seen = lab.seen("git", mark)
+    assert ("POST", "/o/r.git/git-upload-pack") in seen  # clone and fetch really went to the fake
+    assert not [s for s in seen if s[0] == "POST" and "receive-pack" in s[1]], seen
+    denied = [x for x in requests_of(audit, "git.test") if x["action"] == "deny"]
+    assert {(x["method"], x["path"]) for x in denied} == {("POST", "/o/r.git/git-receive-pack")}, denied
+    assert len(denied) == 2
+    took(audit, "git.test", path)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_one_kept_alive_connection_is_judged_per_request(lab: Lab, path: str) -> None:
+    mark = lab.fakes["api"].mark()
+    t = f"ka-{path}"
+    u = "https://api.test/v1"
+    script = f"""
+        keepalive("py", "api.test", [("GET", "/v1/{t}/1"), ("DELETE", "/v1/{t}/2"), ("GET", "/v1/{t}/3")])
+        curl("h1", "--http1.1", "{u}/{t}/h1/1", "--next", "--http1.1", "-X", "DELETE", "{u}/{t}/h1/2",
+             "--next", "--http1.1", "{u}/{t}/h1/3")
+        curl("h2", "--http2", "{u}/{t}/h2/1", "--next", "--http2", "-X", "DELETE", "{u}/{t}/h2/2",
+             "--next", "--http2", "{u}/{t}/h2/3")
+        """
+    res, audit = lab.run(script, path)
+    took(audit, "api.test", path)
+    assert [res[f"py.{i}"]["status"] for i in range(3)] == [200, 403, 200], res
+    assert len({res[f"py.{i}.sock"]["body"] for i in range(3)}) == 1, res  # one socket for all three
+    assert refused(res["py.1"], "DELETE", f"/v1/{t}/2")
+    for proto, version in (("h1", "1.1"), ("h2", "2")):
+        got = [res[f"{proto}.{i}"] for i in range(3)]
+        assert [r["status"] for r in got] == [200, 403, 200], got
+        assert [r["connects"] for r in got] == [1, 0, 0], got
+        assert {r["version"] for r in got} == {version}, got
+        assert refused(got[1], "DELETE", f"/v1/{t}/{proto}/2"), got[1]
+    seen = lab.seen("api", mark)
+    assert sorted(seen) == sorted(
+        [("GET", f"/v1/{t}/{n}") for n in (1, 3)] + [("GET", f"/v1/{t}/{p}/{n}") for p in ("h1", "h2") for n in (1, 3)]
+    )
+
+
+def test_path_and_method_tricks_are_refused(lab: Lab) -> None:
+    mark = lab.fakes["git"].mark()
+    tricks = {
+        "dots": "/o/r/git-upload-pack/../../x/y/git-receive-pack",
+        "escaped": "/o/r/git-upload-pack/%2e%2e/%2e%2e/x/y/git-receive-pack",
+        "escaped-upper": "/o/r/git-upload-pack/%2E%2E/%2E%2E/x/y/git-receive-pack",
+        "backslash": "/o/r.git/git-upload-pack\\..\\git-receive-pack",  # some servers read '\\' as '/'
+        "query": "/o/r.git/git-receive-pack?/o/r.git/git-upload-pack",  # a matcher on the whole target
+    }
+    lines = []
+    for proto in ("--http1.1", "--http2"):
+        for name, target in tricks.items():
+            url = "https://git.test" + target
+            lines.append(f"curl({name + proto!r}, {proto!r}, '--path-as-is', '-X', 'POST', '-d', 'x', {url!r})")
+        url = "https://git.test/o/r.git/git-upload-pack"
+        lines.append(f"curl({'allowed' + proto!r}, {proto!r}, '-X', 'POST', '-d', 'x', {url!r})")
+    lines.append('curl("lower", "--http1.1", "-X", "post", "-d", "x", "https://git.test/o/r.git/git-upload-pack")')
+    lines.append('curl("lower-get", "--http1.1", "-X", "get", "https://git.test/o/r.git/info/refs")')
+    res, audit = lab.run("\n".join(lines))
+    for proto in ("--http1.1", "--http2"):
+        for name in tricks:
+            r = res[f"{name}{proto}"]
+            assert r["status"] == 403 and "sandgate" in r["body"], (name, proto, r)
+        # The control: the allowed POST reaches git-http-backend (which answers it, whatever it thinks of "x").
+        assert res[f"allowed{proto}"]["status"] not in (0, 403), res[f"allowed{proto}"]
+    assert res["lower"]["status"] == 403 and "post" in res["lower"]["body"], res["lower"]
+    assert res["lower-get"]["status"] == 403, res["lower-get"]  # methods are exact: `get` is not GET
+    seen = lab.seen("git", mark)
+    assert seen == [("POST", "/o/r.git/git-upload-pack")] * 2, seen  # only the two allowed POSTs arrived
+    denies = [x for x in requests_of(audit, "git.test") if x["action"] == "deny"]
+    assert len(denies) == 2 * len(tricks) + 2, denies
+
+
+# ---- passthrough and trust ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_passthrough_hosts_show_their_own_certificate_inspected_ones_the_run_ca(lab: Lab, path: str) -> None:
+    mark = lab.fakes["pass"].mark()
+    script = """
+        peer("pass", "pass.test")
+        peer("api", "api.test")
+        peer("pass-verified", "pass.test", context=ssl.create_default_context(cafile="test-ca.pem"))
+        peer("api-test-ca", "api.test", context=ssl.create_default_context(cafile="test-ca.pem"))
+        curl("pass-curl", "--cacert", "test-ca.pem", "https://pass.test/through")
+        """
+    res, audit = lab.run(script, path)
+    passed = json.loads(res["pass"]["body"])
+    assert passed["sha256"] == lab.fakes["pass"].fingerprint()  # the upstream's own certificate, untouched
+    assert passed["issuer"] == lab.world.ca.subject
+    assert res["pass-verified"]["status"] == 200, res["pass-verified"]
+    assert res["pass-curl"]["body"] == "hello from pass.test GET /through\n", res["pass-curl"]
+    api = json.loads(res["api"]["body"])
+    assert api["sha256"] != lab.fakes["api"].fingerprint()
+    assert api["issuer"] != lab.world.ca.subject  # issued by the run's CA, not the upstream's
+    # The test CA does not vouch for what the sandbox sees of api.test: it is not the upstream talking.
+    assert res["api-test-ca"]["status"] == 0 and "CERTIFICATE_VERIFY_FAILED" in res["api-test-ca"]["error"]
+    assert lab.seen("pass", mark) == [("GET", "/through")]
+    assert requests_of(audit, "pass.test") == []  # passthrough: no request is seen, none recorded
+
+
+TRUST = """
+    import ssl
+    def only(cafile):
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        ctx.load_verify_locations(cafile=cafile)
+        return ctx
+    def count(path):
+        return open(path).read().count("BEGIN CERTIFICATE")
+    for var in VARS:
+        f = os.environ.get(var)
+        emit("var." + var, status=200 if f else 0, body=str(f), count=count(f) if f else 0)
+        if f:
+            peer("only." + var, "api.test", context=only(f))
+    emit("bundle", status=200, body="", count=count(SYSTEM))
+    peer("only.system", "api.test", context=only(SYSTEM))
+    peer("certifi", "api.test", context=only(__import__("certifi").where()))
+    # Tools with their default settings: every variable gone, the system bundle path only.
+    bare = {k: v for k, v in os.environ.items() if k not in VARS}
+    sh("curl-system", "curl -sS https://api.test/sys/curl", env=bare)
+    sh("python-system", "python3 -c 'import urllib.request as u; print(u.urlopen(\\"https://api.test/sys/py\\").read().decode())'", env=bare)
+    sh("git-system", "git ls-remote https://git.test/o/r.git", env=bare)
+    # ... and with what the sandbox sets.
+    curl("curl", "https://api.test/env/curl")
+    peer("ssl-default-peer", "api.test", context=ssl.create_default_context())
+    with_requests("requests", "GET", "https://api.test/env/requests")
+    with_urllib("urllib", "GET", "https://api.test/env/urllib")
+    node("node", "https", [["get", "GET", "https://api.test/env/node", None]])
+    node("fetch", "fetch", [["get", "GET", "https://api.test/env/fetch", None]])
+    sh("git", "git ls-remote https://git.test/o/r.git")
+    """
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_the_sandbox_trusts_the_run_ca_through_every_channel(lab: Lab, path: str) -> None:
+    script = f"VARS = {CA_VARS!r}\nSYSTEM = {SYSTEM_BUNDLE!r}\n" + textwrap.dedent(TRUST)
+    res, _ = lab.run(script, path)
+    host_roots = Path(SYSTEM_BUNDLE).read_text().count("BEGIN CERTIFICATE")
+    for var in CA_VARS:
+        assert res[f"var.{var}"]["status"] == 200, f"{var} is not set inside"
+        assert res[f"var.{var}"]["count"] > host_roots, var  # combined: run CA + system roots
+        assert res[f"only.{var}"]["status"] == 200, (var, res[f"only.{var}"])
+    assert res["bundle"]["count"] > host_roots
+    assert res["only.system"]["status"] == 200, res["only.system"]
+    assert res["certifi"]["status"] == 0 and "CERTIFICATE_VERIFY_FAILED" in res["certifi"]["error"]  # control
+    assert res["curl-system"]["body"] == "hello from api.test GET /sys/curl\n", res["curl-system"]
+    assert res["python-system"]["body"].strip() == "hello from api.test GET /sys/py", res["python-system"]
+    assert res["git-system"]["status"] == 0 and "refs/heads/main" in res["git-system"]["body"], res["git-system"]
+    assert res["curl"]["body"] == "hello from api.test GET /env/curl\n", res["curl"]
+    assert res["ssl-default-peer"]["status"] == 200, res["ssl-default-peer"]
+    for tool in ("requests", "urllib", "node.get", "fetch.get"):
+        assert res[tool]["status"] == 200, (tool, res[tool])
+    assert res["git"]["status"] == 0 and "refs/heads/main" in res["git"]["body"], res["git"]
+    # Host side: the system bundle itself was never touched (the combined one is mounted inside only).
+    assert Path(SYSTEM_BUNDLE).read_text().count("BEGIN CERTIFICATE") == host_roots
+
+
+def test_the_run_ca_key_is_not_readable_inside(lab: Lab) -> None:
+    """No private key readable anywhere a process inside looks belongs to the CA that signs its leaves."""
+    script = """
+        import re
+        from cryptography import x509
+        from cryptography.hazmat.primitives import serialization
+        c = connection("api.test"); c.connect()
+        leaf = x509.load_der_x509_certificate(c.sock.getpeercert(binary_form=True))
+        pems = re.findall(rb"-----BEGIN CERTIFICATE-----.+?-----END CERTIFICATE-----", open(os.environ["SSL_CERT_FILE"], "rb").read(), re.S)
+        roots = [x509.load_pem_x509_certificate(b) for b in pems]
+        ca = [r for r in roots if r.subject == leaf.issuer]
+        pub = ca[0].public_key().public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+        found, keys = [], 0
+        for top in ("/tmp", "/run", "/etc", os.environ["HOME"], os.getcwd()):
+            for dirpath, dirs, files in os.walk(top):
+                for f in files:
+                    p = os.path.join(dirpath, f)
+                    try:
+                        data = open(p, "rb").read(1 << 20)
+                    except OSError:
+                        continue
+                    if b"PRIVATE KEY" in data:
+                        keys += 1
+                        try:
+                            k = serialization.load_pem_private_key(data[data.index(b"-----BEGIN"):], None)
+                        except Exception:
+                            continue
+                        if k.public_key().public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo) == pub:
+                            found.append(p)
+        emit("ca", status=200 if ca else 0, body=ca[0].subject.rfc4514_string() if ca else "")
+        emit("scan", status=200, body=json.dumps(found), keys=keys)
+        """
+    res, _ = lab.run(script)
+    assert res["ca"]["status"] == 200, res  # the run CA is in the bundle inside: the scan knows what to look for
+    assert json.loads(res["scan"]["body"]) == [], res["scan"]
+
+
+# ---- audit --------------------------------------------------------------------------------------
+
+
+def test_every_inspected_request_is_one_audit_record(lab: Lab) -> None:
+    script = """
+        curl("get", "https://api.test/v1/items/audit?secret-query=1")
+        curl("big", "https://api.test/bytes/5000?q=2")
+        curl("post", "-X", "POST", "--data-binary", "0123456789", "https://api.test/v1/allowed/audit")
+        curl("deny", "-X", "PUT", "https://api.test/v1/items/audit?q=3")
+        curl("logq", "https://logq.test/search?q=kept")
+        curl("logq-post", "-X", "PATCH", "https://logq.test/any/thing?x=1")
+        """
+    res, audit = lab.run(script)
+    assert [res[n]["status"] for n in ("get", "big", "post", "deny", "logq", "logq-post")] == [
+        200,
+        200,
+        200,
+        403,
+        200,
+        200,
+    ]
+    api = requests_of(audit, "api.test")
+    assert [(x["method"], x["path"], x["action"]) for x in api] == [
+        ("GET", "/v1/items/audit", "allow"),
+        ("GET", "/bytes/5000", "allow"),
+        ("POST", "/v1/allowed/audit", "allow"),
+        ("PUT", "/v1/items/audit", "deny"),
+    ]
+    assert "secret-query" not in audit.read_text()  # no query string unless the policy asks
+    assert [x["status"] for x in api] == [200, 200, 200, 403]
+    assert bytes_down(api[1]) >= 5000 and bytes_down(api[0]) > 0
+    assert bytes_up(api[2]) >= 10
+    assert api[0]["rule"] == f"{lab.policy}:{API_RULE + 2}"  # the read-only rule
+    assert api[2]["rule"] == f"{lab.policy}:{API_RULE + 3}"  # the POST rule
+    deny = api[3]
+    assert deny["rule"] is None or "policy.yaml" in deny["rule"]
+    assert "PUT" in deny["reason"] and "/v1/items/audit" in deny["reason"]
+    logq = requests_of(audit, "logq.test")
+    assert [(x["method"], x["path"], x["status"]) for x in logq] == [
+        ("GET", "/search?q=kept", 200),
+        ("PATCH", "/any/thing?x=1", 200),
+    ]
+    assert all(x["action"] == "allow" for x in logq)
+
+
+def bytes_down(rec: Any) -> int:
+    return int(rec.get("bytes_down", rec.get("bytes", 0)))
+
+
+def bytes_up(rec: Any) -> int:
+    return int(rec.get("bytes_up", 0))
+
+
+def test_helpers_are_real() -> None:
+    """The 403 judge refuses a plain 403 from an upstream and a sandgate 403 about another request."""
+    r = Result(name="x", status=403, body="sandgate: blocked DELETE /a", error="")
+    assert refused(r, "DELETE", "/a")
+    assert not refused(Result(name="x", status=403, body="status 403 from api.test", error=""), "DELETE", "/a")
+    assert not refused(r, "DELETE", "/b")
