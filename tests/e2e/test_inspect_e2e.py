@@ -131,7 +131,8 @@ def lab() -> Iterator[Lab]:
 def refused(r: Result, method: str, path: str) -> bool:
     """A 403 from sandgate naming the request and the rule that decides the host."""
     body = r["body"]
-    return r["status"] == 403 and "sandgate" in body and method in body and path.split("?")[0] in body
+    named = "(rule " in body and ".yaml:" in body
+    return r["status"] == 403 and body.startswith("sandgate: ") and f"{method} {path}" in body and named
 
 
 def records(audit: Path) -> list[Any]:
@@ -449,7 +450,8 @@ def test_every_inspected_request_is_one_audit_record(lab: Lab) -> None:
     assert api[0]["rule"] == f"{lab.policy}:{API_RULE + 2}"  # the read-only rule
     assert api[2]["rule"] == f"{lab.policy}:{API_RULE + 3}"  # the POST rule
     deny = api[3]
-    assert deny["rule"] is None or "policy.yaml" in deny["rule"]
+    assert deny["rule"] == f"{lab.policy}:{API_RULE}"  # the inspecting entry that leaves PUT out
+    assert res["deny"]["body"].rstrip().endswith(f"(rule {lab.policy}:{API_RULE})"), res["deny"]
     assert "PUT" in deny["reason"] and "/v1/items/audit" in deny["reason"]
     logq = requests_of(audit, "logq.test")
     assert [(x["method"], x["path"], x["status"]) for x in logq] == [
@@ -469,7 +471,7 @@ def bytes_up(rec: Any) -> int:
 
 def test_helpers_are_real() -> None:
     """The 403 judge refuses a plain 403 from an upstream and a sandgate 403 about another request."""
-    r = Result(name="x", status=403, body="sandgate: blocked DELETE /a", error="")
+    r = Result(name="x", status=403, body="sandgate: request refused: DELETE /a on h: no (rule p.yaml:9)\n", error="")
     assert refused(r, "DELETE", "/a")
     assert not refused(Result(name="x", status=403, body="status 403 from api.test", error=""), "DELETE", "/a")
     assert not refused(r, "DELETE", "/b")
