@@ -219,6 +219,24 @@ def test_the_sentinel_sent_to_another_host_or_over_plain_http_is_refused(lab: La
     assert REAL not in text and MARK not in text
 
 
+@pytest.mark.parametrize("path", PATHS)
+def test_fronting_tricks_never_carry_the_secret_to_another_host(lab: Lab, path: str) -> None:
+    """TLS to one host, a Host header (or an address) naming the other: the secret goes only where TLS was verified."""
+    marks = lab.marks()
+    script = f"""
+        key = os.environ["SANDGATE_TEST_KEY"]
+        curl("host-header", "-H", "Host: api.test", "https://other.test/front/host")
+        curl("host-header-h1", "--http1.1", "-H", "Host: api.test", "https://other.test/front/host-h1")
+        curl("address", "--resolve", "api.test:443:{OTHER}", "https://api.test/front/address")
+        curl("sni-other", "--connect-to", "api.test:443:other.test:443", "https://api.test/front/connect-to")
+        """
+    lab.run(script, path)
+    for name in ("other", "other80", "api80", "files"):
+        assert not leaked(lab.since(marks, name), REAL, FILE_REAL, MARK), (name, lab.since(marks, name))
+    # Whatever reached api.test was verified TLS to api.test itself: its own fake logged it.
+    assert all(s["sni"] == "api.test" for s in lab.since(marks, "api")), lab.since(marks, "api")
+
+
 @pytest.mark.xfail(
     strict=True,
     reason="issue 13 gap: the daemon looks for sentinels in the request line and headers only, not in "
