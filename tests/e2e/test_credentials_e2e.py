@@ -219,6 +219,21 @@ def test_the_sentinel_sent_to_another_host_or_over_plain_http_is_refused(lab: La
     assert REAL not in text and MARK not in text
 
 
+def test_an_upstream_echoing_the_secret_does_not_hand_it_to_the_sandbox(lab: Lab) -> None:
+    marks = lab.marks()
+    script = """
+        curl("echo", "-i", "https://api.test/echo")
+        curl("echo-h1", "--http1.1", "-i", "https://api.test/echo")
+        with_requests("requests", "GET", "https://api.test/echo")
+        """
+    res, _, _ = lab.run(script)  # run() fails if the real value shows up in anything the sandbox printed
+    for name in ("echo", "echo-h1", "requests"):
+        assert res[name]["status"] == 200 and "authorization" in res[name]["body"].lower(), res[name]
+        assert MARK not in res[name]["body"], name
+    got = [header(s, "authorization") for s in lab.since(marks, "api")]
+    assert got == [[f"Bearer {REAL}"]] * 3  # the upstream did receive (and echo) the real value
+
+
 @pytest.mark.parametrize("path", PATHS)
 def test_fronting_tricks_never_carry_the_secret_to_another_host(lab: Lab, path: str) -> None:
     """TLS to one host, a Host header (or an address) naming the other: the secret goes only where TLS was verified."""

@@ -8,7 +8,7 @@ It runs inside the world's network namespace (`python -m tests.support.httpsfake
 HTTP/1.1 with keep-alive and HTTP/2 (ALPN h2), or plain HTTP/1.1 (`plain=True`). The log is the
 evidence of what a refusal kept away: a request the proxy refused never appears in it. The
 default handler answers `hello from NAME METHOD PATH`; `/bytes/N` answers N bytes; `/status/N`
-answers status N. tests/support/gitfake.py puts git's smart-HTTP CGI behind the same server.
+answers status N; `/echo` reflects the request's headers (as JSON and as X-Echo-* headers). tests/support/gitfake.py puts git's smart-HTTP CGI behind the same server.
 """
 
 from __future__ import annotations
@@ -81,6 +81,9 @@ def hello(name: str) -> Handler:
         path = req.target.split("?", 1)[0]
         if path.startswith("/bytes/") and path[7:].isdigit():
             return Response(200, b"x" * int(path[7:]))
+        if path == "/echo":  # an upstream that reflects what it got: the request headers, in body and headers
+            echoed = [("X-Echo-" + k, v) for k, v in req.headers if k.lower() not in ("content-length", "host")]
+            return Response(200, json.dumps(req.headers).encode(), echoed)
         if path.startswith("/status/") and path[8:].isdigit():
             return Response(int(path[8:]), f"status {path[8:]} from {name}\n".encode())
         return Response(200, f"hello from {name} {req.method} {path}\n".encode())
