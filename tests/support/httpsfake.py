@@ -447,7 +447,8 @@ def peer(name, host, port=443, context=None):
     guard(name, go)
 
 def node(name, mode, attempts):
-    # mode "https" (https.request) or "fetch" (global fetch); attempts: [[name, method, url, body], ...]
+    # mode "https" (https.request), "https-chunked" (a body without Content-Length) or "fetch" (global
+    # fetch); attempts: [[name, method, url, body], ...]
     p = subprocess.run(["node", os.path.join(os.path.dirname(os.path.abspath(__file__)), "sgprobe.js"), mode,
                         json.dumps(attempts)], capture_output=True, text=True, timeout=60)
     for line in p.stdout.splitlines():
@@ -462,9 +463,11 @@ def sh(name, script, env=None):
 PROBE_JS = r"""
 const https = require('https');
 const [mode, list] = [process.argv[2], JSON.parse(process.argv[3])];
-function viaHttps(method, url, body) {
+function viaHttps(method, url, body, chunked) {
+  // Content-Length when there is a body, unless `chunked` (Node's own default for req.write()).
+  const headers = body && !chunked ? {'Content-Length': Buffer.byteLength(body)} : {};
   return new Promise(res => {
-    const req = https.request(url, {method}, r => {
+    const req = https.request(url, {method, headers}, r => {
       let d = ''; r.on('data', c => d += c); r.on('end', () => res({status: r.statusCode, body: d}));
     });
     req.on('error', e => res({status: 0, body: '', error: String(e)}));
@@ -480,7 +483,7 @@ async function viaFetch(method, url, body) {
 }
 (async () => {
   for (const [name, method, url, body] of list) {
-    const r = await (mode === 'fetch' ? viaFetch : viaHttps)(method, url, body);
+    const r = await (mode === 'fetch' ? viaFetch : viaHttps)(method, url, body, mode === 'https-chunked');
     console.log(JSON.stringify({name, ...r}));
   }
 })();
