@@ -81,10 +81,12 @@ class Lab:
     git_root: Path
     fakes: dict[str, Fake]
 
-    def run(self, script: str, path: str = "explicit", timeout: float = 90) -> tuple[dict[str, Result], Path]:
+    def run(
+        self, script: str, path: str = "explicit", timeout: float = 90, policy: Path | None = None
+    ) -> tuple[dict[str, Result], Path]:
         """`script` (Python, `from sgprobe import *` done) in one sandbox; its probe results and audit log."""
         audit = self.base / f"audit-{time.monotonic_ns()}.jsonl"
-        sg = Sandgate(self.world, policy=self.policy, audit=audit, quiet=True, cwd=self.ws, timeout=timeout)
+        sg = Sandgate(self.world, policy=policy or self.policy, audit=audit, quiet=True, cwd=self.ws, timeout=timeout)
         cmd = [sys.executable, "-c", "from sgprobe import *\n" + textwrap.dedent(script)]
         r = sg.run(
             "--upstream-ca",
@@ -230,6 +232,24 @@ def test_git_clone_and_fetch_pass_push_is_refused(lab: Lab, path: str) -> None:
     assert {(x["method"], x["path"]) for x in denied} == {("POST", "/o/r.git/git-receive-pack")}, denied
     assert len(denied) == 2
     took(audit, "git.test", path)
+
+
+def test_git_push_passes_where_the_rules_allow_it(lab: Lab) -> None:
+    """The control for the refused push: through the same daemon, an inspected git.test without rules takes it."""
+    repo = lab.git_root / "o/r.git"
+    before = gitfake.refs(repo)
+    open_policy = lab.base / "open.yaml"
+    open_policy.write_text("version: 1\nnetwork:\n  allow:\n    - host: git.test\n      inspect: true\n")
+    script = """
+        d = "/tmp/clone-open"
+        sh("push", f"git clone -q https://git.test/o/r.git {d} && cd {d} && echo pushed > f && git add f"
+                   " && git commit -qm pushed && git push -q origin main:refs/heads/pushed")
+        """
+    res, audit = lab.run(script, policy=open_policy)
+    assert res["push"]["status"] == 0, res["push"]
+    after = gitfake.refs(repo)
+    assert after != before and "refs/heads/pushed" in after and before in after
+    assert ("POST", "/o/r.git/git-receive-pack") in [(x["method"], x["path"]) for x in requests_of(audit, "git.test")]
 
 
 @pytest.mark.parametrize("path", PATHS)
