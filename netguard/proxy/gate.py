@@ -30,8 +30,8 @@ from mitmproxy.proxy.context import Context
 from mitmproxy.proxy.mode_specs import RegularMode
 
 from netguard import hosts, localaddrs, rules, verdict
-from netguard.audit import Kind, close_record, decision_record
-from netguard.proxy import layers
+from netguard.audit import Kind, close_record, decision_record, request_record
+from netguard.proxy import inspected, layers
 from netguard.proxy.binding import Binding
 
 
@@ -58,6 +58,37 @@ class _Conn:
     kind: Kind = "tcp"
     pins: dict[tuple[str, int], Decided] = field(default_factory=dict)
     last: Decided | None = None
+
+
+@dataclass
+class _Request:
+    """A request judged by netguard.proxy.inspected, as its audit record will name it (secrets redacted)."""
+
+    kind: Kind
+    host: str
+    port: int
+    method: str
+    path: str
+    judged: inspected.Judged
+
+
+@dataclass
+class _Exchange:
+    """One allowed request in flight: its connection's decision, when it began, the bytes each way."""
+
+    decided: Decided
+    t0: float
+    up: layers.Counter
+    down: layers.Counter
+    request: _Request | None = None  # judged (inspected or a leak check): a `request` record, not a `close`
+
+
+_ENC, _ESC = "utf-8", "surrogateescape"
+
+
+def _fields(headers: http.Headers) -> list[tuple[str, str]]:
+    """Header (name, value) pairs as text; bytes that are not UTF-8 survive the round trip (surrogateescape)."""
+    return [(n.decode(_ENC, _ESC), v.decode(_ENC, _ESC)) for n, v in headers.fields]
 
 
 def _norm_key(host: str, port: int) -> tuple[str, int]:
@@ -184,6 +215,8 @@ class Gate:
             flow.response = refusal(d)
 
     async def requestheaders(self, flow: http.HTTPFlow) -> None:
+        """Every request the proxy reads: its destination decided, then (netguard.proxy.inspected) leaks
+        refused, an inspected destination's method/path rules applied, credentials brokered."""
         st = self._conn(flow.client_conn)
         assert st is not None
         req = flow.request
@@ -195,16 +228,50 @@ class Gate:
                     req.host = str(rules.normalise(name))  # cached: a kept-alive connection asks per request
                 except hosts.HostError:
                     req.host = name
-        d = await self._authorize(st, "http", req.host, req.port, method=req.method, url=req.pretty_url)
+        b = st.binding
+        host, port = _norm_key(req.host, req.port)
+        https = req.scheme == "https"
+        insp = b.inspection(host, port)
+        if https:
+            d = st.pins.get((host, port)) or await self._authorize(st, st.kind, req.host, req.port)
+        else:
+            url = req.pretty_url if insp is None or insp.log_query else req.pretty_url.split("?", 1)[0]
+            url = inspected.redact(url, b.secrets)  # a leak attempt's URL: never the value in the log
+            d = await self._authorize(st, "http", req.host, req.port, method=req.method, url=url)
         if not d.allowed:
-            flow.response = refusal(d)
+            flow.response = refusal(d, close=not https)  # HTTP/2 has no Connection header: the stream ends
             return
-        flow.metadata["sandgate"] = (d, time.monotonic(), layers.Counter(), layers.Counter())
-        req.stream = flow.metadata["sandgate"][2]
+        fields = _fields(req.headers)
+        j = inspected.judge(insp, b.secrets, host, req.method, req.path, fields, https)
+        ex = _Exchange(d, time.monotonic(), layers.Counter(), layers.Counter())
+        if j is not None:
+            method = inspected.redact(req.method, b.secrets)
+            path = inspected.logged_path(req.path, insp is not None and insp.log_query, b.secrets)
+            ex.request = _Request(st.kind if https else "http", host, port, method, path, j)
+            if not j.allowed:
+                self._refuse(flow, st, ex)
+                return
+        if https and insp is not None:
+            brokered = inspected.broker(fields, b.secrets, host, lower=req.is_http2)
+            if brokered != fields:
+                req.headers = http.Headers([(n.encode(_ENC, _ESC), v.encode(_ENC, _ESC)) for n, v in brokered])
+        flow.metadata["sandgate"] = ex
+        req.stream = ex.up
+
+    def _refuse(self, flow: http.HTTPFlow, st: _Conn, ex: _Exchange) -> None:
+        """A 403 for one request; the connection stays open (kept-alive HTTP/1.1, HTTP/2: others go on)."""
+        r = ex.request
+        assert r is not None
+        body = inspected.refusal_text(r.method, r.path, r.host, r.judged)
+        flow.response = http.Response.make(
+            403, body, {"Content-Type": "text/plain; charset=utf-8", "X-Sandgate": "blocked"}
+        )
+        flow.response.http_version = flow.request.http_version
+        self._write_request(st, ex, 403, 0, 0, 0)
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
-        if (meta := flow.metadata.get("sandgate")) and flow.response is not None:
-            flow.response.stream = meta[3]
+        if isinstance(ex := flow.metadata.get("sandgate"), _Exchange) and flow.response is not None:
+            flow.response.stream = ex.down
 
     def response(self, flow: http.HTTPFlow) -> None:
         self._http_closed(flow)
@@ -213,22 +280,46 @@ class Gate:
         self._http_closed(flow)
 
     def _http_closed(self, flow: http.HTTPFlow) -> None:
-        meta = flow.metadata.pop("sandgate", None)
+        """One record per allowed request: a `request` record when it was judged, else a `close`."""
+        ex = flow.metadata.pop("sandgate", None)
         st = self._conns.get(flow.client_conn.id)
-        if meta is None or st is None:
+        if not isinstance(ex, _Exchange) or st is None:
             return
-        d, t0, up, down = meta
+        d = ex.decided
+        ms = int((time.monotonic() - ex.t0) * 1000)
+        if ex.request is not None:
+            failed = flow.error is not None or flow.response is None
+            status = None if failed or flow.response is None else flow.response.status_code
+            if flow.error is not None:
+                why = inspected.redact(flow.error.msg, st.binding.secrets)
+                ex.request.judged = inspected.Judged(True, ex.request.judged.rule, f"failed: {why}")
+            self._write_request(st, ex, status, ex.up.n, ex.down.n, ms)
+            return
         st.binding.audit.write(
-            close_record(
+            close_record(st.binding.task, d.id, "http", d.host, d.port, d.verdict.ip, ex.up.n, ex.down.n, ms)
+        )
+
+    def _write_request(self, st: _Conn, ex: _Exchange, status: int | None, up: int, down: int, ms: int) -> None:
+        r = ex.request
+        assert r is not None
+        j = r.judged
+        st.binding.audit.write(
+            request_record(
                 st.binding.task,
-                d.id,
-                "http",
-                d.host,
-                d.port,
-                d.verdict.ip,
-                up.n,
-                down.n,
-                int((time.monotonic() - t0) * 1000),
+                ex.decided.id,
+                r.kind,
+                "allow" if j.allowed else "deny",
+                r.host,
+                r.port,
+                r.method,
+                r.path,
+                status=status,
+                bytes_up=up,
+                bytes_down=down,
+                duration_ms=ms,
+                rule=j.rule,
+                reason=j.reason,
+                leak=j.leak,
             )
         )
 
@@ -275,9 +366,8 @@ class Gate:
         return layers.Relay(ctx, closed)
 
 
-def refusal(d: Decided) -> http.Response:
+def refusal(d: Decided, close: bool = True) -> http.Response:
     """The 403 a refused HTTP client or CONNECT gets: the body names host:port, the reason and the rule."""
     body = verdict.refusal_text(d.host, d.port, d.verdict.decision) + "\n"
-    return http.Response.make(
-        403, body, {"Content-Type": "text/plain; charset=utf-8", "Connection": "close", "X-Sandgate": "blocked"}
-    )
+    headers = {"Content-Type": "text/plain; charset=utf-8", "X-Sandgate": "blocked"}
+    return http.Response.make(403, body, {**headers, "Connection": "close"} if close else headers)
