@@ -24,10 +24,11 @@ import uuid
 from dataclasses import dataclass, field
 
 import dns.exception
-from mitmproxy import connection, http
+from mitmproxy import connection, ctx, http
 from mitmproxy.proxy import layer, server_hooks
 from mitmproxy.proxy.context import Context
 from mitmproxy.proxy.mode_specs import RegularMode
+from mitmproxy.utils import human
 
 from netguard import hosts, localaddrs, rules, verdict
 from netguard.audit import Kind, close_record, decision_record, request_record
@@ -89,6 +90,16 @@ _ENC, _ESC = "utf-8", "surrogateescape"
 def _fields(headers: http.Headers) -> list[tuple[str, str]]:
     """Header (name, value) pairs as text; bytes that are not UTF-8 survive the round trip (surrogateescape)."""
     return [(n.decode(_ENC, _ESC), v.decode(_ENC, _ESC)) for n, v in headers.fields]
+
+
+def _answerable(req: http.Request) -> bool:
+    """Can mitmproxy send a 403 for this request? Only after holding its body, so not when the body is
+    streamed: longer than stream_large_bodies, or HTTP/1 chunked (its length unknown until read)."""
+    limit = human.parse_size(ctx.options.stream_large_bodies) if "stream_large_bodies" in ctx.options else None
+    if limit is None:
+        return True
+    chunked = "chunked" in req.headers.get("transfer-encoding", "").lower()
+    return not req.stream and not (chunked and not req.is_http2)
 
 
 def _norm_key(host: str, port: int) -> tuple[str, int]:
@@ -239,6 +250,9 @@ class Gate:
             url = inspected.redact(url, b.secrets)  # a leak attempt's URL: never the value in the log
             d = await self._authorize(st, "http", req.host, req.port, method=req.method, url=url)
         if not d.allowed:
+            if not _answerable(req):
+                flow.kill()  # type: ignore[no-untyped-call]  # a 403 before a streamed body crashes the layer
+                return
             flow.response = refusal(d, close=not https)  # HTTP/2 has no Connection header: the stream ends
             return
         fields = _fields(req.headers)
@@ -262,6 +276,14 @@ class Gate:
         """A 403 for one request; the connection stays open (kept-alive HTTP/1.1, HTTP/2: others go on)."""
         r = ex.request
         assert r is not None
+        if not _answerable(flow.request):
+            # mitmproxy cannot answer before a body it streams (the layer would crash): refuse by closing
+            # (HTTP/1) the connection. The upstream still never sees the request.
+            flow.kill()  # type: ignore[no-untyped-call]  # mitmproxy leaves it unannotated
+            j = r.judged
+            r.judged = inspected.Judged(False, j.rule, f"{j.reason} (body too large to drain: closed)", j.leak)
+            self._write_request(st, ex, 403, 0, 0, 0)
+            return
         body = inspected.refusal_text(r.method, r.path, r.host, r.judged)
         flow.response = http.Response.make(
             403, body, {"Content-Type": "text/plain; charset=utf-8", "X-Sandgate": "blocked"}

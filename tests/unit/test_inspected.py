@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import http.client as httpclient
 import json
 import socket
 import threading
@@ -405,6 +406,9 @@ def test_a_refused_request_never_reaches_the_upstream_and_the_connection_goes_on
                 got.append((r.status, r.read().decode()))
                 socks.append(conn.sock)  # http.client drops its socket when told Connection: close
             assert conn.sock is not None and all(s is socks[0] for s in socks), got  # one connection all along
+            conn.request("POST", f"http://up.test:{port}/big", body=b"d" * 200_000)  # streamed: no 403 possible
+            with pytest.raises((ConnectionError, httpclient.RemoteDisconnected)):
+                conn.getresponse()
             conn.close()
     finally:
         up.shutdown()
@@ -418,4 +422,5 @@ def test_a_refused_request_never_reaches_the_upstream_and_the_connection_goes_on
         ("POST", 403, None, 0),
         ("GET", 403, "API_KEY", 0),
         ("GET", 200, None, 2),
+        ("POST", 403, None, 0),  # refused by closing: the body was too large to hold for a 403
     ]
