@@ -31,7 +31,7 @@ from mitmproxy.proxy.mode_specs import RegularMode
 from mitmproxy.utils import human
 
 from netguard import hosts, localaddrs, rules, verdict
-from netguard.audit import Kind, close_record, decision_record, request_record
+from netguard.audit import Kind, close_record, decision_record
 from netguard.proxy import inspected, layers
 from netguard.proxy.binding import Binding
 
@@ -62,18 +62,6 @@ class _Conn:
 
 
 @dataclass
-class _Request:
-    """A request judged by netguard.proxy.inspected, as its audit record will name it (secrets redacted)."""
-
-    kind: Kind
-    host: str
-    port: int
-    method: str
-    path: str
-    judged: inspected.Judged
-
-
-@dataclass
 class _Exchange:
     """One allowed request in flight: its connection's decision, when it began, the bytes each way."""
 
@@ -81,7 +69,7 @@ class _Exchange:
     t0: float
     up: layers.Counter
     down: layers.Counter
-    request: _Request | None = None  # judged (inspected or a leak check): a `request` record, not a `close`
+    request: inspected.Logged | None = None  # judged (inspected or a leak check): a `request` record, not a `close`
 
 
 _ENC, _ESC = "utf-8", "surrogateescape"
@@ -261,7 +249,7 @@ class Gate:
         if j is not None:
             method = inspected.redact(req.method, b.secrets)
             path = inspected.logged_path(req.path, insp is not None and insp.log_query, b.secrets)
-            ex.request = _Request(st.kind if https else "http", host, port, method, path, j)
+            ex.request = inspected.Logged(st.kind if https else "http", host, port, method, path, j)
             if not j.allowed:
                 self._refuse(flow, st, ex)
                 return
@@ -294,6 +282,13 @@ class Gate:
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         if isinstance(ex := flow.metadata.get("sandgate"), _Exchange) and flow.response is not None:
             flow.response.stream = ex.down
+            st = self._conns.get(flow.client_conn.id)
+            r = ex.request
+            bound = [s for s in st.binding.secrets if s.host == r.host] if st and r else []
+            if bound:  # an upstream echoing the header it got would hand the sandbox the real value
+                fields = flow.response.headers.fields
+                flow.response.headers = http.Headers([(n, inspected.unsecret(v, bound)) for n, v in fields])
+                flow.response.stream = inspected.Scrub(ex.down, bound)
 
     def response(self, flow: http.HTTPFlow) -> None:
         self._http_closed(flow)
@@ -322,28 +317,8 @@ class Gate:
         )
 
     def _write_request(self, st: _Conn, ex: _Exchange, status: int | None, up: int, down: int, ms: int) -> None:
-        r = ex.request
-        assert r is not None
-        j = r.judged
-        st.binding.audit.write(
-            request_record(
-                st.binding.task,
-                ex.decided.id,
-                r.kind,
-                "allow" if j.allowed else "deny",
-                r.host,
-                r.port,
-                r.method,
-                r.path,
-                status=status,
-                bytes_up=up,
-                bytes_down=down,
-                duration_ms=ms,
-                rule=j.rule,
-                reason=j.reason,
-                leak=j.leak,
-            )
-        )
+        assert ex.request is not None
+        st.binding.audit.write(ex.request.record(st.binding.task, ex.decided.id, status, up, down, ms))
 
     # ---- every upstream connection ------------------------------------------------------
 

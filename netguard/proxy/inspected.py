@@ -14,11 +14,12 @@ sandbox). Headers and the URL are scanned because the proxy itself would put the
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from urllib.parse import unquote
 
 from netguard import credentials, httprules
+from netguard.audit import Kind, RequestRecord, request_record
 from netguard.credentials import Secret
 from netguard.rules import Inspection
 
@@ -33,6 +34,26 @@ class Judged:
     rule: str | None
     reason: str
     leak: str | None = None
+
+
+@dataclass
+class Logged:
+    """A judged request as its audit record will name it (query cut, secrets redacted)."""
+
+    kind: Kind
+    host: str
+    port: int
+    method: str
+    path: str
+    judged: Judged
+
+    def record(self, task: str, id: str, status: int | None, up: int, down: int, ms: int) -> RequestRecord:
+        j = self.judged
+        action = "allow" if j.allowed else "deny"
+        return request_record(
+            task, id, self.kind, action, self.host, self.port, self.method, self.path, status=status,
+            bytes_up=up, bytes_down=down, duration_ms=ms, rule=j.rule, reason=j.reason, leak=j.leak,
+        )  # fmt: skip
 
 
 def redact(text: str, secrets: Iterable[Secret]) -> str:
@@ -113,6 +134,39 @@ def broker(headers: Headers, secrets: Iterable[Secret], host: str, lower: bool =
         rest = [(n, v.replace(s.sentinel, s.real)) for n, v in out if n.lower() != s.header.lower()]
         out = [*rest[:at], (name, s.value), *rest[at:]]
     return out
+
+
+def unsecret(value: bytes, secrets: Iterable[Secret]) -> bytes:
+    """A response header with any real value put back to its sentinel: what the sandbox may hold."""
+    for s in secrets:
+        if s.real:
+            value = value.replace(s.real.encode(), s.sentinel.encode())
+    return value
+
+
+class Scrub:
+    """A response body stream (mitmproxy calls it per chunk, then with b"" at the end) that masks the
+    real values of `secrets` with '*' of the same length, also across chunk boundaries.
+
+    Defends against an upstream echoing the brokered header back (a debug endpoint, an error message
+    quoting the key): the sandbox must never hold the real value. Same length, so a Content-Length
+    stays true. A compressed body is not looked into (the value would be unreadable there as well,
+    short of decompressing it, which the sandbox can do): brokered hosts should be APIs, not echoes.
+    """
+
+    def __init__(self, inner: Callable[[bytes], bytes], secrets: Iterable[Secret]) -> None:
+        self.inner = inner
+        self.reals = [s.real.encode() for s in secrets if s.real]
+        self.keep = max((len(r) for r in self.reals), default=1) - 1  # a value cut by a chunk boundary
+        self.tail = b""
+
+    def __call__(self, data: bytes) -> bytes:
+        buf = self.tail + self.inner(data)
+        for r in self.reals:
+            buf = buf.replace(r, b"*" * len(r))
+        cut = len(buf) if not data else max(0, len(buf) - self.keep)  # b"": the end, flush everything
+        out, self.tail = buf[:cut], buf[cut:]
+        return out
 
 
 def refusal_text(method: str, path: str, host: str, j: Judged) -> str:

@@ -29,6 +29,7 @@ from mitmproxy.proxy.layers.http._hooks import (
     HttpConnectHook,
     HttpErrorHook,
     HttpRequestHeadersHook,
+    HttpResponseHeadersHook,
     HttpResponseHook,
 )
 from mitmproxy.proxy.mode_specs import ProxyMode
@@ -216,6 +217,26 @@ def test_a_request_for_a_host_not_inspected_is_refused_on_an_inspected_connectio
     assert [r["action"] for r in w.records("request")] == ["deny"]
 
 
+def test_transparent_inspected_requests_share_one_decision(tmp_path: Path, resolver: FakeDns) -> None:
+    w = World(tmp_path, resolver)
+    w.client.proxy_mode = ProxyMode.parse(f"transparent@127.0.0.1:{SLOT}")
+    flows = [flow(w, "GET", "198.51.100.9", p) for p in ("/1", "/2")]  # the original address: not trusted
+    for f in flows:
+        f.request.headers["Host"] = "All.Test"
+
+    async def body(tctx: taddons.context) -> None:
+        for f in flows:
+            await exchange(tctx, w, f)
+
+    drive(w, body)
+    (decision,) = w.records("decision")  # decided once for the connection, by name
+    assert decision["host"] == "all.test" and decision["action"] == "allow"
+    assert [(r["host"], r["path"], r["id"]) for r in w.records("request")] == [
+        ("all.test", "/1", decision["id"]),
+        ("all.test", "/2", decision["id"]),
+    ]
+
+
 def test_plain_http_to_an_inspected_host_writes_its_decision_then_a_request_record(
     tmp_path: Path, resolver: FakeDns
 ) -> None:
@@ -314,6 +335,40 @@ def test_redaction_and_broker_are_pure() -> None:
         ("X", REAL),
     ]
     assert inspected.broker(fields, (SECRET,), "other.test") == fields
+
+
+def test_an_upstream_echoing_the_real_value_never_hands_it_to_the_sandbox(tmp_path: Path, resolver: FakeDns) -> None:
+    w = World(tmp_path, resolver)
+    f = flow(w, "GET", "api.test", "/debug/headers", Authorization=f"Bearer {SECRET.sentinel}")
+    half = len(REAL) // 2
+    chunks = [b'{"auth": "Bearer ' + REAL[:half].encode(), REAL[half:].encode() + b'"}', b""]  # cut mid-value
+
+    async def body(tctx: taddons.context) -> None:
+        await connect(tctx, w, "api.test")
+        await tctx.master.addons.invoke_addon(w.gate, HttpRequestHeadersHook(f))
+        f.response = tutils.tresp(headers=http.Headers([(b"X-Echo", f"Bearer {REAL}".encode())]))
+        await tctx.master.addons.invoke_addon(w.gate, HttpResponseHeadersHook(f))
+
+    drive(w, body)
+    assert f.request.headers["Authorization"] == f"Bearer {REAL}"  # the upstream got the real header
+    assert f.response.headers["X-Echo"] == f"Bearer {SECRET.sentinel}"  # the sandbox gets the sentinel back
+    stream = f.response.stream
+    assert callable(stream)
+    out = b"".join(stream(c) for c in chunks)
+    assert out == b'{"auth": "Bearer ' + b"*" * len(REAL) + b'"}'  # same length: Content-Length stays true
+
+
+def test_scrub_passes_everything_else_through_in_order() -> None:
+    counted: list[int] = []
+
+    def inner(b: bytes) -> bytes:
+        counted.append(len(b))
+        return b
+
+    scrub = inspected.Scrub(inner, (SECRET,))
+    data = [b"hello ", b"world " * 10, b"sk-REAL", b""]
+    assert b"".join(scrub(c) for c in data) == b"".join(data)
+    assert sum(counted) == sum(map(len, data))
 
 
 # ---- the real proxy, a fake upstream ------------------------------------------------------------
