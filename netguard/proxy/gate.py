@@ -82,12 +82,16 @@ def _fields(headers: http.Headers) -> list[tuple[str, str]]:
 
 def _answerable(req: http.Request) -> bool:
     """Can mitmproxy send a 403 for this request? Only after holding its body, so not when the body is
-    streamed: longer than stream_large_bodies, or HTTP/1 chunked (its length unknown until read)."""
+    or may be streamed: longer than stream_large_bodies, or of a length unknown until read (HTTP/1
+    chunked; HTTP/2 without content-length, unless its method has no body by custom)."""
     limit = human.parse_size(ctx.options.stream_large_bodies) if "stream_large_bodies" in ctx.options else None
     if limit is None:
         return True
-    chunked = "chunked" in req.headers.get("transfer-encoding", "").lower()
-    return not req.stream and not (chunked and not req.is_http2)
+    if req.is_http2:
+        unknown = "content-length" not in req.headers and req.method not in ("GET", "HEAD", "OPTIONS")
+    else:
+        unknown = "chunked" in req.headers.get("transfer-encoding", "").lower()
+    return not req.stream and not unknown
 
 
 def _norm_key(host: str, port: int) -> tuple[str, int]:

@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from http.client import HTTPConnection
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Optional
 
 import dns.message
 import dns.rrset
@@ -128,7 +128,7 @@ async def connect(tctx: taddons.context, w: World, host: str) -> None:
 async def exchange(tctx: taddons.context, w: World, f: Any, status: int = 200) -> None:
     """requestheaders, then (unless refused there) the upstream's response."""
     await tctx.master.addons.invoke_addon(w.gate, HttpRequestHeadersHook(f))
-    if f.response is None:
+    if f.response is None and f.error is None:
         f.response = tutils.tresp(status_code=status)
         await tctx.master.addons.invoke_addon(w.gate, HttpResponseHook(f))
 
@@ -234,6 +234,35 @@ def test_transparent_inspected_requests_share_one_decision(tmp_path: Path, resol
     assert [(r["host"], r["path"], r["id"]) for r in w.records("request")] == [
         ("all.test", "/1", decision["id"]),
         ("all.test", "/2", decision["id"]),
+    ]
+
+
+def test_a_refused_request_whose_body_would_be_streamed_is_refused_by_closing(
+    tmp_path: Path, resolver: FakeDns
+) -> None:
+    w = World(tmp_path, resolver)
+    small = flow(w, "PUT", "git.test", "/x", h2=True, content_length="4")
+    unknown = flow(w, "PUT", "git.test", "/x", h2=True)  # HTTP/2, no content-length: may be any size
+    chunked = flow(w, "PUT", "git.test", "/x", transfer_encoding="chunked")
+    get = flow(w, "GET", "git.test", "/o/r/info/refs", h2=True)
+
+    async def body(tctx: taddons.context) -> None:
+        # as netguard.proxy.master sets it (loadcore=False leaves the option out)
+        tctx.options.add_option("stream_large_bodies", Optional[str], "64k", "")  # noqa: UP045
+        await connect(tctx, w, "git.test")
+        for f in (small, unknown, chunked, get):
+            await exchange(tctx, w, f)
+
+    drive(w, body)
+    assert small.response.status_code == 403 and get.response.status_code == 200
+    for f in (unknown, chunked):
+        assert f.response is None and f.error is not None and f.error.msg == Error.KILLED_MESSAGE
+    recs = w.records("request")
+    assert [(r["status"], r["reason"].endswith("(body too large to drain: closed)")) for r in recs] == [
+        (403, False),
+        (403, True),
+        (403, True),
+        (200, False),
     ]
 
 
