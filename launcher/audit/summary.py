@@ -3,7 +3,7 @@
 Pure: typed records in, rows, a text table or JSON values out, so the summary can be tested
 without a sandbox. Denied rows say why (the record's reason) and what would allow them, in the
 exit line's words (launcher.audit.denials). Requests an inspected host refused, and attempted
-credential leaks, are listed apart (launcher.audit.requests): leaks above the table, refused
+credential leaks, are listed apart (launcher.audit.refusals): leaks above the table, refused
 requests below it; a destination with an attempted leak is the first row. Every logged string in
 the table is escaped.
 """
@@ -15,8 +15,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from launcher.audit import denials, requests
-from launcher.audit.requests import Refused
+from launcher.audit import denials, refusals
+from launcher.audit.refusals import Refused
 from launcher.audit.text import bracket, escape
 from netguard import rules
 from netguard.audit import CloseRecord, DecisionRecord, Kind, Record, RequestRecord
@@ -133,7 +133,7 @@ class _Acc:
             frozenset(self.tasks),
             frozenset(self.reasons),
             len(self.requests),
-            tuple(requests.collect(self.requests)),
+            tuple(refusals.collect(self.requests)),
         )
 
 
@@ -204,7 +204,7 @@ def format_table(rows: Sequence[Destination], bundled: Mapping[str, rules.Rulese
     `bundled` (name -> compiled bundled list) lets REASON name the list that would allow a denial.
     """
     found = [x for d in rows for x in d.refused]
-    parts = [requests.format_section(found, leaks=True), _table(rows, bundled), requests.format_section(found, False)]
+    parts = [refusals.format_section(found, leaks=True), _table(rows, bundled), refusals.format_section(found, False)]
     return "\n\n".join(p for p in parts if p)
 
 
@@ -255,7 +255,7 @@ def as_json(rows: Sequence[Destination], bundled: Mapping[str, rules.Ruleset] | 
             "reasons": sorted(d.reasons),
             "reason": reason(d, bundled or {}),
             "requests": d.requests,
-            "refused_requests": requests.as_json(d.refused),  # attempted leaks (with `leak`) first
+            "refused_requests": refusals.as_json(d.refused),  # attempted leaks (with `leak`) first
         }
         for d in rows
     ]

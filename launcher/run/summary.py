@@ -1,7 +1,7 @@
 """The exit line of a run: what was allowed and denied, and what would allow each denied destination.
 
 Attempted credential leaks come first, then requests an inspected host's `http:` rules refused
-(launcher.audit.requests), then denied destinations. A request refused on an allowed connection
+(launcher.audit.refusals), then denied destinations. A request refused on an allowed connection
 is counted as a refused request, not as a denied destination: each record counts once.
 """
 
@@ -23,9 +23,9 @@ def summary(path: Path, task: str) -> str:
     denied = sum(r["action"] == "deny" for r in decisions)
     would_deny = sum(r["would"] == "deny" for r in decisions)
     would = f" ({would_deny} would have been denied)" if would_deny else ""
-    from launcher.audit import requests
+    from launcher.audit import refusals
 
-    refused, leaks = requests.counts(records, task)
+    refused, leaks = refusals.counts(records, task)
     extra = f", {refused} request{'s' if refused != 1 else ''} refused" if refused else ""
     extra += f", {leaks} ATTEMPTED LEAK{'S' if leaks != 1 else ''}" if leaks else ""
     line = f"sandgate: {allowed} allowed{would}, {denied} denied{extra} -> {path}"
@@ -34,7 +34,7 @@ def summary(path: Path, task: str) -> str:
     from launcher.audit import denials
     from launcher.config import load
 
-    out = [line, *requests.lines(records, task)]
+    out = [line, *refusals.lines(records, task)]
     if denied:
         out += denials.lines(records, task, load.bundled_rulesets())
     return "\n".join(out)
