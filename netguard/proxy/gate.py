@@ -241,22 +241,25 @@ class Gate:
             url = req.pretty_url if insp is None or insp.log_query else req.pretty_url.split("?", 1)[0]
             url = inspected.redact(url, b.secrets)  # a leak attempt's URL: never the value in the log
             d = await self._authorize(st, "http", req.host, req.port, method=req.method, url=url)
-        if not d.allowed:
-            if not _answerable(req):
-                flow.kill()  # type: ignore[no-untyped-call]  # a 403 before a streamed body crashes the layer
-                return
-            flow.response = refusal(d, close=not https)  # HTTP/2 has no Connection header: the stream ends
-            return
         fields = _fields(req.headers)
-        j = inspected.judge(insp, b.secrets, host, req.method, req.path, fields, https)
+        # A denied destination is judged for leaks only: refused anyway, but a key sent there must show.
+        j = inspected.judge(insp if d.allowed else None, b.secrets, host, req.method, req.path, fields, https)
         ex = _Exchange(d, time.monotonic(), layers.Counter(), layers.Counter())
         if j is not None:
             method = inspected.redact(req.method, b.secrets)
             path = inspected.logged_path(req.path, insp is not None and insp.log_query, b.secrets)
             ex.request = inspected.Logged(st.kind if https else "http", host, port, method, path, j)
-            if not j.allowed:
-                self._refuse(flow, st, ex)
+        if not d.allowed:
+            if ex.request is not None and ex.request.judged.leak is not None:
+                self._write_request(st, ex, 403, 0, 0, 0)
+            if not _answerable(req):
+                flow.kill()  # type: ignore[no-untyped-call]  # a 403 before a streamed body crashes the layer
                 return
+            flow.response = refusal(d, close=not https)  # HTTP/2 has no Connection header: the stream ends
+            return
+        if j is not None and not j.allowed:
+            self._refuse(flow, st, ex)
+            return
         if https and insp is not None:
             brokered = inspected.broker(fields, b.secrets, host, lower=req.is_http2)
             if brokered != fields:

