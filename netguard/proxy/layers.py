@@ -128,7 +128,7 @@ def _tunnel(nextlayer: layer.NextLayer, relay: Callable[[Context], Relay], inspe
     ctx = nextlayer.context
     assert ctx.server.address is not None
     host, port = ctx.server.address[0], ctx.server.address[1]
-    if inspection(host, port) is None:
+    if inspection(_name(host), port) is None:  # normalised: a credential's host is matched exactly
         nextlayer.layer = relay(ctx)  # never parse or intercept
         return
     data: bytes = nextlayer.data_client()  # type: ignore[no-untyped-call]  # mitmproxy: unannotated
@@ -176,7 +176,7 @@ def choose(
         if isinstance(sni, str):
             # Re-target to the *name*: a client sending SNI allowed.test to a blocked IP reaches allowed.test.
             ctx.server.address = (sni, dst_port)
-            if inspection(sni, dst_port) is not None:
+            if inspection(_name(sni), dst_port) is not None:
                 nextlayer.layer = _intercept(ctx, _name(sni))
                 return "tls"
         nextlayer.layer = relay(ctx)  # no SNI or not inspected: the bytes pass untouched

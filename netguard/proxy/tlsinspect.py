@@ -22,6 +22,7 @@ from mitmproxy.addons.tlsconfig import DEFAULT_HOSTFLAGS, AppData, alpn_select_c
 from mitmproxy.proxy.layers.tls import HTTP_ALPNS
 from OpenSSL import SSL, crypto
 
+from netguard import hosts, rules
 from netguard.proxy.binding import Binding
 from netguard.proxy.leafcerts import Issuer, LeafError
 
@@ -86,6 +87,13 @@ def verify_name(conn: SSL.Connection, name: str) -> None:
         ok = SSL._lib.X509_VERIFY_PARAM_set1_ip(param, ip, len(ip))  # type: ignore[attr-defined]
     if ok != 1:
         raise SSL.Error(f"cannot verify upstream name {name!r}")
+
+
+def _name(host: str) -> str:
+    try:
+        return str(rules.normalise(host))
+    except hosts.HostError:
+        return host
 
 
 class TlsInspect:
@@ -156,7 +164,7 @@ class TlsInspect:
         """Name the refused upstream in the error the flow (and its audit record) will carry."""
         server = data.conn
         assert isinstance(server, connection.Server)
-        name = server.sni or "?"
+        name = _name(server.sni or "?")
         port = server.address[1] if server.address else 0
         why = server.error or "handshake failed"
         if "verify failed" in why.lower():
@@ -167,7 +175,7 @@ class TlsInspect:
         self._failed[(data.context.client.id, name)] = why
 
     def error(self, flow: http.HTTPFlow) -> None:
-        why = self._failed.get((flow.client_conn.id, flow.request.host))
+        why = self._failed.get((flow.client_conn.id, _name(flow.request.host)))
         if why is not None and flow.error is not None and not flow.error.msg.startswith("sandgate:"):
             flow.error.msg = why
 
