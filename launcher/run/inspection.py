@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import re
 import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -50,6 +51,7 @@ BUNDLE_VARIABLES: tuple[str, ...] = (
 )
 BUNDLE_NAME = "ca-bundle.pem"  # in the run directory, which is hidden inside except for the binds
 MAX_BUNDLE = 8 << 20  # bytes of one bundle read from the host: far more than any real one
+_CERT_BLOCK = re.compile(r"-----BEGIN CERTIFICATE-----[A-Za-z0-9+/=\s]+?-----END CERTIFICATE-----")
 VALID_DAYS = 30
 BACKDATE = datetime.timedelta(minutes=5)  # a clock inside slightly behind ours still accepts it
 
@@ -160,7 +162,10 @@ def _read_pem(path: str) -> str | None:
         if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_BUNDLE:
             return None
         text = f.read(MAX_BUNDLE).decode("ascii", errors="replace")
-    return text if "-----BEGIN CERTIFICATE-----" in text else None
+    # Certificates only: a combined PEM (certificate + key) named by a variable must not carry its
+    # private key into the sandbox.
+    certs = _CERT_BLOCK.findall(text)
+    return "".join(c + "\n" for c in certs) if certs else None
 
 
 def compose_bundle(ca_cert: str, environ: Mapping[str, str], system: list[str]) -> str:
@@ -176,7 +181,7 @@ def compose_bundle(ca_cert: str, environ: Mapping[str, str], system: list[str]) 
         seen.add(real)
         text = _read_pem(real)
         if text is not None:
-            parts.append(text if text.endswith("\n") else text + "\n")
+            parts.append(text)
     parts.append(f"# sandgate: this run's inspection CA\n{ca_cert}")
     return "".join(parts)
 
@@ -204,7 +209,6 @@ def read_upstream_ca(path: str | None) -> str | None:
         return None
     import base64
     import binascii
-    import re
 
     try:
         with open(os.path.expanduser(path), "rb") as f:

@@ -242,3 +242,38 @@ def test_sandgate_proxy_writes_only_its_ca_certificate_and_announces_it(base: tu
         assert "ca" not in other.ready and not other.audit.with_suffix(".ca.pem").exists()
     finally:
         other.stop()
+
+
+def test_an_unprivileged_user_gets_the_same_trust_and_sentinels(base: tuple[World, Path]) -> None:
+    """Rootless: the bind over the system bundle is made inside the user's own namespaces, the
+    credential file is the user's own, and the run directory lives under the user's /tmp runtime dir."""
+    from ..support.rootless import UnprivilegedUser
+
+    w, _ = base
+    with UnprivilegedUser(base_dir="/var/tmp") as u:  # a home under /tmp would vanish in the private /tmp
+        work = u.home / "work"
+        work.mkdir()
+        token = u.home / "registry-token"
+        token.write_text(FILE_SECRET + "\n")
+        token.chmod(0o600)
+        policy = u.home / "policy.yaml"
+        policy.write_text(POLICY.format(token=token))
+        (u.home / "probe.py").write_text(PROBE)
+        for p in (work, token, policy, u.home / "probe.py"):
+            os.chown(p, u.uid, u.gid)
+        sg = Sandgate(u.runner(w), policy=policy, audit=u.home / "audit.jsonl", cwd=work, timeout=90, quiet=True)
+        roots = ",".join(["/tmp", str(u.home), "/run"])
+        cmd = ["python3", str(u.home / "probe.py"), ",".join(inspection.BUNDLE_VARIABLES), roots, str(token)]
+        r = sg.run(
+            cmd=cmd,
+            env={**u.env(), "PYTHONPATH": str(REPO), "EXAMPLE_API_KEY": REAL},
+            input=",".join([REAL, FILE_SECRET, "PRIVATE KEY"]),
+        )
+        assert r.returncode == 0, r.stderr
+        seen = json.loads(r.stdout)
+        assert "sandgate" in _ca_of(seen["system"]).subject.rfc4514_string()
+        assert {p for p, _ in seen["vars"].values()} == {"/etc/ssl/certs/ca-certificates.crt"}
+        assert all(text == seen["system"] for _, text in seen["vars"].values())
+        assert seen["sentinels"]["EXAMPLE_API_KEY"].startswith("sk-sandgate-sentinel-")
+        assert seen["hits"] == [] and FILE_SECRET not in seen["token_file"]
+        assert FILE_SECRET in token.read_text()  # the control: outside, the file holds it

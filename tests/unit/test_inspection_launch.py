@@ -135,16 +135,19 @@ def test_the_bundle_holds_the_system_roots_the_ca_and_the_callers_bundles(tmp_pa
     corp.write_text(_pem("Q09SUA=="))
     junk = tmp_path / "junk.txt"
     junk.write_text("not a bundle")
+    combined = tmp_path / "combined.pem"  # a certificate and its key in one file: only the certificate goes in
+    combined.write_text(_pem("Q09NQg==") + "-----BEGIN PRIVATE KEY-----\nS0VZ\n-----END PRIVATE KEY-----\n")
     env = {
         "SSL_CERT_FILE": str(corp),
         "REQUESTS_CA_BUNDLE": str(corp),  # the same file twice: once in the bundle
         "NODE_EXTRA_CA_CERTS": str(junk),  # no certificate: adds nothing
         "CURL_CA_BUNDLE": str(tmp_path / "missing.pem"),
+        "AWS_CA_BUNDLE": str(combined),
     }
     ca = inspection.new_ca("t", ("a.test",))
     out = inspection.compose_bundle(ca.cert, env, [str(system)])
     assert out.count("U1lTVEVN") == 1 and out.count("Q09SUA==") == 1 and ca.cert in out
-    assert "not a bundle" not in out and "PRIVATE" not in out
+    assert "not a bundle" not in out and "PRIVATE" not in out and "S0VZ" not in out and "Q09NQg==" in out
     assert out.index("U1lTVEVN") < out.index("Q09SUA==") < out.index(ca.cert)
 
 
