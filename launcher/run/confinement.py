@@ -12,14 +12,17 @@ import pwd
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fsguard import env as fsenv
 from fsguard import homeoverlay, landlock, mounts
 from fsguard import policy as fspolicy
 from launcher.errors import RunError
-from launcher.run.brokered import Brokered, apply_env
 from launcher.run.options import WEAKEN_ENV, RunOptions, weakened
 from netguard.audit import AuditLog, policy_record
+
+if TYPE_CHECKING:  # imported when used: most runs broker no credential
+    from launcher.run.brokered import Brokered
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,8 @@ def plan(opts: RunOptions, audit: AuditLog, rt: Path, brokered: Brokered | None 
         # names, as `sudo -i` would give them; sudo leaves HOME pointing at root's home.
         env.update(HOME=opts.user.home, USER=opts.user.name, LOGNAME=opts.user.name)
     if brokered is not None:  # sentinels in, and no variable carrying a real secret
+        from launcher.run.brokered import apply_env
+
         env, dropped = apply_env(env, dropped, brokered)
     conf = Confinement(mplan, lplan, env, dropped, home)
     _record(audit, opts.task, conf, abi, warnings)

@@ -13,7 +13,6 @@ the variables real tools read.
 
 from __future__ import annotations
 
-import datetime
 import os
 import re
 import stat
@@ -27,6 +26,8 @@ from netguard.policy import NetworkPolicy
 from netguard.proxy.spec import CaPair
 
 if TYPE_CHECKING:  # imported when used: most runs never inspect
+    import datetime
+
     from cryptography import x509
 
 #: Where distributions keep the system's PEM bundle (Debian/Ubuntu, Fedora/RHEL, Alpine/macOS-like, RHEL's extracted).
@@ -53,7 +54,7 @@ BUNDLE_NAME = "ca-bundle.pem"  # in the run directory, which is hidden inside ex
 MAX_BUNDLE = 8 << 20  # bytes of one bundle read from the host: far more than any real one
 _CERT_BLOCK = re.compile(r"-----BEGIN CERTIFICATE-----[A-Za-z0-9+/=\s]+?-----END CERTIFICATE-----")
 VALID_DAYS = 30
-BACKDATE = datetime.timedelta(minutes=5)  # a clock inside slightly behind ours still accepts it
+BACKDATE_MINUTES = 5  # a clock inside slightly behind ours still accepts the CA
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,8 @@ def inspected_names(net: NetworkPolicy) -> tuple[str, ...]:
 
 def new_ca(task: str, names: tuple[str, ...], now: datetime.datetime | None = None) -> CaPair:
     """A fresh CA for one run, in memory; the key PEM goes only into the spec for the daemon."""
+    import datetime
+
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -87,7 +90,7 @@ def new_ca(task: str, names: tuple[str, ...], now: datetime.datetime | None = No
     if not names:
         raise RunError("inspection needs at least one host name to sign for")
     key = ec.generate_private_key(ec.SECP256R1())
-    start = (now or datetime.datetime.now(datetime.UTC)) - BACKDATE
+    start = (now or datetime.datetime.now(datetime.UTC)) - datetime.timedelta(minutes=BACKDATE_MINUTES)
     subject = x509.Name(
         [
             x509.NameAttribute(NameOID.ORGANIZATION_NAME, "sandgate"),

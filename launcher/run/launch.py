@@ -30,25 +30,14 @@ from typing import TYPE_CHECKING
 from fsguard import mounts, userns
 from launcher.config import parsecache
 from launcher.errors import EXIT_ERROR, RunError
-from launcher.run import (
-    brokered,
-    confinement,
-    daemonctl,
-    inspection,
-    options,
-    policyargs,
-    runstate,
-    sandbox,
-    summary,
-    supervise,
-    workspace,
-)
+from launcher.run import confinement, daemonctl, options, policyargs, runstate, sandbox, summary, supervise, workspace
 from netguard import nft, sandboxnet
 from netguard.audit import AuditLog
 from netguard.proxy.spec import BindingSpec, CaPair
 
-if TYPE_CHECKING:  # imported when used: most runs never ask a human (a fast start matters)
+if TYPE_CHECKING:  # imported when used: most runs never ask a human, nor inspect (a fast start matters)
     from launcher.approvals import broker as approvals
+    from launcher.run import brokered, inspection
 
 PORTS = nft.Ports()
 
@@ -65,8 +54,10 @@ class Terminating:
 def _terminating(opts: options.RunOptions) -> Terminating | None:
     """None for most runs: then nothing here runs and `cryptography` is never imported."""
     net = opts.policy.network
-    if not inspection.needed(net):
+    if not (net.credentials or any(r.inspect for r in net.allow)):  # inspection.needed, without importing it
         return None
+    from launcher.run import brokered, inspection
+
     creds = brokered.resolve(net.credentials)  # first: a missing secret fails before a key is made
     return Terminating(inspection.new_ca(opts.task, inspection.inspected_names(net)), creds)
 
@@ -184,13 +175,7 @@ def _inside(
     (paths.dir / "resolv.conf").chmod(0o644)
     (paths.dir / "empty").touch(0o444)
     (paths.dir / "hosttmp").mkdir(0o700, exist_ok=True)
-    trust = inspection.install(paths.dir, tls.ca.cert, os.environ) if tls else None  # the CA's certificate only
-    if trust is not None and opts.verbose:
-        names = ", ".join(inspection.inspected_names(opts.policy.network))
-        print(
-            f"sandgate: inspecting TLS to {names}; the run's CA is trusted inside via {trust.env['SSL_CERT_FILE']}",
-            file=sys.stderr,
-        )
+    trust = _trust(opts, paths, tls) if tls else None
     return sandbox.Inside(
         tuple(opts.cmd),
         {**conf.env, **trust.env} if trust else conf.env,
@@ -204,6 +189,20 @@ def _inside(
         make_dirs=_hidden_home(conf),
         files=trust.binds if trust else (),
     )
+
+
+def _trust(opts: options.RunOptions, paths: runstate.RunPaths, tls: Terminating) -> inspection.Trust:
+    """The combined bundle in the run directory (the CA's certificate only, never its key)."""
+    from launcher.run import inspection
+
+    trust = inspection.install(paths.dir, tls.ca.cert, os.environ)
+    if opts.verbose:
+        names = ", ".join(inspection.inspected_names(opts.policy.network))
+        print(
+            f"sandgate: inspecting TLS to {names}; the run's CA is trusted inside via {trust.env['SSL_CERT_FILE']}",
+            file=sys.stderr,
+        )
+    return trust
 
 
 def _root_helpers() -> tuple[tuple[int, int], ...]:

@@ -231,13 +231,13 @@ def test_a_run_without_inspection_never_imports_cryptography(tmp_path: Path) -> 
     code = """
 import json, sys
 from pathlib import Path
-from launcher.run import launch, options, proxy
+from launcher.run import launch, options
 from launcher.config.load import build_policy
 from launcher.config.checks import Checks
 pol = build_policy([Path(sys.argv[1])], [], [], checks=Checks())
 opts = options.RunOptions(cmd=["true"], audit_path=Path("/dev/null"), user=None, policy=pol)
 tls = launch._terminating(opts)
-print(json.dumps([tls is not None, "cryptography" in sys.modules]))
+print(json.dumps([tls is not None, "cryptography" in sys.modules or "launcher.run.inspection" in sys.modules]))
 """
     plain = tmp_path / "plain.yaml"
     plain.write_text("version: 1\nnetwork:\n  allow: [plain.test]\n")
