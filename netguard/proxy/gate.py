@@ -197,13 +197,13 @@ class Gate:
     # ---- layers: what each listener speaks ----------------------------------------------
 
     def next_layer(self, nextlayer: layer.NextLayer) -> None:
-        """Our own protocol detection; mitmproxy's default one (which can intercept TLS) is not loaded."""
+        """Our own protocol detection (mitmproxy's default one is not loaded); TLS is terminated only where inspected."""
         if nextlayer.layer is not None:
             return
         st = self._conn(nextlayer.context.client)
         if st is None:
             return
-        kind = layers.choose(nextlayer, st.binding.rules, self._relay)
+        kind = layers.choose(nextlayer, st.binding.rules, self._relay, st.binding.inspection)
         if kind is not None:
             st.kind = kind
 
