@@ -12,9 +12,12 @@ upstream connection, whatever layer asked for it. We resolve the allowed name
 ourselves, veto loopback/private/metadata answers and this host's own addresses
 (rebinding, SSRF: netguard.localaddrs, netguard.verdict.veto) and then pin the
 connection to the checked address, so the name that was judged is the only
-thing that can be reached. TLS is never intercepted: after the decision the bytes
-are relayed untouched (netguard.proxy.layers). No mitmproxy addon but ours and the
-listener runs, so no flow is stored, no CA is offered to clients and bodies are streamed.
+thing that can be reached. TLS is relayed untouched after the decision (netguard.proxy.layers)
+unless the destination's allow entry asks for inspection: then netguard.proxy.tlsinspect
+terminates it with a leaf from the run's own CA and every request is judged here
+(netguard.proxy.inspected: request rules, brokered credentials, leaks). No mitmproxy addon but
+ours and the listener runs, so no flow is stored, mitmproxy's own CA is never made and bodies
+are streamed.
 """
 
 from __future__ import annotations
