@@ -245,11 +245,12 @@ class Gate:
             url = inspected.redact(url, b.secrets)  # a leak attempt's URL: never the value in the log
             d = await self._authorize(st, "http", req.host, req.port, method=req.method, url=url)
         fields = _fields(req.headers)
+        sent = req.data.method.decode(_ENC, _ESC)  # req.method is upper-cased, but `post` goes upstream as sent
         # A denied destination is judged for leaks only: refused anyway, but a key sent there must show.
-        j = inspected.judge(insp if d.allowed else None, b.secrets, host, req.method, req.path, fields, https)
+        j = inspected.judge(insp if d.allowed else None, b.secrets, host, sent, req.path, fields, https)
         ex = _Exchange(d, time.monotonic(), layers.Counter(), layers.Counter())
         if j is not None:
-            method = inspected.redact(req.method, b.secrets)
+            method = inspected.redact(sent, b.secrets)
             path = inspected.logged_path(req.path, insp is not None and insp.log_query, b.secrets)
             ex.request = inspected.Logged(st.kind if https else "http", host, port, method, path, j)
         if not d.allowed:
