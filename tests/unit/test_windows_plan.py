@@ -12,7 +12,7 @@ import pytest
 from fsguard import policy as fspolicy
 from launcher.config.load import Policy
 from launcher.platform import seam
-from launcher.platform.windows import job, plan, win32, winpath
+from launcher.platform.windows import envblock, job, plan, win32, winpath
 from netguard.policy import NetworkPolicy
 
 SID = "S-1-5-21-1111111111-2222222222-3333333333-1001"
@@ -137,3 +137,19 @@ def test_only_win32_calls_windows() -> None:
             if isinstance(n, ast.ImportFrom) and n.module
         }
         assert not names & {"ctypes", "os", "subprocess", "socket", "pydivert", "shutil"}, path.name
+
+
+def test_environment_block_is_sorted_terminated_and_cannot_be_smuggled_into() -> None:
+    assert envblock.build({"b": "2", "A": "1", "HTTPS_PROXY": "http://127.0.0.1:3128"}) == (
+        "A=1\0b=2\0HTTPS_PROXY=http://127.0.0.1:3128\0\0"
+    )
+    assert envblock.build({}) == "\0"
+    for bad in ({"A=B": "x"}, {"A": "x\0SECRET=1"}, {"": "x"}, {"Path": "a", "PATH": "b"}):
+        with pytest.raises(envblock.EnvBlockError):
+            envblock.build(bad)
+
+
+def test_dpapi_is_only_reached_on_windows() -> None:
+    if sys.platform != "win32":
+        with pytest.raises(win32.Win32Error):
+            win32.protect(b"password")

@@ -83,7 +83,8 @@ def derived_key(*parts: str) -> uuid.UUID:
 
 
 def user_condition(sid: str) -> Condition:
-    """FWPM_CONDITION_ALE_USER_ID takes a security descriptor: allow-ACE "CC" for the sandbox SID."""
+    """FWPM_CONDITION_ALE_USER_ID takes a security descriptor; the engine checks it for
+    FWP_ACTRL_MATCH_FILTER (0x1, "CC" in SDDL): granted to the sandbox SID = the condition is true."""
     if not sid.startswith("S-1-5-21-") or not all(p.isdigit() for p in sid[2:].split("-")):
         raise WfpPlanError(f"{sid!r} is not a local account SID (S-1-5-21-...): filters must name one user")
     return Condition("user", f"O:LSD:(A;;CC;;;{sid})")

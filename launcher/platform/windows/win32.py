@@ -4,18 +4,19 @@ Nothing here runs at import (it imports on Linux, where the unit tests check the
 is loaded on the first call. Every plan it applies was computed and checked by the pure modules
 (job.check_job, wfp.plan_filters, acl.plan_acls), so this file holds no decision, only calls.
 Each binding names the Microsoft documentation page it follows; .github/workflows/windows.yml is
-where they run. Status: the job, process, DPAPI and security-descriptor wrappers are written;
+where they run. Status: the job, process, DPAPI and security-descriptor wrappers are written (never run);
 the WFP structures (FWPM_FILTER0 and its conditions) are bound but not yet marshalled (issue 14).
 """
 
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Mapping
 from ctypes import POINTER, Structure, c_int32, c_size_t, c_uint16, c_uint32, c_uint64, c_void_p, c_wchar_p
 from dataclasses import dataclass
 from typing import Any
 
-from launcher.platform.windows import job
+from launcher.platform.windows import envblock, job
 
 DOCS = "https://learn.microsoft.com/en-us/windows/win32/api/"
 
@@ -63,6 +64,13 @@ CALLS: tuple[Call, ...] = (
         HANDLE,
     ),
     Call("kernel32", "ResumeThread", DOCS + "processthreadsapi/nf-processthreadsapi-resumethread", (HANDLE,), DWORD),
+    Call(
+        "kernel32",
+        "TerminateProcess",
+        DOCS + "processthreadsapi/nf-processthreadsapi-terminateprocess",
+        (HANDLE, c_uint32),
+        BOOL,
+    ),
     Call("kernel32", "TerminateJobObject", DOCS + "jobapi2/nf-jobapi2-terminatejobobject", (HANDLE, c_uint32), BOOL),
     Call("kernel32", "WaitForSingleObject", DOCS + "synchapi/nf-synchapi-waitforsingleobject", (HANDLE, DWORD), DWORD),
     Call(
@@ -158,6 +166,7 @@ BY_NAME = {c.name: c for c in CALLS}
 JobObjectBasicUIRestrictions, JobObjectExtendedLimitInformation = 4, 9  # JOBOBJECTINFOCLASS
 SE_FILE_OBJECT, DACL_SECURITY_INFORMATION, SDDL_REVISION_1 = 1, 0x4, 1
 INFINITE = 0xFFFFFFFF
+CRYPTPROTECT_UI_FORBIDDEN = 0x1
 
 
 class Win32Error(OSError):
@@ -260,34 +269,52 @@ def make_job(limits: job.JobLimits) -> int:
 
 
 def start_suspended_in_job(
-    user: str, password: str, cmdline: str, cwd: str, env_block: str, job_handle: int
+    user: str, password: str, cmdline: str, cwd: str, env: Mapping[str, str], job_handle: int
 ) -> PROCESS_INFORMATION:
     """CMD as the sandbox user, suspended; in the job; only then resumed (no instruction runs outside).
-    On a failure after creation the process is terminated with the job, never resumed."""
-    plan = job.plan_create()
+    If the job cannot take it, the process is terminated (it is already in no job of ours, so by
+    its handle), never resumed."""
+    plan, env_block = job.plan_create(), envblock.build(env)
     si, pi = STARTUPINFOW(), PROCESS_INFORMATION()
     si.cb = ctypes.sizeof(si)
-    ok = fn("CreateProcessWithLogonW")(
-        user,
-        ".",
-        password,
-        plan.logon_flags,
-        None,
-        cmdline,
-        plan.creation_flags,
-        ctypes.c_wchar_p(env_block),
-        cwd,
-        ctypes.byref(si),
-        ctypes.byref(pi),
-    )
-    _check("CreateProcessWithLogonW", ok)
+    # lpCommandLine is [in, out] (the call may write to it): a buffer, never an immutable str;
+    # the block holds NULs, so it goes as a buffer of its full length too.
+    line = ctypes.create_unicode_buffer(cmdline)
+    block = ctypes.create_unicode_buffer(env_block, len(env_block))
+    args = (user, ".", password, plan.logon_flags, None, line, plan.creation_flags, block, cwd)
+    _check("CreateProcessWithLogonW", fn("CreateProcessWithLogonW")(*args, ctypes.byref(si), ctypes.byref(pi)))
     try:
         _check("AssignProcessToJobObject", fn("AssignProcessToJobObject")(job_handle, pi.hProcess))
     except Win32Error:
-        fn("TerminateJobObject")(job_handle, 1)
+        fn("TerminateProcess")(pi.hProcess, 1)
         raise
     fn("ResumeThread")(pi.hThread)
     return pi
+
+
+class DATA_BLOB(Structure):
+    _fields_ = [("cbData", DWORD), ("pbData", POINTER(ctypes.c_char))]
+
+
+def _dpapi(name: str, data: bytes) -> bytes:
+    """CryptProtectData / CryptUnprotectData in user scope: only the real user, on this machine,
+    can read the sandbox user's password back (CRYPTPROTECT_UI_FORBIDDEN: never a prompt)."""
+    buf = ctypes.create_string_buffer(data, len(data))
+    blob_in, blob_out = DATA_BLOB(len(data), ctypes.cast(buf, POINTER(ctypes.c_char))), DATA_BLOB()
+    args = (ctypes.byref(blob_in), None, None, None, None, CRYPTPROTECT_UI_FORBIDDEN, ctypes.byref(blob_out))
+    _check(name, fn(name)(*args))
+    try:
+        return ctypes.string_at(blob_out.pbData, blob_out.cbData)
+    finally:
+        fn("LocalFree")(blob_out.pbData)
+
+
+def protect(secret: bytes) -> bytes:
+    return _dpapi("CryptProtectData", secret)
+
+
+def unprotect(sealed: bytes) -> bytes:
+    return _dpapi("CryptUnprotectData", sealed)
 
 
 def dacl_sddl(path: str) -> str:
