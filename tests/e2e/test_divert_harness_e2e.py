@@ -118,6 +118,9 @@ def harness() -> Iterator[Harness]:
         for ns in (h.host_ns, h.net_ns):
             subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=10, check=False)
         if h.cgroup.exists():
+            kill = h.cgroup / "cgroup.kill"  # only processes we started are in it (Linux 5.14+)
+            if kill.exists():
+                kill.write_text("1")
             for _ in range(50):  # the last process may take a moment to leave
                 try:
                     h.cgroup.rmdir()
