@@ -153,3 +153,13 @@ def test_dpapi_is_only_reached_on_windows() -> None:
     if sys.platform != "win32":
         with pytest.raises(win32.Win32Error):
             win32.protect(b"password")
+
+
+def test_every_shared_probe_has_a_windows_decision() -> None:
+    from launcher.platform.windows import probes
+    from launcher.selftest.probes import core
+
+    assert set(probes.PROBES) == set(core.ORDER), "a probe added for Linux needs a Windows decision here"
+    gaps = [name for name, (cov, _) in probes.PROBES.items() if cov == "gap"]
+    doc = (PACKAGE.parent.parent / "docs" / "windows.md").read_text()
+    assert gaps and all(name in doc for name in gaps), "every gap is stated in docs/windows.md"
