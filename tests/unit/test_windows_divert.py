@@ -130,7 +130,7 @@ def _pkt(src: str, sport: int, dst: str, dport: int, *, syn: bool = False) -> An
         dst_addr=dst,
         dst_port=dport,
         direction=0,
-        tcp=SimpleNamespace(syn=syn, ack=not syn),
+        tcp=SimpleNamespace(syn=syn, ack=not syn, fin=False, rst=False),
     )
 
 
@@ -161,3 +161,24 @@ def test_the_loop_reflects_passes_drops_and_returns() -> None:
     assert r.handle(stranger) == "drop"
     assert stranger not in net.sent and other in net.sent
     assert (r.counters.reflect, r.counters.passed, r.counters.drop, r.counters.returned) == (3, 1, 1, 1)
+
+
+def test_flows_are_forgotten_only_long_after_they_close() -> None:
+    now = [0.0]
+    net, sock = FakeHandle(), FakeHandle()
+    r = redirect.Redirector(net, sock, PROXY, lambda pid: pid == SID_PID, clock=lambda: now[0])
+    sock.inbox += [_event(SID_PID, "1.2.3.4", 80), _event(HOST_PID, "5.6.7.8", 80)]
+    r.take_events(0.0)
+    assert r.handle(_pkt("10.0.0.1", 40000, "1.2.3.4", 80, syn=True)) == "reflect"
+    assert r.handle(_pkt("10.0.0.1", 40001, "5.6.7.8", 80, syn=True)) == "pass"
+    now[0] = redirect.FLOW_TTL + 10  # a long-lived reflected flow is never forgotten while open
+    assert r.handle(_pkt("10.0.0.1", 40000, "1.2.3.4", 80)) == "reflect"
+    assert (("10.0.0.1", 40001, "5.6.7.8", 80)) not in r.decided  # the passed verdict expired
+    fin = _pkt("10.0.0.1", 40000, "1.2.3.4", 80)
+    fin.tcp.fin = True
+    assert r.handle(fin) == "reflect"
+    now[0] += redirect.FLOW_TTL / 2  # TIME_WAIT: a late segment still goes to the proxy, not out
+    assert r.handle(_pkt("10.0.0.1", 40000, "1.2.3.4", 80)) == "reflect"
+    now[0] += redirect.FLOW_TTL
+    r.handle(_pkt("10.0.0.1", 40002, "9.9.9.9", 80))  # any packet runs the purge
+    assert r.original("1.2.3.4", 40000) is None and not r.decided

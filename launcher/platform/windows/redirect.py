@@ -9,7 +9,8 @@ user's off-host TCP is permitted only by dynamic WFP filters that die with this 
 Per packet: a SYN is decided once per flow (owners.Owners: the job's -> reflect, someone else's ->
 pass, unknown or ambiguous -> drop); a reflected flow's later segments and the proxy's replies are
 rewritten (reflect.py); every other packet passes unchanged. A mid-flow packet of an undecided
-flow passes: it cannot be the sandbox's, whose connects are possible only while this loop runs.
+flow passes: it cannot be the sandbox's, whose connects are possible only while this loop runs,
+and whose reflected flows are remembered until FLOW_TTL after they close (bounded memory).
 """
 
 from __future__ import annotations
@@ -23,7 +24,12 @@ from typing import Any, Literal, Protocol
 from launcher.platform.windows import owners, reflect
 
 Outcome = Literal["reflect", "pass", "drop", "return"]
+Flow = tuple[str, int, str, int]
 INBOUND = 1  # pydivert.Direction.INBOUND (WINDIVERT_ADDRESS.Outbound = 0)
+#: How long a closed reflected flow (and a passed flow's verdict) is remembered. Longer than TCP's
+#: TIME_WAIT (120 s on Windows): a late segment of a forgotten reflected flow would count as
+#: undecided and go out to the original destination, which is exactly what must not happen.
+FLOW_TTL = 300.0
 
 
 class DivertHandle(Protocol):
@@ -67,9 +73,11 @@ class Redirector:
         self.network, self.socket_events, self.proxy_port = network, socket_events, proxy_port
         self.owners = owners.Owners(in_job)
         self.nat = reflect.NatTable()
-        self.decided: dict[tuple[str, int, str, int], Outcome] = {}
+        self.decided: dict[Flow, Outcome] = {}
+        self._since: dict[Flow, float] = {}  # pass: decided at; reflect: closed (FIN/RST) at
         self.counters = Counters()
         self._clock = clock
+        self._purged = clock()
         self._lock = threading.Lock()
 
     def original(self, peer_addr: str, peer_port: int) -> reflect.Original | None:
@@ -115,12 +123,28 @@ class Redirector:
                     self.decided[flow] = outcome
             else:
                 outcome = self.decided.get(flow, "pass")
+            self._remember(flow, outcome, pkt)
             if outcome == "reflect":
                 _apply(pkt, reflect.to_proxy(f, self.proxy_port))
         if outcome != "drop":
             self.network.send(pkt)
         self._count(outcome)
         return outcome
+
+    def _remember(self, flow: Flow, outcome: Outcome, pkt: Any) -> None:
+        """Start a flow's forgetting clock (a passed flow at once, a reflected one once it closes)
+        and forget what has expired, at most once a second: memory bounded by the connection rate."""
+        now = self._clock()
+        closing = pkt.tcp is not None and (pkt.tcp.fin or pkt.tcp.rst)
+        if (outcome == "pass" and flow in self.decided) or (outcome == "reflect" and closing):
+            self._since.setdefault(flow, now)
+        if now - self._purged < 1.0:
+            return
+        self._purged = now
+        for old in [k for k, t in self._since.items() if now - t > FLOW_TTL]:
+            del self._since[old]
+            if self.decided.pop(old, None) == "reflect":
+                self.nat.forget(old[2], old[1])
 
     def _count(self, outcome: Outcome) -> None:
         c = self.counters
