@@ -23,6 +23,7 @@ def test_keys_are_stable_distinct_and_per_user() -> None:
     other = wfp.plan_filters("S-1-5-21-1-2-3-1002", (3128,))
     assert not set(keys) & {f.key for f in other.filters}
     assert a.provider_key != a.sublayer_key
+    assert a.sublayer_weight == 0xFFFF  # evaluated first: no other product's hard permit comes before
     assert wfp.derived_key("x") == uuid.uuid5(wfp.NAMESPACE, "x")
 
 
@@ -75,6 +76,7 @@ def test_transparent_permits_are_dynamic_tcp_only_and_below_dns() -> None:
     assert {f.layer for f in permits} == {"ALE_AUTH_CONNECT_V4", "ALE_AUTH_CONNECT_V6"}
     for f in permits:
         assert not f.persistent  # dies with the redirect loop's session: fail closed
+        assert f.hard  # must outweigh the firewall's off-host block in its lower sublayer
         assert wfp.Condition("protocol", wfp.IPPROTO_TCP) in f.conditions
         assert wfp.W_BLOCK < f.weight < wfp.W_DNS
     assert not {f.key for f in permits} & {f.key for f in wfp.plan_filters(SID, (3128,)).filters}

@@ -62,7 +62,9 @@ class WfpFilter:
     weight: int
     conditions: tuple[Condition, ...]
     persistent: bool = True  # FWPM_FILTER_FLAG_PERSISTENT; False: lives in the adding session only
-    hard: bool = False  # FWPM_FILTER_FLAG_CLEAR_ACTION_RIGHT: no other sublayer's permit overrides it
+    # FWPM_FILTER_FLAG_CLEAR_ACTION_RIGHT (filter arbitration): a hard block is final; a hard permit
+    # cannot be overridden by a lower sublayer's block (only by a callout veto).
+    hard: bool = False
 
     @property
     def layer_key(self) -> uuid.UUID:
@@ -73,7 +75,9 @@ class WfpFilter:
 class WfpPlan:
     provider_key: uuid.UUID
     sublayer_key: uuid.UUID
-    sublayer_weight: int  # FWPM_SUBLAYER0.weight: above the Windows Firewall's sublayer
+    # FWPM_SUBLAYER0.weight (UINT16): sublayers are evaluated from the highest; ours is the highest,
+    # so no other product's hard permit is seen before our hard blocks.
+    sublayer_weight: int
     filters: tuple[WfpFilter, ...]
 
 
@@ -147,7 +151,7 @@ def plan_filters(sid: str, proxy_ports: tuple[int, ...]) -> WfpPlan:
         )  # direct IP, UDP, other ports
         icmp = IPPROTO_ICMP if fam == "V4" else IPPROTO_ICMPV6  # ICMP sockets send without a connect
         out.append(_filter(sid, assign, f"block icmp {fam}", "block", W_BLOCK, Condition("protocol", icmp), hard=True))
-    return WfpPlan(derived_key(sid, "provider"), derived_key(sid, "sublayer"), 0x7FFF, tuple(out))
+    return WfpPlan(derived_key(sid, "provider"), derived_key(sid, "sublayer"), 0xFFFF, tuple(out))
 
 
 def transparent_permits(sid: str) -> tuple[WfpFilter, ...]:
@@ -155,7 +159,9 @@ def transparent_permits(sid: str) -> tuple[WfpFilter, ...]:
     redirect loop can reflect their SYNs into the proxy. Threat: the loop dies and the flows go
     out directly (WinDivert fails open). So these are NOT persistent: they live in the loop's own
     dynamic WFP session (FWPM_SESSION_FLAG_DYNAMIC) and vanish with its process; the persistent
-    block then applies again. DNS stays blocked above them (W_DNS > W_TRANSPARENT)."""
+    block then applies again. They are hard permits: the firewall's off-host block for the SID sits
+    in a lower sublayer and would otherwise win, so in this mode the loop (reflect or drop), not
+    the firewall, is TCP's second line. DNS stays blocked above them (W_DNS > W_TRANSPARENT)."""
     return tuple(
         _filter(
             sid,
@@ -165,6 +171,7 @@ def transparent_permits(sid: str) -> tuple[WfpFilter, ...]:
             W_TRANSPARENT,
             Condition("protocol", IPPROTO_TCP),
             persistent=False,
+            hard=True,  # else the firewall's off-host block (a lower sublayer) would still win
         )
         for layer in ("ALE_AUTH_CONNECT_V4", "ALE_AUTH_CONNECT_V6")
     )
