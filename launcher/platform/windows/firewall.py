@@ -15,7 +15,7 @@ from typing import Literal
 LOOPBACK_V4 = "127.0.0.0-127.255.255.255"
 LOOPBACK_V6 = "::1"
 #: Every address but loopback, as the firewall's RemoteAddresses ranges (it has no "not").
-NOT_LOOPBACK = ("0.0.0.0-126.255.255.255", "128.0.0.0-255.255.255.255", "::-::0", "::2-ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff")  # fmt: skip
+NOT_LOOPBACK = ("0.0.0.0-126.255.255.255", "128.0.0.0-255.255.255.255", "::", "::2-ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff")  # fmt: skip
 
 
 @dataclass(frozen=True)
