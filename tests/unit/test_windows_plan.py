@@ -121,9 +121,9 @@ def test_win32_imports_here_and_calls_nothing() -> None:
 
 
 def test_only_win32_calls_windows() -> None:
-    """The pure plans do no I/O: no ctypes, os, subprocess or socket outside win32.py and redirect.py's handles."""
+    """The pure plans do no I/O: no ctypes, os, subprocess or socket outside win32.py and win32wfp.py."""
     for path in (PACKAGE / "windows").glob("*.py"):
-        if path.name == "win32.py":
+        if path.name in ("win32.py", "win32wfp.py"):
             continue
         names = {
             a.name.split(".")[0]
@@ -163,3 +163,16 @@ def test_every_shared_probe_has_a_windows_decision() -> None:
     gaps = [name for name, (cov, _) in probes.PROBES.items() if cov == "gap"]
     doc = (PACKAGE.parent.parent / "docs" / "windows.md").read_text()
     assert gaps and all(name in doc for name in gaps), "every gap is stated in docs/windows.md"
+
+
+def test_every_called_function_is_in_the_documented_table() -> None:
+    """A call not listed in win32.CALLS would have no argtypes and no documentation page."""
+    for name in ("win32.py", "win32wfp.py"):
+        tree = ast.parse((PACKAGE / "windows" / name).read_text())
+        called = {
+            n.args[0].value
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "fn"
+            if n.args and isinstance(n.args[0], ast.Constant) and isinstance(n.args[0].value, str)
+        }
+        assert called and called <= set(win32.BY_NAME), (name, sorted(called - set(win32.BY_NAME)))

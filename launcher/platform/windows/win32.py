@@ -4,8 +4,9 @@ Nothing here runs at import (it imports on Linux, where the unit tests check the
 is loaded on the first call. Every plan it applies was computed and checked by the pure modules
 (job.check_job, wfp.plan_filters, acl.plan_acls), so this file holds no decision, only calls.
 Each binding names the Microsoft documentation page it follows; .github/workflows/windows.yml is
-where they run. Status: the job, process, DPAPI and security-descriptor wrappers are written (never run);
-the WFP structures (FWPM_FILTER0 and its conditions) are bound but not yet marshalled (issue 14).
+where they run. Status: the job, process, DPAPI and security-descriptor wrappers are written
+(never run); the WFP structures are laid out in win32wfp.py (apart only for the size limit),
+also never run.
 """
 
 from __future__ import annotations
@@ -156,6 +157,23 @@ CALLS: tuple[Call, ...] = (
         "FwpmFilterAdd0",
         DOCS + "fwpmu/nf-fwpmu-fwpmfilteradd0",
         (HANDLE, LPVOID, LPVOID, POINTER(c_uint64)),
+        DWORD,
+    ),
+    Call("fwpuclnt", "FwpmTransactionAbort0", DOCS + "fwpmu/nf-fwpmu-fwpmtransactionabort0", (HANDLE,), DWORD),
+    Call("fwpuclnt", "FwpmProviderAdd0", DOCS + "fwpmu/nf-fwpmu-fwpmprovideradd0", (HANDLE, LPVOID, LPVOID), DWORD),
+    Call("fwpuclnt", "FwpmSubLayerAdd0", DOCS + "fwpmu/nf-fwpmu-fwpmsublayeradd0", (HANDLE, LPVOID, LPVOID), DWORD),
+    Call(
+        "fwpuclnt",
+        "FwpmSubLayerDeleteByKey0",
+        DOCS + "fwpmu/nf-fwpmu-fwpmsublayerdeletebykey0",
+        (HANDLE, LPVOID),
+        DWORD,
+    ),
+    Call(
+        "fwpuclnt",
+        "FwpmProviderDeleteByKey0",
+        DOCS + "fwpmu/nf-fwpmu-fwpmproviderdeletebykey0",
+        (HANDLE, LPVOID),
         DWORD,
     ),
     Call("fwpuclnt", "FwpmFilterDeleteByKey0", DOCS + "fwpmu/nf-fwpmu-fwpmfilterdeletebykey0", (HANDLE, LPVOID), DWORD),
