@@ -204,3 +204,19 @@ def remove(plan: wfp.WfpPlan) -> None:
         fn("FwpmProviderDeleteByKey0")(engine, ctypes.byref(GUID.of(plan.provider_key)))
     finally:
         fn("FwpmEngineClose0")(engine)
+
+
+def open_dynamic(plan: wfp.WfpPlan, filters: tuple[wfp.WfpFilter, ...]) -> int:
+    """The redirect loop's session with its transparent permits (wfp.transparent_permits): the
+    caller keeps the handle open for as long as the loop runs; closing it, or the process dying,
+    removes the permits and the persistent block applies again (fail closed)."""
+    if any(f.persistent for f in filters):
+        raise wfp.WfpPlanError("only non-persistent filters belong in the dynamic session")
+    engine = open_engine(dynamic=True)
+    try:
+        for f in filters:
+            add_filter(engine, wfpwire.wire(f), plan.provider_key, plan.sublayer_key)
+    except BaseException:
+        fn("FwpmEngineClose0")(engine)
+        raise
+    return engine
