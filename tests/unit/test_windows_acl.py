@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from fsguard import policy as fspolicy
-from launcher.platform.windows import acl, acljournal, winpath
+from launcher.platform.windows import acl, acljournal, sddl, winpath
 from netguard.policyerror import PolicyError
 
 SID = "S-1-5-21-1111111111-2222222222-3333333333-1001"
@@ -101,7 +101,7 @@ def test_journal_round_trip_and_restore_decisions() -> None:
     assert acljournal.restore_action(e, e.after_sddl) == "set_before"
     changed = e.after_sddl + "(A;;FR;;;S-1-5-21-9-9-9-500)"  # the real user changed it meanwhile
     assert acljournal.restore_action(e, changed) == "remove_sid_aces"
-    assert acljournal.without_sid(changed, SID) == "D:(A;OICI;FA;;;BA)(A;;FR;;;S-1-5-21-9-9-9-500)"
+    assert sddl.without_sid(changed, SID) == "D:(A;OICI;FA;;;BA)(A;;FR;;;S-1-5-21-9-9-9-500)"
     assert acljournal.restore_action(e, e.before_sddl) == "nothing"  # crashed before the change
     assert acljournal.restore_action(e, None) == "nothing"
     ph = acljournal.JournalEntry(WS + r"\.idea", "", "D:(D;OICI;0xd0156;;;x)", SID, placeholder=True)
@@ -122,3 +122,40 @@ def test_journal_round_trip_and_restore_decisions() -> None:
 def test_unreadable_journal_lines_are_refused(line: str) -> None:
     with pytest.raises(acljournal.JournalError):
         acljournal.decode(line)
+
+
+def test_aces_go_where_canonical_order_puts_them() -> None:
+    base = "D:AI(A;;FA;;;BA)(D;OICIID;WD;;;S-1-5-21-9-9-9-7)(A;OICIID;FA;;;SY)"
+    deny = acl.Ace("deny", acl.DENY_WRITE, SID, "OICI").sddl()
+    allow = acl.Ace("allow", acl.MODIFY, SID, "OICI").sddl()
+    with_deny = sddl.with_ace(base, deny)
+    assert sddl.split_dacl(with_deny)[1][0] == deny  # before every allow, explicit or inherited
+    both = sddl.with_ace(with_deny, allow)
+    assert sddl.split_dacl(both)[1][:3] == [deny, allow, "(A;;FA;;;BA)"]  # after the explicit denies
+    assert sddl.with_ace(both, allow) == both  # idempotent
+    assert sddl.without_sid(both, SID) == base
+
+
+def test_sddl_edits_keep_conditional_aces_and_other_trustees_whole() -> None:
+    cond = '(XA;;FX;;;S-1-1-0;(@User.Title == "PM" && (@User.Division == "Finance")))'
+    near = f"(A;;FA;;;{SID}0)"  # a SID that merely starts like ours
+    obj = f"(OA;;RP;bf967aba-0de6-11d0-a285-00aa003049e2;;{SID})"
+    text = "D:P" + cond + near + obj
+    assert sddl.split_dacl(text) == ("D:P", [cond, near, obj])
+    assert sddl.without_sid(text, SID) == "D:P" + cond + near
+    assert sddl.split_dacl("D:P") == ("D:P", [])
+
+
+@pytest.mark.parametrize("bad", ["O:BA", "D:(A;;FA;;;SY", "D:(A;;FA;;;SY))", "D:x(A;;FA;;;SY)", "D:(A;;FA)"])
+def test_unreadable_dacls_are_refused(bad: str) -> None:
+    with pytest.raises(sddl.SddlError):
+        sddl.without_sid(bad, SID)
+
+
+def test_a_journal_entry_records_before_and_after_and_restores_exactly() -> None:
+    before = "D:AI(A;OICIID;FA;;;SY)"
+    step = _plan().steps[-1]  # the workspace grant
+    e = acljournal.entry_for(step.path, step.ace.sddl(), before, SID)
+    assert e.after_sddl == "D:AI" + step.ace.sddl() + "(A;OICIID;FA;;;SY)"
+    assert acljournal.restore_action(e, e.after_sddl) == "set_before"
+    assert sddl.without_sid(e.after_sddl, SID) == before

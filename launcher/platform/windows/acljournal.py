@@ -13,6 +13,8 @@ import json
 from dataclasses import dataclass
 from typing import Literal
 
+from launcher.platform.windows import sddl
+
 RestoreAction = Literal["set_before", "remove_sid_aces", "remove_placeholder", "nothing"]
 
 
@@ -55,6 +57,11 @@ def decode(line: str) -> JournalEntry:
     return entry
 
 
+def entry_for(path: str, ace_sddl: str, before_sddl: str, sid: str, *, placeholder: bool = False) -> JournalEntry:
+    """The record written BEFORE an ACE is applied: the DACL as it is and as it will be."""
+    return JournalEntry(path, before_sddl, sddl.with_ace(before_sddl, ace_sddl), sid, placeholder)
+
+
 def restore_action(entry: JournalEntry, current_sddl: str | None) -> RestoreAction:
     """What undoes one entry, given the DACL the path has now (None: the path is gone).
 
@@ -66,19 +73,13 @@ def restore_action(entry: JournalEntry, current_sddl: str | None) -> RestoreActi
         return "remove_placeholder"
     if current_sddl == entry.after_sddl:
         return "set_before"
-    return "remove_sid_aces" if f";;;{entry.sid})" in current_sddl else "nothing"
+    try:
+        ours = sddl.without_sid(current_sddl, entry.sid) != current_sddl
+    except sddl.SddlError:
+        return "nothing"  # not a DACL we can read: leave it to a human rather than guess
+    return "remove_sid_aces" if ours else "nothing"
 
 
 def restore_order(entries: list[JournalEntry]) -> list[JournalEntry]:
     """Newest first: a path changed twice returns to its first recorded state, not its second."""
     return list(reversed(entries))
-
-
-def without_sid(sddl: str, sid: str) -> str:
-    """The DACL with every ACE naming `sid` taken out (the sandbox user's and nobody else's)."""
-    head, sep, aces = sddl.partition("(")
-    if not sep:
-        return sddl
-    parts = ("(" + aces).split(")")
-    kept = [p + ")" for p in parts if p and not p.endswith(f";;;{sid}")]
-    return head + "".join(kept)
