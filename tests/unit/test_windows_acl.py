@@ -144,6 +144,8 @@ def test_sddl_edits_keep_conditional_aces_and_other_trustees_whole() -> None:
     assert sddl.split_dacl(text) == ("D:P", [cond, near, obj])
     assert sddl.without_sid(text, SID) == "D:P" + cond + near
     assert sddl.split_dacl("D:P") == ("D:P", [])
+    with pytest.raises(sddl.SddlError):  # a NULL DACL: one ACE would lock everyone else out
+        sddl.with_ace("D:NO_ACCESS_CONTROL", near)
 
 
 @pytest.mark.parametrize("bad", ["O:BA", "D:(A;;FA;;;SY", "D:(A;;FA;;;SY))", "D:x(A;;FA;;;SY)", "D:(A;;FA)"])

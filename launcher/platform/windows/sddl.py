@@ -71,6 +71,8 @@ def with_ace(sddl: str, ace: str) -> str:
     """The DACL with `ace` added where canonical order puts it: a deny first, an allow after the
     explicit denies (so before every other explicit allow and every inherited ACE)."""
     head, aces = split_dacl(sddl)
+    if "NO_ACCESS_CONTROL" in head:  # a NULL DACL grants everyone everything
+        raise SddlError("a NULL DACL: adding an ACE would lock out everyone else; refusing")
     fields(ace)  # refuse a malformed ACE before it reaches SetNamedSecurityInfo
     if ace in aces:
         return sddl
