@@ -64,6 +64,7 @@ def _terminating(opts: options.RunOptions) -> Terminating | None:
 
 def main(args: argparse.Namespace) -> int:
     """`sandgate run`, every step in order; any failure before CMD starts is one line and exit 125."""
+    _this_platform()  # never run a command unconfined on an OS without a backend
     cmd = options.command(args)  # parse
     rt = runstate.runtime_dir()
     parsecache.CACHE_DIR = rt / "policy-cache"  # hidden from every sandbox
@@ -116,6 +117,18 @@ def main(args: argparse.Namespace) -> int:
     if not opts.quiet:
         print(summary.summary(opts.audit_path, opts.task), file=sys.stderr)
     return status
+
+
+def _this_platform() -> None:
+    """Linux runs the sequence below; Windows has its plans (launcher/platform) but no backend yet (issue 14)."""
+    from launcher.platform import seam
+
+    try:
+        name = seam.platform_name(sys.platform)
+    except NotImplementedError as e:
+        raise RunError(str(e)) from None
+    if name != "linux":
+        raise RunError("sandgate run on Windows: the backend is not wired yet (docs/windows.md says what exists)")
 
 
 def _open_audit(path: Path) -> AuditLog:

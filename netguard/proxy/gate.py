@@ -248,6 +248,8 @@ class Gate:
         sent = req.data.method.decode(_ENC, _ESC)  # req.method is upper-cased, but `post` goes upstream as sent
         # A denied destination is judged for leaks only: refused anyway, but a key sent there must show.
         j = inspected.judge(insp if d.allowed else None, b.secrets, host, sent, req.path, fields, https)
+        if https and d.allowed and (j is None or j.allowed) and (front := _fronted(flow, host)):
+            j = inspected.Judged(False, insp.origin if insp else None, front)
         ex = _Exchange(d, time.monotonic(), layers.Counter(), layers.Counter())
         if j is not None:
             method = inspected.redact(sent, b.secrets)
@@ -372,6 +374,22 @@ class Gate:
             )
 
         return layers.Relay(ctx, closed)
+
+
+def _fronted(flow: http.HTTPFlow, host: str) -> str | None:
+    """Why a decrypted request is domain fronting (its Host or :authority is not the TLS name), or None.
+
+    The threat: a CDN routes by the inner Host, so `CONNECT allowed.test` + `Host: evil.test` reaches evil.test."""
+    req = flow.request
+    if isinstance(flow.client_conn.proxy_mode, RegularMode):
+        named, tls = hosts.split_host_port((req.host_header or "").strip())[0], host  # host: the CONNECT name
+    else:
+        named, tls = host, flow.client_conn.sni or ""  # host: already taken from the Host header
+    if not named or not tls:
+        return None
+    if _norm_key(named, 0)[0] == _norm_key(tls, 0)[0]:
+        return None
+    return f"Host header names {named}, not {tls}, the name this TLS connection is for (domain fronting)"
 
 
 def refusal(d: Decided, close: bool = True) -> http.Response:

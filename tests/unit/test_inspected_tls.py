@@ -214,3 +214,24 @@ def test_http1_keep_alive_over_inspected_tls_goes_on_after_a_refusal(world: Worl
     assert [g[0] for g in got] == [200, 403, 200] and got[0][1] == got[2][1] == b"upstream"
     assert [r.split(b"\r\n", 1)[0] for r in w.api.requests] == [b"GET /a HTTP/1.1", b"GET /c HTTP/1.1"]
     assert all(f"\r\nAuthorization: Bearer {REAL}\r\n".encode() in r for r in w.api.requests)  # added by the proxy
+
+
+def test_a_host_header_naming_another_host_is_domain_fronting_and_refused(world: World) -> None:
+    """CONNECT api.test with `Host: other.test` inside (both allowed and inspected): a CDN routing by the
+    inner Host would serve other.test through api.test's door. Refused; the matching Host passes."""
+    w = world
+    ctx = ssl.create_default_context(cadata=w.ca.cert)
+    ctx.set_alpn_protocols(["http/1.1"])
+    with ctx.wrap_socket(w.proxy.tunnel("api.test", w.api.port), server_hostname="api.test") as s:
+        f = s.makefile("rb")
+        got = []
+        for host in ("other.test", "API.test."):
+            s.sendall(f"GET /x HTTP/1.1\r\nHost: {host}\r\nContent-Length: 0\r\n\r\n".encode())
+            got.append(read_response(f))
+    assert got[0][0] == 403 and b"domain fronting" in got[0][1] and got[1][0] == 200
+    assert [r.split(b"\r\n", 1)[0] for r in w.api.requests] == [b"GET /x HTTP/1.1"]
+    assert w.other.requests == []
+    with w.h2_socket("api.test", w.api.port) as s:
+        (fronted,) = h2_requests(s, "other.test", [("GET", "/h2", [])])  # :authority other.test
+    assert fronted[0] == 403 and b"domain fronting" in fronted[1]
+    assert len(w.api.requests) == 1 and w.other.requests == []
