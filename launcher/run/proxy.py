@@ -47,7 +47,7 @@ class Ready(TypedDict):
 
 
 def main(args: argparse.Namespace, parse_addr: AddrParser) -> int:
-    """Serve until SIGINT/SIGTERM; the exit line counts what was allowed and denied."""
+    """Serve until SIGINT/SIGTERM; the exit line counts what was allowed, denied and refused."""
     import asyncio
 
     from netguard.audit import AuditLog
@@ -95,8 +95,9 @@ def main(args: argparse.Namespace, parse_addr: AddrParser) -> int:
     finally:
         audit.close()
     if not args.quiet:
-        c = audit.counts
-        print(f"sandgate: {c.get('allow', 0)} allowed, {c.get('deny', 0)} denied -> {audit_path}", file=sys.stderr)
+        from launcher.run import summary  # the same exit line as `sandgate run`: leaks and refused requests too
+
+        print(summary.summary(audit_path, binding.task), file=sys.stderr)
     return 0
 
 

@@ -75,3 +75,4 @@ def test_proxy_readiness_is_one_json_line_on_the_ready_fd(tmp_path: Path) -> Non
         proc.terminate()
         _, err = proc.communicate(timeout=30)
     assert b"sandgate: proxy ready on regular@127.0.0.1:" in err  # the human line stays
+    assert f"sandgate: 0 allowed, 0 denied -> {audit}".encode() in err  # the exit line `sandgate run` prints
