@@ -224,14 +224,15 @@ def test_an_upstream_echoing_the_secret_does_not_hand_it_to_the_sandbox(lab: Lab
     script = """
         curl("echo", "-i", "https://api.test/echo")
         curl("echo-h1", "--http1.1", "-i", "https://api.test/echo")
-        with_requests("requests", "GET", "https://api.test/echo")
+        curl("echo-gzip", "--compressed", "-i", "https://api.test/echo")  # asks for gzip, reads it decoded
+        with_requests("requests", "GET", "https://api.test/echo")  # asks for gzip by default
         """
     res, _, _ = lab.run(script)  # run() fails if the real value shows up in anything the sandbox printed
-    for name in ("echo", "echo-h1", "requests"):
+    for name in ("echo", "echo-h1", "echo-gzip", "requests"):
         assert res[name]["status"] == 200 and "authorization" in res[name]["body"].lower(), res[name]
         assert MARK not in res[name]["body"], name
     got = [header(s, "authorization") for s in lab.since(marks, "api")]
-    assert got == [[f"Bearer {REAL}"]] * 3  # the upstream did receive (and echo) the real value
+    assert got == [[f"Bearer {REAL}"]] * 4  # the upstream did receive (and echo) the real value
 
 
 @pytest.mark.parametrize("path", PATHS)

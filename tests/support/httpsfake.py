@@ -8,7 +8,8 @@ It runs inside the world's network namespace (`python -m tests.support.httpsfake
 HTTP/1.1 with keep-alive and HTTP/2 (ALPN h2), or plain HTTP/1.1 (`plain=True`). The log is the
 evidence of what a refusal kept away: a request the proxy refused never appears in it. The
 default handler answers `hello from NAME METHOD PATH`; `/bytes/N` answers N bytes; `/status/N`
-answers status N; `/echo` reflects the request's headers (as JSON and as X-Echo-* headers). tests/support/gitfake.py puts git's smart-HTTP CGI behind the same server.
+answers status N; `/echo` reflects the request's headers (as JSON and as X-Echo-* headers; gzipped
+when the request accepts gzip). tests/support/gitfake.py puts git's smart-HTTP CGI behind the same server.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gzip
 import hashlib
 import itertools
 import json
@@ -83,7 +85,10 @@ def hello(name: str) -> Handler:
             return Response(200, b"x" * int(path[7:]))
         if path == "/echo":  # an upstream that reflects what it got: the request headers, in body and headers
             echoed = [("X-Echo-" + k, v) for k, v in req.headers if k.lower() not in ("content-length", "host")]
-            return Response(200, json.dumps(req.headers).encode(), echoed)
+            body = json.dumps(req.headers).encode()
+            if "gzip" in (req.header("accept-encoding") or ""):  # as real servers do when asked
+                return Response(200, gzip.compress(body), [*echoed, ("Content-Encoding", "gzip")])
+            return Response(200, body, echoed)
         if path.startswith("/status/") and path[8:].isdigit():
             return Response(int(path[8:]), f"status {path[8:]} from {name}\n".encode())
         return Response(200, f"hello from {name} {req.method} {path}\n".encode())
