@@ -1,0 +1,105 @@
+"""What a sandboxed process can read, gathered for the probes that search it for a secret: its
+environment, every /proc/PID/environ and cmdline it may open, the CA bundles its variables name,
+and the files under the places a secret would be left (home, workspace, /tmp, /run, ...).
+
+Bounded (files, bytes, size per file), never following directory symlinks nor opening anything
+but regular files (a FIFO would block the probe). Stdlib only: it runs inside the sandbox.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+#: The variables through which tools find a CA bundle (launcher/run/inspection.py sets them inside).
+BUNDLE_VARIABLES = (
+    "SSL_CERT_FILE",
+    "REQUESTS_CA_BUNDLE",
+    "PIP_CERT",
+    "NODE_EXTRA_CA_CERTS",
+    "GIT_SSL_CAINFO",
+    "CURL_CA_BUNDLE",
+    "CARGO_HTTP_CAINFO",
+    "AWS_CA_BUNDLE",
+    "DENO_CERT",
+)
+SYSTEM_BUNDLES = (
+    "/etc/ssl/certs/ca-certificates.crt",
+    "/etc/pki/tls/certs/ca-bundle.crt",
+    "/etc/ssl/cert.pem",
+    "/etc/pki/ca-trust/extracted/pem/tls-ca-bundle.pem",
+)
+#: Where a launcher or daemon that wrote a secret down would have left it.
+ROOTS = ("/tmp", "/var/tmp", "/run", "/dev/shm", "/etc/ssl", "/etc/pki")
+MAX_FILES = 6000
+MAX_FILE = 2 << 20
+MAX_TOTAL = 96 << 20
+
+
+def read_regular(path: str, limit: int = MAX_FILE) -> bytes | None:
+    """The first `limit` bytes of a regular file, or None (not one, unreadable, vanished)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        return os.read(fd, limit)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def bundles() -> list[str]:
+    """The CA bundle files this process would trust: the variables' and the system paths that exist."""
+    named = [os.environ[v] for v in BUNDLE_VARIABLES if os.environ.get(v)]
+    return list(dict.fromkeys(p for p in (*named, *SYSTEM_BUNDLES) if os.path.isfile(p)))
+
+
+def processes() -> Iterator[tuple[str, bytes]]:
+    """Every /proc/PID/environ and cmdline this process may read (the pid namespace's processes)."""
+    for pid in sorted((p for p in os.listdir("/proc") if p.isdigit()), key=int):
+        for name in ("environ", "cmdline"):
+            data = read_regular(f"/proc/{pid}/{name}")
+            if data is None:
+                try:
+                    data = Path(f"/proc/{pid}/{name}").read_bytes()[:MAX_FILE]
+                except OSError:
+                    continue
+            yield f"/proc/{pid}/{name}", data
+
+
+def _files(roots: list[str]) -> Iterator[str]:
+    seen = 0
+    for root in dict.fromkeys(roots):
+        for top, dirs, names in os.walk(root, onerror=lambda _e: None):
+            if top.startswith(("/proc", "/sys")):
+                dirs[:] = []
+                continue
+            dirs.sort()
+            for name in sorted(names):
+                seen += 1
+                if seen > MAX_FILES:
+                    return
+                yield os.path.join(top, name)
+
+
+def sources(home: str, extra: tuple[str, ...] = ()) -> Iterator[tuple[str, bytes]]:
+    """(where, bytes) of everything searched: the environment, processes, bundles, then files."""
+    yield "this process's environment", "\0".join(f"{k}={v}" for k, v in os.environ.items()).encode()
+    yield from processes()
+    total, named = 0, bundles()
+    for path in (*named, *_files([home, os.getcwd(), *extra, *ROOTS])):
+        if os.path.islink(path) and path not in named:
+            continue  # the target is searched where it lives (or is a system file)
+        data = read_regular(path)
+        if data is None:
+            continue
+        total += len(data)
+        if total > MAX_TOTAL:
+            return
+        yield path, data
