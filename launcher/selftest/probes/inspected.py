@@ -209,9 +209,8 @@ def secret_brokered(c: Ctx) -> Result:
         return "permitted", f"${c.spec.cred_env} holds the real secret"
     sentinel = _sentinel(c)
     shape = re.compile(re.escape(c.spec.cred_prefix.encode()) + rb"[0-9a-f]{32}")
-    searched = 0
-    for where, data in readable.sources(c.spec.home, (c.spec.results_dir,)):
-        searched += 1
+    search = readable.Search(c.spec.home, (c.spec.results_dir,))
+    for where, data in search:
         for found in set(shape.findall(data)):
             if hashlib.sha256(found).hexdigest() == c.spec.cred_sha256:
                 return "permitted", f"the real secret is readable in {where}"
@@ -221,7 +220,7 @@ def secret_brokered(c: Ctx) -> Result:
     )
     if status != 200:
         raise Unsupported(f"the request to the bound host was not served (HTTP {status}: {body[:100]!r})")
-    return "blocked", f"${c.spec.cred_env} holds a sentinel ({len(sentinel)} chars); {searched} sources searched"
+    return "blocked", f"${c.spec.cred_env} holds a sentinel ({len(sentinel)} chars); {search.summary()}"
 
 
 KEY = re.compile(rb"-----BEGIN ((?:[A-Z]+ )*)PRIVATE KEY-----.+?-----END \1PRIVATE KEY-----", re.DOTALL)
@@ -251,9 +250,8 @@ def ca_key_hidden(c: Ctx) -> Result:
     if not certs:
         raise Unsupported("no CA bundle with certificates is readable here: cannot tell")
     keys: dict[bytes, str] = {}
-    searched = 0
-    for where, data in readable.sources(c.spec.home, (c.spec.results_dir,)):
-        searched += 1
+    search = readable.Search(c.spec.home, (c.spec.results_dir,))
+    for where, data in search:
         for text in {data, data.replace(b"\\n", b"\n")}:  # a key inside JSON (a spec) has escaped newlines
             for m in KEY.finditer(text):
                 keys.setdefault(m.group(0), where)
@@ -261,7 +259,10 @@ def ca_key_hidden(c: Ctx) -> Result:
         for key, where in keys.items():
             if _matches(key, certs, tmp):
                 return "permitted", f"the private key of a trusted CA is readable in {where}"
-    return "blocked", f"{searched} sources, {len(keys)} private key(s), none of any of {len(certs)} trusted CAs"
+    found = f" (in {', '.join(sorted(set(keys.values()))[:2])}{', ...' if len(set(keys.values())) > 2 else ''})"
+    return "blocked", (
+        f"{len(keys)} private key(s){found if keys else ''}, none of any of {len(certs)} trusted CAs; {search.summary()}"
+    )
 
 
 def _presented(c: Ctx, via_proxy: bool) -> Result:

@@ -31,9 +31,10 @@ SYSTEM_BUNDLES = (
     "/etc/ssl/cert.pem",
     "/etc/pki/ca-trust/extracted/pem/tls-ca-bundle.pem",
 )
-#: Where a launcher or daemon that wrote a secret down would have left it.
-ROOTS = ("/tmp", "/var/tmp", "/run", "/dev/shm", "/etc/ssl", "/etc/pki")
-MAX_FILES = 6000
+#: Where a launcher or daemon that wrote a secret down would have left it, besides the home and the
+#: workspace; /var/tmp last, as it may hold anything (other checkouts) and its share may run out.
+ROOTS = ("/tmp", "/run", "/dev/shm", "/etc/ssl", "/etc/pki", "/var/tmp")
+MAX_FILES = 3000  # per place searched: one crowded directory tree never starves the others
 MAX_FILE = 2 << 20
 MAX_TOTAL = 96 << 20
 
@@ -73,33 +74,49 @@ def processes() -> Iterator[tuple[str, bytes]]:
             yield f"/proc/{pid}/{name}", data
 
 
-def _files(roots: list[str]) -> Iterator[str]:
-    seen = 0
-    for root in dict.fromkeys(roots):
+class Search:
+    """One search of everything readable: iterate for (where, bytes); then `searched` and `cut` (the
+    places whose share of MAX_FILES ran out) say how thorough it was."""
+
+    def __init__(self, home: str, extra: tuple[str, ...] = ()) -> None:
+        self.roots = list(dict.fromkeys([home, os.getcwd(), *extra, *ROOTS]))
+        self.searched = 0
+        self.cut: list[str] = []
+
+    def __iter__(self) -> Iterator[tuple[str, bytes]]:
+        self.searched += 1
+        yield "this process's environment", "\0".join(f"{k}={v}" for k, v in os.environ.items()).encode()
+        for where, proc in processes():
+            self.searched += 1
+            yield where, proc
+        total, named = 0, bundles()
+        for path in (*named, *(f for root in self.roots for f in self._files(root))):
+            if os.path.islink(path) and path not in named:
+                continue  # the target is searched where it lives (or is a system file)
+            data = read_regular(path)
+            if data is None:
+                continue
+            self.searched += 1
+            total += len(data)
+            if total > MAX_TOTAL:
+                self.cut.append(f"{MAX_TOTAL >> 20} MiB read")
+                return
+            yield path, data
+
+    def _files(self, root: str) -> Iterator[str]:
+        count = 0
         for top, dirs, names in os.walk(root, onerror=lambda _e: None):
             if top.startswith(("/proc", "/sys")):
                 dirs[:] = []
                 continue
             dirs.sort()
             for name in sorted(names):
-                seen += 1
-                if seen > MAX_FILES:
+                count += 1
+                if count > MAX_FILES:
+                    self.cut.append(root)
                     return
                 yield os.path.join(top, name)
 
-
-def sources(home: str, extra: tuple[str, ...] = ()) -> Iterator[tuple[str, bytes]]:
-    """(where, bytes) of everything searched: the environment, processes, bundles, then files."""
-    yield "this process's environment", "\0".join(f"{k}={v}" for k, v in os.environ.items()).encode()
-    yield from processes()
-    total, named = 0, bundles()
-    for path in (*named, *_files([home, os.getcwd(), *extra, *ROOTS])):
-        if os.path.islink(path) and path not in named:
-            continue  # the target is searched where it lives (or is a system file)
-        data = read_regular(path)
-        if data is None:
-            continue
-        total += len(data)
-        if total > MAX_TOTAL:
-            return
-        yield path, data
+    def summary(self) -> str:
+        cut = f" (cut short in {', '.join(self.cut)})" if self.cut else ""
+        return f"{self.searched} sources searched{cut}"
