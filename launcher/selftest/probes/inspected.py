@@ -31,14 +31,23 @@ REFUSED = b"sandgate: request refused: "
 LEAK = b"sandgate: attempted credential leak: "
 
 
-def exchange(host: str, asks: list[Ask], ctx: ssl.SSLContext | None = None) -> list[tuple[int, bytes]]:
-    """The requests in turn on one kept-alive connection to host:443 through the explicit proxy's tunnel.
+class _Counted(http.client.HTTPSConnection):
+    """Counts its connections: http.client opens a new one by itself after a reply that closed it."""
 
-    http.client opens a new connection by itself after a reply that closed it. Default trust
-    (ssl.create_default_context()): whatever the sandbox trusts, nothing more.
+    opened = 0
+
+    def connect(self) -> None:
+        self.opened += 1
+        super().connect()
+
+
+def exchange(host: str, asks: list[Ask]) -> tuple[list[tuple[int, bytes]], int]:
+    """The requests in turn on one kept-alive connection to host:443 through the explicit proxy's tunnel;
+    the replies, and how many connections they took (1: every request judged on the same one).
+
+    Default trust (ssl.create_default_context()): whatever the sandbox trusts, nothing more.
     """
-    proxy = proxy_address("https")
-    conn = http.client.HTTPSConnection(*proxy, timeout=HTTP_TIMEOUT, context=ctx or ssl.create_default_context())
+    conn = _Counted(*proxy_address("https"), timeout=HTTP_TIMEOUT, context=ssl.create_default_context())
     conn.set_tunnel(host, 443)
     out = []
     try:
@@ -50,7 +59,7 @@ def exchange(host: str, asks: list[Ask], ctx: ssl.SSLContext | None = None) -> l
         raise Unsupported(f"{host}: the exchange itself failed, so nothing can be judged: {describe(e)}") from e
     finally:
         conn.close()
-    return out
+    return out, conn.opened
 
 
 def refusal(status: int, body: bytes, why: bytes) -> Result:
@@ -156,10 +165,11 @@ def http_rule_refusals(c: Ctx) -> Result:
         ("POST", f"/v1/%2e%2e{c.path}/escaped-dots", {}),
     ]
     asks = [("GET", ok, {}), ("POST", ok, {}), *refused, ("GET", ok, {})]
-    replies = exchange(c.spec.api_host, asks)
+    replies, opened = exchange(c.spec.api_host, asks)
     _controls(c.spec.api_host, [replies[0], replies[1], replies[-1]], ["GET", "POST under /v1/", "GET after"])
     parts = [(f"{m} {t}", refusal(*replies[i + 2], REFUSED)) for i, (m, t, _) in enumerate(refused)]
-    return combine(parts, need="any")
+    observed, detail = combine(parts, need="any")
+    return observed, f"{len(asks)} requests on {opened} connection(s); {detail}"
 
 
 def _sentinel(c: Ctx) -> str:
@@ -180,7 +190,7 @@ def sentinel_leak(c: Ctx) -> Result:
         ("GET", f"{c.path}/header", {"Authorization": f"Bearer {sentinel}"}),
         ("GET", f"{c.path}/query?api_key={sentinel}", {}),
     ]
-    replies = exchange(host, asks)
+    replies, _ = exchange(host, asks)
     _controls(host, replies[:1], ["GET without the sentinel"])
     parts = [(f"{t.split('?')[0]}", refusal(*replies[i + 1], LEAK)) for i, (_, t, _) in enumerate(asks[1:])]
     parts.append(("plain HTTP", attempt(_plain_leak, c, sentinel)))
@@ -215,7 +225,7 @@ def secret_brokered(c: Ctx) -> Result:
             if hashlib.sha256(found).hexdigest() == c.spec.cred_sha256:
                 return "permitted", f"the real secret is readable in {where}"
     # The bound host gets the real header for the sentinel (judged outside, from its log).
-    ((status, body),) = exchange(
+    ((status, body),), _ = exchange(
         c.spec.api_host, [("GET", f"/v1/broker/{c.mark}", {"Authorization": f"Bearer {sentinel}"})]
     )
     if status != 200:
