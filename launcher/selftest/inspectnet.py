@@ -181,8 +181,12 @@ class Evidence:
     missing: dict[tuple[str, str], str]
 
 
-def evidence(f: InspectFacts, tag: str, audit_log: Path) -> Evidence:
-    """The repository, the upstreams' logs and the audit log, read after the pass tagged `tag`."""
+SENTINEL_MARK = "sandgate-sentinel-"  # what every sentinel holds (netguard.credentials.sentinel_for)
+
+
+def evidence(f: InspectFacts, tag: str, servers: list[Server], kept: list[Path]) -> Evidence:
+    """The repository, the upstreams' logs and sandgate's own files (`kept`: the audit log, the daemon's
+    log), read after the pass tagged `tag`; `servers`: every canary of the world."""
     seen: dict[tuple[str, str], str] = {}
     missing: dict[tuple[str, str], str] = {}
     pushes = [
@@ -192,22 +196,35 @@ def evidence(f: InspectFacts, tag: str, audit_log: Path) -> Evidence:
     ]
     if pushes:
         seen["git_push_refused", "*"] = f"the fake git host got {len(pushes)} receive-pack POST(s)"
-    refs = _git("-C", str(f.repo), "for-each-ref", "--format=%(refname)")
-    audit = audit_log.read_text(errors="replace") if audit_log.is_file() else ""
-    if f.real_secret in audit:
-        seen["secret_brokered", "*"] = "the audit log holds the real secret"
-    for server in (f.git, f.other):
-        if f.real_secret in server.log_path.read_text(errors="replace"):
-            seen["secret_brokered", "*"] = f"the real secret reached {server.name}, which it is not bound to"
+    refs = _git("-C", str(f.repo), "for-each-ref", "--format=%(refname)").split()
+    seen.update(_secret_seen(f, servers, kept))
+    audit = kept[0].read_text(errors="replace") if kept and kept[0].is_file() else ""
     for ctx in CONTEXTS:
         mark = markers.mark(ctx, tag)
-        if f"refs/heads/verify-{mark}" in refs.split():
+        if f"refs/heads/verify-{mark}" in refs:
             seen["git_push_refused", ctx] = f"the fake repository has the pushed branch verify-{mark}"
         if why := _not_brokered(f, mark):
             missing["secret_brokered", ctx] = why
         if why := _leak_unrecorded(audit, mark):
             missing["sentinel_leak", ctx] = why
     return Evidence(seen, missing)
+
+
+def _secret_seen(f: InspectFacts, servers: list[Server], kept: list[Path]) -> dict[tuple[str, str], str]:
+    """Where the real secret or a sentinel went that it must not: sandgate's files, any other upstream."""
+    seen: dict[tuple[str, str], str] = {}
+    for path in kept:
+        if path.is_file() and f.real_secret in path.read_text(errors="replace"):
+            seen["secret_brokered", "*"] = f"sandgate's {path.name} holds the real secret"
+    for server in servers:
+        if server is f.api:
+            continue  # the bound host: the real header is meant for it (checked per request)
+        text = server.log_path.read_text(errors="replace")
+        if f.real_secret in text:
+            seen["secret_brokered", "*"] = f"the real secret reached {server.name}, which it is not bound to"
+        if SENTINEL_MARK in text:
+            seen["sentinel_leak", "*"] = f"a sentinel reached {server.kind} {server.name} {server.address}"
+    return seen
 
 
 def broker_path(mark: str) -> str:

@@ -25,6 +25,7 @@ from launcher.selftest.spec import FileHandleSpec, VerifySpec, dump_spec
 from launcher.selftest.staged import Staged
 from launcher.selftest.terminal import run_on_a_terminal
 from launcher.selftest.world import World
+from netguard.proxy import control
 
 #: The checkout or install holding the `launcher` package: the probes' and canaries' PYTHONPATH.
 REPO = Path(__file__).resolve().parents[2]
@@ -260,7 +261,8 @@ def run_pass(
     results: list[Record] = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     if not results:
         raise VerifyError(f"the probe runner ({p.identity}) produced no results (exit {code}): {err.strip()[-500:]}")
-    seen = inspectnet.evidence(facts.inspect, p.identity, staged.audit_log)
+    daemon_log = control.runtime_base(env, os.geteuid()) / "daemon.log"  # where this run's daemon writes
+    seen = inspectnet.evidence(facts.inspect, p.identity, w.servers, [staged.audit_log, daemon_log])
     host = {**planted.evidence(ws, p.identity), **staged.evidence(), **seen.seen}
     # ~ is the sandbox's own overlay (writes inside succeed there): the real dotfile must be untouched.
     if (rc := (home / ".bashrc").read_text(errors="replace")) != "# verify\n":
