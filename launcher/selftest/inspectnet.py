@@ -224,6 +224,8 @@ def _secret_seen(f: InspectFacts, servers: list[Server], kept: list[Path]) -> di
             seen["secret_brokered", "*"] = f"the real secret reached {server.name}, which it is not bound to"
         if SENTINEL_MARK in text:
             seen["sentinel_leak", "*"] = f"a sentinel reached {server.kind} {server.name} {server.address}"
+        if server.kind in ("upstream", "git") and any("/fronted" in r["path"] for r in server.log_records("request")):
+            seen["credential_fronting", "*"] = f"{server.name} got a request meant for {API_HOST} (Host header)"
     return seen
 
 

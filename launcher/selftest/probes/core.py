@@ -104,6 +104,7 @@ ORDER = (
     "git_push_refused",
     "http_rule_refusals",
     "sentinel_leak",
+    "credential_fronting",
     "secret_brokered",
     "ca_key_hidden",
     # filesystem

@@ -172,7 +172,8 @@ def http_rule_refusals(c: Ctx) -> Result:
     return observed, f"{len(asks)} requests on {opened} connection(s); {detail}"
 
 
-def _sentinel(c: Ctx) -> str:
+def sentinel_of(c: Ctx) -> str:
+    """The credential's variable as the sandbox sees it: a sentinel (else the probe cannot tell)."""
     value = os.environ.get(c.spec.cred_env)
     if not value:
         raise Unsupported(f"${c.spec.cred_env} is not set inside: a tool that needs it would not start")
@@ -184,7 +185,7 @@ def _sentinel(c: Ctx) -> str:
 @probe("network", "sentinel_leak", "blocked")
 def sentinel_leak(c: Ctx) -> Result:
     """The credential's sentinel sent to another allowed host (a header, the URL; plain HTTP too): an attempted leak."""
-    sentinel, host = _sentinel(c), c.spec.other_host
+    sentinel, host = sentinel_of(c), c.spec.other_host
     asks: list[Ask] = [
         ("GET", f"/ctl/{c.mark}/leak", {}),
         ("GET", f"{c.path}/header", {"Authorization": f"Bearer {sentinel}"}),
@@ -217,7 +218,7 @@ def secret_brokered(c: Ctx) -> Result:
     value = os.environ.get(c.spec.cred_env, "")
     if hashlib.sha256(value.encode()).hexdigest() == c.spec.cred_sha256:
         return "permitted", f"${c.spec.cred_env} holds the real secret"
-    sentinel = _sentinel(c)
+    sentinel = sentinel_of(c)
     shape = re.compile(re.escape(c.spec.cred_prefix.encode()) + rb"[0-9a-f]{32}")
     search = readable.Search(c.spec.home, (c.spec.results_dir,))
     for where, data in search:
