@@ -148,6 +148,17 @@ def _add_proxy(sub: _Subparsers) -> None:
         metavar="N",
         help='once listening, write one JSON line {"ready": true, "listen": [...], "audit": PATH} to fd N and close it',
     )
+    px.add_argument(
+        "--upstream-ca",
+        metavar="FILE",
+        help="PEM roots to trust for inspected upstreams besides the host's store (a private registry's CA)",
+    )
+    px.add_argument(
+        "--ca-cert",
+        metavar="FILE",
+        help="when the policy inspects: write this proxy's CA certificate here for clients to trust "
+        "(default: next to the audit log, AUDIT.ca.pem)",
+    )
     px.add_argument("--ask-all", action="store_true", help=argparse.SUPPRESS)  # `sandgate run --ask`
     px.add_argument("--approval-socket", help=argparse.SUPPRESS)  # the launcher's approval broker
     px.add_argument("--ask-timeout", type=float, default=60.0, help=argparse.SUPPRESS)
@@ -193,6 +204,11 @@ def _add_run(sub: _Subparsers) -> None:
         "--approvals",
         metavar="unix:PATH",
         help="serve approval questions to a tool on this unix socket instead of the terminal",
+    )
+    rn.add_argument(
+        "--upstream-ca",
+        metavar="FILE",
+        help="PEM roots to trust for inspected upstreams besides the host's store (a private registry's CA)",
     )
     rn.add_argument("-q", "--quiet", action="store_true", help="no summary line at exit")
     rn.add_argument("cmd", nargs=argparse.REMAINDER, metavar="CMD")

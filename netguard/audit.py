@@ -1,9 +1,10 @@
 """The egress audit log: one JSON object per line, appended and flushed as it happens.
 
-The schema lives here and nowhere else: the record types below are the format (README's table
-is checked against them). Four events:
+The schema lives here and nowhere else: the record types (netguard.auditrecords, re-exported
+here) are the format (README's table is checked against them). Five events:
   decision  one per allow/deny decision (exactly one; tests count them)
   close     when an allowed connection or request ends: bytes and duration
+  request   one per request to an inspected destination (and per attempted credential leak)
   approval  a question to a human, and its answer
   policy    once per run: the effective filesystem/process boundary (names, never values)
 Every record carries `schema` (SCHEMA); logs written before the field existed read as schema 1.
@@ -22,99 +23,38 @@ import types
 from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Final, Literal, TypedDict, Union, cast, get_args, get_origin, get_type_hints
+from typing import Any, Final, Literal, Union, cast, get_args, get_origin, get_type_hints
 
-#: The record format written now. 1: logs from before the field (no `schema`, no `would`).
-SCHEMA: Final = 2
+from netguard.auditrecords import (
+    CLOSE_FIELDS,
+    DECISION_FIELDS,
+    RECORD_TYPES,
+    SCHEMA,
+    ApprovalRecord,
+    CloseRecord,
+    DecisionRecord,
+    Event,
+    Kind,
+    PolicyRecord,
+    Record,
+    RequestRecord,
+)
 
-Kind = Literal["connect", "http", "tls", "tcp", "dns", "packet", "policy", "approval"]
-Event = Literal["decision", "close", "approval", "policy"]
-
-
-class DecisionRecord(TypedDict):
-    """One allow/deny decision (`kind` says which gate decided it)."""
-
-    ts: str
-    task: str
-    event: Literal["decision"]
-    id: str
-    kind: Kind
-    action: Literal["allow", "deny"]
-    would: Literal["deny"] | None  # learn mode let through what the policy would deny
-    host: str | None
-    port: int | None
-    ip: str | None
-    proto: str | None
-    method: str | None
-    url: str | None
-    qtype: str | None
-    rule: str | None
-    reason: str
-    schema: int
-
-
-class CloseRecord(TypedDict):
-    """An allowed connection or request ended: what it carried."""
-
-    ts: str
-    task: str
-    event: Literal["close"]
-    id: str
-    kind: Kind
-    host: str | None
-    port: int | None
-    ip: str | None
-    bytes_up: int
-    bytes_down: int
-    duration_ms: int
-    schema: int
-
-
-class ApprovalRecord(TypedDict):
-    """A question to a human (stage "question") or its answer (stage "answer")."""
-
-    ts: str
-    task: str
-    event: Literal["approval"]
-    kind: Literal["approval"]
-    id: str
-    stage: Literal["question", "answer"]
-    host: str
-    port: int
-    asked_by: str | None
-    answer: str | None
-    by: str | None  # terminal, socket, timeout, no-terminal
-    schema: int
-
-
-class PolicyRecord(TypedDict):
-    """The run's filesystem/process boundary, once per run (names only: never an environment value)."""
-
-    ts: str
-    task: str
-    event: Literal["policy"]
-    kind: Literal["policy"]
-    write: list[str]
-    private_tmp: bool
-    protect: list[str]
-    hidden: list[str]
-    env_dropped: list[str]
-    landlock_abi: int
-    warnings: list[str]
-    schema: int
-
-
-Record = DecisionRecord | CloseRecord | ApprovalRecord | PolicyRecord
-
-#: Each event's record type: what the reader checks a line against.
-RECORD_TYPES: Final[Mapping[str, type[Any]]] = {
-    "decision": DecisionRecord,
-    "close": CloseRecord,
-    "approval": ApprovalRecord,
-    "policy": PolicyRecord,
-}
-DECISION_FIELDS = tuple(DecisionRecord.__annotations__)
-CLOSE_FIELDS = tuple(CloseRecord.__annotations__)
+#: The format's names are part of this module's interface (one import for writers and readers).
+__all__ = [
+    "CLOSE_FIELDS",
+    "DECISION_FIELDS",
+    "RECORD_TYPES",
+    "SCHEMA",
+    "ApprovalRecord",
+    "CloseRecord",
+    "DecisionRecord",
+    "Event",
+    "Kind",
+    "PolicyRecord",
+    "Record",
+    "RequestRecord",
+]
 
 
 def now_rfc3339() -> str:
@@ -191,6 +131,47 @@ def close_record(
         bytes_up=bytes_up,
         bytes_down=bytes_down,
         duration_ms=duration_ms,
+        schema=SCHEMA,
+    )
+
+
+def request_record(
+    task: str,
+    id: str,
+    kind: Kind,
+    action: str,
+    host: str,
+    port: int,
+    method: str,
+    path: str,
+    *,
+    status: int | None,
+    bytes_up: int = 0,
+    bytes_down: int = 0,
+    duration_ms: int = 0,
+    rule: str | None = None,
+    reason: str = "",
+    leak: str | None = None,
+) -> RequestRecord:
+    """`action` "allow"/"deny"; the caller has already cut the query and redacted every secret."""
+    return RequestRecord(
+        ts=now_rfc3339(),
+        task=task,
+        event="request",
+        id=id,
+        kind=kind,
+        action=_ACTIONS[action],
+        host=host,
+        port=port,
+        method=method,
+        path=path,
+        status=status,
+        bytes_up=bytes_up,
+        bytes_down=bytes_down,
+        duration_ms=duration_ms,
+        rule=rule,
+        reason=reason,
+        leak=leak,
         schema=SCHEMA,
     )
 

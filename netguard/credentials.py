@@ -88,11 +88,15 @@ def _parse_one(item: Any, source: str, line: int | None) -> Credential:
         if not isinstance(item.get(key), str):
             raise PolicyError(f"a credential needs '{key}' as a string", line_of(item, key) or line)
     host = item["host"]
+    if "*" in host:
+        raise PolicyError(
+            f"credential host '{host}': bind a credential to one host name", line_of(item, "host") or line
+        )
     try:
         name = hosts.normalise(host)
     except hosts.HostError as e:
         raise PolicyError(f"credential host '{host}': {e}", line_of(item, "host") or line) from None
-    if "*" in host or not isinstance(name, str):
+    if not isinstance(name, str):
         raise PolicyError(
             f"credential host '{host}': bind a credential to one host name", line_of(item, "host") or line
         )

@@ -2,7 +2,10 @@
 
 Pure: typed records in, rows, a text table or JSON values out, so the summary can be tested
 without a sandbox. Denied rows say why (the record's reason) and what would allow them, in the
-exit line's words (launcher.audit.denials). Every logged string in the table is escaped.
+exit line's words (launcher.audit.denials). Requests an inspected host refused, and attempted
+credential leaks, are listed apart (launcher.audit.refusals): leaks above the table, refused
+requests below it; a destination with an attempted leak is the first row. Every logged string in
+the table is escaped.
 """
 
 from __future__ import annotations
@@ -12,10 +15,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from launcher.audit import denials
+from launcher.audit import denials, refusals
+from launcher.audit.refusals import Refused
 from launcher.audit.text import bracket, escape
 from netguard import rules
-from netguard.audit import CloseRecord, DecisionRecord, Kind, Record
+from netguard.audit import CloseRecord, DecisionRecord, Kind, Record, RequestRecord
 
 #: Statuses under which the run got through, and so what `suggest` proposes to allow.
 ALLOWED = frozenset({"allow", "would-deny"})
@@ -44,11 +48,16 @@ class Destination:
     last_seen: str | None
     tasks: frozenset[str] = field(default_factory=frozenset)
     reasons: frozenset[str] = field(default_factory=frozenset)  # of the denials and would-denies
+    requests: int = 0  # inspected requests (and leak checks) recorded for its connections
+    refused: tuple[Refused, ...] = ()  # of those, the refused ones: attempted leaks first
 
     @property
     def risk(self) -> int:
-        """0: something was denied (or an unknown action); 1: allowed only by learn mode; 2: allowed by policy."""
-        if self.decisions - ALLOWED:
+        """-1: an attempted leak; 0: something was denied (or an unknown action); 1: allowed only by learn
+        mode; 2: allowed by policy (a refused request on an allowed host makes it 0 too)."""
+        if any(x.leak is not None for x in self.refused):
+            return -1
+        if self.decisions - ALLOWED or self.refused:
             return 0
         return 1 if "would-deny" in self.decisions else 2
 
@@ -88,6 +97,7 @@ class _Acc:
         self.tasks: set[str] = set()
         self.reasons: set[str] = set()
         self.up = self.down = 0
+        self.requests: list[RequestRecord] = []
         self.first: str | None = None
         self.last: str | None = None
 
@@ -122,6 +132,8 @@ class _Acc:
             self.last,
             frozenset(self.tasks),
             frozenset(self.reasons),
+            len(self.requests),
+            tuple(refusals.collect(self.requests)),
         )
 
 
@@ -129,15 +141,19 @@ def summarize(records: Iterable[Record]) -> list[Destination]:
     """One row per destination, riskiest first, so a reader sees the denials before the noise.
 
     Bytes come from `close` records matched to their decision by (task, id), falling
-    back to id alone and then to the close record's own host/port.
+    back to id alone and then to the close record's own host/port; `request` records attach the
+    same way, their bytes counted only where no `close` covers their connection already.
     """
     accs: dict[Key, _Acc] = defaultdict(_Acc)
     by_id: dict[tuple[str, str], Key] = {}
     by_bare_id: dict[str, Key] = {}
     closes: list[CloseRecord] = []
+    reqs: list[RequestRecord] = []
     for r in records:
         if r["event"] == "close":
             closes.append(r)
+        elif r["event"] == "request":
+            reqs.append(r)
         elif r["event"] == "decision":
             key = _key(r)
             accs[key].add(r)
@@ -149,6 +165,14 @@ def summarize(records: Iterable[Record]) -> list[Destination]:
             continue  # a close whose decision is not in these logs: nothing to attach it to
         accs[key].up += c["bytes_up"]
         accs[key].down += c["bytes_down"]
+    closed = {(c["task"], c["id"]) for c in closes}
+    for q in reqs:
+        key = by_id.get((q["task"], q["id"])) or by_bare_id.get(q["id"]) or (q["host"], q["port"], None, False)
+        acc = accs[key]  # a leak whose decision is not in these logs still gets a row: it must be seen
+        acc.requests.append(q)
+        if (q["task"], q["id"]) not in closed:
+            acc.up += q["bytes_up"]
+            acc.down += q["bytes_down"]
     rows = [acc.row(key) for key, acc in accs.items()]
     rows.sort(
         key=lambda d: (d.risk, -d.count, d.host or "", d.port if d.port is not None else -1, d.proto or "", d.dns)
@@ -175,10 +199,17 @@ HEADER = ("STATUS", "DESTINATION", "KINDS", "COUNT", "UP", "DOWN", "FIRST SEEN",
 
 
 def format_table(rows: Sequence[Destination], bundled: Mapping[str, rules.Ruleset] | None = None) -> str:
-    """Aligned text table with a header; every logged string escaped so it cannot drive the terminal.
+    """Attempted leaks, the destination table, refused requests: the alarming before the routine.
 
     `bundled` (name -> compiled bundled list) lets REASON name the list that would allow a denial.
     """
+    found = [x for d in rows for x in d.refused]
+    parts = [refusals.format_section(found, leaks=True), _table(rows, bundled), refusals.format_section(found, False)]
+    return "\n\n".join(p for p in parts if p)
+
+
+def _table(rows: Sequence[Destination], bundled: Mapping[str, rules.Ruleset] | None) -> str:
+    """Aligned text table with a header; every logged string escaped so it cannot drive the terminal."""
     right = {3, 4, 5}
     table = [HEADER]
     for d in rows:
@@ -223,6 +254,8 @@ def as_json(rows: Sequence[Destination], bundled: Mapping[str, rules.Ruleset] | 
             "tasks": sorted(d.tasks),
             "reasons": sorted(d.reasons),
             "reason": reason(d, bundled or {}),
+            "requests": d.requests,
+            "refused_requests": refusals.as_json(d.refused),  # attempted leaks (with `leak`) first
         }
         for d in rows
     ]

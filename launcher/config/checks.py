@@ -1,5 +1,5 @@
 """What every policy is held to, whoever wrote it: no home as a writable root, no absurd share of
-the address space, no unbounded number of rules. Pure, given a Checks (which `current()` fills in).
+the address space, no unbounded number of rules, no credential for a host it cannot reach. Pure, given a Checks (which `current()` fills in).
 """
 
 from __future__ import annotations
@@ -154,3 +154,20 @@ def check_network(net: netpolicy.NetworkPolicy, checks: Checks) -> None:
         )
     if not checks.allow_wide_cidr and (found := wide_cidr_problem(net)) is not None:
         raise PolicyFileError(*_at(found[0].origin), found[1])
+    check_credentials(net)
+
+
+def check_credentials(net: netpolicy.NetworkPolicy) -> None:
+    """A credential whose host no allow rule reaches on 443 would never be sent: a mistake, said at its line."""
+    if not net.credentials:
+        return
+    from netguard import rules
+
+    rs = rules.compile_policy(net)
+    for c in net.credentials:
+        if not rules.decide(rs, c.host, 443).allowed:
+            raise PolicyFileError(
+                *_at(c.origin),
+                f"credential for {c.host} would never be used: no allow rule reaches {c.host} on port 443; "
+                f"allow it (e.g. '- host: {c.host}') or remove the credential",
+            )

@@ -112,7 +112,8 @@ def narrow(
     Kept: network.deny, filesystem.read_deny, env.drop, and filesystem.protect inside the workspace
     (a missing protected path gets a placeholder created on the host: outside the workspace that
     would let the file create files anywhere sandgate may, /etc/nologin say). Ignored, because each
-    can widen: allow/ask rules, a resolver, includes (allowlists, and files the checkout names),
+    can widen: allow/ask rules (and with them `inspect:`/`http:`), a resolver, credentials (a
+    checked-out repository must never choose where your secret is sent), includes (allowlists, and files the checkout names),
     env.keep, filesystem.unprotect, and filesystem.write, which widens even as a subset of the
     defaults ("." alone drops the private /tmp and shows the host's).
     """

@@ -12,6 +12,7 @@ import pwd
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fsguard import env as fsenv
 from fsguard import homeoverlay, landlock, mounts
@@ -19,6 +20,9 @@ from fsguard import policy as fspolicy
 from launcher.errors import RunError
 from launcher.run.options import WEAKEN_ENV, RunOptions, weakened
 from netguard.audit import AuditLog, policy_record
+
+if TYPE_CHECKING:  # imported when used: most runs broker no credential
+    from launcher.run.brokered import Brokered
 
 
 @dataclass(frozen=True)
@@ -32,10 +36,10 @@ class Confinement:
     home: str
 
 
-def plan(opts: RunOptions, audit: AuditLog, rt: Path) -> Confinement:
+def plan(opts: RunOptions, audit: AuditLog, rt: Path, brokered: Brokered | None = None) -> Confinement:
     """Plan the filesystem and process boundary; refuse what cannot be enforced as asked."""
     home = opts.user.home if opts.user else os.environ.get("HOME") or pwd.getpwuid(os.getuid()).pw_dir
-    eff = _effective(opts, home, rt)
+    eff = _effective(opts, home, rt, brokered.files if brokered else ())
     try:
         mplan = mounts.plan(eff)
     except mounts.MountError as e:
@@ -61,6 +65,10 @@ def plan(opts: RunOptions, audit: AuditLog, rt: Path) -> Confinement:
         # The command runs as the sudo caller or --user: its home (where the overlay is) and its
         # names, as `sudo -i` would give them; sudo leaves HOME pointing at root's home.
         env.update(HOME=opts.user.home, USER=opts.user.name, LOGNAME=opts.user.name)
+    if brokered is not None:  # sentinels in, and no variable carrying a real secret
+        from launcher.run.brokered import apply_env
+
+        env, dropped = apply_env(env, dropped, brokered)
     conf = Confinement(mplan, lplan, env, dropped, home)
     _record(audit, opts.task, conf, abi, warnings)
     for w in warnings:
@@ -70,7 +78,7 @@ def plan(opts: RunOptions, audit: AuditLog, rt: Path) -> Confinement:
     return conf
 
 
-def _effective(opts: RunOptions, home: str, rt: Path) -> fspolicy.Effective:
+def _effective(opts: RunOptions, home: str, rt: Path, secret_files: tuple[str, ...] = ()) -> fspolicy.Effective:
     """The policy's `filesystem:` section with the command line's additions and sandgate's own state."""
     # sandgate's own state (the daemon's control socket, the approval socket, the trusted policy
     # records) and an embedding tool's approval socket are never the sandbox's business: it must
@@ -79,6 +87,8 @@ def _effective(opts: RunOptions, home: str, rt: Path) -> fspolicy.Effective:
     from launcher.config import trust
 
     own = (str(rt), str(trust.state_dir()), str(auditlogs.log_dir()), *((opts.approvals,) if opts.approvals else ()))
+    # A brokered credential's file is hidden like any secret file: the sandbox holds only its sentinel.
+    own = (*own, *secret_files)
     eff = fspolicy.effective(
         opts.policy.filesystem,
         cwd=os.getcwd(),

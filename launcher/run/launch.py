@@ -23,6 +23,7 @@ import os
 import pwd
 import sys
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -32,22 +33,45 @@ from launcher.errors import EXIT_ERROR, RunError
 from launcher.run import confinement, daemonctl, options, policyargs, runstate, sandbox, summary, supervise, workspace
 from netguard import nft, sandboxnet
 from netguard.audit import AuditLog
-from netguard.proxy.spec import BindingSpec
+from netguard.proxy.spec import BindingSpec, CaPair
 
-if TYPE_CHECKING:  # imported when used: most runs never ask a human (a fast start matters)
+if TYPE_CHECKING:  # imported when used: most runs never ask a human, nor inspect (a fast start matters)
     from launcher.approvals import broker as approvals
+    from launcher.run import brokered, inspection
 
 PORTS = nft.Ports()
 
 
+@dataclass(frozen=True)
+class Terminating:
+    """A run whose policy inspects TLS or brokers credentials: its CA (the key goes to the daemon
+    only) and its credentials (real values for the daemon, sentinels for the sandbox)."""
+
+    ca: CaPair
+    brokered: brokered.Brokered
+
+
+def _terminating(opts: options.RunOptions) -> Terminating | None:
+    """None for most runs: then nothing here runs and `cryptography` is never imported."""
+    net = opts.policy.network
+    if not (net.credentials or any(r.inspect for r in net.allow)):  # inspection.needed, without importing it
+        return None
+    from launcher.run import brokered, inspection
+
+    creds = brokered.resolve(net.credentials)  # first: a missing secret fails before a key is made
+    return Terminating(inspection.new_ca(opts.task, inspection.inspected_names(net)), creds)
+
+
 def main(args: argparse.Namespace) -> int:
     """`sandgate run`, every step in order; any failure before CMD starts is one line and exit 125."""
+    _this_platform()  # never run a command unconfined on an OS without a backend
     cmd = options.command(args)  # parse
     rt = runstate.runtime_dir()
     parsecache.CACHE_DIR = rt / "policy-cache"  # hidden from every sandbox
     pol = policyargs.policy_from_args(args)  # parsed once, here: the daemon gets the compiled result, never YAML
     opts = options.from_args(args, cmd, pol)
     workspace.check(opts, args.user)  # never `/` or a home writable
+    tls = _terminating(opts)
     daemon = daemonctl.Daemon(rt)  # first: a cold daemon starts while we set up the sandbox
     paths = runstate.RunPaths(rt, uuid.uuid4().hex[:8])
     audit = _open_audit(opts.audit_path)
@@ -59,17 +83,17 @@ def main(args: argparse.Namespace) -> int:
         broker = _broker(opts, paths, audit)  # before planning the mounts: its socket must be hidden
         with runstate.lock(rt):
             runstate.cleanup_stale(rt)  # first: a killed run's placeholders must not be taken for the workspace's
-            conf = confinement.plan(opts, audit, rt)  # filesystem, home overlay, Landlock, environment
+            conf = confinement.plan(opts, audit, rt, tls.brokered if tls else None)  # files, Landlock, env
             runstate.write_state(paths, [p for p, _ in conf.mounts.placeholders])
             placeholders = mounts.create_placeholders(conf.mounts)
-        ins = _inside(opts, conf, paths)
+        ins = _inside(opts, conf, paths, tls)
         if broker is not None:
             _tell_terminal(broker.banner())
         holder, chan = sandbox.start_holder(os.getpid(), ins)  # namespaces
         try:
             fds = sandbox.handshake(holder, chan, ins.ident)  # id maps; the listeners born inside
             audit_fd = os.open(opts.audit_path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
-            handover = daemonctl.Handover(daemon, _spec(opts, paths, broker), [audit_fd, *fds])
+            handover = daemonctl.Handover(daemon, _spec(opts, paths, broker, tls), [audit_fd, *fds])
             handover.try_bind()  # the daemon binding: now, or as soon as it is up
             if broker is not None:
                 broker.who = lambda ip, port: _asker(holder, ip, port)
@@ -95,6 +119,18 @@ def main(args: argparse.Namespace) -> int:
     return status
 
 
+def _this_platform() -> None:
+    """Linux runs the sequence below; Windows has its plans (launcher/platform) but no backend yet (issue 14)."""
+    from launcher.platform import seam
+
+    try:
+        name = seam.platform_name(sys.platform)
+    except NotImplementedError as e:
+        raise RunError(str(e)) from None
+    if name != "linux":
+        raise RunError("sandgate run on Windows: the backend is not wired yet (docs/windows.md says what exists)")
+
+
 def _open_audit(path: Path) -> AuditLog:
     try:
         return AuditLog(path)
@@ -118,7 +154,9 @@ def _broker(opts: options.RunOptions, paths: runstate.RunPaths, audit: AuditLog)
     )
 
 
-def _spec(opts: options.RunOptions, paths: runstate.RunPaths, broker: approvals.Broker | None) -> BindingSpec:
+def _spec(
+    opts: options.RunOptions, paths: runstate.RunPaths, broker: approvals.Broker | None, tls: Terminating | None
+) -> BindingSpec:
     """What the daemon enforces for this sandbox: typed and compiled, never YAML or command-line strings."""
     return BindingSpec(
         task=opts.task,
@@ -127,10 +165,15 @@ def _spec(opts: options.RunOptions, paths: runstate.RunPaths, broker: approvals.
         ask_all=opts.ask,
         approval_socket=str(paths.dir / "approvals.sock") if broker else None,
         ask_timeout=opts.ask_timeout,
+        ca=tls.ca if tls else None,
+        upstream_ca=opts.upstream_ca,
+        secrets=tls.brokered.secrets if tls else (),
     )
 
 
-def _inside(opts: options.RunOptions, conf: confinement.Confinement, paths: runstate.RunPaths) -> sandbox.Inside:
+def _inside(
+    opts: options.RunOptions, conf: confinement.Confinement, paths: runstate.RunPaths, tls: Terminating | None
+) -> sandbox.Inside:
     """Everything the holder, init and CMD need, and the files bound into the sandbox."""
     target = (opts.user.uid, opts.user.gid, tuple(opts.user.groups)) if opts.user else None
     try:
@@ -145,9 +188,10 @@ def _inside(opts: options.RunOptions, conf: confinement.Confinement, paths: runs
     (paths.dir / "resolv.conf").chmod(0o644)
     (paths.dir / "empty").touch(0o444)
     (paths.dir / "hosttmp").mkdir(0o700, exist_ok=True)
+    trust = _trust(opts, paths, tls) if tls else None
     return sandbox.Inside(
         tuple(opts.cmd),
-        conf.env,
+        {**conf.env, **trust.env} if trust else conf.env,
         ident,
         conf.mounts,
         conf.landlock,
@@ -156,7 +200,22 @@ def _inside(opts: options.RunOptions, conf: confinement.Confinement, paths: runs
         own_netns=own_netns,
         keep_net_admin="netadmin" in weak,
         make_dirs=_hidden_home(conf),
+        files=trust.binds if trust else (),
     )
+
+
+def _trust(opts: options.RunOptions, paths: runstate.RunPaths, tls: Terminating) -> inspection.Trust:
+    """The combined bundle in the run directory (the CA's certificate only, never its key)."""
+    from launcher.run import inspection
+
+    trust = inspection.install(paths.dir, tls.ca.cert, os.environ)
+    if opts.verbose:
+        names = ", ".join(inspection.inspected_names(opts.policy.network))
+        print(
+            f"sandgate: inspecting TLS to {names}; the run's CA is trusted inside via {trust.env['SSL_CERT_FILE']}",
+            file=sys.stderr,
+        )
+    return trust
 
 
 def _root_helpers() -> tuple[tuple[int, int], ...]:

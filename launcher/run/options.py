@@ -54,6 +54,7 @@ class RunOptions:
     approvals: str | None = None  # unix socket path for an embedding tool; None: the terminal
     quiet: bool = False
     verbose: bool = False
+    upstream_ca: str | None = None  # --upstream-ca: PEM roots for inspected upstreams, besides the host's
     task: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
 
 
@@ -85,7 +86,16 @@ def from_args(args: argparse.Namespace, cmd: list[str], pol: lpolicy.Policy) -> 
         ask=args.ask,
         ask_timeout=args.ask_timeout,
         approvals=_approvals_path(args.approvals),
+        upstream_ca=_upstream_ca(getattr(args, "upstream_ca", None)),
     )
+
+
+def _upstream_ca(path: str | None) -> str | None:
+    if path is None:
+        return None
+    from launcher.run import inspection
+
+    return inspection.read_upstream_ca(path)
 
 
 def _approvals_path(spec: str | None) -> str | None:

@@ -3,6 +3,10 @@
 Readiness is machine-readable: with --ready-fd N, one JSON line goes to fd N, which is then
 closed, once every listener accepts connections:
   {"ready": true, "listen": ["regular@127.0.0.1:3128", ...], "audit": "/path/audit.jsonl"}
+and, when the policy inspects TLS (an `inspect:`/`http:` allow entry or a credential), also
+  "ca": "/path/audit.ca.pem"
+the certificate of this proxy's own CA (made in memory at start; its key is never written), which
+clients must trust for the inspected hosts (--ca-cert FILE, default: the audit log's name with .ca.pem).
 The `sandgate: proxy ready on ...` line on stderr is for humans; nothing should parse it.
 """
 
@@ -16,11 +20,18 @@ import sys
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypedDict
+from typing import TYPE_CHECKING, NotRequired, TypedDict
 
 from launcher.audit import logs as auditlogs
+from launcher.config import load as lpolicy
 from launcher.errors import UsageError
-from launcher.run import policyargs
+from launcher.run import inspection, policyargs
+
+if TYPE_CHECKING:
+    from netguard.audit import AuditLog
+    from netguard.credentials import Secret
+    from netguard.proxy.binding import Binding
+    from netguard.proxy.spec import CaPair
 
 #: The command line's HOST:PORT parser, passed in by the CLI (this room does not import the CLI).
 AddrParser = Callable[[str], tuple[str, int]]
@@ -32,17 +43,15 @@ class Ready(TypedDict):
     ready: bool
     listen: list[str]
     audit: str
+    ca: NotRequired[str]  # only when the policy inspects: the CA certificate clients must trust
 
 
 def main(args: argparse.Namespace, parse_addr: AddrParser) -> int:
     """Serve until SIGINT/SIGTERM; the exit line counts what was allowed and denied."""
     import asyncio
 
-    from netguard import rules
-    from netguard.asking import Approver
     from netguard.audit import AuditLog
     from netguard.proxy import standalone as proxy
-    from netguard.proxy.binding import Binding
 
     pol = policyargs.policy_from_args(args)
     listeners = proxy.Listeners(
@@ -56,20 +65,15 @@ def main(args: argparse.Namespace, parse_addr: AddrParser) -> int:
         audit = AuditLog(audit_path)
     except OSError as e:
         raise UsageError(f"cannot open audit log {audit_path}: {e.strerror}; choose another --audit-log") from None
-    approver = Approver(args.approval_socket, args.ask_timeout) if args.approval_socket else None
-    binding = Binding(
-        args.task or uuid.uuid4().hex[:12],
-        rules.compile_policy(pol.network),
-        audit,
-        learn=args.learn,
-        ask_all=args.ask_all,
-        approver=approver,
-    )
+    binding, ca_path = _binding(args, pol, audit, audit_path)
     where = [spec for spec, _ in listeners.modes()]
 
     def ready() -> None:
         if ready_fd is not None:
-            _announce(ready_fd, Ready(ready=True, listen=where, audit=str(audit_path)))
+            line = Ready(ready=True, listen=where, audit=str(audit_path))
+            if ca_path is not None:
+                line["ca"] = str(ca_path)
+            _announce(ready_fd, line)
         if not args.quiet:
             print(
                 f"sandgate: proxy ready on {', '.join(where)}; policy: {', '.join(pol.sources)}; audit: {audit_path}",
@@ -94,6 +98,59 @@ def main(args: argparse.Namespace, parse_addr: AddrParser) -> int:
         c = audit.counts
         print(f"sandgate: {c.get('allow', 0)} allowed, {c.get('deny', 0)} denied -> {audit_path}", file=sys.stderr)
     return 0
+
+
+def _binding(
+    args: argparse.Namespace, pol: lpolicy.Policy, audit: AuditLog, audit_path: Path
+) -> tuple[Binding, Path | None]:
+    """The one binding this proxy serves, and where its CA certificate was written (None: nothing inspected)."""
+    from netguard import rules
+    from netguard.asking import Approver
+    from netguard.proxy.binding import Binding
+
+    approver = Approver(args.approval_socket, args.ask_timeout) if args.approval_socket else None
+    task = args.task or uuid.uuid4().hex[:12]
+    upstream_ca = inspection.read_upstream_ca(args.upstream_ca)
+    ca, secrets, ca_path = _inspection(task, args, pol, audit_path)
+    binding = Binding(
+        task,
+        rules.compile_policy(pol.network),
+        audit,
+        learn=args.learn,
+        ask_all=args.ask_all,
+        approver=approver,
+        ca=ca,
+        upstream_ca=upstream_ca,
+        secrets=secrets,
+    )
+    return binding, ca_path
+
+
+def _inspection(
+    task: str, args: argparse.Namespace, pol: lpolicy.Policy, audit_path: Path
+) -> tuple[CaPair | None, tuple[Secret, ...], Path | None]:
+    """When the policy inspects: this proxy's CA (key in memory only), its certificate written for
+    clients to trust, and the brokered credentials' secrets. Otherwise nothing (and no cryptography)."""
+    from launcher.run import brokered
+
+    if not inspection.needed(pol.network):
+        return None, (), None
+    creds = brokered.resolve(pol.network.credentials)
+    ca = inspection.new_ca(task, inspection.inspected_names(pol.network))
+    path = Path(args.ca_cert) if args.ca_cert else audit_path.with_suffix(".ca.pem")
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        with os.fdopen(fd, "w") as f:
+            f.write(ca.cert)
+    except OSError as e:
+        raise UsageError(f"cannot write the CA certificate {path}: {e.strerror}; choose another --ca-cert") from None
+    if not args.quiet:
+        print(
+            f"sandgate: TLS to {', '.join(inspection.inspected_names(pol.network))} is inspected: "
+            f"clients must trust the CA certificate {path}",
+            file=sys.stderr,
+        )
+    return ca, creds.secrets, path
 
 
 def _ready_fd(fd: int | None) -> int | None:

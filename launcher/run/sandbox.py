@@ -52,6 +52,7 @@ class Inside:
     own_netns: bool = True  # False only for the self-test's "firewall" weakening
     keep_net_admin: bool = False  # True only for the self-test's "netadmin" weakening
     make_dirs: tuple[str, ...] = ()  # empty directories the command's user gets inside (a home under /tmp)
+    files: tuple[tuple[str, Path], ...] = ()  # (host file, run-dir file bound read-only over it): the CA bundle
 
 
 def start_holder(parent: int, ins: Inside) -> tuple[int, socket.socket]:
@@ -202,7 +203,8 @@ def _init(ins: Inside, sig_r: int) -> None:
     process.die_with_parent(None)  # our parent (the holder) is outside this pid namespace: getppid() is 0
     mounts.make_private()
     kernelfs.fresh_proc_sys()
-    mounts.build(ins.mounts, ins.run_dir, {"/etc/resolv.conf": ins.run_dir / "resolv.conf"} if ins.own_netns else {})
+    files = {"/etc/resolv.conf": ins.run_dir / "resolv.conf"} if ins.own_netns else {}
+    mounts.build(ins.mounts, ins.run_dir, {**files, **dict(ins.files)})
     for d in ins.make_dirs:  # in the private /tmp only: nothing here reaches the host
         os.makedirs(d, mode=0o700, exist_ok=True)
         os.chown(d, ins.ident.uid, ins.ident.gid)

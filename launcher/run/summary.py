@@ -1,4 +1,9 @@
-"""The exit line of a run: what was allowed and denied, and what would allow each denied destination."""
+"""The exit line of a run: what was allowed and denied, and what would allow each denied destination.
+
+Attempted credential leaks come first, then requests an inspected host's `http:` rules refused
+(launcher.audit.refusals), then denied destinations. A request refused on an allowed connection
+is counted as a refused request, not as a denied destination: each record counts once.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,7 @@ from netguard import audit
 
 
 def summary(path: Path, task: str) -> str:
-    """The exit line, then (when something was refused) the denied destinations and what would allow each."""
+    """The exit line, then (when something was refused) the leaks, refused requests and denied destinations."""
     try:
         records = [r for r in audit.read(path) if r["task"] == task]
     except (OSError, audit.LogError):
@@ -18,10 +23,18 @@ def summary(path: Path, task: str) -> str:
     denied = sum(r["action"] == "deny" for r in decisions)
     would_deny = sum(r["would"] == "deny" for r in decisions)
     would = f" ({would_deny} would have been denied)" if would_deny else ""
-    line = f"sandgate: {allowed} allowed{would}, {denied} denied -> {path}"
-    if not denied:
+    from launcher.audit import refusals
+
+    refused, leaks = refusals.counts(records, task)
+    extra = f", {refused} request{'s' if refused != 1 else ''} refused" if refused else ""
+    extra += f", {leaks} ATTEMPTED LEAK{'S' if leaks != 1 else ''}" if leaks else ""
+    line = f"sandgate: {allowed} allowed{would}, {denied} denied{extra} -> {path}"
+    if not denied and not refused and not leaks:
         return line
     from launcher.audit import denials
     from launcher.config import load
 
-    return "\n".join([line, *denials.lines(records, task, load.bundled_rulesets())])
+    out = [line, *refusals.lines(records, task)]
+    if denied:
+        out += denials.lines(records, task, load.bundled_rulesets())
+    return "\n".join(out)

@@ -12,9 +12,12 @@ upstream connection, whatever layer asked for it. We resolve the allowed name
 ourselves, veto loopback/private/metadata answers and this host's own addresses
 (rebinding, SSRF: netguard.localaddrs, netguard.verdict.veto) and then pin the
 connection to the checked address, so the name that was judged is the only
-thing that can be reached. TLS is never intercepted: after the decision the bytes
-are relayed untouched (netguard.proxy.layers). No mitmproxy addon but ours and the
-listener runs, so no flow is stored, no CA is offered to clients and bodies are streamed.
+thing that can be reached. TLS is relayed untouched after the decision (netguard.proxy.layers)
+unless the destination's allow entry asks for inspection: then netguard.proxy.tlsinspect
+terminates it with a leaf from the run's own CA and every request is judged here
+(netguard.proxy.inspected: request rules, brokered credentials, leaks). No mitmproxy addon but
+ours and the listener runs, so no flow is stored, mitmproxy's own CA is never made and bodies
+are streamed.
 """
 
 from __future__ import annotations
@@ -24,14 +27,15 @@ import uuid
 from dataclasses import dataclass, field
 
 import dns.exception
-from mitmproxy import connection, http
+from mitmproxy import connection, ctx, http
 from mitmproxy.proxy import layer, server_hooks
 from mitmproxy.proxy.context import Context
 from mitmproxy.proxy.mode_specs import RegularMode
+from mitmproxy.utils import human
 
 from netguard import hosts, localaddrs, rules, verdict
 from netguard.audit import Kind, close_record, decision_record
-from netguard.proxy import layers
+from netguard.proxy import inspected, layers
 from netguard.proxy.binding import Binding
 
 
@@ -58,6 +62,39 @@ class _Conn:
     kind: Kind = "tcp"
     pins: dict[tuple[str, int], Decided] = field(default_factory=dict)
     last: Decided | None = None
+
+
+@dataclass
+class _Exchange:
+    """One allowed request in flight: its connection's decision, when it began, the bytes each way."""
+
+    decided: Decided
+    t0: float
+    up: layers.Counter
+    down: layers.Counter
+    request: inspected.Logged | None = None  # judged (inspected or a leak check): a `request` record, not a `close`
+
+
+_ENC, _ESC = "utf-8", "surrogateescape"
+
+
+def _fields(headers: http.Headers) -> list[tuple[str, str]]:
+    """Header (name, value) pairs as text; bytes that are not UTF-8 survive the round trip (surrogateescape)."""
+    return [(n.decode(_ENC, _ESC), v.decode(_ENC, _ESC)) for n, v in headers.fields]
+
+
+def _answerable(req: http.Request) -> bool:
+    """Can mitmproxy send a 403 for this request? Only after holding its body, so not when the body is
+    or may be streamed: longer than stream_large_bodies, or of a length unknown until read (HTTP/1
+    chunked; HTTP/2 without content-length, unless its method has no body by custom)."""
+    limit = human.parse_size(ctx.options.stream_large_bodies) if "stream_large_bodies" in ctx.options else None
+    if limit is None:
+        return True
+    if req.is_http2:
+        unknown = "content-length" not in req.headers and req.method not in ("GET", "HEAD", "OPTIONS")
+    else:
+        unknown = "chunked" in req.headers.get("transfer-encoding", "").lower()
+    return not req.stream and not unknown
 
 
 def _norm_key(host: str, port: int) -> tuple[str, int]:
@@ -163,13 +200,13 @@ class Gate:
     # ---- layers: what each listener speaks ----------------------------------------------
 
     def next_layer(self, nextlayer: layer.NextLayer) -> None:
-        """Our own protocol detection; mitmproxy's default one (which can intercept TLS) is not loaded."""
+        """Our own protocol detection (mitmproxy's default one is not loaded); TLS is terminated only where inspected."""
         if nextlayer.layer is not None:
             return
         st = self._conn(nextlayer.context.client)
         if st is None:
             return
-        kind = layers.choose(nextlayer, st.binding.rules, self._relay)
+        kind = layers.choose(nextlayer, st.binding.rules, self._relay, st.binding.inspection)
         if kind is not None:
             st.kind = kind
 
@@ -184,6 +221,8 @@ class Gate:
             flow.response = refusal(d)
 
     async def requestheaders(self, flow: http.HTTPFlow) -> None:
+        """Every request the proxy reads: its destination decided, then (netguard.proxy.inspected) leaks
+        refused, an inspected destination's method/path rules applied, credentials brokered."""
         st = self._conn(flow.client_conn)
         assert st is not None
         req = flow.request
@@ -195,16 +234,73 @@ class Gate:
                     req.host = str(rules.normalise(name))  # cached: a kept-alive connection asks per request
                 except hosts.HostError:
                     req.host = name
-        d = await self._authorize(st, "http", req.host, req.port, method=req.method, url=req.pretty_url)
+        b = st.binding
+        host, port = _norm_key(req.host, req.port)
+        https = req.scheme == "https"
+        insp = b.inspection(host, port)
+        if https:
+            d = st.pins.get((host, port)) or await self._authorize(st, st.kind, req.host, req.port)
+        else:
+            url = req.pretty_url if insp is None or insp.log_query else req.pretty_url.split("?", 1)[0]
+            url = inspected.redact(url, b.secrets)  # a leak attempt's URL: never the value in the log
+            d = await self._authorize(st, "http", req.host, req.port, method=req.method, url=url)
+        fields = _fields(req.headers)
+        # A denied destination is judged for leaks only: refused anyway, but a key sent there must show.
+        j = inspected.judge(insp if d.allowed else None, b.secrets, host, req.method, req.path, fields, https)
+        if https and d.allowed and (j is None or j.allowed) and (front := _fronted(flow, host)):
+            j = inspected.Judged(False, insp.origin if insp else None, front)
+        ex = _Exchange(d, time.monotonic(), layers.Counter(), layers.Counter())
+        if j is not None:
+            method = inspected.redact(req.method, b.secrets)
+            path = inspected.logged_path(req.path, insp is not None and insp.log_query, b.secrets)
+            ex.request = inspected.Logged(st.kind if https else "http", host, port, method, path, j)
         if not d.allowed:
-            flow.response = refusal(d)
+            if ex.request is not None and ex.request.judged.leak is not None:
+                self._write_request(st, ex, 403, 0, 0, 0)
+            if not _answerable(req):
+                flow.kill()  # type: ignore[no-untyped-call]  # a 403 before a streamed body crashes the layer
+                return
+            flow.response = refusal(d, close=not https)  # HTTP/2 has no Connection header: the stream ends
             return
-        flow.metadata["sandgate"] = (d, time.monotonic(), layers.Counter(), layers.Counter())
-        req.stream = flow.metadata["sandgate"][2]
+        if j is not None and not j.allowed:
+            self._refuse(flow, st, ex)
+            return
+        if https and insp is not None:
+            brokered = inspected.broker(fields, b.secrets, host, lower=req.is_http2)
+            if brokered != fields:
+                req.headers = http.Headers([(n.encode(_ENC, _ESC), v.encode(_ENC, _ESC)) for n, v in brokered])
+        flow.metadata["sandgate"] = ex
+        req.stream = ex.up
+
+    def _refuse(self, flow: http.HTTPFlow, st: _Conn, ex: _Exchange) -> None:
+        """A 403 for one request; the connection stays open (kept-alive HTTP/1.1, HTTP/2: others go on)."""
+        r = ex.request
+        assert r is not None
+        if not _answerable(flow.request):
+            # mitmproxy cannot answer before a body it streams (the layer would crash): refuse by closing
+            # (HTTP/1) the connection. The upstream still never sees the request.
+            flow.kill()  # type: ignore[no-untyped-call]  # mitmproxy leaves it unannotated
+            j = r.judged
+            r.judged = inspected.Judged(False, j.rule, f"{j.reason} (body too large to drain: closed)", j.leak)
+            self._write_request(st, ex, 403, 0, 0, 0)
+            return
+        body = inspected.refusal_text(r.method, r.path, r.host, r.judged)
+        flow.response = http.Response.make(
+            403, body, {"Content-Type": "text/plain; charset=utf-8", "X-Sandgate": "blocked"}
+        )
+        flow.response.http_version = flow.request.http_version
+        self._write_request(st, ex, 403, 0, 0, 0)
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
-        if (meta := flow.metadata.get("sandgate")) and flow.response is not None:
-            flow.response.stream = meta[3]
+        if isinstance(ex := flow.metadata.get("sandgate"), _Exchange) and flow.response is not None:
+            flow.response.stream = ex.down
+            st = self._conns.get(flow.client_conn.id)
+            r = ex.request
+            bound = [s for s in st.binding.secrets if s.host == r.host] if st and r else []
+            if bound:  # an upstream echoing the header it got would hand the sandbox the real value
+                fields = flow.response.headers.fields
+                flow.response.headers = http.Headers([(n, inspected.unsecret(v, bound)) for n, v in fields])
+                flow.response.stream = inspected.Scrub(ex.down, bound)
 
     def response(self, flow: http.HTTPFlow) -> None:
         self._http_closed(flow)
@@ -213,24 +309,28 @@ class Gate:
         self._http_closed(flow)
 
     def _http_closed(self, flow: http.HTTPFlow) -> None:
-        meta = flow.metadata.pop("sandgate", None)
+        """One record per allowed request: a `request` record when it was judged, else a `close`."""
+        ex = flow.metadata.pop("sandgate", None)
         st = self._conns.get(flow.client_conn.id)
-        if meta is None or st is None:
+        if not isinstance(ex, _Exchange) or st is None:
             return
-        d, t0, up, down = meta
+        d = ex.decided
+        ms = int((time.monotonic() - ex.t0) * 1000)
+        if ex.request is not None:
+            failed = flow.error is not None or flow.response is None
+            status = None if failed or flow.response is None else flow.response.status_code
+            if flow.error is not None:
+                why = inspected.redact(flow.error.msg, st.binding.secrets)
+                ex.request.judged = inspected.Judged(True, ex.request.judged.rule, f"failed: {why}")
+            self._write_request(st, ex, status, ex.up.n, ex.down.n, ms)
+            return
         st.binding.audit.write(
-            close_record(
-                st.binding.task,
-                d.id,
-                "http",
-                d.host,
-                d.port,
-                d.verdict.ip,
-                up.n,
-                down.n,
-                int((time.monotonic() - t0) * 1000),
-            )
+            close_record(st.binding.task, d.id, "http", d.host, d.port, d.verdict.ip, ex.up.n, ex.down.n, ms)
         )
+
+    def _write_request(self, st: _Conn, ex: _Exchange, status: int | None, up: int, down: int, ms: int) -> None:
+        assert ex.request is not None
+        st.binding.audit.write(ex.request.record(st.binding.task, ex.decided.id, status, up, down, ms))
 
     # ---- every upstream connection ------------------------------------------------------
 
@@ -275,9 +375,24 @@ class Gate:
         return layers.Relay(ctx, closed)
 
 
-def refusal(d: Decided) -> http.Response:
+def _fronted(flow: http.HTTPFlow, host: str) -> str | None:
+    """Why a decrypted request is domain fronting (its Host or :authority is not the TLS name), or None.
+
+    The threat: a CDN routes by the inner Host, so `CONNECT allowed.test` + `Host: evil.test` reaches evil.test."""
+    req = flow.request
+    if isinstance(flow.client_conn.proxy_mode, RegularMode):
+        named, tls = hosts.split_host_port((req.host_header or "").strip())[0], host  # host: the CONNECT name
+    else:
+        named, tls = host, flow.client_conn.sni or ""  # host: already taken from the Host header
+    if not named or not tls:
+        return None
+    if _norm_key(named, 0)[0] == _norm_key(tls, 0)[0]:
+        return None
+    return f"Host header names {named}, not {tls}, the name this TLS connection is for (domain fronting)"
+
+
+def refusal(d: Decided, close: bool = True) -> http.Response:
     """The 403 a refused HTTP client or CONNECT gets: the body names host:port, the reason and the rule."""
     body = verdict.refusal_text(d.host, d.port, d.verdict.decision) + "\n"
-    return http.Response.make(
-        403, body, {"Content-Type": "text/plain; charset=utf-8", "Connection": "close", "X-Sandgate": "blocked"}
-    )
+    headers = {"Content-Type": "text/plain; charset=utf-8", "X-Sandgate": "blocked"}
+    return http.Response.make(403, body, {**headers, "Connection": "close"} if close else headers)

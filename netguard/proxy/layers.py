@@ -1,8 +1,9 @@
 """What each listener speaks: sandgate's own protocol detection, and the byte relay that follows a decision.
 
-mitmproxy's default next-layer addon (which can intercept TLS) is never loaded: a connection is
-either plain HTTP (parsed, so the Host header can be judged), or relayed untouched. TLS is never
-intercepted: the ClientHello is only read for its SNI.
+mitmproxy's default next-layer addon is never loaded: a connection is plain HTTP (parsed, so the
+Host header can be judged), relayed untouched, or, only for a destination whose allow entry asks
+for inspection (Binding.inspection), TLS terminated by the proxy (netguard.proxy.tlsinspect) and
+parsed as HTTP. Any other TLS is relayed: its ClientHello is only read for the SNI.
 """
 
 from __future__ import annotations
@@ -11,15 +12,17 @@ import time
 from collections.abc import Callable
 
 from mitmproxy.net.tls import starts_like_tls_record
-from mitmproxy.proxy import events, layer, layers
+from mitmproxy.proxy import commands, events, layer, layers
 from mitmproxy.proxy.context import Context
 from mitmproxy.proxy.layers import modes
 from mitmproxy.proxy.layers.http import HTTPMode
-from mitmproxy.proxy.layers.tls import parse_client_hello
+from mitmproxy.proxy.layers.tls import HTTP_ALPNS, ClientTLSLayer, ServerTLSLayer, parse_client_hello
 from mitmproxy.proxy.mode_specs import RegularMode
 
-from netguard import rules
+from netguard import hosts, rules
 from netguard.audit import Kind
+
+Inspects = Callable[[str, int], rules.Inspection | None]  # Binding.inspection
 
 
 class Relay(layers.TCPLayer):
@@ -61,43 +64,128 @@ class Counter:
         return data
 
 
-def choose(nextlayer: layer.NextLayer, rs: rules.Ruleset, relay: Callable[[Context], Relay]) -> Kind | None:
+class Refuse(layer.Layer):
+    """Closes the client connection: inspection was asked for and the bytes are not HTTP (never relay blindly)."""
+
+    def __init__(self, ctx: Context, why: str) -> None:
+        super().__init__(ctx)
+        self.why = why
+
+    def _handle_event(self, event: events.Event) -> layer.CommandGenerator[None]:
+        if isinstance(event, events.Start):
+            self.context.client.error = f"sandgate: {self.why}"
+            yield commands.CloseConnection(self.context.client)
+
+
+def _looks_like_http(data: bytes) -> bool:
+    return data[:3].isalpha() and b" " in data.split(b"\n", 1)[0]
+
+
+def _intercept(ctx: Context, name: str) -> ServerTLSLayer:
+    """mitmproxy's TLS stack (as its next_layer addon builds it) for `name`: the leaf's and the upstream's name.
+
+    connection_strategy "lazy": the outer server layer never connects by itself; HttpLayer opens
+    the upstream per request (after the Gate judged it), with `name` as SNI.
+    """
+    ctx.server.sni = name
+    server_tls = ServerTLSLayer(ctx)
+    server_tls.child_layer = ClientTLSLayer(ctx)
+    return server_tls
+
+
+def _decrypted(nextlayer: layer.NextLayer, data: bytes) -> bool:
+    """The plaintext of an intercepted connection: HTTP (by ALPN or its first line), else refused."""
+    ctx = nextlayer.context
+    if ctx.client.alpn in HTTP_ALPNS or (data and _looks_like_http(data)):
+        nextlayer.layer = layers.HttpLayer(ctx, HTTPMode.transparent)
+        return True
+    if data:
+        nextlayer.layer = Refuse(ctx, "inspected destination: the decrypted bytes are not HTTP")
+        return True
+    return False  # wait for the first plaintext bytes
+
+
+def _hello_sni(data: bytes) -> str | bool | None:
+    """The ClientHello's SNI; None when it has none or cannot be parsed; False when it is still incomplete."""
+    try:
+        hello = parse_client_hello(data)
+    except ValueError:
+        return None
+    if hello is None:
+        return False
+    return hello.sni or None
+
+
+def _name(host: str) -> str:
+    try:
+        return str(rules.normalise(host))
+    except hosts.HostError:
+        return host
+
+
+def _tunnel(nextlayer: layer.NextLayer, relay: Callable[[Context], Relay], inspection: Inspects) -> None:
+    """Inside an allowed CONNECT tunnel: relay, unless its host:port is inspected."""
+    ctx = nextlayer.context
+    assert ctx.server.address is not None
+    host, port = ctx.server.address[0], ctx.server.address[1]
+    if inspection(_name(host), port) is None:  # normalised: a credential's host is matched exactly
+        nextlayer.layer = relay(ctx)  # never parse or intercept
+        return
+    data: bytes = nextlayer.data_client()  # type: ignore[no-untyped-call]  # mitmproxy: unannotated
+    if not data:
+        return
+    if starts_like_tls_record(data):
+        # The CONNECT host is what was judged: the client's SNI never names the leaf or the upstream.
+        nextlayer.layer = _intercept(ctx, _name(host))
+    elif _looks_like_http(data):
+        nextlayer.layer = layers.HttpLayer(ctx, HTTPMode.transparent)  # request rules still apply
+    else:
+        nextlayer.layer = Refuse(ctx, f"inspected destination {host}:{port}: the bytes are neither TLS nor HTTP")
+
+
+def choose(
+    nextlayer: layer.NextLayer, rs: rules.Ruleset, relay: Callable[[Context], Relay], inspection: Inspects
+) -> Kind | None:
     """Set `nextlayer.layer` for a connection; the kind it turned out to be, None if not (yet) known.
 
     Leaving the layer unset makes mitmproxy call again with more of the client's bytes.
     """
     ctx = nextlayer.context
+    if ctx.layers and isinstance(ctx.layers[-1], ClientTLSLayer):
+        _decrypted(nextlayer, nextlayer.data_client())  # type: ignore[no-untyped-call]  # mitmproxy: unannotated
+        return None
     if len(ctx.layers) == 1 and isinstance(ctx.layers[0], modes.HttpProxy):
         nextlayer.layer = layers.HttpLayer(ctx, HTTPMode.regular)
         return None
     if isinstance(ctx.client.proxy_mode, RegularMode):
-        # Inside a CONNECT tunnel that was already allowed: relay bytes, never parse or intercept.
-        nextlayer.layer = relay(ctx)
+        _tunnel(nextlayer, relay, inspection)
         return None
     # Transparent: the original destination (an IP) is only a fallback for raw TCP.
     assert ctx.server.address is not None
     dst_ip, dst_port = ctx.server.address[0], ctx.server.address[1]
     data: bytes = nextlayer.data_client()  # type: ignore[no-untyped-call]  # mitmproxy: unannotated
     if not data:
-        if rules.decide(rs, dst_ip, dst_port).allowed:
+        if rules.decide(rs, dst_ip, dst_port).allowed and inspection(dst_ip, dst_port) is None:
             nextlayer.layer = relay(ctx)  # a cidr-allowed address: server-speaks-first protocols must not wait
             return "tcp"
         return None  # wait for the first bytes (SNI or Host header)
     if starts_like_tls_record(data):
-        try:
-            hello = parse_client_hello(data)
-        except ValueError:
-            hello = None
-        else:
-            if hello is None:
-                return None  # ClientHello split over several segments
-        if hello is not None and hello.sni:
+        sni = _hello_sni(data)
+        if sni is False:
+            return None  # ClientHello split over several segments
+        if isinstance(sni, str):
             # Re-target to the *name*: a client sending SNI allowed.test to a blocked IP reaches allowed.test.
-            ctx.server.address = (hello.sni, dst_port)
-        nextlayer.layer = relay(ctx)
+            ctx.server.address = (sni, dst_port)
+            if inspection(_name(sni), dst_port) is not None:
+                nextlayer.layer = _intercept(ctx, _name(sni))
+                return "tls"
+        nextlayer.layer = relay(ctx)  # no SNI or not inspected: the bytes pass untouched
         return "tls"
-    if data[:3].isalpha() and b" " in data.split(b"\n", 1)[0]:
+    if _looks_like_http(data):
         nextlayer.layer = layers.HttpLayer(ctx, HTTPMode.transparent)
         return "http"
+    if inspection(dst_ip, dst_port) is not None:
+        nextlayer.layer = Refuse(ctx, f"inspected destination {dst_ip}:{dst_port}: the bytes are not HTTP")
+        return "tcp"
     nextlayer.layer = relay(ctx)
     return "tcp"

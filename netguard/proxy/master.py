@@ -8,13 +8,15 @@ from mitmproxy.options import Options
 
 from netguard.proxy.binding import Binding
 from netguard.proxy.gate import Gate
+from netguard.proxy.tlsinspect import TlsInspect
 
 
 def make_master(bindings: dict[int, Binding], modes: list[str]) -> tuple[Master, Proxyserver, Gate]:
     """The master, its Proxyserver and the Gate deciding for `bindings` (slot -> sandbox).
 
-    No TLS addon is loaded, so mitmproxy never creates its CA or touches its confdir (~/.mitmproxy):
-    nothing is written outside the audit log (tests check the home directory stays empty).
+    mitmproxy's TLS addon is not loaded, so it never creates its CA or touches its confdir (~/.mitmproxy):
+    nothing is written outside the audit log (tests check the home directory stays empty). TLS for
+    inspected hosts comes from TlsInspect, before the Gate so flow errors are final when it audits them.
     Must be called with an event loop running.
     """
     opts = Options(mode=modes)
@@ -22,7 +24,7 @@ def make_master(bindings: dict[int, Binding], modes: list[str]) -> tuple[Master,
     # mitmproxy leaves these unannotated (no-untyped-call): the types are the ones named here.
     proxyserver = Proxyserver()  # type: ignore[no-untyped-call]
     gate = Gate(bindings)
-    master.addons.add(proxyserver, gate)  # type: ignore[no-untyped-call]
+    master.addons.add(proxyserver, TlsInspect(bindings), gate)  # type: ignore[no-untyped-call]
     opts.update(  # type: ignore[no-untyped-call]
         connection_strategy="lazy",  # decide on the name (SNI/Host) before any upstream connection exists
         stream_large_bodies="64k",  # bodies pass through, never buffered whole

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 from launcher.audit import denials
@@ -93,3 +95,35 @@ def test_explain_says_why_then_what_would_allow_it() -> None:
     assert denials.explain(dead, b) == "cannot resolve nowhere.test: NXDOMAIN"
     packet = denials.Denied("198.51.100.9", 53, "packet", 1, "udp packet dropped by the sandbox firewall", "udp")
     assert denials.explain(packet, b).startswith("udp packet dropped by the sandbox firewall: udp traffic never")
+
+
+# ---- the exit line: attempted leaks first, then refused requests, then denied destinations ------------
+
+
+def test_the_exit_line_shows_attempted_leaks_first_then_refused_requests(tmp_path: Path) -> None:
+    from launcher.run.summary import summary
+
+    req = audit.request_record
+    records: list[Record] = [
+        audit.decision_record("t", "c1", "connect", "allow", "git.test", 443, ip="192.0.2.1"),
+        req("t", "c1", "connect", "allow", "git.test", 443, "GET", "/o/r/info/refs", status=200),
+        req("t", "c1", "connect", "deny", "git.test", 443, "POST", "/o/r/git-receive-pack", status=403,
+            rule="p.yaml:3", reason="POST /o/r/git-receive-pack not allowed on git.test (allowed: read-only)"),
+        audit.decision_record("t", "c2", "http", "allow", "other.test", 80, ip="192.0.2.2", url="http://other.test/"),
+        req("t", "c2", "http", "deny", "other.test", 80, "GET", "/", status=403, rule="p.yaml:20",
+            reason="attempted leak: the sentinel of $API_KEY (bound to api.test) sent to other.test in the URL",
+            leak="API_KEY"),
+        audit.decision_record("u", "c3", "connect", "deny", "x.test", 443),  # another run's: not counted
+    ]  # fmt: skip
+    log = tmp_path / "a.jsonl"
+    log.write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert summary(log, "t").splitlines() == [
+        f"sandgate: 2 allowed, 0 denied, 1 request refused, 1 ATTEMPTED LEAK -> {log}",
+        "sandgate: ATTEMPTED LEAK of $API_KEY: GET / on other.test refused: attempted leak: the sentinel of "
+        "$API_KEY (bound to api.test) sent to other.test in the URL",
+        "sandgate: refused POST /o/r/git-receive-pack on git.test: POST /o/r/git-receive-pack not allowed on "
+        "git.test (allowed: read-only) [rule p.yaml:3]",
+    ]
+    quiet = tmp_path / "b.jsonl"
+    quiet.write_text("".join(json.dumps(r) + "\n" for r in records[:2]))
+    assert summary(quiet, "t") == f"sandgate: 1 allowed, 0 denied -> {quiet}"  # nothing refused: one line

@@ -190,3 +190,64 @@ def test_summary_reason_is_escaped() -> None:
     rec = audit.parse({**dec("t", "x.test", 443, "deny"), "reason": "no allow rule\x1b[2J\nmatches"})
     text = summary.format_table(summarize([rec]))
     assert "\x1b" not in text and len(text.splitlines()) == 2 and "rule\\x1b[2J\\x0amatches" in text
+
+
+# ---- inspected requests and attempted leaks ------------------------------------------------------
+
+
+def inspected_run() -> list[Record]:
+    """One run: git.test inspected (a fetch allowed, a push refused twice), other.test an attempted leak,
+    all.test inspected with a connection-level close (its bytes count once)."""
+    req = audit.request_record
+    return [
+        audit.decision_record("r", "c1", "connect", "allow", "git.test", 443, ip="192.0.2.1", rule="p.yaml:3"),
+        req("r", "c1", "connect", "allow", "git.test", 443, "POST", "/o/r/git-upload-pack", status=200, bytes_down=5),
+        *[
+            req("r", "c1", "connect", "deny", "git.test", 443, "POST", "/o/r/git-receive-pack", status=403,
+                rule="p.yaml:3", reason="POST /o/r/git-receive-pack not allowed on git.test (allowed: read-only)")
+            for _ in range(2)
+        ],
+        audit.decision_record("r", "c2", "connect", "allow", "other.test", 443, ip="192.0.2.2", rule="p.yaml:9"),
+        req("r", "c2", "connect", "deny", "other.test", 443, "GET", "/", status=403, rule="p.yaml:20",
+            reason="attempted leak: the sentinel of $API_KEY (bound to api.test) sent to other.test in header X",
+            leak="API_KEY"),
+        audit.decision_record("r", "c3", "connect", "allow", "all.test", 443, ip="192.0.2.3", rule="p.yaml:5"),
+        req("r", "c3", "connect", "allow", "all.test", 443, "GET", "/", status=200, bytes_down=7),
+        audit.close_record("r", "c3", "connect", "all.test", 443, "192.0.2.3", 10, 100, 5),
+    ]  # fmt: skip
+
+
+def test_attempted_leaks_come_first_and_refused_requests_are_listed_apart() -> None:
+    rows = summarize(inspected_run())
+    assert [r.label for r in rows] == ["other.test:443", "git.test:443", "all.test:443"]
+    leak, git, whole = rows
+    assert leak.risk == -1 and git.risk == 0 and whole.risk == 2  # a refused request is not "all allowed"
+    assert (git.count, git.requests, git.bytes_down) == (1, 3, 5)  # one decision, three requests
+    assert whole.bytes_down == 100  # the connection's close counts; its request's bytes are not added again
+    (push,) = git.refused
+    assert (push.method, push.path, push.count, push.rule, push.leak) == ("POST", "/o/r/git-receive-pack", 2,
+                                                                          "p.yaml:3", None)  # fmt: skip
+    text = summary.format_table(rows)
+    assert text.startswith("ATTEMPTED LEAKS (refused)\n  ATTEMPTED LEAK of $API_KEY: GET / on other.test refused")
+    assert text.rstrip().endswith(
+        "REFUSED REQUESTS\n  refused POST /o/r/git-receive-pack on git.test (2x): POST /o/r/git-receive-pack not "
+        "allowed on git.test (allowed: read-only) [rule p.yaml:3]"
+    )
+    out = summary.as_json(rows)
+    assert json.loads(json.dumps(out)) == out
+    assert out[0]["refused_requests"][0]["leak"] == "API_KEY" and out[1]["requests"] == 3
+    assert [x["count"] for x in out[1]["refused_requests"]] == [2]
+
+
+def test_learning_a_policy_from_inspected_runs_still_works() -> None:
+    from launcher.audit import suggest
+
+    text = suggest.suggest(inspected_run(), name="x", bundled={})
+    assert "git.test" in text and "all.test" in text
+
+
+def test_request_records_round_trip_through_the_reader(tmp_path: Path) -> None:
+    written = inspected_run()
+    log = write_log(tmp_path / "a.jsonl", written)
+    back = list(audit.read(log))
+    assert back == written and sum(r["event"] == "request" for r in back) == 5

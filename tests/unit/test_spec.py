@@ -11,8 +11,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from netguard.credentials import Secret
+from netguard.httprules import HttpRule
 from netguard.policy import NetworkPolicy, Rule, parse_network
-from netguard.proxy.spec import BindingSpec, SpecError, decode, encode
+from netguard.proxy.spec import BindingSpec, CaPair, SpecError, decode, encode
 
 label = st.from_regex(r"[a-z][a-z0-9_-]{0,8}[a-z0-9]", fullmatch=True).filter(lambda s: not s.startswith("xn--"))
 name = st.lists(label, min_size=1, max_size=4).map(".".join)
@@ -22,11 +24,33 @@ v4 = st.builds(lambda a, p: ipaddress.ip_network((a, p), strict=False), st.integ
 v6: st.SearchStrategy[ipaddress.IPv4Network | ipaddress.IPv6Network] = st.builds(
     lambda a, p: ipaddress.ip_network((a, p), strict=False), st.integers(2**33, 2**128 - 1), st.integers(1, 128)
 ).filter(lambda n: getattr(n.network_address, "ipv4_mapped", None) is None)
+method = st.from_regex(r"[A-Z]{1,8}", fullmatch=True)
+pattern = st.lists(st.sampled_from(["*", "**", "a", "info", "refs", "%2F", "x.git", "-"]), max_size=4).map(
+    lambda segs: "/" + "/".join(segs)
+)
+http_rule = st.builds(
+    HttpRule,
+    st.none() | st.frozensets(method, min_size=1, max_size=3),
+    st.none() | st.lists(pattern, min_size=1, max_size=3).map(tuple),
+    origin,
+)
+inspecting = st.builds(
+    lambda kind, n, p, o, http, q: Rule(kind, n, p, o, None, True, http, q),
+    st.sampled_from(["host", "wildcard"]),
+    name,
+    ports,
+    origin,
+    st.none() | st.lists(http_rule, min_size=1, max_size=3).map(tuple),
+    st.booleans(),
+)
 rule = st.one_of(
     st.builds(Rule, st.just("host"), name, ports, origin),
     st.builds(Rule, st.just("wildcard"), name, ports, origin),
     st.builds(Rule, st.just("cidr"), v4 | v6, ports, origin),
+    inspecting,
 )
+text = st.text(st.characters(categories=["L", "N", "P"]), min_size=1, max_size=30)
+secret = st.builds(Secret, name, st.just("Authorization"), text, text, text, st.just("VAR"), origin)
 rules = st.lists(rule, max_size=6).map(tuple)
 resolver = st.none() | st.tuples(st.ip_addresses().map(str), st.integers(1, 65535))
 policy = st.builds(NetworkPolicy, rules, rules, rules, resolver, st.none() | origin)
@@ -38,6 +62,9 @@ spec = st.builds(
     st.booleans(),
     st.none() | st.text(max_size=20).map(lambda s: "/" + s.replace("\0", "")),
     st.floats(0.001, 1e6),
+    st.just(CaPair("-----BEGIN CERTIFICATE-----", "-----BEGIN PRIVATE KEY-----")),
+    st.none() | st.just("-----BEGIN CERTIFICATE-----"),
+    st.lists(secret, max_size=2).map(tuple),
 )
 
 
@@ -161,4 +188,48 @@ def test_a_wildcards_extra_dns_types_travel_to_the_daemon() -> None:
         decode(bad)
     bad["policy"]["allow"][0]["dns"] = [0]
     with pytest.raises(SpecError, match="DNS type numbers"):
+        decode(bad)
+
+
+def test_a_spec_that_inspects_without_a_ca_is_refused() -> None:
+    """Fail closed: an inspecting rule must never fall back to passthrough for want of a CA."""
+    pol = parse_network({"allow": [{"host": "git.test", "http": "read-only"}]}, "p.yaml")
+    wire = encode(BindingSpec("t", pol, ca=CaPair("c", "k")))
+    assert decode(wire).policy.allow[0].http is not None
+    wire["ca"] = None
+    with pytest.raises(SpecError, match="ca is needed"):
+        decode(wire)
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "error"),
+    [
+        (("http", 0, "methods"), ["get"], "upper-case"),
+        (("http", 0, "paths"), ["/a/../b"], "canonical"),
+        (("http", 0, "paths"), [], "canonical"),
+        (("inspect",), False, "need inspect"),
+    ],
+)
+def test_decode_refuses_request_rules_encode_never_makes(path: tuple[Any, ...], value: Any, error: str) -> None:
+    pol = parse_network({"allow": [{"host": "git.test", "http": [{"methods": ["GET"], "paths": ["/x"]}]}]}, "p.yaml")
+    wire = encode(BindingSpec("t", pol, ca=CaPair("c", "k")))
+    target = wire["policy"]["allow"][0]
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    with pytest.raises(SpecError, match=error):
+        decode(wire)
+
+
+def test_decode_refuses_a_secret_with_a_line_break_or_a_raw_host() -> None:
+    s = Secret("api.test", "Authorization", "Bearer r", "r", "sentinel", "V", "p.yaml:3")
+    wire = encode(BindingSpec("t", NetworkPolicy(), ca=CaPair("c", "k"), secrets=(s,)))
+    assert decode(wire).secrets == (s,)
+    bad = copy.deepcopy(wire)
+    bad["secrets"][0]["value"] = "Bearer r\r\nX-Evil: 1"
+    with pytest.raises(SpecError, match="line break"):
+        decode(bad)
+    bad = copy.deepcopy(wire)
+    bad["secrets"][0]["host"] = "API.test"
+    with pytest.raises(SpecError, match="canonical"):
         decode(bad)

@@ -1,0 +1,77 @@
+"""The platform seam: one interface for "make a sandbox, start CMD, wait, tear down", one per OS.
+
+Why an interface and not an `if windows:` in the launch sequence: the policy, proxy and audit code
+must never learn which OS they run on (architecture.md), so everything OS-specific hides behind
+these four steps, and `run_in` is the one order they are taken in on every platform: teardown
+runs whatever happened, so a failed start never leaves filters, ACLs or placeholders behind.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal, Protocol
+
+if TYPE_CHECKING:  # the policy types only: importing the loader would cost every run its parse
+    from launcher.config.load import Policy
+
+PlatformName = Literal["linux", "windows"]
+
+
+@dataclass(frozen=True)
+class SandboxRequest:
+    """What every backend gets: the command, where it runs, its (already filtered) environment, the policy."""
+
+    cmd: tuple[str, ...]
+    cwd: str
+    env: Mapping[str, str]
+    policy: Policy
+    task: str
+
+
+class Sandbox(Protocol):
+    """A made sandbox: what `start`, `wait` and `teardown` act on (each backend has its own record)."""
+
+    @property
+    def request(self) -> SandboxRequest: ...
+
+
+class Backend(Protocol):
+    """One OS's way to confine a command. Every method may raise; `teardown` must be idempotent."""
+
+    name: PlatformName
+
+    def make(self, request: SandboxRequest) -> Sandbox:
+        """Everything before CMD: boundaries installed (namespaces / WFP, ACLs, job), nothing running yet."""
+        ...
+
+    def start(self, sandbox: Sandbox) -> None:
+        """CMD started inside the finished boundary (Windows: suspended, put in the job, then resumed)."""
+        ...
+
+    def wait(self, sandbox: Sandbox) -> int:
+        """CMD's exit status; signals forwarded meanwhile."""
+        ...
+
+    def teardown(self, sandbox: Sandbox) -> None:
+        """Every trace removed or restored (placeholders, DACLs, dynamic filters), also after a failed start."""
+        ...
+
+
+def run_in(backend: Backend, request: SandboxRequest) -> int:
+    """The order every platform follows: make, start, wait; teardown whatever happened after make."""
+    sandbox = backend.make(request)
+    try:
+        backend.start(sandbox)
+        return backend.wait(sandbox)
+    finally:
+        backend.teardown(sandbox)
+
+
+def platform_name(sys_platform: str) -> PlatformName:
+    """The backend for `sys.platform`; anything else is refused rather than run unconfined."""
+    if sys_platform.startswith("linux"):
+        return "linux"
+    if sys_platform == "win32":
+        return "windows"
+    raise NotImplementedError(f"sandgate has no sandbox backend for {sys_platform!r} (Linux and Windows only)")

@@ -1,0 +1,63 @@
+"""Windows Firewall rules scoped to the sandbox user's SID: the second layer behind WFP.
+
+Threat answered: one layer misconfigured or removed (a WFP filter deleted by another tool, a
+sublayer outweighed) must not open the network. Rules are scoped with LocalUserAuthorizedList
+(an SDDL naming the SID), are all BLOCK (in the firewall a block always beats an allow, so no
+other rule can reopen them), and leave exactly one hole: loopback TCP to the proxy's ports.
+Applied in the order listed, removed in reverse; names are fixed so re-running setup replaces them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+LOOPBACK_V4 = "127.0.0.0-127.255.255.255"
+LOOPBACK_V6 = "::1"
+#: Every address but loopback, as the firewall's RemoteAddresses ranges (it has no "not").
+NOT_LOOPBACK = ("0.0.0.0-126.255.255.255", "128.0.0.0-255.255.255.255", "::", "::2-ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class FirewallRule:
+    name: str  # INetFwRule.Name: fixed, so setup replaces its own rules and removal finds them
+    direction: Literal["out", "in"]
+    protocol: Literal["any", "tcp", "udp"]  # NET_FW_IP_PROTOCOL_ANY / _TCP / _UDP
+    remote_addresses: tuple[str, ...]  # ("*",) = any
+    remote_ports: tuple[str, ...]  # ("*",) = any; only with tcp/udp
+    local_user_sddl: str  # INetFwRule3.LocalUserAuthorizedList
+    action: Literal["block"] = "block"
+    profiles: Literal["all"] = "all"  # NET_FW_PROFILE2_ALL: domain, private and public alike
+
+
+def port_complement(ports: tuple[int, ...]) -> tuple[str, ...]:
+    """Every TCP port but `ports`, as firewall port ranges ("1-3127", "3130-65535")."""
+    out: list[str] = []
+    start = 1
+    for p in sorted(set(ports)):
+        if p > start:
+            out.append(f"{start}-{p - 1}" if p - 1 > start else str(start))
+        start = p + 1
+    if start <= 65535:
+        out.append(f"{start}-65535" if start < 65535 else "65535")
+    return tuple(out)
+
+
+def plan_rules(sid: str, proxy_ports: tuple[int, ...]) -> tuple[FirewallRule, ...]:
+    """The rules in the order they are added: off-host first (the dangerous direction), then the
+    loopback services that are not the proxy (host services on loopback: databases, debug ports;
+    then all of loopback UDP: a local resolver), then inbound (a sandbox listener reachable from the network)."""
+    sddl = f"O:LSD:(A;;CC;;;{sid})"
+    return (
+        FirewallRule(f"sandgate-{sid}-out-offhost", "out", "any", NOT_LOOPBACK, ("*",), sddl),
+        FirewallRule(
+            f"sandgate-{sid}-out-loopback",
+            "out",
+            "tcp",
+            (LOOPBACK_V4, LOOPBACK_V6),
+            port_complement(proxy_ports),
+            sddl,
+        ),
+        FirewallRule(f"sandgate-{sid}-out-loopback-udp", "out", "udp", (LOOPBACK_V4, LOOPBACK_V6), ("*",), sddl),
+        FirewallRule(f"sandgate-{sid}-in-all", "in", "any", ("*",), ("*",), sddl),
+    )

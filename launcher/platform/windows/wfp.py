@@ -1,0 +1,177 @@
+"""The WFP filter plan: which connections the sandbox user's token may make, decided by the kernel.
+
+Threat answered: a program that ignores HTTP(S)_PROXY opens its own socket (direct IP, other
+ports, UDP/QUIC, DNS 53/853 to any resolver, IPv6). Filters at ALE_AUTH_CONNECT v4/v6 match the
+connecting token's user SID (FWPM_CONDITION_ALE_USER_ID), so every process of the sandbox user is
+covered whatever its image, and persistent filters survive a reboot and a killed sandgate.
+Keys are derived deterministically (uuid5), so `sandgate setup` is idempotent and removal finds
+exactly what setup added, also after a crash. GUIDs of layers and conditions are fwpmu.h's.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Literal
+
+#: sandgate's own namespace for derived WFP keys (fixed forever: changing it orphans installed filters).
+NAMESPACE = uuid.UUID("5a6d8c1e-7f2b-5e34-9a41-3c0b2d6e8f17")
+
+LayerName = Literal[
+    "ALE_AUTH_CONNECT_V4", "ALE_AUTH_CONNECT_V6", "ALE_RESOURCE_ASSIGNMENT_V4", "ALE_RESOURCE_ASSIGNMENT_V6"
+]
+#: FWPM_LAYER_* keys (fwpmu.h).
+LAYERS: dict[LayerName, uuid.UUID] = {
+    "ALE_AUTH_CONNECT_V4": uuid.UUID("c38d57d1-05a7-4c33-904f-7fbceee60e82"),
+    "ALE_AUTH_CONNECT_V6": uuid.UUID("4a72393b-319f-44bc-84c3-ba54dcb3b6b4"),
+    "ALE_RESOURCE_ASSIGNMENT_V4": uuid.UUID("1247d66d-0b60-4a15-8d44-7155d0f53a0c"),
+    "ALE_RESOURCE_ASSIGNMENT_V6": uuid.UUID("55a650e1-5f0a-4eca-a653-88f53b26aa8c"),
+}
+FieldName = Literal["user", "remote_addr", "remote_port", "protocol"]
+#: FWPM_CONDITION_* keys (fwpmu.h).
+FIELDS: dict[FieldName, uuid.UUID] = {
+    "user": uuid.UUID("af043a0a-b34d-4f86-979c-c90371af6e66"),  # ALE_USER_ID: an SD matched against the token
+    "remote_addr": uuid.UUID("b235ae9a-1d64-49b8-a44c-5ff3d9095045"),
+    "remote_port": uuid.UUID("c35a604d-d22b-4e1a-91b4-68f674ee674b"),
+    "protocol": uuid.UUID("3971ef2b-623e-4f9a-8cb1-6e79b806b9a7"),
+}
+IPPROTO_ICMP, IPPROTO_TCP, IPPROTO_ICMPV6 = 1, 6, 58
+#: Ports that are DNS whatever the policy says: never reachable, not even on loopback (the proxy
+#: resolves names itself; a DNS port in the permit set would be a resolver the sandbox talks to).
+DNS_PORTS: tuple[int, ...] = (53, 853)
+#: Weights inside sandgate's sublayer (FWP_UINT8, 0-15): DNS block > permits > catch-all block.
+W_DNS, W_PERMIT, W_TRANSPARENT, W_BLOCK = 15, 12, 8, 0
+
+
+class WfpPlanError(ValueError):
+    """A plan that would weaken the boundary (a DNS port as a proxy port, no ports, a bad SID)."""
+
+
+@dataclass(frozen=True)
+class Condition:
+    field: FieldName
+    value: str | int  # user: an SDDL security descriptor; remote_addr: an address; else a number
+
+
+@dataclass(frozen=True)
+class WfpFilter:
+    key: uuid.UUID
+    name: str
+    layer: LayerName
+    action: Literal["block", "permit"]
+    weight: int
+    conditions: tuple[Condition, ...]
+    persistent: bool = True  # FWPM_FILTER_FLAG_PERSISTENT; False: lives in the adding session only
+    # FWPM_FILTER_FLAG_CLEAR_ACTION_RIGHT (filter arbitration): a hard block is final; a hard permit
+    # cannot be overridden by a lower sublayer's block (only by a callout veto).
+    hard: bool = False
+
+    @property
+    def layer_key(self) -> uuid.UUID:
+        return LAYERS[self.layer]
+
+
+@dataclass(frozen=True)
+class WfpPlan:
+    provider_key: uuid.UUID
+    sublayer_key: uuid.UUID
+    # FWPM_SUBLAYER0.weight (UINT16): sublayers are evaluated from the highest; ours is the highest,
+    # so no other product's hard permit is seen before our hard blocks.
+    sublayer_weight: int
+    filters: tuple[WfpFilter, ...]
+
+
+def derived_key(*parts: str) -> uuid.UUID:
+    """A key that is the same on every run and machine for the same names (idempotent setup, exact removal)."""
+    return uuid.uuid5(NAMESPACE, "/".join(parts))
+
+
+def user_condition(sid: str) -> Condition:
+    """FWPM_CONDITION_ALE_USER_ID takes a security descriptor; the engine checks it for
+    FWP_ACTRL_MATCH_FILTER (0x1, "CC" in SDDL): granted to the sandbox SID = the condition is true."""
+    if not sid.startswith("S-1-5-21-") or not all(p.isdigit() for p in sid[2:].split("-")):
+        raise WfpPlanError(f"{sid!r} is not a local account SID (S-1-5-21-...): filters must name one user")
+    return Condition("user", f"O:LSD:(A;;CC;;;{sid})")
+
+
+def _filter(
+    sid: str,
+    layer: LayerName,
+    name: str,
+    action: Literal["block", "permit"],
+    weight: int,
+    *more: Condition,
+    persistent: bool = True,
+    hard: bool = False,
+) -> WfpFilter:
+    return WfpFilter(
+        derived_key(sid, layer, name),
+        f"sandgate {name}",
+        layer,
+        action,
+        weight,
+        (user_condition(sid), *more),
+        persistent,
+        hard,
+    )
+
+
+def plan_filters(sid: str, proxy_ports: tuple[int, ...]) -> WfpPlan:
+    """The persistent set for one sandbox user: only loopback to the proxy's ports, nothing else."""
+    ports = tuple(sorted(set(proxy_ports)))
+    if not ports:
+        raise WfpPlanError("no proxy ports: the sandbox user would have no network at all (say so instead)")
+    if any(p in DNS_PORTS or not 0 < p < 65536 for p in ports):
+        raise WfpPlanError(f"proxy ports {ports}: DNS ports {DNS_PORTS} and out-of-range ports cannot be permitted")
+    out: list[WfpFilter] = []
+    for fam, loop in (("V4", "127.0.0.1"), ("V6", "::1")):
+        connect: LayerName = "ALE_AUTH_CONNECT_V4" if fam == "V4" else "ALE_AUTH_CONNECT_V6"
+        assign: LayerName = "ALE_RESOURCE_ASSIGNMENT_V4" if fam == "V4" else "ALE_RESOURCE_ASSIGNMENT_V6"
+        for port in DNS_PORTS:  # DNS exfiltration through any resolver, loopback included
+            out.append(
+                _filter(
+                    sid, connect, f"block dns {port} {fam}", "block", W_DNS, Condition("remote_port", port), hard=True
+                )
+            )
+        for port in ports:  # the one way out: TCP to the proxy on loopback
+            out.append(
+                _filter(
+                    sid,
+                    connect,
+                    f"permit proxy {port} {fam}",
+                    "permit",
+                    W_PERMIT,
+                    Condition("protocol", IPPROTO_TCP),
+                    Condition("remote_addr", loop),
+                    Condition("remote_port", port),
+                )
+            )
+        out.append(
+            _filter(sid, connect, f"block all {fam}", "block", W_BLOCK, hard=True)
+        )  # direct IP, UDP, other ports
+        icmp = IPPROTO_ICMP if fam == "V4" else IPPROTO_ICMPV6  # ICMP sockets send without a connect
+        out.append(_filter(sid, assign, f"block icmp {fam}", "block", W_BLOCK, Condition("protocol", icmp), hard=True))
+    return WfpPlan(derived_key(sid, "provider"), derived_key(sid, "sublayer"), 0xFFFF, tuple(out))
+
+
+def transparent_permits(sid: str) -> tuple[WfpFilter, ...]:
+    """Optional transparent capture: the sandbox user's TCP connects may start, so that the
+    redirect loop can reflect their SYNs into the proxy. Threat: the loop dies and the flows go
+    out directly (WinDivert fails open). So these are NOT persistent: they live in the loop's own
+    dynamic WFP session (FWPM_SESSION_FLAG_DYNAMIC) and vanish with its process; the persistent
+    block then applies again. They are hard permits: the firewall's off-host block for the SID sits
+    in a lower sublayer and would otherwise win, so in this mode the loop (reflect or drop), not
+    the firewall, is TCP's second line. DNS stays blocked above them (W_DNS > W_TRANSPARENT)."""
+    return tuple(
+        _filter(
+            sid,
+            layer,
+            f"transparent tcp {layer[-2:]}",
+            "permit",
+            W_TRANSPARENT,
+            Condition("protocol", IPPROTO_TCP),
+            persistent=False,
+            hard=True,  # else the firewall's off-host block (a lower sublayer) would still win
+        )
+        for layer in ("ALE_AUTH_CONNECT_V4", "ALE_AUTH_CONNECT_V6")
+    )

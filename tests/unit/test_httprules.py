@@ -1,0 +1,281 @@
+"""netguard/httprules.py: request rules of inspected hosts, parsed and matched (pure, hammered)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from launcher.config import bundled
+from launcher.config.load import build_policy
+from netguard import rules
+from netguard.httprules import READ_ONLY, HttpRule, canonical_path, decide_request, parse_http, path_matches
+from netguard.policy import parse_network
+from netguard.policyerror import PolicyError
+
+GIT = (
+    HttpRule(READ_ONLY, None, "p:1"),
+    HttpRule(frozenset({"POST"}), ("/*/*/git-upload-pack",), "p:2"),
+)
+
+
+# ---- canonical paths ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("target", "canonical"),
+    [
+        ("/", "/"),
+        ("/o/r/info/refs?service=git-upload-pack", "/o/r/info/refs"),
+        ("/o/r#frag", "/o/r"),
+        ("/%41%62c", "/Abc"),
+        ("/@types%2fnode", "/@types%2Fnode"),  # npm scoped names keep their encoded slash
+        ("/a%5Cb", "/a%5Cb"),
+        ("/a%2525", "/a%2525"),
+        ("/a%20b", "/a%20b"),
+        ("//x", "//x"),
+    ],
+)
+def test_canonical_path(target: str, canonical: str) -> None:
+    assert canonical_path(target) == canonical
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        "/o/r/git-upload-pack/../../x/y/git-receive-pack",
+        "/o/r/%2e%2e/x",
+        "/o/r/%2E%2e/x",
+        "/o/./r",
+        "/o/r/..",
+        "/o\\r",
+        "/o/%zz",
+        "/o/%4",
+        "*",
+        "o/r",
+        "http://evil.test/o/r",
+        "",
+    ],
+)
+def test_ambiguous_paths_are_refused_whatever_the_rules(target: str) -> None:
+    """The threat: our glob reads one path while the upstream reads another (dot segments, escapes, '\\')."""
+    assert canonical_path(target) is None
+    d = decide_request(None, "git.test", "GET", target)
+    assert not d.allowed and "not canonical" in d.reason
+
+
+@given(st.text(alphabet="/ab.%2eEfF5cC\\?#", max_size=24))
+def test_canonical_is_idempotent_and_never_holds_a_dot_segment(target: str) -> None:
+    c = canonical_path(target)
+    if c is None:
+        return
+    assert canonical_path(c) == c
+    assert "." not in c.split("/") and ".." not in c.split("/") and "\\" not in c and "?" not in c
+
+
+# ---- globs ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("pattern", "path", "hit"),
+    [
+        ("/*/*/git-upload-pack", "/o/r/git-upload-pack", True),
+        ("/*/*/git-upload-pack", "/o/r.git/git-upload-pack", True),
+        ("/*/*/git-upload-pack", "/o/r/git-receive-pack", False),
+        ("/*/*/git-upload-pack", "/o/x/r/git-upload-pack", False),  # '*' stays within a segment
+        ("/*/*/git-upload-pack", "/o/r/git-upload-pack/x", False),
+        ("/*/*/git-upload-pack", "/o/r/git-upload-packx", False),
+        ("/**/git-upload-pack", "/a/b/c/git-upload-pack", True),
+        ("/-/npm/v1/security/**", "/-/npm/v1/security/advisories/bulk", True),
+        ("/-/npm/v1/security/**", "/-/npm/v1/securityx", False),
+        ("/a.b", "/aXb", False),  # '.' is literal, not a regex
+        ("/a+", "/aa", False),
+        ("/x", "/X", False),
+    ],
+)
+def test_path_matches(pattern: str, path: str, hit: bool) -> None:
+    assert path_matches(pattern, path) is hit
+
+
+@given(st.text(alphabet="ab/-", max_size=12))
+def test_a_single_star_never_crosses_a_slash(seg: str) -> None:
+    assert path_matches("/*", "/" + seg) is ("/" not in seg)
+
+
+# ---- decisions ------------------------------------------------------------------------------
+
+
+def test_git_read_only_allows_fetch_and_refuses_push() -> None:
+    assert decide_request(GIT, "git.test", "GET", "/o/r/info/refs?service=git-upload-pack").allowed
+    up = decide_request(GIT, "git.test", "POST", "/o/r.git/git-upload-pack")
+    assert up.allowed and up.rule == "p:2"
+    push = decide_request(GIT, "git.test", "POST", "/o/r.git/git-receive-pack")
+    assert not push.allowed and push.rule is None
+    assert "POST /o/r.git/git-receive-pack not allowed on git.test" in push.reason
+    assert "read-only" in push.reason and "POST /*/*/git-upload-pack" in push.reason
+
+
+@pytest.mark.parametrize("method", ["POST", "PUT", "DELETE", "PATCH", "CONNECT", "TRACE", "get", "Get", "PROPFIND"])
+def test_read_only_refuses_every_other_method_and_other_spellings(method: str) -> None:
+    """Methods are case-sensitive in HTTP: a server that folds `get` into GET must not get a write through."""
+    ro = (HttpRule(READ_ONLY, None, "p:1"),)
+    assert not decide_request(ro, "h.test", method, "/x").allowed
+
+
+def test_the_query_string_never_widens_a_path_rule() -> None:
+    only = (HttpRule(frozenset({"POST"}), ("/ok",), "p:1"),)
+    assert decide_request(only, "h.test", "POST", "/ok?x=/../evil").allowed
+    assert not decide_request(only, "h.test", "POST", "/evil?/ok").allowed
+
+
+def test_inspect_without_rules_allows_every_canonical_request() -> None:
+    d = decide_request(None, "h.test", "DELETE", "/anything")
+    assert d.allowed and d.rule is None
+
+
+# ---- parsing --------------------------------------------------------------------------------
+
+
+def test_parse_http_forms_and_origins() -> None:
+    got = parse_http(["read-only", {"methods": ["post", "PUT"], "paths": ["/a/*"]}, {"paths": "/b"}], "f.yaml", 7)
+    assert got[0] == HttpRule(READ_ONLY, None, "f.yaml:7")
+    assert got[1].methods == frozenset({"POST", "PUT"}) and got[1].paths == ("/a/*",)
+    assert got[2].methods is None and got[2].paths == ("/b",)
+    assert parse_http("read-only", "f.yaml", None) == (HttpRule(READ_ONLY, None, "f.yaml"),)
+
+
+@pytest.mark.parametrize(
+    ("value", "error"),
+    [
+        ([], "'http' is empty"),
+        ("readonly", "read-only or a mapping"),
+        ({"method": ["GET"]}, "unknown key 'method'"),
+        ({}, "needs methods, paths or both"),
+        ({"methods": []}, "'methods' is empty"),
+        ({"methods": ["GE T"]}, "invalid method"),
+        ({"methods": [1]}, "invalid method"),
+        ({"paths": ["a/b"]}, "starts with '/'"),
+        ({"paths": ["/a?x=1"]}, "without a query"),
+        ({"paths": ["/a/../b"]}, "not canonical"),
+        ({"paths": ["/a%2fb"]}, "not canonical"),
+        ({"paths": []}, "'paths' is empty"),
+    ],
+)
+def test_parse_http_errors(value: object, error: str) -> None:
+    with pytest.raises(PolicyError, match=error):
+        parse_http(value, "f.yaml", 3)
+
+
+def test_policy_entries_opt_in_and_errors() -> None:
+    pol = parse_network(
+        {
+            "allow": [
+                {"host": "git.test", "http": "read-only"},
+                {"host": "api.test", "inspect": True},
+                {"host": "q.test", "log_query": True},
+                {"host": "plain.test", "inspect": False},
+                "other.test",
+            ]
+        },
+        "p.yaml",
+    )
+    flags = [(r.inspect, r.http is not None, r.log_query) for r in pol.allow]
+    off = (False, False, False)
+    assert flags == [(True, True, False), (True, False, False), (True, False, True), off, off]
+    for entry, error in [
+        ({"cidr": "198.18.0.0/15", "inspect": True}, "needs a host name"),
+        ({"host": "x.test", "inspect": "yes"}, "true or false"),
+        ({"host": "x.test", "inspect": False, "http": "read-only"}, "rules need inspection"),
+    ]:
+        with pytest.raises(PolicyError, match=error):
+            parse_network({"allow": [entry]}, "p.yaml")
+    with pytest.raises(PolicyError, match="belongs on allow entries"):
+        parse_network({"deny": [{"host": "x.test", "http": "read-only"}]}, "p.yaml")
+
+
+# ---- which destinations are inspected ----------------------------------------------------------
+
+
+def test_inspection_only_counts_inspecting_entries() -> None:
+    """A plain allow for the same host (a bundled list, --allow) never widens an inspected host."""
+    rs = rules.compile_policy(
+        parse_network(
+            {
+                "allow": [
+                    "github.com",
+                    {"host": "github.com", "http": "read-only"},
+                    {"host": "*.example.test", "http": [{"methods": ["POST"], "paths": ["/p"]}], "ports": [8443]},
+                    "plain.test",
+                ]
+            },
+            "p.yaml",
+        )
+    )
+    insp = rules.inspection(rs, "GitHub.com.", 443)
+    assert insp is not None and insp.http is not None and len(insp.http) == 1
+    assert rules.inspection(rs, "plain.test", 443) is None
+    assert rules.inspection(rs, "a.example.test", 443) is None  # that entry covers 8443 only
+    wild = rules.inspection(rs, "a.example.test", 8443)
+    assert wild is not None and wild.http is not None and wild.http[0].paths == ("/p",)
+    assert rules.inspection(rs, "198.18.0.1", 443) is None
+
+
+def test_inspect_true_anywhere_means_every_request_on_that_host() -> None:
+    rs = rules.compile_policy(
+        parse_network({"allow": [{"host": "h.test", "http": "read-only"}, {"host": "h.test", "inspect": True}]}, "p")
+    )
+    insp = rules.inspection(rs, "h.test", 443)
+    assert insp is not None and insp.http is None
+
+
+# ---- the bundled presets ------------------------------------------------------------------------
+
+
+def _preset(name: str) -> rules.Ruleset:
+    path = bundled.bundled_path(name)
+    assert path is not None
+    return rules.compile_policy(build_policy([Path(path)], [], []).network)
+
+
+def _req(rs: rules.Ruleset, host: str, method: str, path: str) -> bool:
+    insp = rules.inspection(rs, host, 443)
+    assert insp is not None, f"{host} is not inspected"
+    return decide_request(insp.http, host, method, path).allowed
+
+
+def test_github_readonly_clones_and_fetches_but_never_pushes() -> None:
+    rs = _preset("github-readonly")
+    assert rules.decide(rs, "github.com", 443).allowed
+    assert _req(rs, "github.com", "GET", "/o/r.git/info/refs?service=git-upload-pack")
+    assert _req(rs, "github.com", "POST", "/o/r.git/git-upload-pack")
+    assert _req(rs, "github.com", "POST", "/o/r/git-upload-pack")
+    assert not _req(rs, "github.com", "POST", "/o/r.git/git-receive-pack")
+    assert not _req(rs, "github.com", "POST", "/o/r/git-receive-pack")
+    assert not _req(rs, "api.github.com", "POST", "/graphql")
+    assert not _req(rs, "api.github.com", "DELETE", "/repos/o/r")
+    assert _req(rs, "api.github.com", "GET", "/repos/o/r/releases/latest")
+    for host in ("codeload.github.com", "raw.githubusercontent.com", "objects.githubusercontent.com"):
+        assert _req(rs, host, "GET", "/o/r/x") and not _req(rs, host, "PUT", "/o/r/x")
+
+
+def test_npm_readonly_installs_and_audits_but_never_publishes() -> None:
+    rs = _preset("npm-readonly")
+    assert _req(rs, "registry.npmjs.org", "GET", "/@types%2fnode")
+    assert _req(rs, "registry.npmjs.org", "POST", "/-/npm/v1/security/advisories/bulk")
+    assert not _req(rs, "registry.npmjs.org", "PUT", "/my-package")  # npm publish
+    assert not _req(rs, "registry.npmjs.org", "DELETE", "/my-package/-rev/1-abc")  # npm unpublish
+    assert not _req(rs, "registry.npmjs.org", "PUT", "/-/package/my-package/dist-tags/latest")
+    assert not _req(rs, "registry.npmjs.org", "PUT", "/-/user/org.couchdb.user:me")  # npm login
+    assert not _req(rs, "registry.yarnpkg.com", "PUT", "/my-package")
+
+
+def test_pypi_readonly_denies_the_upload_host_whatever_else_allows_it() -> None:
+    rs = _preset("pypi-readonly")
+    assert _req(rs, "pypi.org", "GET", "/simple/requests/")
+    assert not _req(rs, "pypi.org", "POST", "/legacy/")
+    assert not rules.decide(rs, "upload.pypi.org", 443).allowed
+    plain = _preset("pypi")
+    assert not rules.decide(plain, "upload.pypi.org", 443).allowed  # not listed in the default list either
+    assert rules.inspection(plain, "pypi.org", 443) is None  # and the default list stays passthrough

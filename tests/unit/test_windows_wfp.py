@@ -1,0 +1,102 @@
+"""WFP filter plans and firewall rule lists for the sandbox user (pure; installed only on Windows)."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from launcher.platform.windows import firewall, wfp
+
+SID = "S-1-5-21-1111111111-2222222222-3333333333-1001"
+
+
+def _by_name(plan: wfp.WfpPlan) -> dict[str, wfp.WfpFilter]:
+    return {f.name: f for f in plan.filters}
+
+
+def test_keys_are_stable_distinct_and_per_user() -> None:
+    a, b = wfp.plan_filters(SID, (3128,)), wfp.plan_filters(SID, (3128,))
+    assert a == b  # same keys on every run and machine: idempotent setup, exact removal
+    keys = [f.key for f in a.filters]
+    assert len(set(keys)) == len(keys)
+    other = wfp.plan_filters("S-1-5-21-1-2-3-1002", (3128,))
+    assert not set(keys) & {f.key for f in other.filters}
+    assert a.provider_key != a.sublayer_key
+    assert a.sublayer_weight == 0xFFFF  # evaluated first: no other product's hard permit comes before
+    assert wfp.derived_key("x") == uuid.uuid5(wfp.NAMESPACE, "x")
+
+
+def test_every_filter_names_the_user_and_the_only_permit_is_loopback_tcp_to_the_proxy() -> None:
+    plan = wfp.plan_filters(SID, (3128, 3129))
+    for f in plan.filters:
+        assert f.conditions[0] == wfp.Condition("user", f"O:LSD:(A;;CC;;;{SID})")
+        assert f.persistent
+    permits = [f for f in plan.filters if f.action == "permit"]
+    assert {(f.layer, c.value) for f in permits for c in f.conditions if c.field == "remote_addr"} == {
+        ("ALE_AUTH_CONNECT_V4", "127.0.0.1"),
+        ("ALE_AUTH_CONNECT_V6", "::1"),
+    }
+    assert sorted(c.value for f in permits for c in f.conditions if c.field == "remote_port") == [
+        3128,
+        3128,
+        3129,
+        3129,
+    ]
+    assert all(wfp.Condition("protocol", wfp.IPPROTO_TCP) in f.conditions for f in permits)
+
+
+def test_catch_all_and_dns_blocks_are_hard_and_outweigh_as_intended() -> None:
+    f = _by_name(wfp.plan_filters(SID, (3128,)))
+    for fam in ("V4", "V6"):
+        block = f[f"sandgate block all {fam}"]
+        assert block.action == "block" and block.hard and block.conditions == (block.conditions[0],)
+        for port in (53, 853):  # DNS to ANY address, loopback included, above every permit
+            dns = f[f"sandgate block dns {port} {fam}"]
+            assert dns.hard and dns.weight > f[f"sandgate permit proxy 3128 {fam}"].weight > block.weight
+        assert f[f"sandgate block icmp {fam}"].layer.startswith("ALE_RESOURCE_ASSIGNMENT")
+    assert f["sandgate block all V4"].layer_key == uuid.UUID("c38d57d1-05a7-4c33-904f-7fbceee60e82")
+    assert f["sandgate block all V6"].layer_key == uuid.UUID("4a72393b-319f-44bc-84c3-ba54dcb3b6b4")
+
+
+@pytest.mark.parametrize("ports", [(), (53,), (3128, 853), (0,), (70000,)])
+def test_plans_that_would_weaken_the_boundary_are_refused(ports: tuple[int, ...]) -> None:
+    with pytest.raises(wfp.WfpPlanError):
+        wfp.plan_filters(SID, ports)
+
+
+@pytest.mark.parametrize("sid", ["S-1-1-0", "S-1-5-32-545", "Everyone", "S-1-5-21-1-x-3", ""])
+def test_only_one_local_account_can_be_named(sid: str) -> None:
+    with pytest.raises(wfp.WfpPlanError):  # Everyone / Users would cut the whole machine off
+        wfp.plan_filters(sid, (3128,))
+
+
+def test_transparent_permits_are_dynamic_tcp_only_and_below_dns() -> None:
+    permits = wfp.transparent_permits(SID)
+    assert {f.layer for f in permits} == {"ALE_AUTH_CONNECT_V4", "ALE_AUTH_CONNECT_V6"}
+    for f in permits:
+        assert not f.persistent  # dies with the redirect loop's session: fail closed
+        assert f.hard  # must outweigh the firewall's off-host block in its lower sublayer
+        assert wfp.Condition("protocol", wfp.IPPROTO_TCP) in f.conditions
+        assert wfp.W_BLOCK < f.weight < wfp.W_DNS
+    assert not {f.key for f in permits} & {f.key for f in wfp.plan_filters(SID, (3128,)).filters}
+
+
+def test_port_complement() -> None:
+    assert firewall.port_complement((3128,)) == ("1-3127", "3129-65535")
+    assert firewall.port_complement((3128, 3129)) == ("1-3127", "3130-65535")
+    assert firewall.port_complement((1, 65535)) == ("2-65534",)
+    assert firewall.port_complement((2, 65534)) == ("1", "3-65533", "65535")
+
+
+def test_firewall_rules_in_order_all_block_and_scoped_to_the_sid() -> None:
+    rules = firewall.plan_rules(SID, (3128,))
+    assert rules[0].name == f"sandgate-{SID}-out-offhost"
+    assert [r.direction for r in rules] == ["out", "out", "out", "in"]
+    assert all(r.action == "block" and r.local_user_sddl == f"O:LSD:(A;;CC;;;{SID})" for r in rules)
+    offhost, loop_tcp, loop_udp, inbound = rules
+    assert inbound.remote_addresses == ("*",)
+    assert "127.0.0.1" not in str(offhost.remote_addresses) and offhost.protocol == "any"
+    assert loop_tcp.protocol == "tcp" and loop_tcp.remote_ports == ("1-3127", "3129-65535")
+    assert loop_udp.protocol == "udp" and loop_udp.remote_ports == ("*",)
+    assert len({r.name for r in rules}) == len(rules)
