@@ -123,17 +123,29 @@ def broker(headers: Headers, secrets: Iterable[Secret], host: str, lower: bool =
     """The headers of an inspected HTTPS request to `host` with its credentials in: each secret's header set
     (replacing whatever the sandbox sent), its sentinel swapped for the real value in any other header.
 
-    `lower`: header names in lower case (HTTP/2 forbids upper case).
+    `lower`: header names in lower case (HTTP/2 forbids upper case). A brokered request also asks for
+    an uncompressed response (`Accept-Encoding: identity`): `Scrub` can only mask an echoed real value
+    it can read, and the sandbox choosing gzip must not turn the echo into a way out.
     """
     out = list(headers)
     for s in secrets:
         if s.host != host:
             continue
-        name = s.header.lower() if lower else s.header
-        at = next((i for i, (n, _) in enumerate(out) if n.lower() == s.header.lower()), len(out))
-        rest = [(n, v.replace(s.sentinel, s.real)) for n, v in out if n.lower() != s.header.lower()]
-        out = [*rest[:at], (name, s.value), *rest[at:]]
+        out = _set(out, s.header, s.value, lower, (s.sentinel, s.real))
+    if out != list(headers):
+        out = _set(out, "Accept-Encoding", "identity", lower, ("", ""))
     return out
+
+
+def _set(
+    fields: list[tuple[str, str]], header: str, value: str, lower: bool, swap: tuple[str, str]
+) -> list[tuple[str, str]]:
+    """`fields` with `header` set to `value` once (where it first was, else last); in the others the
+    text swap[0] replaced by swap[1] (nothing when empty)."""
+    name = header.lower() if lower else header
+    at = next((i for i, (n, _) in enumerate(fields) if n.lower() == header.lower()), len(fields))
+    rest = [(n, v.replace(*swap) if swap[0] else v) for n, v in fields if n.lower() != header.lower()]
+    return [*rest[:at], (name, value), *rest[at:]]
 
 
 def unsecret(value: bytes, secrets: Iterable[Secret]) -> bytes:

@@ -385,6 +385,12 @@ def test_redaction_and_broker_are_pure() -> None:
         ("Accept", "*/*"),
         ("Authorization", f"Bearer {REAL}"),
         ("X", REAL),
+        ("Accept-Encoding", "identity"),  # an echo of the value must stay readable for Scrub
+    ]
+    gz = [("accept-encoding", "gzip, br"), ("authorization", "x")]
+    assert inspected.broker(gz, (SECRET,), "api.test", lower=True) == [
+        ("accept-encoding", "identity"),
+        ("authorization", f"Bearer {REAL}"),
     ]
     assert inspected.broker(fields, (SECRET,), "other.test") == fields
 
