@@ -1012,10 +1012,12 @@ def test_only_sandgates_403_with_its_reason_and_rule_counts_as_a_refusal() -> No
 
 @pytest.fixture
 def no_roots(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The search reads the environment, /proc and the given places, not the whole machine's /tmp and /run."""
+    """The search reads the environment, this process and the given places, not the machine's /tmp, /run
+    and every process's open files (inside a sandbox those are its own)."""
     from launcher.selftest.probes import readable
 
     monkeypatch.setattr(readable, "ROOTS", ())
+    monkeypatch.setattr(readable, "pids", lambda: [str(os.getpid())])
 
 
 def test_secret_brokered_finds_the_real_secret_wherever_it_is_readable(
@@ -1036,6 +1038,15 @@ def test_secret_brokered_finds_the_real_secret_wherever_it_is_readable(
     (Path(fs_spec["home"]) / ".cache-token").write_text(f"token={real}\n")
     rec = run("secret_brokered", spec)
     assert rec["observed"] == "permitted" and ".cache-token" in rec["detail"], rec
+    (Path(fs_spec["home"]) / ".cache-token").unlink()
+    # A descriptor left open on an unlinked file (a memfd, a deleted temp file) is readable too.
+    import tempfile
+
+    with tempfile.TemporaryFile() as held:
+        held.write(f"{real}\n".encode())
+        held.flush()
+        rec = run("secret_brokered", spec)
+    assert rec["observed"] == "permitted" and f"/proc/{os.getpid()}/fd/" in rec["detail"], rec
     monkeypatch.delenv("SANDGATE_PROBES_TEST_API_KEY")
     assert run("secret_brokered", spec)["observed"] == "unsupported"  # no sentinel: an SDK would not start
 

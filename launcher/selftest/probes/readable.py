@@ -1,5 +1,5 @@
 """What a sandboxed process can read, gathered for the probes that search it for a secret: its
-environment, every /proc/PID/environ and cmdline it may open, the CA bundles its variables name,
+environment, every /proc/PID/environ, cmdline and open file it may open, the CA bundles its variables name,
 and the files under the places a secret would be left (home, workspace, /tmp, /run, ...).
 
 Bounded (files, bytes, size per file), never following directory symlinks nor opening anything
@@ -61,17 +61,29 @@ def bundles() -> list[str]:
     return list(dict.fromkeys(p for p in (*named, *SYSTEM_BUNDLES) if os.path.isfile(p)))
 
 
+def pids() -> list[str]:
+    """Every process this one can see: inside the sandbox, its own pid namespace's."""
+    return sorted((p for p in os.listdir("/proc") if p.isdigit()), key=int)
+
+
 def processes() -> Iterator[tuple[str, bytes]]:
-    """Every /proc/PID/environ and cmdline this process may read (the pid namespace's processes)."""
-    for pid in sorted((p for p in os.listdir("/proc") if p.isdigit()), key=int):
+    """Every /proc/PID/environ and cmdline this process may read (the pid namespace's processes), and
+    every regular file or memfd they hold open: a descriptor the launcher forgot to close is readable."""
+    for pid in pids():
         for name in ("environ", "cmdline"):
-            data = read_regular(f"/proc/{pid}/{name}")
-            if data is None:
-                try:
-                    data = Path(f"/proc/{pid}/{name}").read_bytes()[:MAX_FILE]
-                except OSError:
-                    continue
+            try:
+                data = Path(f"/proc/{pid}/{name}").read_bytes()[:MAX_FILE]
+            except OSError:
+                continue
             yield f"/proc/{pid}/{name}", data
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            held = read_regular(f"/proc/{pid}/fd/{fd}")  # pipes and sockets are skipped: they would block
+            if held is not None:
+                yield f"/proc/{pid}/fd/{fd}", held
 
 
 class Search:
@@ -86,10 +98,11 @@ class Search:
     def __iter__(self) -> Iterator[tuple[str, bytes]]:
         self.searched += 1
         yield "this process's environment", "\0".join(f"{k}={v}" for k, v in os.environ.items()).encode()
+        total, named = 0, bundles()
         for where, proc in processes():
             self.searched += 1
+            total += len(proc)
             yield where, proc
-        total, named = 0, bundles()
         for path in (*named, *(f for root in self.roots for f in self._files(root))):
             if os.path.islink(path) and path not in named:
                 continue  # the target is searched where it lives (or is a system file)
