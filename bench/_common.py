@@ -36,6 +36,9 @@ from typing import IO, Any
 from urllib.parse import parse_qs, urlsplit
 
 LOOPBACK = "127.0.0.1"
+#: The name the proxy inspects (TLS terminated with its own CA): inspection needs a name to sign for,
+#: and the same server reached by its address stays passthrough, the baseline in the same run.
+INSPECTED = "localhost"
 REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = REPO / ".venv" / "bin"
 PYTHON = str(VENV_BIN / "python")
@@ -138,7 +141,7 @@ def make_certs(directory: Path) -> Certs:
     ca = CA("sandgate bench CA")
     certs = Certs(directory / "ca.pem", directory / "server-chain.pem", directory / "server-key.pem")
     ca.write_cert(certs.ca_pem)
-    ca.issue(LOOPBACK).write(certs.cert_pem, certs.key_pem)
+    ca.issue(LOOPBACK, INSPECTED).write(certs.cert_pem, certs.key_pem)
     return certs
 
 
@@ -290,6 +293,7 @@ class Proxy:
     port: int
     proc: subprocess.Popen[bytes]
     audit_log: Path
+    ca_pem: Path | None = None  # the proxy's own CA (it inspects INSPECTED): what clients of that host trust
 
     @property
     def url(self) -> str:
@@ -315,23 +319,32 @@ class Proxy:
             return False
 
 
-def policy_yaml(ports: list[int]) -> str:
-    """An allow-only policy for 127.0.0.1 on exactly `ports` (loopback needs an explicit cidr rule)."""
-    return f"version: 1\nnetwork:\n  allow:\n    - cidr: {LOOPBACK}/32\n      ports: [{', '.join(map(str, ports))}]\n"
+def policy_yaml(ports: list[int], inspect_port: int | None = None) -> str:
+    """An allow-only policy for 127.0.0.1 on exactly `ports` (loopback needs an explicit cidr rule); with
+    `inspect_port`, INSPECTED on that port is inspected (every request allowed, each one audited)."""
+    text = f"version: 1\nnetwork:\n  allow:\n    - cidr: {LOOPBACK}/32\n      ports: [{', '.join(map(str, ports))}]\n"
+    if inspect_port is not None:
+        text += f"    - host: {INSPECTED}\n      ports: [{inspect_port}]\n      inspect: true\n"
+    return text
 
 
 @contextlib.contextmanager
-def sandgate_proxy(allowed_ports: list[int]) -> Iterator[Proxy]:
-    """Run `sandgate proxy` on a free loopback port with a generated policy; stopped and cleaned up on exit."""
+def sandgate_proxy(allowed_ports: list[int], inspect: tuple[int, Certs] | None = None) -> Iterator[Proxy]:
+    """Run `sandgate proxy` on a free loopback port with a generated policy; stopped and cleaned up on exit.
+
+    inspect=(port, certs): INSPECTED:port is inspected, its upstream verified against certs' CA.
+    """
     tmp = Path(tempfile.mkdtemp(prefix="sandgate-bench-proxy-"))
     proc = None
     try:
         policy = tmp / "policy.yaml"
-        policy.write_text(policy_yaml(allowed_ports))
+        policy.write_text(policy_yaml(allowed_ports, inspect[0] if inspect else None))
         audit = tmp / "audit.jsonl"
         port = free_port()
         r, w = os.pipe()
         listen = ["--listen", f"{LOOPBACK}:{port}", "--audit-log", str(audit), "--ready-fd", str(w)]
+        if inspect is not None:
+            listen += ["--upstream-ca", str(inspect[1].ca_pem), "--ca-cert", str(tmp / "proxy-ca.pem")]
         proc = subprocess.Popen(
             [SANDGATE, "proxy", "--policy", str(policy), *listen],
             stdin=subprocess.DEVNULL,
@@ -343,7 +356,7 @@ def sandgate_proxy(allowed_ports: list[int]) -> Iterator[Proxy]:
         )
         os.close(w)
         _wait_ready_fd(proc, r, READY_TIMEOUT, "sandgate proxy")
-        yield Proxy(port, proc, audit)
+        yield Proxy(port, proc, audit, tmp / "proxy-ca.pem" if inspect is not None else None)
     finally:
         if proc is not None:
             _stop(proc)

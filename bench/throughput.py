@@ -2,8 +2,10 @@
 """Bulk download throughput through the sandgate egress proxy, against a direct baseline.
 
 What: downloads --mb MiB (default 512) from a local server on 127.0.0.1, once DIRECTLY and once
-THROUGH `sandgate proxy`, for plain HTTP (absolute-URI GET, the proxy relays the response) and
-for HTTPS (CONNECT tunnel; TLS passes through the proxy untouched). The client is curl, which
+THROUGH `sandgate proxy`, for plain HTTP (absolute-URI GET, the proxy relays the response), for
+HTTPS (CONNECT tunnel; TLS passes through the proxy untouched) and for inspected HTTPS (the same
+server by the name the policy inspects: the proxy terminates TLS with its own CA, judges and
+audits the request, and makes its own verified TLS connection upstream). The client is curl, which
 is not the bottleneck at these rates; the server streams one preallocated buffer.
 
 Why: every byte a sandboxed task fetches (package archives, model weights, git packs) crosses
@@ -23,11 +25,15 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import _common as c
 
+#: (mode, label): the table's rows; "inspected" is https by the name the proxy inspects.
+MODES = (("http", "http (absolute URI)"), ("https", "https (CONNECT tunnel)"), ("inspected", "https (inspected)"))
 
-def curl_download(url: str, nbytes: int, certs: c.Certs, proxy: str | None, timeout: float) -> float:
+
+def curl_download(url: str, nbytes: int, cafile: Path, proxy: str | None, timeout: float) -> float:
     """One download with curl; returns bytes/second as curl measured it. Raises on any short or failed transfer."""
     cmd = [
         "curl",
@@ -41,7 +47,7 @@ def curl_download(url: str, nbytes: int, certs: c.Certs, proxy: str | None, time
         "-w",
         "%{speed_download} %{size_download} %{http_code}",
         "--cacert",
-        str(certs.ca_pem),
+        str(cafile),
     ]
     cmd += ["-x", proxy] if proxy else ["--noproxy", "*"]
     cmd.append(url)
@@ -52,6 +58,36 @@ def curl_download(url: str, nbytes: int, certs: c.Certs, proxy: str | None, time
     if code != "200" or int(float(size)) != nbytes:
         raise RuntimeError(f"short transfer for {url} via {proxy or 'direct'}: HTTP {code}, {size} of {nbytes} bytes")
     return float(speed)
+
+
+def _target(srv: c.Servers, px: c.Proxy, mode: str, path: str) -> tuple[str, Path, Path]:
+    """(url, CA for the direct download, CA for the proxied one) of one mode."""
+    if mode != "inspected":
+        return srv.url(mode, path), srv.certs.ca_pem, srv.certs.ca_pem
+    assert px.ca_pem is not None, "the proxy was started without inspection"
+    return f"https://{c.INSPECTED}:{srv.https_port}{path}", srv.certs.ca_pem, px.ca_pem
+
+
+def measure(
+    srv: c.Servers, px: c.Proxy, nbytes: int, repeat: int, timeout: float
+) -> tuple[dict[tuple[str, str], list[float]], dict[str, int]]:
+    """Bytes/s per (mode, direct|proxied), and the proxy's VmHWM (KiB) per mode when it could be reset."""
+    results: dict[tuple[str, str], list[float]] = {}
+    peaks: dict[str, int] = {}
+    for mode, _ in MODES:
+        url, direct_ca, proxied_ca = _target(srv, px, mode, f"/big?bytes={nbytes}")
+        warm, _, _ = _target(srv, px, mode, "/big?bytes=1048576")
+        # Warm-up: a small transfer per path (imports, first TLS handshake, first leaf) outside the measurement.
+        for via, ca in ((None, direct_ca), (px.url, proxied_ca)):
+            curl_download(warm, 1048576, ca, via, timeout)
+        resettable = px.reset_peak()
+        for _ in range(repeat):
+            # Alternate direct and proxied so drift (thermal, other load) hits both alike.
+            for path, via, ca in (("direct", None, direct_ca), ("proxied", px.url, proxied_ca)):
+                results.setdefault((mode, path), []).append(curl_download(url, nbytes, ca, via, timeout))
+        if resettable:
+            peaks[mode] = px.memory_kib()["VmHWM"]
+    return results, peaks
 
 
 def main() -> int:
@@ -67,35 +103,27 @@ def main() -> int:
         return 0
     nbytes = args.mb * c.MiB
     started = time.perf_counter()
-    results: dict[tuple[str, str], list[float]] = {}
-    peaks: dict[str, int] = {}  # per mode: proxy VmHWM (KiB) during its proxied downloads, if resettable
-    with c.local_servers() as srv, c.sandgate_proxy([srv.http_port, srv.https_port]) as px:
-        mem_before = px.memory_kib()
-        for scheme in ("http", "https"):
-            url = srv.url(scheme, f"/big?bytes={nbytes}")
-            # Warm-up: a small transfer per path (imports, first TLS handshake) outside the measurement.
-            for via in (None, px.url):
-                curl_download(srv.url(scheme, "/big?bytes=1048576"), 1048576, srv.certs, via, args.timeout)
-            resettable = px.reset_peak()
-            for _ in range(args.repeat):
-                # Alternate direct and proxied so drift (thermal, other load) hits both alike.
-                for path, via in (("direct", None), ("proxied", px.url)):
-                    results.setdefault((scheme, path), []).append(
-                        curl_download(url, nbytes, srv.certs, via, args.timeout)
-                    )
-            if resettable:
-                peaks[scheme] = px.memory_kib()["VmHWM"]
-        mem_after = px.memory_kib()
+    with c.local_servers() as srv:
+        ports = [srv.http_port, srv.https_port]
+        with c.sandgate_proxy(ports, inspect=(srv.https_port, srv.certs)) as px:
+            mem_before = px.memory_kib()
+            results, peaks = measure(srv, px, nbytes, args.repeat, args.timeout)
+            mem_after = px.memory_kib()
 
     print(f"download of {args.mb} MiB from 127.0.0.1, curl client, median of {args.repeat} run(s) per cell")
     print()
     head = f"{'mode':<24} {'direct MB/s':>12} {'proxied MB/s':>13} {'proxied/direct':>15}"
     print(head + (f" {'proxy peak RSS':>15}" if peaks else ""))
-    for scheme, label in (("http", "http (absolute URI)"), ("https", "https (CONNECT tunnel)")):
-        d = statistics.median(results[(scheme, "direct")]) / 1e6
-        p = statistics.median(results[(scheme, "proxied")]) / 1e6
-        peak = f" {peaks[scheme] / 1024:>11.1f} MiB" if scheme in peaks else ""
+    speed = {key: statistics.median(xs) / 1e6 for key, xs in results.items()}
+    for mode, label in MODES:
+        d, p = speed[(mode, "direct")], speed[(mode, "proxied")]
+        peak = f" {peaks[mode] / 1024:>11.1f} MiB" if mode in peaks else ""
         print(f"{label:<24} {d:>12.1f} {p:>13.1f} {p / d:>15.2f}{peak}")
+    inspected, passthrough = speed[("inspected", "proxied")], speed[("https", "proxied")]
+    print(
+        f"inspected vs passthrough https, both proxied: {inspected:.1f} / {passthrough:.1f} MB/s, "
+        f"ratio {inspected / passthrough:.2f}"
+    )
     print()
     print(
         f"proxy RSS after start: {mem_before['VmRSS'] / 1024:.1f} MiB; "

@@ -8,7 +8,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher.selftest import markers
+from launcher.selftest import inspectnet, markers
 from launcher.selftest.errors import VerifyError
 from launcher.selftest.planted import root_device
 from launcher.selftest.probes.core import CONTEXTS
@@ -34,7 +34,7 @@ network:
     - {METADATA_HOST}     # allowed name that resolves to 169.254.169.254
     - {OWN_HOST}          # allowed name that resolves to {OWN_IP}, an address of the proxy host itself
     - "*.{WILD_DOMAIN}"   # a wildcard: only address types may be asked for below it
-"""
+{inspectnet.ALLOW}{inspectnet.CREDENTIALS}"""
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,7 @@ class WorldFacts:
     world_netns: str
     root_dev: tuple[int, int]
     root_dev_path: str
+    inspect: inspectnet.InspectFacts
 
 
 def build_world(w: World, scratch: Path, sockdir: Path, token: str) -> WorldFacts:
@@ -82,7 +83,8 @@ def build_world(w: World, scratch: Path, sockdir: Path, token: str) -> WorldFact
         for who in IDENTITIES:
             w.add_host(wild_control(ctx, who), ALLOWED)
     dev, dev_path = root_device()
-    return WorldFacts(abstract, str(path_sock), str(w.netns_file(scratch / "world-netns")), dev, dev_path)
+    inspect = inspectnet.build(w, (ALLOWED_HOST, ALLOWED))
+    return WorldFacts(abstract, str(path_sock), str(w.netns_file(scratch / "world-netns")), dev, dev_path, inspect)
 
 
 def wild_control(ctx: str, who: str) -> str:

@@ -62,8 +62,11 @@ def canary_hits(world: World, probe: str, mark: str) -> list[dict[str, Any]]:
     return hits
 
 
-def judge(w: World, r: Record, tag: str, host: dict[tuple[str, str], str]) -> Row:
-    """The probe's view, overruled by what the canaries or the host saw for a blocked probe."""
+def judge(
+    w: World, r: Record, tag: str, host: dict[tuple[str, str], str], missing: dict[tuple[str, str], str] | None = None
+) -> Row:
+    """The probe's view, overruled by what the canaries or the host saw for a blocked probe; `missing`
+    names what the outside must show for a row to hold (the bound upstream got the secret...)."""
     probe, ctx, expected, observed = r["probe"], r["context"], r["expected"], r["observed"]
     evidence = r.get("detail", "")
     hits = canary_hits(w, probe, markers.mark(ctx, tag)) if r["group"] == "network" else []
@@ -81,6 +84,8 @@ def judge(w: World, r: Record, tag: str, host: dict[tuple[str, str], str]) -> Ro
     elif expected == "blocked" and seen:
         observed, evidence = "permitted", f"the host shows it: {seen}; probe: {evidence}"
     ok = observed == expected
+    if ok and (lack := (missing or {}).get((probe, ctx))):
+        ok, evidence = False, f"but {lack}; probe: {evidence}"
     return Row(r["group"], probe, ctx, expected, observed, ok, evidence, tag)
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fsguard.policy import DEFAULT_READ_DENY
-from launcher.selftest import fakenet
+from launcher.selftest import fakenet, inspectnet
 from launcher.selftest.errors import VerifyError
 from launcher.selftest.fakenet import SECRET_ENV, VISIBLE_ENV, WorldFacts
 from launcher.selftest.judge import Row, daemon_row, judge
@@ -25,6 +25,7 @@ from launcher.selftest.spec import FileHandleSpec, VerifySpec, dump_spec
 from launcher.selftest.staged import Staged
 from launcher.selftest.terminal import run_on_a_terminal
 from launcher.selftest.world import World
+from netguard.proxy import control
 
 #: The checkout or install holding the `launcher` package: the probes' and canaries' PYTHONPATH.
 REPO = Path(__file__).resolve().parents[2]
@@ -153,6 +154,14 @@ def _pass_spec(
         abstract_socket=facts.abstract_socket,
         path_socket=facts.path_socket,
         world_netns=facts.world_netns,
+        git_url=f"https://{inspectnet.GIT_HOST}{inspectnet.REPO_PATH}",
+        git_head=facts.inspect.git_head,
+        api_host=inspectnet.API_HOST,
+        other_host=inspectnet.OTHER_HOST,
+        cred_env=inspectnet.CRED_ENV,
+        cred_prefix=inspectnet.CRED_PREFIX,
+        cred_sha256=facts.inspect.secret_sha256,
+        passthrough_sha256=facts.inspect.passthrough_sha256,
         root_dev=facts.root_dev,
         root_dev_path=facts.root_dev_path,
         shm_id=planted.shm_id,
@@ -188,7 +197,9 @@ def _daemon_token(token: str, p: Pass) -> str:
     return f"sgvd{token}{p.identity[0]}"
 
 
-def _probe_cmd(p: Pass, home: Path, policies: list[Path], spec_path: Path, audit_log: Path) -> list[str]:
+def _probe_cmd(
+    p: Pass, home: Path, policies: list[Path], spec_path: Path, audit_log: Path, upstream_ca: Path
+) -> list[str]:
     """`sandgate run` of the probe runner, as this pass's identity."""
     # nobody's passwd home is not the fake one: tell sandgate the same secret paths its default
     # rules (DEFAULT_READ_DENY) would hide in a home it knew.
@@ -205,6 +216,8 @@ def _probe_cmd(p: Pass, home: Path, policies: list[Path], spec_path: Path, audit
         *(a for pol in policies for a in ("--policy", str(pol.resolve()))),
         "--audit-log",
         str(audit_log),
+        "--upstream-ca",  # the inspected upstreams' certificates come from the world's CA
+        str(upstream_ca),
         "--",
         p.python,
         "-m",
@@ -239,20 +252,23 @@ def run_pass(
     ws, home = files.ws, files.home
     spec = _pass_spec(p, files, facts, planted, staged, token, only)
     (ws / "spec.json").write_text(dump_spec(spec))
-    env = {**base_env(home, secret_of(token), token), **staged.env()}
+    # the brokered credential's real value: in sandgate's environment, never in the sandbox's
+    env = {**base_env(home, secret_of(token), token), **staged.env(), inspectnet.CRED_ENV: facts.inspect.real_secret}
     if os.environ.get("SANDGATE_INTERNAL_WEAKEN"):
         env["SANDGATE_INTERNAL_WEAKEN"] = os.environ["SANDGATE_INTERNAL_WEAKEN"]
-    cmd = _probe_cmd(p, home, policies, ws / "spec.json", staged.audit_log)
+    cmd = _probe_cmd(p, home, policies, ws / "spec.json", staged.audit_log, w.ca_pem)
     out, err, code = run_on_a_terminal(w, cmd, ws, env)
     results: list[Record] = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     if not results:
         raise VerifyError(f"the probe runner ({p.identity}) produced no results (exit {code}): {err.strip()[-500:]}")
-    host = {**planted.evidence(ws, p.identity), **staged.evidence()}
+    daemon_log = control.runtime_base(env, os.geteuid()) / "daemon.log"  # where this run's daemon writes
+    seen = inspectnet.evidence(facts.inspect, p.identity, w.servers, [staged.audit_log, daemon_log])
+    host = {**planted.evidence(ws, p.identity), **staged.evidence(), **seen.seen}
     # ~ is the sandbox's own overlay (writes inside succeed there): the real dotfile must be untouched.
     if (rc := (home / ".bashrc").read_text(errors="replace")) != "# verify\n":
         host["write_outside", "*"] = f"the real ~/.bashrc changed: {rc[-120:]!r}"
         (home / ".bashrc").write_text("# verify\n")
-    rows = [judge(w, r, p.identity, host) for r in results if only is None or r["group"] == only]
+    rows = [judge(w, r, p.identity, host, seen.missing) for r in results if only is None or r["group"] == only]
     if only in (None, "process"):
         heartbeat = ws / "results" / f"daemon-{spec.daemon_token}.heartbeat"
         rows.append(daemon_row(spec.daemon_token, heartbeat, p.identity))

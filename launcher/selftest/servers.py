@@ -20,7 +20,8 @@ CANARY_MODULE = "launcher.selftest.canary"
 #: The directory holding the `launcher` package: put on the canaries' PYTHONPATH, since the
 #: interpreter running them need not have sandgate installed (a checkout, a test run).
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
-SERVER_KINDS = ("http", "https", "dns", "udp", "tcp")
+SERVER_KINDS = ("http", "https", "dns", "udp", "tcp", "upstream", "git")
+TLS_KINDS = ("https", "upstream", "git")  # served with a certificate from the world's CA
 UNIX_KINDS = ("unix", "abstract")
 READY_TIMEOUT = 10.0
 

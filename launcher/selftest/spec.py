@@ -48,6 +48,15 @@ class VerifySpec:
     abstract_socket: str
     path_socket: str
     world_netns: str
+    # the inspected upstreams (inspectnet.py): never the real secret, only its shape and digest
+    git_url: str
+    git_head: str
+    api_host: str
+    other_host: str
+    cred_env: str
+    cred_prefix: str
+    cred_sha256: str
+    passthrough_sha256: str
     # the host's state (planted.py)
     root_dev: tuple[int, int]
     root_dev_path: str

@@ -45,7 +45,15 @@ from launcher.selftest.clients import Client
 from launcher.selftest.netns import NETNS_ETC, TEST_PREFIXES, check_prefix, delete_netns, write_etc, write_netns_etc
 from launcher.selftest.nsexec import NetnsRunner, clean_env, kill_group, sh
 from launcher.selftest.registry import Registry
-from launcher.selftest.servers import CANARY_MODULE, PACKAGE_ROOT, READY_TIMEOUT, SERVER_KINDS, UNIX_KINDS, Server
+from launcher.selftest.servers import (
+    CANARY_MODULE,
+    PACKAGE_ROOT,
+    READY_TIMEOUT,
+    SERVER_KINDS,
+    TLS_KINDS,
+    UNIX_KINDS,
+    Server,
+)
 from launcher.selftest.userns import UserNs
 
 TEST_NET = ipaddress.IPv4Network("198.51.100.0/24")
@@ -245,12 +253,13 @@ class World(NetnsRunner):
         self._file_id += 1
         return self._file_id
 
-    def serve(self, kind: str, ip: str, port: int, name: str = "") -> Server:
+    def serve(self, kind: str, ip: str, port: int, name: str = "", *, git_root: Path | None = None) -> Server:
         """Start a canary server inside the world; waits for "ready" (10 s) or raises with its stderr.
 
         A TEST-NET-2 `ip` is added to sgw0 if needed; other addresses must already exist in the world
         (e.g. a Client's world_ip, or 127.0.0.1). `name` defaults to a DNS name mapped to `ip`, else
-        the ip; https certs are issued by world.ca for [name, ip].
+        the ip; https (and upstream/git) certs are issued by world.ca for [name, ip]. kind "git"
+        serves the repositories under `git_root` through `git http-backend`.
         """
         if kind not in SERVER_KINDS:
             raise ValueError(f"unknown server kind {kind!r}; expected one of {SERVER_KINDS}")
@@ -263,12 +272,16 @@ class World(NetnsRunner):
             name = next((n for n, a in sorted(self.records.items()) if a == ip), ip)
         log = self.tmp / f"{kind}-{ip}-{port}-{self._next_file_id()}.jsonl"
         args = [kind, "--ip", ip, "--port", str(port), "--log", str(log), "--name", name]
-        if kind == "https":
+        if kind in TLS_KINDS:
             names = [name] if name == ip else [name, ip]
             chain, key = self.cert_for(*names)
             args += ["--cert", str(chain), "--key", str(key)]
         if kind == "dns":
             args += ["--records", str(self._records_path)]
+        if kind == "git":
+            if git_root is None:
+                raise ValueError("a git canary needs git_root")
+            args += ["--git-root", str(git_root)]
         return self._start(args, kind=kind, ip=ip, port=port, name=name, log=log)
 
     def serve_unix(self, kind: str, path: str, name: str = "") -> Server:

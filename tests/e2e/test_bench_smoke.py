@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 
 import pytest
@@ -17,3 +18,10 @@ def test_benchmark_runs(world: World, script: str, args: list[str]) -> None:
     r = world.run([sys.executable, str(REPO / "bench" / script), *args], cwd=REPO, env=env(), timeout=180)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "ratio" in r.stdout or "proxied" in r.stdout or "added" in r.stdout, r.stdout
+    # Issue 13's row: inspected HTTPS against passthrough through the same proxy, in the same run.
+    if script == "throughput.py":
+        assert re.search(r"^https \(inspected\)\s+[\d.]+\s+[\d.]+\s+[\d.]+", r.stdout, re.M), r.stdout
+        assert re.search(r"inspected vs passthrough https, both proxied: .* ratio \d+\.\d\d", r.stdout), r.stdout
+    if script == "latency.py":
+        assert re.search(r"^https inspected\s+[\d.]+\s+[\d.]+$", r.stdout, re.M), r.stdout
+        assert re.search(r"added by inspection over passthrough: median [+-][\d.]+ ms, p95 [+-][\d.]+ ms", r.stdout)

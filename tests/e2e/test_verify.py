@@ -84,6 +84,12 @@ def test_every_probe_behaves_as_expected_in_every_context() -> None:
             setns = by["setns_host_netns", ctx, who]
             assert "EPERM" in setns and "/run/netns/sandgate-v" in setns, setns
             assert "ECONNREFUSED" in by["host_loopback_service", ctx, who]  # the sandbox's own, empty loopback
+            # Issue 13: refused for the right reason, by sandgate, through the run's own CA.
+            assert "403" in by["git_push_refused", ctx, who]
+            rules = by["http_rule_refusals", ctx, who]
+            assert "on 1 connection(s)" in rules and "403 sandgate: request refused" in rules, rules  # kept alive
+            assert "attempted credential leak" in by["sentinel_leak", ctx, who]
+            assert "sandgate inspection CA" in by["inspected_ca_trusted", ctx, who]
     # What verify planted outside is gone again, and the host's name never changed.
     keys, shm_after = _host_keys_and_segments()
     assert socket.gethostname() == hostname and not keys and not (shm_after - shm_before)
@@ -154,6 +160,37 @@ def test_removing_the_git_hooks_protection_makes_that_probe_fail() -> None:
     assert set(failed) == {(probe, who) for probe in ("git_hooks", "rename_protected") for who in IDENTITIES}
     for who in IDENTITIES:
         assert "renamed .git/hooks" in str(failed["rename_protected", who]["evidence"])
+
+
+#: Widening verify's inspected hosts (every request allowed on the git and API hosts, through a
+#: second inspecting entry, which adds to the first) must make exactly the rule rows fail, judged by
+#: what the fake upstreams saw and hold.
+WIDE_RULES = """\
+version: 1
+network:
+  allow:
+    - host: git.verify.test
+      inspect: true
+    - host: api.verify.test
+      inspect: true
+"""
+
+
+def test_widening_the_http_rules_makes_exactly_the_refusal_rows_fail_with_upstream_evidence(tmp_path: Path) -> None:
+    wide = tmp_path / "wide.yaml"
+    wide.write_text(WIDE_RULES)
+    wide.chmod(0o644)
+    code, rows, err = sandgate_verify("--only", "network", "--policy", str(wide))
+    assert code == 1, err[-2000:]
+    failed = {(r["probe"], r["context"], r["identity"]): r for r in rows if not r["ok"]}
+    assert {probe for probe, _, _ in failed} == {"git_push_refused", "http_rule_refusals"}, failed
+    for ctx in core.CONTEXTS:
+        for who in IDENTITIES:
+            push, rules = failed["git_push_refused", ctx, who], failed["http_rule_refusals", ctx, who]
+            assert push["observed"] == "permitted" and "pushed branch verify-" in str(push["evidence"]), push
+            assert rules["observed"] == "permitted" and "canary saw it" in str(rules["evidence"]), rules
+    still_ok = {r["probe"] for r in rows if r["ok"]}
+    assert {"git_fetch_inspected", "sentinel_leak", "secret_brokered", "ca_key_hidden"} <= still_ok
 
 
 def test_readme_coverage_table_is_generated_from_the_probe_list() -> None:

@@ -98,6 +98,14 @@ BASE: dict[str, Any] = {
     "abstract_socket": "sandgate-probes-test-none",
     "path_socket": "/nonexistent/sandgate-probes-test.sock",
     "world_netns": "/run/netns/sandgate-none-such",
+    "git_url": "https://git.test/verify/repo.git",
+    "git_head": "0" * 40,
+    "api_host": "api.test",
+    "other_host": "other.test",
+    "cred_env": "SANDGATE_PROBES_TEST_API_KEY",
+    "cred_prefix": "sk-sgreal-",
+    "cred_sha256": "0" * 64,
+    "passthrough_sha256": "0" * 64,
     "root_dev": (0, 0),
     "root_dev_path": "",
     "shm_id": -1,
@@ -917,3 +925,192 @@ def test_netns_tamper_reports_each_change_and_undoes_it() -> None:
     for change in ("nft flush ruleset: done", "ip link add veth: done", "ip route replace default: done"):
         assert change in detail, detail
     assert "links: 0" in detail and "table inet sgtest" in detail, detail  # all undone
+
+
+# ---- issue 13: the inspection probes, their upstream canaries and their evidence --------------------------------
+
+
+def _canary(kind: str, tmp_path: Path, *extra: str) -> tuple[subprocess.Popen[bytes], int, Path, Path]:
+    """An upstream/git canary on 127.0.0.1 with a certificate for it; (process, port, log, CA file)."""
+    from launcher.selftest.certs import CA
+
+    ca = CA()
+    chain, key = ca.issue("127.0.0.1").write(tmp_path / f"{kind}.pem", tmp_path / f"{kind}.key")
+    ca.write_cert(tmp_path / "ca.pem")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = tmp_path / f"{kind}.jsonl"
+    args = ["--ip", "127.0.0.1", "--port", str(port), "--log", str(log), "--cert", str(chain), "--key", str(key)]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "launcher.selftest.canary", kind, *args, *extra],
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+    return proc, port, log, tmp_path / "ca.pem"
+
+
+def _records(log: Path) -> list[dict[str, Any]]:
+    return [r for r in map(json.loads, log.read_text().split("\n")[:-1]) if r["kind"] == "request"]
+
+
+def test_the_upstream_canary_records_every_header_and_never_echoes_one(tmp_path: Path) -> None:
+    proc, port, log, ca = _canary("upstream", tmp_path, "--name", "api.test")
+    try:
+        conn = http.client.HTTPSConnection("127.0.0.1", port, context=ssl.create_default_context(cafile=str(ca)))
+        conn.request("POST", "/v1/x?q=1", body=b"payload", headers={"Authorization": "Bearer sk-real"})
+        resp = conn.getresponse()
+        body = resp.read()
+        conn.close()
+    finally:
+        proc.terminate()
+        proc.wait(5)
+    assert resp.status == 200 and body == b"hello from api.test\n"  # the secret never comes back
+    (rec,) = _records(log)
+    assert (rec["method"], rec["path"], rec["body"], rec["body_len"]) == ("POST", "/v1/x?q=1", "payload", 7)
+    assert rec["headers"]["authorization"] == "Bearer sk-real"
+
+
+def test_the_git_canary_serves_clone_and_push_through_git_http_backend(tmp_path: Path) -> None:
+    from launcher.selftest import inspectnet
+
+    bare, head = inspectnet._repository(tmp_path / "git", tmp_path / "seed")
+    proc, port, log, ca = _canary("git", tmp_path, "--git-root", str(tmp_path / "git"))
+    git = ["git", "-c", f"http.sslCAInfo={ca}"]
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "GIT_CONFIG_NOSYSTEM": "1", "GIT_TERMINAL_PROMPT": "0"}
+    url = f"https://127.0.0.1:{port}{inspectnet.REPO_PATH}"
+    try:
+        subprocess.run([*git, "clone", "-q", url, str(tmp_path / "c")], env=env, check=True, timeout=30)
+        (tmp_path / "c" / "f").write_text("x\n")
+        ident = ["-c", "user.name=t", "-c", "user.email=t@t.test"]
+        subprocess.run(["git", "-C", str(tmp_path / "c"), "add", "f"], env=env, check=True)
+        subprocess.run(["git", "-C", str(tmp_path / "c"), *ident, "commit", "-qm", "t"], env=env, check=True)
+        push = [*git, "-C", str(tmp_path / "c"), "push", "-q", "origin", "HEAD:refs/heads/pushed"]
+        subprocess.run(push, env=env, check=True, timeout=30)
+    finally:
+        proc.terminate()
+        proc.wait(5)
+    refs = subprocess.run(["git", "-C", str(bare), "for-each-ref"], capture_output=True, text=True).stdout
+    assert "refs/heads/pushed" in refs and head != ""
+    paths = [(r["method"], r["path"].split("?")[0]) for r in _records(log)]
+    assert ("POST", f"{inspectnet.REPO_PATH}/git-upload-pack") in paths
+    assert ("POST", f"{inspectnet.REPO_PATH}/git-receive-pack") in paths  # what the verify policy must refuse
+
+
+def test_only_sandgates_403_with_its_reason_and_rule_counts_as_a_refusal() -> None:
+    from launcher.selftest.probes import inspected
+
+    why = inspected.REFUSED
+    body = why + b"DELETE /x on api.test: DELETE /x not allowed (rule verify.yaml:14)\n"
+    assert inspected.refusal(403, body, why)[0] == "blocked"
+    assert inspected.refusal(200, b"hello", why)[0] == "permitted"
+    assert inspected.refusal(403, b"Forbidden by upstream", why)[0] == "unsupported"  # not sandgate's
+    assert inspected.refusal(403, why + b"no rule named", why)[0] == "unsupported"
+    assert inspected.refusal(502, b"bad gateway", why)[0] == "unsupported"  # an upstream error is no refusal
+
+
+@pytest.fixture
+def no_roots(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The search reads the environment, this process and the given places, not the machine's /tmp, /run
+    and every process's open files (inside a sandbox those are its own)."""
+    from launcher.selftest.probes import readable
+
+    monkeypatch.setattr(readable, "ROOTS", ())
+    monkeypatch.setattr(readable, "pids", lambda: [str(os.getpid())])
+
+
+def test_secret_brokered_finds_the_real_secret_wherever_it_is_readable(
+    fs_spec: dict[str, Any], monkeypatch: pytest.MonkeyPatch, no_roots: None
+) -> None:
+    import hashlib
+
+    real = "sk-sgreal-" + "ab" * 16
+    spec = {
+        **fs_spec,
+        "cred_env": "SANDGATE_PROBES_TEST_API_KEY",
+        "cred_sha256": hashlib.sha256(real.encode()).hexdigest(),
+    }
+    monkeypatch.setenv("SANDGATE_PROBES_TEST_API_KEY", real)
+    rec = run("secret_brokered", spec)
+    assert rec["observed"] == "permitted" and "holds the real secret" in rec["detail"], rec
+    monkeypatch.setenv("SANDGATE_PROBES_TEST_API_KEY", "sk-sandgate-sentinel-1234")
+    (Path(fs_spec["home"]) / ".cache-token").write_text(f"token={real}\n")
+    rec = run("secret_brokered", spec)
+    assert rec["observed"] == "permitted" and ".cache-token" in rec["detail"], rec
+    (Path(fs_spec["home"]) / ".cache-token").unlink()
+    # A descriptor left open on an unlinked file (a memfd, a deleted temp file) is readable too.
+    import tempfile
+
+    with tempfile.TemporaryFile() as held:
+        held.write(f"{real}\n".encode())
+        held.flush()
+        rec = run("secret_brokered", spec)
+    assert rec["observed"] == "permitted" and f"/proc/{os.getpid()}/fd/" in rec["detail"], rec
+    monkeypatch.delenv("SANDGATE_PROBES_TEST_API_KEY")
+    assert run("secret_brokered", spec)["observed"] == "unsupported"  # no sentinel: an SDK would not start
+
+
+def test_ca_key_hidden_finds_the_key_of_a_trusted_ca_only(
+    fs_spec: dict[str, Any], monkeypatch: pytest.MonkeyPatch, tmp_path: Path, no_roots: None
+) -> None:
+    from cryptography.hazmat.primitives import serialization
+
+    from launcher.selftest.certs import CA
+
+    trusted, other = CA(), CA()
+    bundle = tmp_path / "bundle.pem"
+    bundle.write_bytes(trusted.cert_pem)
+    monkeypatch.setenv("SSL_CERT_FILE", str(bundle))
+    for var in ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO"):
+        monkeypatch.delenv(var, raising=False)
+    home = Path(fs_spec["home"])
+
+    def key_pem(ca: CA) -> bytes:
+        fmt = serialization.PrivateFormat.PKCS8
+        return ca._key.private_bytes(serialization.Encoding.PEM, fmt, serialization.NoEncryption())
+
+    (home / "unrelated.pem").write_bytes(key_pem(other))
+    rec = run("ca_key_hidden", fs_spec)
+    assert rec["observed"] == "blocked" and "1 private key(s)" in rec["detail"], rec
+    # The run's CA key as a JSON spec would carry it (escaped newlines) is found and matched.
+    (home / "spec.json").write_text(json.dumps({"key": key_pem(trusted).decode()}))
+    rec = run("ca_key_hidden", fs_spec)
+    assert rec["observed"] == "permitted" and "spec.json" in rec["detail"], rec
+
+
+def test_a_row_whose_outside_evidence_is_missing_fails() -> None:
+    from launcher.selftest.judge import judge
+
+    class NoWorld:
+        servers: tuple[Any, ...] = ()
+        dns = None
+
+    r: core.Record = {
+        "group": "network",
+        "probe": "secret_brokered",
+        "context": "child",
+        "expected": "blocked",
+        "observed": "blocked",
+        "detail": "sentinel inside",
+    }
+    assert judge(NoWorld(), r, "root", {}).ok  # type: ignore[arg-type]
+    row = judge(NoWorld(), r, "root", {}, {("secret_brokered", "child"): "the upstream got no secret"})  # type: ignore[arg-type]
+    assert not row.ok and "the upstream got no secret" in row.evidence
+    row = judge(NoWorld(), r, "root", {("secret_brokered", "*"): "the audit log holds it"})  # type: ignore[arg-type]
+    assert not row.ok and row.observed == "permitted"
+
+
+def test_attempted_leaks_must_each_be_in_the_audit_log() -> None:
+    from launcher.selftest import inspectnet
+
+    base = markers.http_path("child-root", "sentinel_leak")
+
+    def rec(path: str, leak: str | None) -> str:
+        return json.dumps({"event": "request", "action": "deny", "path": path, "leak": leak})
+
+    complete = "\n".join(rec(f"{base}/{x}", inspectnet.CRED_ENV) for x in ("header", "query", "plain"))
+    assert inspectnet._leak_unrecorded(complete, "child-root") == ""
+    partial = "\n".join([rec(f"{base}/header", inspectnet.CRED_ENV), rec(f"{base}/query", None)])
+    why = inspectnet._leak_unrecorded(partial, "child-root")
+    assert f"{base}/query" in why and f"{base}/plain" in why and f"{base}/header," not in why

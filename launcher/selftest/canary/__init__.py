@@ -24,6 +24,8 @@ Kinds and records (every record also has "server" (--name) and "t" (unix time)):
   tcp         {"kind":"tcp","peer","data"}                        every connection ("tcp-canary\n" reply)
   unix        {"kind":"unix","address","data","pid","uid","gid"}  every connection ("unix-canary\n" reply)
   abstract    the same records ("kind":"unix"); address is "@NAME"
+  upstream    https with {"kind":"request",...,"headers","body"} per request (upstream_canary.py)
+  git         the same records; answers through `git http-backend` over --git-root
 
 unix listens on the filesystem socket --path (mode 0666, so that a dropped-privilege client is
 kept out only by the sandbox, never by file permissions; removed again on SIGTERM); abstract on

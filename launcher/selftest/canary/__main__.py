@@ -15,8 +15,10 @@ from launcher.selftest.canary.dns_canary import DNSAnswerer, serve_dns
 from launcher.selftest.canary.http_canary import FakeHTTPServer, make_tls_context
 from launcher.selftest.canary.log import JsonLog
 from launcher.selftest.canary.socket_canary import serve_tcp, serve_udp, serve_unix, unlink_on_sigterm
+from launcher.selftest.canary.upstream_canary import serve_upstream
 
-IP_KINDS = ("http", "https", "dns", "udp", "tcp")
+IP_KINDS = ("http", "https", "dns", "udp", "tcp", "upstream", "git")
+TLS_KINDS = ("https", "upstream", "git")
 UNIX_KINDS = ("unix", "abstract")
 KINDS = IP_KINDS + UNIX_KINDS
 
@@ -44,6 +46,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--cert")
     ap.add_argument("--key")
     ap.add_argument("--records")
+    ap.add_argument("--git-root", help="git: the directory holding the repositories served")
     ap.add_argument("--parent-pid", type=int)
     return ap
 
@@ -57,8 +60,10 @@ def _check(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
             ap.error("unix needs an absolute --path")
     elif args.ip is None or args.port is None:
         ap.error(f"{args.kind} needs --ip and --port")
-    if args.kind == "https" and not (args.cert and args.key):
-        ap.error("https needs --cert and --key")
+    if args.kind in TLS_KINDS and not (args.cert and args.key):
+        ap.error(f"{args.kind} needs --cert and --key")
+    if args.kind == "git" and not args.git_root:
+        ap.error("git needs --git-root")
     if args.kind == "dns" and not args.records:
         ap.error("dns needs --records")
 
@@ -72,6 +77,8 @@ def _servers(args: argparse.Namespace, name: str, log: JsonLog) -> list[socketse
     if args.kind in ("http", "https"):
         ctx = make_tls_context(args.cert, args.key) if args.kind == "https" else None
         return [FakeHTTPServer((args.ip, args.port), log, name, ctx)]
+    if args.kind in ("upstream", "git"):
+        return [serve_upstream(args.ip, args.port, log, name, make_tls_context(args.cert, args.key), args.git_root)]
     if args.kind == "dns":
         return serve_dns(args.ip, args.port, DNSAnswerer(args.records, log))
     if args.kind == "udp":

@@ -5,6 +5,16 @@ them inside the sandbox (``python -m launcher.selftest.probes SPEC.json``, see i
 Stdlib only, every module here: the sandbox's Python may have nothing else.
 """
 
-from launcher.selftest.probes import credentials, dns, filesystem, host, network, process, workspace
+from launcher.selftest.probes import (
+    credentials,
+    dns,
+    filesystem,
+    fronting,
+    host,
+    inspected,
+    network,
+    process,
+    workspace,
+)
 
-__all__ = ["credentials", "dns", "filesystem", "host", "network", "process", "workspace"]
+__all__ = ["credentials", "dns", "filesystem", "fronting", "host", "inspected", "network", "process", "workspace"]

@@ -97,6 +97,16 @@ ORDER = (
     "dns_smuggling",
     "wildcard_dns_types",
     "rebind_own_address",
+    # network, issue 13: inspected hosts (probes/inspected.py)
+    "inspected_ca_trusted",
+    "passthrough_untouched",
+    "git_fetch_inspected",
+    "git_push_refused",
+    "http_rule_refusals",
+    "sentinel_leak",
+    "credential_fronting",
+    "secret_brokered",
+    "ca_key_hidden",
     # filesystem
     "write_workspace",
     "write_outside",
