@@ -282,11 +282,23 @@ SCAN = """
         checked += 1
         if mark in data:
             hits.append(path)  # where, never the value: the output goes to the host's test log
+    import stat
     for pid in os.listdir("/proc"):
         if pid.isdigit():
             for what in ("environ", "cmdline"):
                 try:
                     look(f"/proc/{pid}/{what}", open(f"/proc/{pid}/{what}", "rb").read())
+                except OSError:
+                    pass
+            try:  # files the processes hold open (a descriptor the launcher forgot, a memfd)
+                fds = os.listdir(f"/proc/{pid}/fd")
+            except OSError:
+                fds = []
+            for fd in fds:
+                p = f"/proc/{pid}/fd/{fd}"
+                try:
+                    if stat.S_ISREG(os.stat(p).st_mode):
+                        look(p, open(p, "rb").read(1 << 22))
                 except OSError:
                     pass
     for top in (os.environ["HOME"], "/tmp", "/run", "/etc", "/dev/shm", "/var/tmp/" + BASE, os.getcwd()):
