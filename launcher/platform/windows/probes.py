@@ -42,6 +42,16 @@ PROBES: dict[str, tuple[Coverage, str]] = {
     "dns_smuggling": ("same", "the same daemon builds upstream queries (explicit/transparent DNS only)"),
     "wildcard_dns_types": ("same", "the same daemon"),
     "rebind_own_address": ("same", "the daemon's veto"),
+    # network: request rules, inspection and brokered credentials (issue 13): all in the shared daemon
+    "inspected_ca_trusted": ("variant", "the run's CA goes into the sandbox user's store and the env variables"),
+    "passthrough_untouched": ("same", "the same daemon relays uninspected TLS untouched"),
+    "git_fetch_inspected": ("same", "the same daemon judges each request"),
+    "git_push_refused": ("same", "the same daemon judges each request"),
+    "http_rule_refusals": ("same", "the same daemon judges each request"),
+    "sentinel_leak": ("same", "the same daemon refuses a sentinel off its host"),
+    "credential_fronting": ("same", "the same daemon compares the Host with the TLS name"),
+    "secret_brokered": ("same", "the secret stays in sandgate's process (another user's) and the daemon"),
+    "ca_key_hidden": ("same", "the key is only in sandgate's and the daemon's memory (another user's)"),
     # filesystem
     "write_workspace": ("same", "Modify ACE on the workspace"),
     "write_outside": ("same", "no ACE grants it; the real user's profile is not the sandbox user's"),
