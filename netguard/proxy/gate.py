@@ -27,15 +27,14 @@ import uuid
 from dataclasses import dataclass, field
 
 import dns.exception
-from mitmproxy import connection, ctx, http
+from mitmproxy import connection, http
 from mitmproxy.proxy import layer, server_hooks
 from mitmproxy.proxy.context import Context
 from mitmproxy.proxy.mode_specs import RegularMode
-from mitmproxy.utils import human
 
 from netguard import hosts, localaddrs, rules, verdict
 from netguard.audit import Kind, close_record, decision_record
-from netguard.proxy import inspected, layers
+from netguard.proxy import flowview, inspected, layers
 from netguard.proxy.binding import Binding
 
 
@@ -73,35 +72,7 @@ class _Exchange:
     up: layers.Counter
     down: layers.Counter
     request: inspected.Logged | None = None  # judged (inspected or a leak check): a `request` record, not a `close`
-
-
-_ENC, _ESC = "utf-8", "surrogateescape"
-
-
-def _fields(headers: http.Headers) -> list[tuple[str, str]]:
-    """Header (name, value) pairs as text; bytes that are not UTF-8 survive the round trip (surrogateescape)."""
-    return [(n.decode(_ENC, _ESC), v.decode(_ENC, _ESC)) for n, v in headers.fields]
-
-
-def _answerable(req: http.Request) -> bool:
-    """Can mitmproxy send a 403 for this request? Only after holding its body, so not when the body is
-    or may be streamed: longer than stream_large_bodies, or of a length unknown until read (HTTP/1
-    chunked; HTTP/2 without content-length, unless its method has no body by custom)."""
-    limit = human.parse_size(ctx.options.stream_large_bodies) if "stream_large_bodies" in ctx.options else None
-    if limit is None:
-        return True
-    if req.is_http2:
-        unknown = "content-length" not in req.headers and req.method not in ("GET", "HEAD", "OPTIONS")
-    else:
-        unknown = "chunked" in req.headers.get("transfer-encoding", "").lower()
-    return not req.stream and not unknown
-
-
-def _norm_key(host: str, port: int) -> tuple[str, int]:
-    try:
-        return str(rules.normalise(host)), port
-    except hosts.HostError:
-        return host, port
+    scan: bool = False  # the body is held (up to stream_large_bodies) and looked into for a sentinel
 
 
 class Gate:
@@ -142,7 +113,7 @@ class Gate:
         self, st: _Conn, kind: Kind, host: str, port: int, *, method: str | None = None, url: str | None = None
     ) -> Decided:
         """Run the verdict pipeline, write exactly one audit record; pin if allowed."""
-        key = _norm_key(host, port)
+        key = flowview.norm_key(host, port)
         b = st.binding
 
         async def ask(d: rules.Decision) -> rules.Decision:
@@ -235,7 +206,7 @@ class Gate:
                 except hosts.HostError:
                     req.host = name
         b = st.binding
-        host, port = _norm_key(req.host, req.port)
+        host, port = flowview.norm_key(req.host, req.port)
         https = req.scheme == "https"
         insp = b.inspection(host, port)
         if https:
@@ -244,11 +215,13 @@ class Gate:
             url = req.pretty_url if insp is None or insp.log_query else req.pretty_url.split("?", 1)[0]
             url = inspected.redact(url, b.secrets)  # a leak attempt's URL: never the value in the log
             d = await self._authorize(st, "http", req.host, req.port, method=req.method, url=url)
-        fields = _fields(req.headers)
-        sent = req.data.method.decode(_ENC, _ESC)  # req.method is upper-cased, but `post` goes upstream as sent
+        fields = flowview.fields(req.headers)
+        sent = req.data.method.decode(
+            flowview.ENC, flowview.ESC
+        )  # req.method is upper-cased, but `post` goes upstream as sent
         # A denied destination is judged for leaks only: refused anyway, but a key sent there must show.
         j = inspected.judge(insp if d.allowed else None, b.secrets, host, sent, req.path, fields, https)
-        if https and d.allowed and (j is None or j.allowed) and (front := _fronted(flow, host)):
+        if https and d.allowed and (j is None or j.allowed) and (front := flowview.fronted(flow, host)):
             j = inspected.Judged(False, insp.origin if insp else None, front)
         ex = _Exchange(d, time.monotonic(), layers.Counter(), layers.Counter())
         if j is not None:
@@ -258,7 +231,7 @@ class Gate:
         if not d.allowed:
             if ex.request is not None and ex.request.judged.leak is not None:
                 self._write_request(st, ex, 403, 0, 0, 0)
-            if not _answerable(req):
+            if not flowview.answerable(req):
                 flow.kill()  # type: ignore[no-untyped-call]  # a 403 before a streamed body crashes the layer
                 return
             flow.response = refusal(d, close=not https)  # HTTP/2 has no Connection header: the stream ends
@@ -269,15 +242,41 @@ class Gate:
         if https and insp is not None:
             brokered = inspected.broker(fields, b.secrets, host, lower=req.is_http2)
             if brokered != fields:
-                req.headers = http.Headers([(n.encode(_ENC, _ESC), v.encode(_ENC, _ESC)) for n, v in brokered])
+                req.headers = http.Headers(
+                    [(n.encode(flowview.ENC, flowview.ESC), v.encode(flowview.ENC, flowview.ESC)) for n, v in brokered]
+                )
         flow.metadata["sandgate"] = ex
+        if b.secrets and not (https and any(s.host == host for s in b.secrets)):
+            ex.scan = True  # a body to anywhere but a credential's own host: held and scanned in `request`
+            return
         req.stream = ex.up
+
+    def request(self, flow: http.HTTPFlow) -> None:
+        """A held body (ex.scan) carrying a sentinel or real value is an attempted leak: 403 before it leaves.
+
+        Bodies past stream_large_bodies (1 MiB) or of unknown length past it are streamed unscanned:
+        holding them would cost the daemon their size, and the sentinel they could carry is worthless."""
+        ex = flow.metadata.get("sandgate")
+        st = self._conns.get(flow.client_conn.id)
+        if not isinstance(ex, _Exchange) or not ex.scan or st is None or flow.request.raw_content is None:
+            return
+        body = flow.request.raw_content
+        ex.up.n += len(body)
+        j = inspected.body_leak(st.binding.secrets, ex.decided.host, body)
+        if j is None:
+            return
+        del flow.metadata["sandgate"]  # the refusal writes its record: no second one at `response`
+        req = flow.request
+        path = inspected.logged_path(req.path, False, st.binding.secrets)
+        ex.request = inspected.Logged(st.kind if req.scheme == "https" else "http", ex.decided.host, req.port,
+                                      req.data.method.decode(flowview.ENC, flowview.ESC), path, j)  # fmt: skip
+        self._refuse(flow, st, ex)
 
     def _refuse(self, flow: http.HTTPFlow, st: _Conn, ex: _Exchange) -> None:
         """A 403 for one request; the connection stays open (kept-alive HTTP/1.1, HTTP/2: others go on)."""
         r = ex.request
         assert r is not None
-        if not _answerable(flow.request):
+        if not flowview.answerable(flow.request):
             # mitmproxy cannot answer before a body it streams (the layer would crash): refuse by closing
             # (HTTP/1) the connection. The upstream still never sees the request.
             flow.kill()  # type: ignore[no-untyped-call]  # mitmproxy leaves it unannotated
@@ -341,7 +340,7 @@ class Gate:
             data.server.error = "sandgate: no policy"
             return
         host, port = data.server.address[0], data.server.address[1]
-        d = st.pins.get(_norm_key(host, port))
+        d = st.pins.get(flowview.norm_key(host, port))
         if d is None:
             # Nothing decided this destination yet (transparent TLS/raw TCP): decide now.
             d = await self._authorize(st, st.kind, host, port)
@@ -374,22 +373,6 @@ class Gate:
             )
 
         return layers.Relay(ctx, closed)
-
-
-def _fronted(flow: http.HTTPFlow, host: str) -> str | None:
-    """Why a decrypted request is domain fronting (its Host or :authority is not the TLS name), or None.
-
-    The threat: a CDN routes by the inner Host, so `CONNECT allowed.test` + `Host: evil.test` reaches evil.test."""
-    req = flow.request
-    if isinstance(flow.client_conn.proxy_mode, RegularMode):
-        named, tls = hosts.split_host_port((req.host_header or "").strip())[0], host  # host: the CONNECT name
-    else:
-        named, tls = host, flow.client_conn.sni or ""  # host: already taken from the Host header
-    if not named or not tls:
-        return None
-    if _norm_key(named, 0)[0] == _norm_key(tls, 0)[0]:
-        return None
-    return f"Host header names {named}, not {tls}, the name this TLS connection is for (domain fronting)"
 
 
 def refusal(d: Decided, close: bool = True) -> http.Response:

@@ -7,9 +7,10 @@ credential's own host over HTTPS, is refused. Then an inspected destination's `h
 the method and path (netguard.httprules). An allowed HTTPS request to a credential's host gets the
 real header (`broker`).
 
-Bodies are not scanned: a body may be gigabytes and is streamed, not held; and what a body could
-leak is only the sentinel, which is worthless outside the proxy (the real value never enters the
-sandbox). Headers and the URL are scanned because the proxy itself would put the real value there.
+When a credential is bound, request bodies up to 1 MiB to anywhere but its own host are held and
+scanned (`body_leak`, called by the Gate's `request` hook); larger ones stream unscanned: a body
+may be gigabytes, and what it could leak is only the sentinel, worthless outside the proxy (the
+real value never enters the sandbox).
 """
 
 from __future__ import annotations
@@ -90,6 +91,15 @@ def find_leak(secrets: Iterable[Secret], host: str, target: str, headers: Header
         where = _where(s, host, target, headers)
         if where is not None:
             return Judged(False, s.origin, credentials.leak_reason(s, host, where), s.variable)
+    return None
+
+
+def body_leak(secrets: Iterable[Secret], host: str, body: bytes) -> Judged | None:
+    """An attempted leak in a held request body (to anywhere but a credential's own host over HTTPS)."""
+    text = body.decode("latin-1")  # bytes as they are: a sentinel is ASCII
+    for s in secrets:
+        if credentials.carried(text, (s,)) is not None:
+            return Judged(False, s.origin, credentials.leak_reason(s, host, "the body"), s.variable)
     return None
 
 

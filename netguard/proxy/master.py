@@ -27,7 +27,9 @@ def make_master(bindings: dict[int, Binding], modes: list[str]) -> tuple[Master,
     master.addons.add(proxyserver, TlsInspect(bindings), gate)  # type: ignore[no-untyped-call]
     opts.update(  # type: ignore[no-untyped-call]
         connection_strategy="lazy",  # decide on the name (SNI/Host) before any upstream connection exists
-        stream_large_bodies="64k",  # bodies pass through, never buffered whole
+        # Allowed bodies are streamed by Gate from the first byte; this bounds what a *refused* request's
+        # body may make the proxy hold before its 403 (a body of unknown length is read to its end first).
+        stream_large_bodies="1m",
         store_streamed_bodies=False,
     )
     return master, proxyserver, gate

@@ -240,27 +240,32 @@ def test_transparent_inspected_requests_share_one_decision(tmp_path: Path, resol
 def test_a_refused_request_whose_body_would_be_streamed_is_refused_by_closing(
     tmp_path: Path, resolver: FakeDns
 ) -> None:
+    """A body of unknown length is held (up to stream_large_bodies) and answered with the 403; only a
+    declared body past the limit, which mitmproxy would stream, is refused by closing."""
     w = World(tmp_path, resolver)
     small = flow(w, "PUT", "git.test", "/x", h2=True, content_length="4")
     unknown = flow(w, "PUT", "git.test", "/x", h2=True)  # HTTP/2, no content-length: may be any size
     chunked = flow(w, "PUT", "git.test", "/x", transfer_encoding="chunked")
+    big = flow(w, "PUT", "git.test", "/x", content_length=str(2 << 20))
     get = flow(w, "GET", "git.test", "/o/r/info/refs", h2=True)
 
     async def body(tctx: taddons.context) -> None:
         # as netguard.proxy.master sets it (loadcore=False leaves the option out)
-        tctx.options.add_option("stream_large_bodies", Optional[str], "64k", "")  # noqa: UP045
+        tctx.options.add_option("stream_large_bodies", Optional[str], "1m", "")  # noqa: UP045
         await connect(tctx, w, "git.test")
-        for f in (small, unknown, chunked, get):
+        for f in (small, unknown, chunked, big, get):
             await exchange(tctx, w, f)
 
     drive(w, body)
-    assert small.response.status_code == 403 and get.response.status_code == 200
-    for f in (unknown, chunked):
-        assert f.response is None and f.error is not None and f.error.msg == Error.KILLED_MESSAGE
+    for f in (small, unknown, chunked):
+        assert f.response is not None and f.response.status_code == 403
+    assert get.response is not None and get.response.status_code == 200
+    assert big.response is None and big.error is not None and big.error.msg == Error.KILLED_MESSAGE
     recs = w.records("request")
     assert [(r["status"], r["reason"].endswith("(body too large to drain: closed)")) for r in recs] == [
         (403, False),
-        (403, True),
+        (403, False),
+        (403, False),
         (403, True),
         (200, False),
     ]
@@ -519,7 +524,7 @@ def test_a_refused_request_never_reaches_the_upstream_and_the_connection_goes_on
                 got.append((r.status, r.read().decode()))
                 socks.append(conn.sock)  # http.client drops its socket when told Connection: close
             assert conn.sock is not None and all(s is socks[0] for s in socks), got  # one connection all along
-            conn.request("POST", f"http://up.test:{port}/big", body=b"d" * 200_000)  # streamed: no 403 possible
+            conn.request("POST", f"http://up.test:{port}/big", body=b"d" * (2 << 20))  # streamed: no 403 possible
             with pytest.raises((ConnectionError, httpclient.RemoteDisconnected)):
                 conn.getresponse()
             conn.close()
@@ -537,3 +542,11 @@ def test_a_refused_request_never_reaches_the_upstream_and_the_connection_goes_on
         ("GET", 200, None, 2),
         ("POST", 403, None, 0),  # refused by closing: the body was too large to hold for a 403
     ]
+
+
+def test_body_leak_finds_the_sentinel_or_the_real_value_and_names_neither() -> None:
+    assert inspected.body_leak((SECRET,), "other.test", b"token=none") is None
+    for body in (f"token={SECRET.sentinel}".encode(), f'{{"k": "{REAL}"}}'.encode(), b"\xff" + REAL.encode()):
+        j = inspected.body_leak((SECRET,), "other.test", body)
+        assert j is not None and not j.allowed and j.leak == "API_KEY" and "the body" in j.reason
+        assert REAL not in j.reason and SECRET.sentinel not in j.reason

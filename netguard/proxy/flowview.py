@@ -1,0 +1,57 @@
+"""How the Gate reads a mitmproxy request: header text, whether a 403 can still be sent, fronting.
+
+Small facts about one flow that the Gate's hooks need and that would otherwise crowd gate.py.
+"""
+
+from __future__ import annotations
+
+from mitmproxy import ctx, http
+from mitmproxy.proxy.mode_specs import RegularMode
+from mitmproxy.utils import human
+
+from netguard import hosts, rules
+
+ENC, ESC = "utf-8", "surrogateescape"
+
+
+def fields(headers: http.Headers) -> list[tuple[str, str]]:
+    """Header (name, value) pairs as text; bytes that are not UTF-8 survive the round trip (surrogateescape)."""
+    return [(n.decode(ENC, ESC), v.decode(ENC, ESC)) for n, v in headers.fields]
+
+
+def answerable(req: http.Request) -> bool:
+    """Can mitmproxy send a 403 for this request? Only after holding its body: not when it is being
+    streamed, or declares a body longer than stream_large_bodies (which mitmproxy would stream).
+
+    A body of unknown length (HTTP/1 chunked, HTTP/2 without content-length) is held up to that limit
+    (netguard.proxy.master: 1 MiB, so memory stays bounded) and then answered; past it mitmproxy gives up
+    on the connection. Either way the upstream never sees the request.
+    """
+    limit = human.parse_size(ctx.options.stream_large_bodies) if "stream_large_bodies" in ctx.options else None
+    if req.stream:
+        return False
+    length = req.headers.get("content-length", "")
+    return limit is None or not length.isdigit() or int(length) <= limit
+
+
+def norm_key(host: str, port: int) -> tuple[str, int]:
+    try:
+        return str(rules.normalise(host)), port
+    except hosts.HostError:
+        return host, port
+
+
+def fronted(flow: http.HTTPFlow, host: str) -> str | None:
+    """Why a decrypted request is domain fronting (its Host or :authority is not the TLS name), or None.
+
+    The threat: a CDN routes by the inner Host, so `CONNECT allowed.test` + `Host: evil.test` reaches evil.test."""
+    req = flow.request
+    if isinstance(flow.client_conn.proxy_mode, RegularMode):
+        named, tls = hosts.split_host_port((req.host_header or "").strip())[0], host  # host: the CONNECT name
+    else:
+        named, tls = host, flow.client_conn.sni or ""  # host: already taken from the Host header
+    if not named or not tls:
+        return None
+    if norm_key(named, 0)[0] == norm_key(tls, 0)[0]:
+        return None
+    return f"Host header names {named}, not {tls}, the name this TLS connection is for (domain fronting)"
