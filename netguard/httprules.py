@@ -33,8 +33,8 @@ READ_ONLY: frozenset[str] = frozenset({"GET", "HEAD", "OPTIONS"})
 HTTP_RULE_KEYS = ("methods", "paths")
 _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 9110 token: what a method may be
 #: Escapes that stay escaped in the canonical path: decoding them would change where segments end
-#: (%2F, %5C) or make an escape of an escape (%25).
-_KEEP_ESCAPED = frozenset({"2F", "5C", "25"})
+#: (%2F, %5C), where the path ends (%3F, %23) or make an escape of an escape (%25).
+_KEEP_ESCAPED = frozenset({"2F", "5C", "25", "3F", "23"})
 
 
 @dataclass(frozen=True)
@@ -109,8 +109,8 @@ def _parse_paths(value: Any, line: int | None) -> tuple[str, ...]:
             raise PolicyError(f"path {p!r}: patterns match the path only, without a query", where)
         if canonical_path(p.replace("*", "x")) != p.replace("*", "x"):
             raise PolicyError(
-                f"path {p!r} is not canonical: no dot segments or backslashes, and escapes only for '/', '\\', '%'"
-                " and control characters, in upper case (%2F)",
+                f"path {p!r} is not canonical: no dot segments or backslashes, and escapes only for '/', '\\', '%',"
+                " '?', '#' and control characters, in upper case (%2F)",
                 where,
             )
         out.append(p)

@@ -34,6 +34,7 @@ GIT = (
         ("/@types%2fnode", "/@types%2Fnode"),  # npm scoped names keep their encoded slash
         ("/a%5Cb", "/a%5Cb"),
         ("/a%2525", "/a%2525"),
+        ("/a%3fb%23c", "/a%3Fb%23c"),  # an escaped '?' or '#' is part of the path, not its end
         ("/a%20b", "/a%20b"),
         ("//x", "//x"),
     ],
