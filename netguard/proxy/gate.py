@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import dns.exception
 from mitmproxy import connection, ctx, http
@@ -115,6 +117,7 @@ class Gate:
         self.bindings = bindings
         self._conns: dict[str, _Conn] = {}
         self.local = localaddrs.LocalAddrs()  # this host's own addresses: read now, refreshed when stale
+        self.handlers: Mapping[Any, Any] = {}  # mitmproxy's handlers by client id (make_master): the kernel relay
 
     # ---- bookkeeping ------------------------------------------------------------------
 
@@ -370,7 +373,7 @@ class Gate:
                 )
             )
 
-        return layers.Relay(ctx, closed)
+        return layers.Relay(ctx, closed, self.handlers)
 
 
 def refusal(d: Decided, close: bool = True) -> http.Response:
