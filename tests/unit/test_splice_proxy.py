@@ -58,12 +58,12 @@ class Upstream:
 class Proxy:
     """make_master's proxy on its own loop thread; every Relay it makes is kept in `relays`."""
 
-    def __init__(self, tmp: Path, ports: list[int]) -> None:
+    def __init__(self, tmp: Path, ports: list[int], network: dict[str, Any] | None = None) -> None:
         probe = socket.create_server(("127.0.0.1", 0))
         self.port = probe.getsockname()[1]
         probe.close()
         self.audit = tmp / "audit.jsonl"
-        pol = parse_network({"allow": [{"cidr": "127.0.0.0/8", "ports": ports}]}, "p.yaml")
+        pol = parse_network(network or {"allow": [{"cidr": "127.0.0.0/8", "ports": ports}]}, "p.yaml")
         self.binding = Binding("t1", rules.compile_policy(pol), AuditLog(self.audit))
         self.relays: list[layers.Relay] = []
         self._ready = threading.Event()
