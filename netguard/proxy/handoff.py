@@ -2,14 +2,13 @@
 
 mitmproxy 12 keeps one ConnectionHandler per client connection (Proxyserver.connections, by client
 id); its `transports` map each Connection to an asyncio StreamReader/StreamWriter. We never fork or
-patch it: the handoff is a synchronous step between two of its events, when every byte is in one
-of three places (the kernel, a StreamReader's buffer, a StreamWriter's buffer), never inside a
-coroutine: reading is paused on both transports, what the readers had buffered is written to the
-other side's transport, both write buffers are left to drain, then each socket is dup()ed and
-spliced. mitmproxy's handler stays alive but idle (its reads wait forever on paused transports), so
-everything that closes a connection through mitmproxy (a sandbox's drop, the daemon's exit) still
-reaches it: netguard.proxy.layers.Relay sees the ConnectionClosed and cuts the pair. When the pair
-ends by itself, the transports are aborted and mitmproxy tears down as after any close.
+patch it: reading is paused on both transports (one synchronous step between two of its events),
+mitmproxy relays what its readers already hold and its writers send it all, and only then is each
+socket (dup()ed) spliced: every byte is relayed once and in order. mitmproxy's handler stays
+alive but idle (its reads wait forever on paused transports), so everything that closes a
+connection through mitmproxy (a sandbox's drop, the daemon's exit) still reaches it:
+netguard.proxy.layers.Relay sees the ConnectionClosed and cuts the pair. When the pair ends by
+itself, the transports are aborted and mitmproxy tears down as after any close.
 
 Anything unexpected (a side already half-closed, another transport type, asyncio internals that
 changed) leaves the flow with mitmproxy: slower, never wrong.
@@ -35,8 +34,10 @@ def _streams(handler: Any, conn: Connection) -> tuple[asyncio.StreamReader, asyn
         return None  # UDP, or a mitmproxy_rs stream: no socket to take
     if conn.state is not ConnectionState.OPEN or w.transport.is_closing():
         return None  # half-closed already: mitmproxy finishes what it started
-    if r.exception() is not None or getattr(r, "_eof", True) or not isinstance(getattr(r, "_buffer", None), bytearray):
+    if r.exception() is not None or getattr(r, "_eof", True) or not isinstance(getattr(r, "_paused", None), bool):
         return None
+    if not isinstance(getattr(r, "_buffer", None), bytearray):
+        return None  # asyncio's StreamReader internals changed: stay with mitmproxy
     return r, w
 
 
@@ -44,12 +45,14 @@ class Handoff:
     """One flow moved out of mitmproxy: its early bytes, then a splice.Pair; `over` once both sockets are closed."""
 
     def __init__(self, handler: Any, client: Connection, server: Connection) -> None:
-        self.up = self.down = 0  # bytes moved before the pair existed (reader buffers)
+        self.up = self.down = 0  # bytes the pair moved (mitmproxy counted what it relayed before)
+        self.spliced = False  # until then mitmproxy still relays what it had read
         self.pair: splice.Pair | None = None
         self.over = False
         self.error: str | None = None
         self._handler = handler
         self._client, self._server = client, server
+        self._readers: list[asyncio.StreamReader] = []
         self._writers: list[asyncio.StreamWriter] = []
         self._task: asyncio.Task[None] | None = None
         self._disarmed: contextlib.AbstractContextManager[None] | None = None
@@ -59,36 +62,43 @@ class Handoff:
         c, s = _streams(self._handler, self._client), _streams(self._handler, self._server)
         if c is None or s is None:
             return False
-        (cr, cw), (sr, sw) = c, s
-        fds = _dups(cw, sw)
+        fds = _dups(c[1], s[1])
         if fds is None:
             return False  # out of fds (EMFILE): mitmproxy's relay needs none extra
-        self._writers = [cw, sw]
-        for w in self._writers:
+        self._readers, self._writers = [c[0], s[0]], [c[1], s[1]]
+        for r, w in zip(self._readers, self._writers, strict=True):
             cast(asyncio.Transport, w.transport).pause_reading()  # no byte enters a StreamReader from now on
-        self.up, self.down = _move(cr, sw), _move(sr, cw)
-        watchdog = getattr(self._handler, "timeout_watchdog", None)
-        if watchdog is not None:  # the pair keeps its own idle timeout (tcp_timeout)
-            self._disarmed = watchdog.disarm()
-            self._disarmed.__enter__()
+            # A reader paused by its own flow control resumes the transport on its next wait: bytes would
+            # then reach mitmproxy behind the splice's back (out of order). The pause is ours now.
+            r._paused = False  # type: ignore[attr-defined]
         self.pair = splice.Pair(fds[0], fds[1], self._ended, idle)
         self._task = asyncio.get_running_loop().create_task(self._splice())
         return True
 
     async def _splice(self) -> None:
-        """Splice once mitmproxy's write buffers are empty: bytes it already accepted go first."""
+        """Splice once mitmproxy relayed what its readers hold and its writers sent it: order is kept."""
         assert self.pair is not None
         try:
-            for w in self._writers:
-                w.transport.set_write_buffer_limits(0)  # drain() now waits for an empty buffer
-                await w.drain()
-            if any(w.transport.is_closing() for w in self._writers):
-                raise ConnectionError("closed while draining")
+            while True:
+                for w in self._writers:
+                    w.transport.set_write_buffer_limits(0)  # drain() now waits for an empty buffer
+                    await w.drain()
+                if any(w.transport.is_closing() for w in self._writers):
+                    raise ConnectionError("closed while draining")
+                if not any(r._buffer for r in self._readers):  # type: ignore[attr-defined]  # checked in _streams
+                    break
+                await asyncio.sleep(0)  # mitmproxy's reading task is due: it relays the rest itself
         except (OSError, ConnectionError) as e:
             self.pair.cut(f"handoff failed: {e}")
             return
-        if not self.pair.closed:
-            self.pair.start()
+        if self.pair.closed:
+            return
+        watchdog = getattr(self._handler, "timeout_watchdog", None)
+        if watchdog is not None:  # the pair keeps its own idle timeout (tcp_timeout)
+            self._disarmed = watchdog.disarm()
+            self._disarmed.__enter__()
+        self.spliced = True
+        self.pair.start()
 
     def cut(self, why: str) -> None:
         """End it now: mitmproxy closed one side (drop, daemon exit), so both go."""
@@ -103,22 +113,11 @@ class Handoff:
         self.over = True
         self.error = why
         if self.pair is not None:
-            self.up += self.pair.up
-            self.down += self.pair.down
+            self.up, self.down = self.pair.up, self.pair.down
         if self._disarmed is not None:
             self._disarmed.__exit__(None, None, None)
         for w in self._writers:
             w.transport.abort()  # mitmproxy's readers see the end: its handler tears down as after any close
-
-
-def _move(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> int:
-    """What `reader` had buffered but mitmproxy had not read yet goes to the other side first (order kept)."""
-    buf: bytearray = reader._buffer  # type: ignore[attr-defined]  # asyncio internals, checked in _streams
-    data = bytes(buf)
-    buf.clear()
-    if data:
-        writer.write(data)
-    return len(data)
 
 
 def _dups(*writers: asyncio.StreamWriter) -> tuple[int, int] | None:

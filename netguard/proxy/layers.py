@@ -67,7 +67,8 @@ class Relay(layers.TCPLayer):
             self.handoff = h
 
     def relay_messages(self, event: events.Event) -> layer.CommandGenerator[None]:
-        if self.handoff is not None:
+        h = self.handoff
+        if h is not None and (h.spliced or not isinstance(event, events.DataReceived)):
             yield from self._handed_off(event)
             return
         if isinstance(event, events.DataReceived):
@@ -79,7 +80,8 @@ class Relay(layers.TCPLayer):
         self._closed()
 
     def _handed_off(self, event: events.Event) -> layer.CommandGenerator[None]:
-        """Spliced: mitmproxy's transports are paused, so any event means a side was closed: both go."""
+        """Spliced: mitmproxy's transports are paused, so any event means a side was closed: both go.
+        (Before the splice starts, mitmproxy still relays the bytes it had read: only a close lands here.)"""
         h = self.handoff
         assert h is not None
         h.cut("closed by the proxy" if isinstance(event, events.ConnectionClosed) else "unexpected data")

@@ -24,6 +24,7 @@ from collections.abc import Callable
 PIPE_SIZE = 256 * 1024  # in flight per blocked direction; mitmproxy buffered ~128 KiB per direction
 _FLAGS = os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK
 _POOL_MAX = 64  # idle pipes kept for reuse (each is two fds)
+_BURST = 8  # pipes moved per wakeup at most: one busy connection must not starve the others
 
 
 class _Pipe:
@@ -113,26 +114,33 @@ class Pair:
     # ---- moving bytes ------------------------------------------------------------------------
 
     def _readable(self, way: _Way) -> None:
-        if way.pipe is None:
+        for _ in range(_BURST):  # a full pipe means more is waiting: go on without another epoll round
+            if way.pipe is None:
+                try:
+                    way.pipe = self._pipes.take()
+                except OSError:  # out of fds (EMFILE): pause this direction briefly instead of failing it
+                    self._loop.remove_reader(way.src)
+                    self._loop.call_later(0.05, self._retry, way)
+                    return
+            size = way.pipe.size
             try:
-                way.pipe = self._pipes.take()
-            except OSError:  # out of fds (EMFILE): pause this direction briefly instead of failing it
-                self._loop.remove_reader(way.src)
-                self._loop.call_later(0.05, self._retry, way)
+                n = os.splice(way.src, way.pipe.w, size - way.held, flags=_FLAGS)
+            except BlockingIOError:
+                if not way.held:
+                    self._pipes.give(way.pipe, empty=True)  # an idle direction holds no pipe
+                    way.pipe = None
                 return
-        try:
-            n = os.splice(way.src, way.pipe.w, way.pipe.size - way.held, flags=_FLAGS)
-        except BlockingIOError:
-            return
-        except OSError:
-            n = 0  # a reset or other read error ends this direction, as mitmproxy's relay did
-        if n == 0:
-            self._loop.remove_reader(way.src)
-            way.eof = True
-        else:
-            way.held += n
-            self._last = time.monotonic()
-        self._flush(way)
+            except OSError:
+                n = 0  # a reset or other read error ends this direction, as mitmproxy's relay did
+            if n == 0:
+                self._loop.remove_reader(way.src)
+                way.eof = True
+            else:
+                way.held += n
+                self._last = time.monotonic()
+            self._flush(way)
+            if n < size or way.waiting or way.eof or self.closed:
+                return
 
     def _retry(self, way: _Way) -> None:
         if not self.closed:
