@@ -209,7 +209,7 @@ def main() -> int:
     finally:
         shutil.rmtree(base, ignore_errors=True)
     per_sb = (f["bound"] - f["start"]) / args.sandboxes
-    per_conn = (f.get("open", f["bound"]) - f["bound"]) / args.n
+    per_conn = (f.get("open", f["bound"]) - f["bound"]) / max(1, args.n - errors)  # per tunnel actually open
     print(f"{args.n} concurrent tunnels over {args.sandboxes} sandboxes, {args.kib} KiB each: {errors} errors")
     print(
         f"daemon RSS: {f['start'] / 1024:.1f} MiB at start, {f['bound'] / 1024:.1f} MiB bound, "

@@ -32,3 +32,28 @@ def raise_nofile(want: int = WANT) -> int:
         except (OSError, ValueError):
             pass
     return soft
+
+
+PER_CONNECTION = 4  # client + upstream socket, and their dups while spliced (netguard.proxy.handoff)
+RESERVE = 512  # listeners, control sockets, audit logs, DNS, epoll, and the splice's pipes (splice.PIPES_MAX)
+
+
+class Budget:
+    """How many proxied connections fit under the fd limit. Past it a new connection is refused at
+    once: accept() itself must never meet EMFILE, where asyncio retries every pending accept in a
+    loop (measured: a daemon at 100 % CPU, millions of log lines, every sandbox stalled)."""
+
+    def __init__(self, soft: int) -> None:
+        self.limit = max(16, (soft - RESERVE) // PER_CONNECTION)
+        self.live = 0
+        self.refused = 0
+
+    def take(self) -> bool:
+        if self.live >= self.limit:
+            self.refused += 1
+            return False
+        self.live += 1
+        return True
+
+    def give(self) -> None:
+        self.live -= 1

@@ -24,6 +24,7 @@ from collections.abc import Callable
 PIPE_SIZE = 256 * 1024  # in flight per blocked direction; mitmproxy buffered ~128 KiB per direction
 _FLAGS = os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK
 _POOL_MAX = 64  # idle pipes kept for reuse (each is two fds)
+PIPES_MAX = 128  # pipes in existence at once: their fds are in fdlimit.RESERVE, never taken from accept()
 _BURST = 8  # pipes moved per wakeup at most: one busy connection must not starve the others
 
 
@@ -47,15 +48,24 @@ class Pipes:
 
     def __init__(self) -> None:
         self._free: list[_Pipe] = []
+        self.made = 0
 
     def take(self) -> _Pipe:
-        return self._free.pop() if self._free else _Pipe()
+        """An empty pipe; OSError when PIPES_MAX are lent (the caller waits and tries again)."""
+        if self._free:
+            return self._free.pop()
+        if self.made >= PIPES_MAX:
+            raise OSError(errno.EMFILE, "all splice pipes are in use")
+        pipe = _Pipe()
+        self.made += 1
+        return pipe
 
     def give(self, pipe: _Pipe, empty: bool) -> None:
         if empty and len(self._free) < _POOL_MAX:
             self._free.append(pipe)
         else:
             pipe.close()  # bytes of a cut connection must never reach another connection
+            self.made -= 1
 
 
 POOL = Pipes()

@@ -188,3 +188,28 @@ def test_no_fd_outlives_a_pair() -> None:
         r.close()
     # the pool keeps a few empty pipes for reuse (two fds each), never one per pair
     assert len(os.listdir("/proc/self/fd")) - before <= 2 * 2
+
+
+def test_pipes_in_existence_are_capped_and_a_cut_pipe_is_never_lent_again() -> None:
+    pool = splice.Pipes()
+    lent = [pool.take() for _ in range(splice.PIPES_MAX)]
+    with pytest.raises(OSError):
+        pool.take()  # the direction waits and retries; accept() keeps its fds
+    os.write(lent[0].w, b"bytes of a cut connection")
+    pool.give(lent[0], empty=False)  # closed, not pooled
+    again = pool.take()
+    assert again is not lent[0] and pool.made == splice.PIPES_MAX
+    for p in [again, *lent[1:]]:
+        pool.give(p, empty=True)
+    assert pool.made <= splice.PIPES_MAX
+    while pool._free:
+        pool._free.pop().close()
+
+
+def test_the_connection_budget_refuses_past_the_fd_limit() -> None:
+    from netguard.proxy.fdlimit import PER_CONNECTION, RESERVE, Budget
+
+    b = Budget(RESERVE + 20 * PER_CONNECTION + 1)
+    assert [b.take() for _ in range(21)] == [True] * 20 + [False] and b.refused == 1
+    b.give()
+    assert b.take()
