@@ -72,8 +72,17 @@ class Handoff:
             # then reach mitmproxy behind the splice's back (out of order). The pause is ours now.
             r._paused = False  # type: ignore[attr-defined]
         self.pair = splice.Pair(fds[0], fds[1], self._ended, idle)
-        self._task = asyncio.get_running_loop().create_task(self._splice())
+        if self._quiet():
+            self._start()  # the usual case: nothing in flight inside mitmproxy, no loop round to wait
+        else:
+            self._task = asyncio.get_running_loop().create_task(self._splice())
         return True
+
+    def _quiet(self) -> bool:
+        """Nothing left for mitmproxy to relay: its readers are empty, its writers have sent everything."""
+        if any(w.transport.get_write_buffer_size() for w in self._writers):
+            return False
+        return not any(r._buffer for r in self._readers)  # type: ignore[attr-defined]  # checked in _streams
 
     async def _splice(self) -> None:
         """Splice once mitmproxy relayed what its readers hold and its writers sent it: order is kept."""
@@ -85,14 +94,17 @@ class Handoff:
                     await w.drain()
                 if any(w.transport.is_closing() for w in self._writers):
                     raise ConnectionError("closed while draining")
-                if not any(r._buffer for r in self._readers):  # type: ignore[attr-defined]  # checked in _streams
+                if self._quiet():
                     break
                 await asyncio.sleep(0)  # mitmproxy's reading task is due: it relays the rest itself
         except (OSError, ConnectionError) as e:
             self.pair.cut(f"handoff failed: {e}")
             return
-        if self.pair.closed:
-            return
+        if not self.pair.closed:
+            self._start()
+
+    def _start(self) -> None:
+        assert self.pair is not None
         watchdog = getattr(self._handler, "timeout_watchdog", None)
         if watchdog is not None:  # the pair keeps its own idle timeout (tcp_timeout)
             self._disarmed = watchdog.disarm()
