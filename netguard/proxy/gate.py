@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import dns.exception
 from mitmproxy import connection, http
@@ -86,6 +88,8 @@ class Gate:
         self.bindings = bindings
         self._conns: dict[str, _Conn] = {}
         self.local = localaddrs.LocalAddrs()  # this host's own addresses: read now, refreshed when stale
+        self._named: dict[str, tuple[str, int]] = {}  # server id -> the name it was judged for (keep-alive)
+        self.handlers: Mapping[Any, Any] = {}  # mitmproxy's handlers by client id (make_master): the kernel relay
 
     # ---- bookkeeping ------------------------------------------------------------------
 
@@ -349,6 +353,21 @@ class Gate:
                 return
         assert d.verdict.ip is not None
         data.server.address = (d.verdict.ip, port)  # pin: the checked address, not a second lookup
+        if not data.server.tls:
+            self._named[data.server.id] = (host, port)
+
+    def server_connected(self, data: server_hooks.ServerConnectionHookData) -> None:
+        """A plain connection, once made to the pinned address, is named again by the host it was judged for:
+        mitmproxy reuses one only for a request whose (host, port) is its address (with the pinned IP there,
+        plain HTTP opened a connection per request). Every request on it is still judged, against this client
+        connection's pin for that name, so reuse never reaches another address."""
+        named = self._named.pop(data.server.id, None)
+        if named is not None and data.server.peername is not None:
+            # A label only: mitmproxy forbids moving an open connection (it would not reconnect); it stays on the pin.
+            object.__setattr__(data.server, "address", named)
+
+    def server_connect_error(self, data: server_hooks.ServerConnectionHookData) -> None:
+        self._named.pop(data.server.id, None)
 
     # ---- raw TCP relays ----------------------------------------------------------------
 
@@ -372,7 +391,7 @@ class Gate:
                 )
             )
 
-        return layers.Relay(ctx, closed)
+        return layers.Relay(ctx, closed, self.handlers)
 
 
 def refusal(d: Decided, close: bool = True) -> http.Response:

@@ -8,9 +8,12 @@ parsed as HTTP. Any other TLS is relayed: its ClientHello is only read for the S
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
+from mitmproxy.connection import ConnectionState
 from mitmproxy.net.tls import starts_like_tls_record
 from mitmproxy.proxy import commands, events, layer, layers
 from mitmproxy.proxy.context import Context
@@ -21,6 +24,7 @@ from mitmproxy.proxy.mode_specs import RegularMode
 
 from netguard import hosts, rules
 from netguard.audit import Kind
+from netguard.proxy import handoff
 
 Inspects = Callable[[str, int], rules.Inspection | None]  # Binding.inspection
 
@@ -31,21 +35,64 @@ class Relay(layers.TCPLayer):
     mitmproxy's flow-backed TCP layer runs an addon hook per chunk, which decouples reading
     from writing: a fast server then fills the proxy's memory (measured: ~0.6x the download
     size). The hookless relay keeps mitmproxy's read-after-drain backpressure; we only count.
+    Once the upstream is connected, the sockets leave mitmproxy (netguard.proxy.handoff) and
+    the kernel moves the bytes (netguard.proxy.splice); from then on the only events this layer
+    gets are mitmproxy closing a side (a sandbox's drop, the daemon's exit, the pair's own end).
     """
 
-    def __init__(self, ctx: Context, on_close: Callable[[Relay], None]) -> None:
+    def __init__(
+        self, ctx: Context, on_close: Callable[[Relay], None], handlers: Mapping[Any, Any] | None = None
+    ) -> None:
         super().__init__(ctx, ignore=True)
         self.up = self.down = 0
         self.t0 = time.monotonic()
         self._on_close: Callable[[Relay], None] | None = on_close
+        self._handlers = handlers
+        self.handoff: handoff.Handoff | None = None
+
+    def start(self, event: events.Event) -> layer.CommandGenerator[None]:
+        yield from super().start(event)
+        handler = handoff.handler_of(self._handlers, self.context.client) if self._handlers else None
+        if handler is not None and self._handle_event == self.relay_messages:
+            # Later, not now: the client's bytes mitmproxy queued during the connect are relayed first.
+            asyncio.get_running_loop().call_soon(self._take, handler)
+
+    _handle_event = start
+
+    def _take(self, handler: Any) -> None:
+        if self._handle_event != self.relay_messages or self.handoff is not None:
+            return  # closed meanwhile
+        h = handoff.Handoff(handler, self.context.client, self.context.server)
+        if h.take(float(self.context.options.tcp_timeout)):
+            self.handoff = h
 
     def relay_messages(self, event: events.Event) -> layer.CommandGenerator[None]:
+        h = self.handoff
+        if h is not None and (h.spliced or not isinstance(event, events.DataReceived)):
+            yield from self._handed_off(event)
+            return
         if isinstance(event, events.DataReceived):
             if event.connection is self.context.client:
                 self.up += len(event.data)
             else:
                 self.down += len(event.data)
         yield from super().relay_messages(event)
+        self._closed()
+
+    def _handed_off(self, event: events.Event) -> layer.CommandGenerator[None]:
+        """Spliced: mitmproxy's transports are paused, so any event means a side was closed: both go.
+        (Before the splice starts, mitmproxy still relays the bytes it had read: only a close lands here.)"""
+        h = self.handoff
+        assert h is not None
+        h.cut("closed by the proxy" if isinstance(event, events.ConnectionClosed) else "unexpected data")
+        self.up, self.down = self.up + h.up, self.down + h.down
+        self._handle_event = self.done  # type: ignore[method-assign]  # mitmproxy: the layer's state is its handler
+        for conn in (self.context.server, self.context.client):
+            if conn.state is not ConnectionState.CLOSED:
+                yield commands.CloseConnection(conn)
+        self._closed()
+
+    def _closed(self) -> None:
         if self._handle_event == self.done and self._on_close is not None:
             on_close, self._on_close = self._on_close, None
             on_close(self)

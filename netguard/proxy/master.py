@@ -6,6 +6,7 @@ from mitmproxy.addons.proxyserver import Proxyserver
 from mitmproxy.master import Master
 from mitmproxy.options import Options
 
+from netguard.proxy import fdlimit
 from netguard.proxy.binding import Binding
 from netguard.proxy.gate import Gate
 from netguard.proxy.tlsinspect import TlsInspect
@@ -19,11 +20,13 @@ def make_master(bindings: dict[int, Binding], modes: list[str]) -> tuple[Master,
     inspected hosts comes from TlsInspect, before the Gate so flow errors are final when it audits them.
     Must be called with an event loop running.
     """
+    fdlimit.raise_nofile()  # thousands of connections, each two to four fds
     opts = Options(mode=modes)
     master = Master(opts)
     # mitmproxy leaves these unannotated (no-untyped-call): the types are the ones named here.
     proxyserver = Proxyserver()  # type: ignore[no-untyped-call]
     gate = Gate(bindings)
+    gate.handlers = proxyserver.connections  # decided flows leave mitmproxy for the kernel relay
     master.addons.add(proxyserver, TlsInspect(bindings), gate)  # type: ignore[no-untyped-call]
     opts.update(  # type: ignore[no-untyped-call]
         connection_strategy="lazy",  # decide on the name (SNI/Host) before any upstream connection exists

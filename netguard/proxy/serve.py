@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import resource
 import signal
 import socket
 import sys
@@ -37,6 +38,7 @@ from netguard.proxy.spec import BindingSpec, SpecError, decode
 if TYPE_CHECKING:  # imported lazily: the control/lock logic runs before mitmproxy's import cost
     from netguard.proxy.binding import Binding
     from netguard.proxy.dns import DnsGate, DnsService
+    from netguard.proxy.fdlimit import Budget
 
 MAX_SLOT = 65535  # slots are listen ports in mitmproxy mode specs, which must be valid ports
 BACKLOG = 4096  # asyncio re-runs listen() on a passed socket: keep the queue the launcher sized for a cold start
@@ -62,11 +64,15 @@ class Sandbox:
     servers: list[asyncio.Server] = field(default_factory=list)
     dns: list[DnsService] = field(default_factory=list)
     conns: dict[asyncio.Task[Any], asyncio.StreamWriter] = field(default_factory=dict)
+    budget: Budget | None = None  # the daemon's, shared by every sandbox
 
     def tracked(self, handler: Any) -> Any:
         """Wrap a stream handler so `drop` can cut this sandbox's open connections."""
 
         async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            if self.budget is not None and not self.budget.take():
+                writer.transport.abort()  # out of fds soon: refuse this one, never let accept() meet EMFILE
+                return
             task = asyncio.current_task()
             assert task is not None
             self.conns[task] = writer
@@ -74,6 +80,8 @@ class Sandbox:
                 await handler(reader, writer)
             finally:
                 self.conns.pop(task, None)
+                if self.budget is not None:
+                    self.budget.give()
 
         return handle
 
@@ -102,9 +110,10 @@ class Daemon:
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def run(self, ready_fd: int | None) -> None:
-        from netguard.proxy import dns, master
+        from netguard.proxy import dns, fdlimit, master
 
-        self.master, self.proxyserver, self.gate = master.make_master(self.bindings, [])
+        self.master, self.proxyserver, self.gate = master.make_master(self.bindings, [])  # raises the fd limit
+        self.budget = fdlimit.Budget(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
         self.dnsgate: DnsGate = dns.DnsGate()
         await self.master.running()
         loop = asyncio.get_running_loop()
@@ -277,7 +286,7 @@ class Daemon:
             upstream_ca=spec.upstream_ca,
             secrets=spec.secrets,
         )
-        sb = Sandbox(task, binding, (0, 0), since=now_rfc3339())
+        sb = Sandbox(task, binding, (0, 0), since=now_rfc3339(), budget=self.budget)
         try:
             sb.slots = (self._slot(binding), self._slot(binding))
             for slot, mode, sock in (

@@ -12,12 +12,21 @@ from ..support.world import World
 
 
 @pytest.mark.parametrize(
-    "script,args", [("throughput.py", ["--mb", "2"]), ("latency.py", ["--n", "5"]), ("startup.py", ["--n", "1"])]
+    "script,args",
+    [
+        ("throughput.py", ["--mb", "2"]),
+        ("latency.py", ["--n", "5"]),
+        ("startup.py", ["--n", "1"]),
+        ("datapath.py", ["--mb", "2", "--repeat", "1", "--n", "3", "--concurrency", "50"]),
+        ("concurrency.py", ["--n", "50", "--sandboxes", "2"]),
+    ],
 )
 def test_benchmark_runs(world: World, script: str, args: list[str]) -> None:
     r = world.run([sys.executable, str(REPO / "bench" / script), *args], cwd=REPO, env=env(), timeout=180)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "ratio" in r.stdout or "proxied" in r.stdout or "added" in r.stdout, r.stdout
+    assert "ratio" in r.stdout or "proxied" in r.stdout or "added" in r.stdout or "RESULT" in r.stdout, r.stdout
+    if script in ("datapath.py", "concurrency.py"):
+        assert "RESULT 50 0" in r.stdout, r.stdout  # every tunnel delivered every byte
     # Issue 13's row: inspected HTTPS against passthrough through the same proxy, in the same run.
     if script == "throughput.py":
         assert re.search(r"^https \(inspected\)\s+[\d.]+\s+[\d.]+\s+[\d.]+", r.stdout, re.M), r.stdout
