@@ -358,9 +358,8 @@ class Gate:
 
     def server_connected(self, data: server_hooks.ServerConnectionHookData) -> None:
         """A plain connection, once made to the pinned address, is named again by the host it was judged for:
-        mitmproxy reuses one only for a request whose (host, port) is its address (with the pinned IP there,
-        plain HTTP opened a connection per request). Every request on it is still judged, against this client
-        connection's pin for that name, so reuse never reaches another address."""
+        mitmproxy reuses one only for a request whose (host, port) is its address (the pinned IP there meant a
+        connection per request). Each request on it is still judged against this client's pin for that name."""
         named = self._named.pop(data.server.id, None)
         if named is not None and data.server.peername is not None:
             # A label only: mitmproxy forbids moving an open connection (it would not reconnect); it stays on the pin.
