@@ -48,7 +48,7 @@ def _curl_via(path: str, px: ns.Proxy2) -> tuple[str | None, list[str]]:
 def _download(url: str, nbytes: int, srv: c.Servers, px: ns.Proxy2, path: str, timeout: float) -> float:
     via, extra = _curl_via(path, px)
     if not extra:
-        return curl_download(url, nbytes, srv.certs, via, timeout)
+        return curl_download(url, nbytes, srv.certs.ca_pem, via, timeout)
     cmd = ["curl", "-s", "-S", "--fail", "-o", "/dev/null", "--max-time", str(int(timeout)), *extra]
     cmd += ["-w", "%{speed_download} %{size_download}", "--cacert", str(srv.certs.ca_pem), "--noproxy", "*", url]
     out = subprocess.run(cmd, capture_output=True, text=True, env=c.clean_env(), timeout=timeout + 10)
@@ -84,7 +84,7 @@ def throughput(srv: c.Servers, px: ns.Proxy2, mb: int, repeat: int, timeout: flo
 def _modes(srv: c.Servers, px: ns.Proxy2, timeout: float) -> dict[str, Callable[[], None]]:
     """latency.py's four modes (explicit = its 'proxied') plus the two transparent ones."""
     ctx = c.client_context(srv.certs)
-    base = lat.make_modes(srv, c.Proxy(px.port, px.proc, px.audit_log), ctx, timeout)
+    base = lat.make_modes(srv, c.Proxy(px.port, px.proc, px.audit_log), ctx, ctx, timeout)  # no inspected row here
     host, src = c.LOOPBACK, (ns.CLIENT_IP, 0)
 
     def http_transparent() -> None:

@@ -184,10 +184,11 @@ def test_widening_the_http_rules_makes_exactly_the_refusal_rows_fail_with_upstre
     assert code == 1, err[-2000:]
     failed = {(r["probe"], r["context"], r["identity"]): r for r in rows if not r["ok"]}
     assert {probe for probe, _, _ in failed} == {"git_push_refused", "http_rule_refusals"}, failed
-    for ctx in core.CONTEXTS:
-        for who in IDENTITIES:
-            push, rules = failed["git_push_refused", ctx, who], failed["http_rule_refusals", ctx, who]
-            assert push["observed"] == "permitted" and "pushed branch verify-" in str(push["evidence"]), push
+    for who in IDENTITIES:
+        push = failed["git_push_refused", "child", who]  # run by the command itself (INSPECTION_CONTEXTS)
+        assert push["observed"] == "permitted" and "pushed branch verify-" in str(push["evidence"]), push
+        for ctx in core.CONTEXTS:
+            rules = failed["http_rule_refusals", ctx, who]
             assert rules["observed"] == "permitted" and "canary saw it" in str(rules["evidence"]), rules
     still_ok = {r["probe"] for r in rows if r["ok"]}
     assert {"git_fetch_inspected", "sentinel_leak", "secret_brokered", "ca_key_hidden"} <= still_ok

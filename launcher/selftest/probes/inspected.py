@@ -25,6 +25,13 @@ from launcher.selftest.probes import readable
 from launcher.selftest.probes.core import Blocked, Ctx, Result, Unsupported, attempt, combine, describe, probe
 from launcher.selftest.probes.netio import BODY_LIMIT, HTTP_TIMEOUT, USER_AGENT, blind_context, proxy_address, says
 
+#: Where the heavy inspection probes run: the command itself. What they judge is the daemon's
+#: handling of each request (rules, trust, brokering), which is the same whichever process of the
+#: tree sends it; that every process's traffic reaches the daemon at all is what the other network
+#: rows check in every context. Repeating a clone, a push and two file searches in the grandchild
+#: and the daemon only cost `sandgate verify` (and CI) time.
+INSPECTION_CONTEXTS = ("child",)
+
 Ask = tuple[str, str, dict[str, str]]  # method, target, extra headers
 GIT_TIMEOUT = 15.0
 REFUSED = b"sandgate: request refused: "
@@ -117,7 +124,7 @@ def _clone(c: Ctx, where: str) -> str:
     return _git(["-C", where, "rev-parse", "HEAD"]).stdout.strip()
 
 
-@probe("network", "git_fetch_inspected", "permitted")
+@probe("network", "git_fetch_inspected", "permitted", contexts=INSPECTION_CONTEXTS)
 def git_fetch_inspected(c: Ctx) -> Result:
     """Control: git clone and fetch from an inspected git host whose rules allow reading (upload-pack)."""
     with tempfile.TemporaryDirectory(prefix="sandgate-verify-git-") as tmp:
@@ -130,7 +137,7 @@ def git_fetch_inspected(c: Ctx) -> Result:
     return "permitted", f"cloned and fetched {head[:12]} through the inspecting proxy"
 
 
-@probe("network", "git_push_refused", "blocked")
+@probe("network", "git_push_refused", "blocked", contexts=INSPECTION_CONTEXTS)
 def git_push_refused(c: Ctx) -> Result:
     """git push to an inspected host whose rules allow only clone and fetch (receive-pack is refused)."""
     with tempfile.TemporaryDirectory(prefix="sandgate-verify-git-") as tmp:
@@ -212,7 +219,7 @@ def _plain_leak(c: Ctx, sentinel: str) -> Result:
         return refusal(resp.status, resp.read(BODY_LIMIT), LEAK)
 
 
-@probe("network", "secret_brokered", "blocked")
+@probe("network", "secret_brokered", "blocked", contexts=INSPECTION_CONTEXTS)
 def secret_brokered(c: Ctx) -> Result:
     """Reading the brokered credential's real secret anywhere inside (env, /proc/*/environ, files) while its host gets it."""
     value = os.environ.get(c.spec.cred_env, "")
@@ -254,7 +261,7 @@ def _matches(key: bytes, certs: list[bytes], tmp: str) -> int:
     return hits
 
 
-@probe("network", "ca_key_hidden", "blocked")
+@probe("network", "ca_key_hidden", "blocked", contexts=INSPECTION_CONTEXTS)
 def ca_key_hidden(c: Ctx) -> Result:
     """Reading the private key of a CA the sandbox trusts (the run's inspection CA): it could then sign for any host."""
     certs = list(dict.fromkeys(m for b in readable.bundles() for m in CERT.findall(readable.read_regular(b) or b"")))
