@@ -219,12 +219,12 @@ class Gate:
             url = req.pretty_url if insp is None or insp.log_query else req.pretty_url.split("?", 1)[0]
             url = inspected.redact(url, b.secrets)  # a leak attempt's URL: never the value in the log
             d = await self._authorize(st, "http", req.host, req.port, method=req.method, url=url)
-        fields = flowview.fields(req.headers)
-        sent = req.data.method.decode(
-            flowview.ENC, flowview.ESC
-        )  # req.method is upper-cased, but `post` goes upstream as sent
-        # A denied destination is judged for leaks only: refused anyway, but a key sent there must show.
-        j = inspected.judge(insp if d.allowed else None, b.secrets, host, sent, req.path, fields, https)
+        sent = req.data.method.decode(flowview.ENC, flowview.ESC)  # req.method is upper-cased; `post` goes as sent
+        readable = bool(b.secrets) or insp is not None or https  # plain, uninspected, no credential: the hot path
+        fields = flowview.fields(req.headers) if readable else []
+        j = None  # a denied destination is judged for leaks only: refused anyway, but a key sent there must show
+        if readable:
+            j = inspected.judge(insp if d.allowed else None, b.secrets, host, sent, req.path, fields, https)
         if https and d.allowed and (j is None or j.allowed) and (front := flowview.fronted(flow, host)):
             j = inspected.Judged(False, insp.origin if insp else None, front)
         ex = _Exchange(d, time.monotonic(), layers.Counter(), layers.Counter())
