@@ -1,13 +1,14 @@
 """The proxy's open-file limit, raised once at start: every proxied connection holds two sockets
-(four while spliced: netguard.proxy.handoff dups them), so the usual soft limit of 1024 would
-refuse connections at a few hundred. Soft goes to the hard limit; a privileged daemon (root, or
+(none once a relay worker splices it: netguard.proxy.relaypool), so the usual soft limit of 1024
+would refuse connections at a few hundred. Soft goes to the hard limit; a privileged daemon (root, or
 CAP_SYS_RESOURCE) also lifts the hard limit to WANT when the kernel allows it (fs.nr_open)."""
 
 from __future__ import annotations
 
 import resource
+from collections.abc import Callable
 
-WANT = 1 << 20  # 10,000 tunnels need ~40,000; a million costs nothing until used
+WANT = 1 << 20  # 10,000 tunnels need ~20,000 over the daemon's processes; a million costs nothing until used
 
 
 def raise_nofile(want: int = WANT) -> int:
@@ -34,22 +35,31 @@ def raise_nofile(want: int = WANT) -> int:
     return soft
 
 
-PER_CONNECTION = 4  # client + upstream socket, and their dups while spliced (netguard.proxy.handoff)
+PER_CONNECTION = 2  # client + upstream socket; spliced in-process, the two dups that replaced them (handoff)
 RESERVE = 512  # listeners, control sockets, audit logs, DNS, epoll, and the splice's pipes (splice.PIPES_MAX)
 
 
 class Budget:
     """How many proxied connections fit under the fd limit. Past it a new connection is refused at
     once: accept() itself must never meet EMFILE, where asyncio retries every pending accept in a
-    loop (measured: a daemon at 100 % CPU, millions of log lines, every sandbox stalled)."""
+    loop (measured: a daemon at 100 % CPU, millions of log lines, every sandbox stalled).
 
-    def __init__(self, soft: int) -> None:
+    `away()` is how many of the `live` connections hold no fd here (spliced in a relay worker,
+    whose own limit relaypool keeps): only the others count against this process's limit."""
+
+    def __init__(self, soft: int, away: Callable[[], int] = lambda: 0) -> None:
         self.limit = max(16, (soft - RESERVE) // PER_CONNECTION)
         self.live = 0
         self.refused = 0
+        self._away = away
+
+    @property
+    def held(self) -> int:
+        """Connections whose sockets this process holds."""
+        return self.live - self._away()
 
     def take(self) -> bool:
-        if self.live >= self.limit:
+        if self.held >= self.limit:
             self.refused += 1
             return False
         self.live += 1

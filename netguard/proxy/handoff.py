@@ -4,11 +4,14 @@ mitmproxy 12 keeps one ConnectionHandler per client connection (Proxyserver.conn
 id); its `transports` map each Connection to an asyncio StreamReader/StreamWriter. We never fork or
 patch it: reading is paused on both transports (one synchronous step between two of its events),
 mitmproxy relays what its readers already hold and its writers send it all, and only then is each
-socket (dup()ed) spliced: every byte is relayed once and in order. mitmproxy's handler stays
-alive but idle (its reads wait forever on paused transports), so everything that closes a
-connection through mitmproxy (a sandbox's drop, the daemon's exit) still reaches it:
-netguard.proxy.layers.Relay sees the ConnectionClosed and cuts the pair. When the pair ends by
-itself, the transports are aborted and mitmproxy tears down as after any close.
+socket (dup()ed) spliced: every byte is relayed once and in order. Then mitmproxy's transports are
+given up (aborted: only its fds close, the sockets live on in our dups), so a spliced flow costs
+this process two fds, or none when a relay worker takes it (netguard.proxy.relaypool). mitmproxy's
+handler stays alive but idle, holding no fd: both its connections are half-closed to it and it
+waits. A sandbox's drop and the daemon's exit reach the flow through `cut_slots` (nothing of theirs
+reaches a transport that is gone). When the relay ends (by itself, cut, or its worker's death), the
+Relay layer writes the close record and mitmproxy's waiting tasks are cancelled: it tears down as
+after any close.
 
 Anything unexpected (a side already half-closed, another transport type, asyncio internals that
 changed) leaves the flow with mitmproxy: slower, never wrong.
@@ -19,12 +22,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import Mapping
-from typing import Any, cast
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Protocol, cast
 
 from mitmproxy.connection import Connection, ConnectionState
 
-from netguard.proxy import splice
+from netguard.proxy import relaypool, splice
 
 
 def _streams(handler: Any, conn: Connection) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
@@ -36,22 +39,49 @@ def _streams(handler: Any, conn: Connection) -> tuple[asyncio.StreamReader, asyn
         return None  # half-closed already: mitmproxy finishes what it started
     if r.exception() is not None or getattr(r, "_eof", True) or not isinstance(getattr(r, "_paused", None), bool):
         return None
-    if not isinstance(getattr(r, "_buffer", None), bytearray):
+    if not isinstance(getattr(r, "_buffer", None), bytearray) or not hasattr(r, "_waiter"):
         return None  # asyncio's StreamReader internals changed: stay with mitmproxy
     return r, w
 
 
-class Handoff:
-    """One flow moved out of mitmproxy: its early bytes, then a splice.Pair; `over` once both sockets are closed."""
+class Relayed(Protocol):
+    """Where a spliced flow's bytes move: an in-process splice.Pair or a relaypool.Moved."""
 
-    def __init__(self, handler: Any, client: Connection, server: Connection) -> None:
-        self.up = self.down = 0  # bytes the pair moved (mitmproxy counted what it relayed before)
+    @property
+    def up(self) -> int: ...
+    @property
+    def down(self) -> int: ...
+
+    def cut(self, why: str | None = None) -> None: ...
+
+
+_LIVE: dict[int, set[Handoff]] = {}  # by slot (the listen port of the client's proxy mode): what a drop cuts
+
+
+class Handoff:
+    """One flow moved out of mitmproxy: its early bytes, then a relay; `over` once both sockets are closed.
+
+    `on_end` runs once the relay ended after mitmproxy gave its transports up (else mitmproxy
+    itself reports the close, as before any splice)."""
+
+    def __init__(
+        self,
+        handler: Any,
+        client: Connection,
+        server: Connection,
+        slot: int = 0,
+        on_end: Callable[[], None] | None = None,
+    ) -> None:
+        self.up = self.down = 0  # bytes the relay moved (mitmproxy counted what it relayed before)
         self.spliced = False  # until then mitmproxy still relays what it had read
-        self.pair: splice.Pair | None = None
+        self.relay: Relayed | None = None
         self.over = False
         self.error: str | None = None
         self._handler = handler
         self._client, self._server = client, server
+        self._slot, self._on_end = slot, on_end
+        self._fds: tuple[int, int] | None = None
+        self._idle = 0.0
         self._readers: list[asyncio.StreamReader] = []
         self._writers: list[asyncio.StreamWriter] = []
         self._task: asyncio.Task[None] | None = None
@@ -62,16 +92,17 @@ class Handoff:
         c, s = _streams(self._handler, self._client), _streams(self._handler, self._server)
         if c is None or s is None:
             return False
-        fds = _dups(c[1], s[1])
-        if fds is None:
+        self._fds = _dups(c[1], s[1])
+        if self._fds is None:
             return False  # out of fds (EMFILE): mitmproxy's relay needs none extra
+        self._idle = idle
         self._readers, self._writers = [c[0], s[0]], [c[1], s[1]]
         for r, w in zip(self._readers, self._writers, strict=True):
             cast(asyncio.Transport, w.transport).pause_reading()  # no byte enters a StreamReader from now on
             # A reader paused by its own flow control resumes the transport on its next wait: bytes would
             # then reach mitmproxy behind the splice's back (out of order). The pause is ours now.
             r._paused = False  # type: ignore[attr-defined]
-        self.pair = splice.Pair(fds[0], fds[1], self._ended, idle)
+        _LIVE.setdefault(self._slot, set()).add(self)
         if self._quiet():
             self._start()  # the usual case: nothing in flight inside mitmproxy, no loop round to wait
         else:
@@ -79,14 +110,18 @@ class Handoff:
         return True
 
     def _quiet(self) -> bool:
-        """Nothing left for mitmproxy to relay: its readers are empty, its writers have sent everything."""
+        """Nothing left for mitmproxy to relay: its readers are empty, its writers have sent everything, and
+        both its reading tasks wait in read(). A task that has read a chunk and not yet written it (waiting
+        for mitmproxy's event lock) holds bytes no buffer shows: giving its transport up then would lose them."""
         if any(w.transport.get_write_buffer_size() for w in self._writers):
             return False
-        return not any(r._buffer for r in self._readers)  # type: ignore[attr-defined]  # checked in _streams
+        if any(r._buffer for r in self._readers):  # type: ignore[attr-defined]  # checked in _streams
+            return False
+        return all(r._waiter is not None and not r._waiter.done() for r in self._readers)  # type: ignore[attr-defined]
 
     async def _splice(self) -> None:
         """Splice once mitmproxy relayed what its readers hold and its writers sent it: order is kept."""
-        assert self.pair is not None
+        rounds = 0
         try:
             while True:
                 for w in self._writers:
@@ -96,40 +131,74 @@ class Handoff:
                     raise ConnectionError("closed while draining")
                 if self._quiet():
                     break
-                await asyncio.sleep(0)  # mitmproxy's reading task is due: it relays the rest itself
+                rounds += 1
+                if rounds > 2000:  # seconds, not a loop round: mitmproxy is stuck, the flow cannot be moved whole
+                    raise ConnectionError("mitmproxy never went quiet")
+                await asyncio.sleep(0 if rounds < 100 else 0.002)  # its reading task is due: it relays the rest
         except (OSError, ConnectionError) as e:
-            self.pair.cut(f"handoff failed: {e}")
+            self.cut(f"handoff failed: {e}")
             return
-        if not self.pair.closed:
+        if not self.over:
             self._start()
 
     def _start(self) -> None:
-        assert self.pair is not None
+        assert self._fds is not None
         watchdog = getattr(self._handler, "timeout_watchdog", None)
-        if watchdog is not None:  # the pair keeps its own idle timeout (tcp_timeout)
+        if watchdog is not None:  # the relay keeps its own idle timeout (tcp_timeout)
             self._disarmed = watchdog.disarm()
             self._disarmed.__enter__()
+        (a, b), self._fds = self._fds, None
         self.spliced = True
-        self.pair.start()
+        self.relay = relaypool.pool().place(a, b, self._idle, self._ended)
+        if self.relay is None:  # no worker can take it: spliced here, two fds
+            pair = splice.Pair(a, b, self._ended, self._idle)
+            self.relay = pair
+            pair.start()
+        for w in self._writers:
+            w.transport.abort()  # mitmproxy's own fds close; the sockets live on in the relay's
 
     def cut(self, why: str) -> None:
-        """End it now: mitmproxy closed one side (drop, daemon exit), so both go."""
+        """End it now (a drop, the daemon's exit, mitmproxy closing a side before the splice started)."""
         if self._task is not None and not self._task.done():
             self._task.cancel()
-        if self.pair is not None:
-            self.pair.cut(why)
+        if self.relay is not None:
+            self.relay.cut(why)
+        elif not self.over:
+            for fd in self._fds or ():
+                os.close(fd)
+            self._fds = None
+            self._ended(why)
 
     def _ended(self, why: str | None) -> None:
         if self.over:
             return
         self.over = True
         self.error = why
-        if self.pair is not None:
-            self.up, self.down = self.pair.up, self.pair.down
+        _LIVE.get(self._slot, set()).discard(self)
+        if not _LIVE.get(self._slot, True):
+            del _LIVE[self._slot]
+        if self.relay is not None:
+            self.up, self.down = self.relay.up, self.relay.down
         if self._disarmed is not None:
             self._disarmed.__exit__(None, None, None)
-        for w in self._writers:
-            w.transport.abort()  # mitmproxy's readers see the end: its handler tears down as after any close
+        if not self.spliced:
+            for w in self._writers:
+                w.transport.abort()  # mitmproxy still holds them: its readers see the end, it tears down
+            return
+        if self._on_end is not None:
+            self._on_end()  # the close record, while the Gate still knows the client
+        for conn in (self._client, self._server):
+            io = getattr(self._handler, "transports", {}).get(conn)
+            task = getattr(io, "handler", None)
+            if isinstance(task, asyncio.Task):
+                task.cancel("spliced flow ended")  # it waits on a half-closed connection: now it ends
+
+
+def cut_slots(slots: Iterable[int], why: str) -> None:
+    """Cut every spliced flow of these slots (a sandbox's drop): their sockets are in no mitmproxy transport."""
+    for slot in slots:
+        for h in list(_LIVE.get(slot, ())):
+            h.cut(why)
 
 
 def _dups(*writers: asyncio.StreamWriter) -> tuple[int, int] | None:

@@ -36,8 +36,8 @@ class Relay(layers.TCPLayer):
     from writing: a fast server then fills the proxy's memory (measured: ~0.6x the download
     size). The hookless relay keeps mitmproxy's read-after-drain backpressure; we only count.
     Once the upstream is connected, the sockets leave mitmproxy (netguard.proxy.handoff) and
-    the kernel moves the bytes (netguard.proxy.splice); from then on the only events this layer
-    gets are mitmproxy closing a side (a sandbox's drop, the daemon's exit, the pair's own end).
+    the kernel moves the bytes (netguard.proxy.splice), here or in a relay worker; the close
+    record is written when that relay ends (`_over`).
     """
 
     def __init__(
@@ -62,7 +62,8 @@ class Relay(layers.TCPLayer):
     def _take(self, handler: Any) -> None:
         if self._handle_event != self.relay_messages or self.handoff is not None:
             return  # closed meanwhile
-        h = handoff.Handoff(handler, self.context.client, self.context.server)
+        slot = self.context.client.proxy_mode.listen_port() or 0  # what a sandbox's drop cuts (handoff.cut_slots)
+        h = handoff.Handoff(handler, self.context.client, self.context.server, slot, self._over)
         if h.take(float(self.context.options.tcp_timeout)):
             self.handoff = h
 
@@ -80,16 +81,28 @@ class Relay(layers.TCPLayer):
         self._closed()
 
     def _handed_off(self, event: events.Event) -> layer.CommandGenerator[None]:
-        """Spliced: mitmproxy's transports are paused, so any event means a side was closed: both go.
-        (Before the splice starts, mitmproxy still relays the bytes it had read: only a close lands here.)"""
+        """Before the splice starts (mitmproxy still relays the bytes it had read) a close cuts both sides.
+        Once spliced, mitmproxy holds no socket: a close is its own transports given up, and the relay goes on."""
         h = self.handoff
         assert h is not None
+        if h.spliced and isinstance(event, events.ConnectionClosed):
+            return  # the end comes from the relay (_over)
         h.cut("closed by the proxy" if isinstance(event, events.ConnectionClosed) else "unexpected data")
-        self.up, self.down = self.up + h.up, self.down + h.down
-        self._handle_event = self.done  # type: ignore[method-assign]  # mitmproxy: the layer's state is its handler
+        self._finish()
         for conn in (self.context.server, self.context.client):
             if conn.state is not ConnectionState.CLOSED:
                 yield commands.CloseConnection(conn)
+
+    def _over(self) -> None:
+        """The spliced relay ended (by itself, cut, or its worker died): its counts, then the close record."""
+        if self._handle_event != self.done:
+            self._finish()
+
+    def _finish(self) -> None:
+        h = self.handoff
+        assert h is not None
+        self.up, self.down = self.up + h.up, self.down + h.down
+        self._handle_event = self.done  # type: ignore[method-assign]  # mitmproxy: the layer's state is its handler
         self._closed()
 
     def _closed(self) -> None:

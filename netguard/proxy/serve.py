@@ -110,10 +110,14 @@ class Daemon:
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def run(self, ready_fd: int | None) -> None:
-        from netguard.proxy import dns, fdlimit, master
+        from netguard.proxy import fdlimit, relaypool
 
-        self.master, self.proxyserver, self.gate = master.make_master(self.bindings, [])  # raises the fd limit
-        self.budget = fdlimit.Budget(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+        fdlimit.raise_nofile()  # before the workers start: they inherit it
+        relaypool.pool().start()  # spliced flows' fds live in relay workers; they boot while mitmproxy imports
+        from netguard.proxy import dns, master
+
+        self.master, self.proxyserver, self.gate = master.make_master(self.bindings, [])
+        self.budget = fdlimit.Budget(resource.getrlimit(resource.RLIMIT_NOFILE)[0], lambda: relaypool.pool().away)
         self.dnsgate: DnsGate = dns.DnsGate()
         await self.master.running()
         loop = asyncio.get_running_loop()
@@ -333,6 +337,9 @@ class Daemon:
             service.close()
         for writer in list(sb.conns.values()):
             writer.transport.abort()
+        from netguard.proxy import handoff  # spliced flows hold no transport here: cut them where they run
+
+        handoff.cut_slots(sb.slots, "closed by the proxy")
         if sb.conns:  # let the cut connections write their close records
             await asyncio.wait(list(sb.conns), timeout=2)
         sb.binding.audit.close()

@@ -1,5 +1,7 @@
 """Decided tunnels leave mitmproxy for the kernel relay: through a real proxy (make_master) and a real daemon.
 
+Every proxy test runs twice: spliced in the proxy's own process, and in a relay worker.
+
 The upstream is a raw TCP server on 127.0.0.1 that records what it got and answers as each test
 tells it. Judged by the far ends (bytes, order, EOFs), by the close record (exact counts) and by
 the Relay having been handed off (else these would only test mitmproxy's own relay).
@@ -8,12 +10,13 @@ the Relay having been handed off (else these would only test mitmproxy's own rel
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 from mitmproxy.proxy.context import Context
@@ -21,13 +24,14 @@ from mitmproxy.proxy.context import Context
 from netguard import rules
 from netguard.audit import AuditLog, read_records
 from netguard.policy import parse_network
-from netguard.proxy import layers
+from netguard.proxy import handoff, layers, relaypool
 from netguard.proxy.binding import Binding
 from netguard.proxy.master import make_master
 
 from ..support.daemonfake import Box, Daemon, eventually
 
 Serve = Callable[[socket.socket], None]
+T = TypeVar("T")
 
 
 class Upstream:
@@ -58,7 +62,7 @@ class Upstream:
 class Proxy:
     """make_master's proxy on its own loop thread; every Relay it makes is kept in `relays`."""
 
-    def __init__(self, tmp: Path, ports: list[int], network: dict[str, Any] | None = None) -> None:
+    def __init__(self, tmp: Path, ports: list[int], network: dict[str, Any] | None = None, where: str = "here") -> None:
         probe = socket.create_server(("127.0.0.1", 0))
         self.port = probe.getsockname()[1]
         probe.close()
@@ -71,6 +75,17 @@ class Proxy:
         self._thread = threading.Thread(target=self.loop.run_until_complete, args=(self._main(),), daemon=True)
         self._thread.start()
         assert self._ready.wait(10), "proxy did not start"
+        self.pool: relaypool.Pool = self.on_loop(relaypool.pool)
+        if where == "worker":
+            self.on_loop(self.pool.start)
+            assert eventually(lambda: all(w.capacity for w in self.pool.workers) and bool(self.pool.workers), 10)
+        else:
+            self.pool.place = lambda *_: None  # type: ignore[method-assign]  # no worker: spliced in this process
+
+    def on_loop(self, fn: Callable[[], T]) -> T:
+        fut: concurrent.futures.Future[T] = concurrent.futures.Future()
+        self.loop.call_soon_threadsafe(lambda: fut.set_result(fn()))
+        return fut.result(10)
 
     async def _main(self) -> None:
         master, self.proxyserver, gate = make_master({self.port: self.binding}, [f"regular@127.0.0.1:{self.port}"])
@@ -92,6 +107,7 @@ class Proxy:
         await master.done()
 
     def close(self) -> None:
+        self.on_loop(self.pool.stop)
         self.loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(10)
 
@@ -125,13 +141,13 @@ def _echo_upper(c: socket.socket) -> None:
     c.close()
 
 
-@pytest.fixture
-def proxy_for(tmp_path: Path) -> Iterator[Callable[[Serve], tuple[Proxy, Upstream]]]:
+@pytest.fixture(params=["here", "worker"])
+def proxy_for(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Callable[[Serve], tuple[Proxy, Upstream]]]:
     made: list[tuple[Proxy, Upstream]] = []
 
     def make(serve: Serve) -> tuple[Proxy, Upstream]:
         up = Upstream(serve)
-        px = Proxy(tmp_path, [up.port])
+        px = Proxy(tmp_path, [up.port], where=request.param)
         made.append((px, up))
         return px, up
 
@@ -180,10 +196,10 @@ def test_a_server_that_speaks_first_and_bytes_buffered_at_the_handoff_arrive_in_
     assert (px.closes()[0]["bytes_up"], px.closes()[0]["bytes_down"]) == (7, len(greeting) + 7)
 
 
-def test_closing_the_client_through_mitmproxy_cuts_the_spliced_upstream_too(
+def test_a_drop_cuts_the_spliced_tunnel_at_both_ends_and_mitmproxy_tears_down(
     proxy_for: Callable[[Serve], tuple[Proxy, Upstream]],
 ) -> None:
-    """What the daemon's drop does (abort the client's transport) still ends a spliced tunnel, both sides."""
+    """What the daemon's drop does (handoff.cut_slots: mitmproxy holds no transport to abort) ends both sides."""
     seen = threading.Event()
 
     def hold(c: socket.socket) -> None:
@@ -199,9 +215,12 @@ def test_closing_the_client_through_mitmproxy_cuts_the_spliced_upstream_too(
     s = px.tunnel(up.port, early=b"x")
     assert seen.wait(5) and eventually(px.handed_off)
     handler = next(iter(px.proxyserver.connections.values()))
-    writer = handler.transports[handler.client].writer
-    assert isinstance(writer, asyncio.StreamWriter)
-    px.loop.call_soon_threadsafe(writer.transport.abort)
+    writers = [io.writer for io in handler.transports.values()]
+    assert all(isinstance(w, asyncio.StreamWriter) and w.transport.is_closing() for w in writers)  # given up: no fd
+    px.loop.call_soon_threadsafe(handoff.cut_slots, [px.port + 1], "another sandbox's drop")
+    time.sleep(0.2)
+    assert seen.is_set() and not px.closes()  # another slot's drop leaves this tunnel alone
+    px.loop.call_soon_threadsafe(handoff.cut_slots, [px.port], "closed by the proxy")
     assert eventually(lambda: not seen.is_set())
     try:
         assert s.recv(10) == b""
@@ -209,6 +228,7 @@ def test_closing_the_client_through_mitmproxy_cuts_the_spliced_upstream_too(
         pass
     assert eventually(lambda: len(px.closes()) == 1) and px.closes()[0]["bytes_up"] == 1
     assert eventually(lambda: not px.proxyserver.connections)  # mitmproxy tore down as after any close
+    assert not handoff._LIVE
 
 
 def test_end_cuts_a_spliced_tunnel_of_that_sandbox_at_both_ends(tmp_path: Path) -> None:
