@@ -300,23 +300,39 @@ class Proxy:
         return f"http://{LOOPBACK}:{self.port}"
 
     def memory_kib(self) -> dict[str, int]:
-        """VmRSS / VmHWM (peak RSS) of the proxy process, in KiB, from /proc/<pid>/status."""
-        out: dict[str, int] = {}
-        with open(f"/proc/{self.proc.pid}/status") as f:
-            for line in f:
-                key, _, rest = line.partition(":")
-                if key in ("VmRSS", "VmHWM"):
-                    out[key] = int(rest.split()[0])
+        """VmRSS / VmHWM (peak RSS) of the proxy and its relay workers, in KiB, from /proc/<pid>/status."""
+        out: dict[str, int] = {"VmRSS": 0, "VmHWM": 0}
+        for pid in process_tree(self.proc.pid):
+            with open(f"/proc/{pid}/status") as f:
+                for line in f:
+                    key, _, rest = line.partition(":")
+                    if key in out:
+                        out[key] += int(rest.split()[0])
         return out
 
     def reset_peak(self) -> bool:
         """Reset VmHWM to the current RSS (Linux >= 4.0: write 5 to clear_refs); False if not permitted."""
         try:
-            with open(f"/proc/{self.proc.pid}/clear_refs", "w") as f:
-                f.write("5")
+            for pid in process_tree(self.proc.pid):
+                with open(f"/proc/{pid}/clear_refs", "w") as f:
+                    f.write("5")
             return True
         except OSError:
             return False
+
+
+def process_tree(pid: int) -> list[int]:
+    """`pid` and its descendants: the proxy's relay workers move spliced bytes, so they are part of its cost."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            with open(f"/proc/{p}/task/{p}/children") as f:
+                todo += [int(c) for c in f.read().split()]
+        except OSError:
+            pass  # exited meanwhile
+    return out
 
 
 def policy_yaml(ports: list[int], inspect_port: int | None = None) -> str:

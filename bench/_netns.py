@@ -72,10 +72,13 @@ class Proxy2:
         return f"http://{c.LOOPBACK}:{self.port}"
 
     def cpu_seconds(self) -> float:
-        """utime + stime of the proxy process so far (/proc/PID/stat, clock ticks)."""
-        with open(f"/proc/{self.proc.pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        """utime + stime of the proxy process and its relay workers so far (/proc/PID/stat, clock ticks)."""
+        ticks = 0
+        for pid in c.process_tree(self.proc.pid):
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            ticks += int(fields[11]) + int(fields[12])
+        return ticks / os.sysconf("SC_CLK_TCK")
 
     def memory_kib(self) -> dict[str, int]:
         return c.Proxy(self.port, self.proc, self.audit_log).memory_kib()
