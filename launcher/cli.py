@@ -78,8 +78,12 @@ def _allowlists(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from launcher.selftest import verify
+    from launcher.selftest import selection, verify
 
+    try:
+        only = selection.parse_only(args.only)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     for p in args.policy:
         lpolicy.build_policy([Path(p)], [], [])  # a policy error is reported before any namespace exists
     # An ordinary user's PATH often lacks the sbin directories, where nft (and on some systems ip) live.
@@ -88,7 +92,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if shutil.which("nft") is None:
         raise UsageError("nft not found; install nftables (apt-get install nftables)")
     try:
-        return verify.main([Path(p) for p in args.policy], args.json, args.only)
+        return verify.main([Path(p) for p in args.policy], args.json, only)
     except verify.VerifyError as e:
         raise UsageError(str(e)) from None
 
@@ -249,7 +253,11 @@ def _add_verify(sub: _Subparsers) -> None:
         help="also apply this policy (its filesystem/env sections; repeatable)",
     )
     vf.add_argument("--json", action="store_true", help="one JSON document with every row")
-    vf.add_argument("--only", choices=("network", "filesystem", "process"), help="only this group of probes")
+    vf.add_argument(
+        "--only",
+        metavar="NAMES",
+        help="only these groups (network, filesystem, process) or probes, comma-separated",
+    )
     vf.set_defaults(func=cmd_verify)
 
 
