@@ -59,6 +59,12 @@ def _housekeeping(args: argparse.Namespace) -> int:
     return body[args.command](args)
 
 
+def _setup(args: argparse.Namespace) -> int:
+    from launcher.platform.windows import runner
+
+    return runner.setup(args)
+
+
 def _audit(args: argparse.Namespace) -> int:
     from launcher.audit import command
 
@@ -117,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action=_Version, nargs=0, help="print the version and exit")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    for add in (_add_proxy, _add_run, _add_verify, _add_audit, _add_housekeeping, _add_trust):
+    for add in (_add_proxy, _add_run, _add_verify, _add_audit, _add_housekeeping, _add_trust, _add_setup):
         add(sub)
     return p
 
@@ -315,6 +321,13 @@ def _add_trust(sub: _Subparsers) -> None:
 
     al = sub.add_parser("allowlists", help="list the bundled allowlists")
     al.set_defaults(func=_allowlists)
+
+
+def _add_setup(sub: _Subparsers) -> None:
+    """`sandgate setup [--remove]`: Windows' one-time, elevated setup (Linux needs none)."""
+    st = sub.add_parser("setup", help="Windows only, as administrator: the sandbox user and its WFP filters")
+    st.add_argument("--remove", action="store_true", help="remove the firewall rules, WFP filters and sandbox user")
+    st.set_defaults(func=_setup)
 
 
 def _policy_args(p: argparse.ArgumentParser) -> None:
