@@ -192,3 +192,55 @@ def test_only_a_large_known_length_body_of_a_bodiless_plain_http1_request_qualif
     assert f.response is not None
     f.response.headers.add("content-length", str(BIG))  # two lengths: ambiguous framing stays with mitmproxy
     assert bodyrelay.length(f) is None
+
+
+def test_end_of_the_sandbox_cuts_a_body_in_flight_at_both_ends(tmp_path: Path) -> None:
+    """Through the real daemon: a slow upstream is mid-body when the sandbox is dropped."""
+    import shutil
+    import tempfile
+    import time
+
+    from ..support.daemonfake import Box, Daemon
+
+    base = Path(tempfile.mkdtemp(prefix="sgb"))  # AF_UNIX paths are short
+    base.chmod(0o700)
+    ended = threading.Event()
+    srv = socket.create_server(("127.0.0.1", 0))
+    port = srv.getsockname()[1]
+
+    def serve() -> None:
+        c, _ = srv.accept()
+        c.recv(65536)
+        c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % (1 << 30))
+        try:
+            while True:
+                c.sendall(bytes(65536))  # a download in progress, far from its end
+                time.sleep(0.01)
+        except OSError:
+            ended.set()
+
+    threading.Thread(target=serve, daemon=True).start()
+    d = Daemon(base)
+    try:
+        a = Box(d, "a", {"allow": [{"cidr": "127.0.0.0/8", "ports": [port]}]})
+        s = socket.create_connection(("127.0.0.1", a.regular), timeout=5)
+        s.sendall(f"GET http://127.0.0.1:{port}/big HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
+        got = 0
+        while got < 2 << 20:
+            chunk = s.recv(1 << 20)
+            assert chunk
+            got += len(chunk)
+        a.client.end()
+        assert ended.wait(10)  # the upstream was cut, not left streaming to nobody
+        s.settimeout(5)
+        try:
+            while s.recv(1 << 20):
+                pass  # the client sees its end too (EOF or reset), not a connection left open
+        except ConnectionResetError:
+            pass
+        closes = [r for r in read_records(a.audit) if r["event"] == "close"]
+        assert len(closes) == 1 and closes[0]["kind"] == "http" and closes[0]["bytes_down"] > 1 << 20
+    finally:
+        d.stop()
+        srv.close()
+        shutil.rmtree(base, ignore_errors=True)
