@@ -41,6 +41,10 @@ def parse_addr(text: str, default_host: str = "127.0.0.1") -> tuple[str, int]:
 
 
 def _run(args: argparse.Namespace) -> int:
+    if sys.platform == "win32":  # before the Linux room, whose modules import pwd, fcntl, termios
+        from launcher.platform.windows import runner
+
+        return runner.run(args)  # seam.run_in with the Windows backend (docs/windows.md)
     from launcher.run import launch
 
     return launch.main(args)

@@ -65,10 +65,7 @@ def _terminating(opts: options.RunOptions) -> Terminating | None:
 
 def main(args: argparse.Namespace) -> int:
     """`sandgate run`, every step in order; any failure before CMD starts is one line and exit 125."""
-    if _this_platform() == "windows":  # never run a command unconfined on an OS without a backend
-        from launcher.platform.windows import runner
-
-        return runner.run(args)  # seam.run_in with the Windows backend (docs/windows.md)
+    _this_platform()  # never run a command unconfined on an OS without a backend (Windows: launcher.cli)
     cmd = options.command(args)  # parse
     rt = runstate.runtime_dir()
     parsecache.CACHE_DIR = rt / "policy-cache"  # hidden from every sandbox
@@ -124,7 +121,7 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _this_platform() -> seam.PlatformName:
-    """Linux runs the sequence below; Windows goes through the seam to its backend; any other OS is refused."""
+    """Linux runs the sequence below (Windows was dispatched before, in launcher.cli); any other OS is refused."""
     from launcher.platform import seam
 
     try:
