@@ -41,6 +41,10 @@ def parse_addr(text: str, default_host: str = "127.0.0.1") -> tuple[str, int]:
 
 
 def _run(args: argparse.Namespace) -> int:
+    if sys.platform == "win32":  # before the Linux room, whose modules import pwd, fcntl, termios
+        from launcher.platform.windows import runner
+
+        return runner.run(args)  # seam.run_in with the Windows backend (docs/windows.md)
     from launcher.run import launch
 
     return launch.main(args)
@@ -57,6 +61,12 @@ def _housekeeping(args: argparse.Namespace) -> int:
 
     body = {"cleanup": housekeeping.cleanup, "cache": housekeeping.cache_clear, "daemon": housekeeping.daemon}
     return body[args.command](args)
+
+
+def _setup(args: argparse.Namespace) -> int:
+    from launcher.platform.windows import runner
+
+    return runner.setup(args)
 
 
 def _audit(args: argparse.Namespace) -> int:
@@ -78,8 +88,12 @@ def _allowlists(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from launcher.selftest import verify
+    from launcher.selftest import selection, verify
 
+    try:
+        only = selection.parse_only(args.only)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     for p in args.policy:
         lpolicy.build_policy([Path(p)], [], [])  # a policy error is reported before any namespace exists
     # An ordinary user's PATH often lacks the sbin directories, where nft (and on some systems ip) live.
@@ -88,7 +102,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if shutil.which("nft") is None:
         raise UsageError("nft not found; install nftables (apt-get install nftables)")
     try:
-        return verify.main([Path(p) for p in args.policy], args.json, args.only)
+        return verify.main([Path(p) for p in args.policy], args.json, only)
     except verify.VerifyError as e:
         raise UsageError(str(e)) from None
 
@@ -113,7 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action=_Version, nargs=0, help="print the version and exit")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    for add in (_add_proxy, _add_run, _add_verify, _add_audit, _add_housekeeping, _add_trust):
+    for add in (_add_proxy, _add_run, _add_verify, _add_audit, _add_housekeeping, _add_trust, _add_setup):
         add(sub)
     return p
 
@@ -249,7 +263,11 @@ def _add_verify(sub: _Subparsers) -> None:
         help="also apply this policy (its filesystem/env sections; repeatable)",
     )
     vf.add_argument("--json", action="store_true", help="one JSON document with every row")
-    vf.add_argument("--only", choices=("network", "filesystem", "process"), help="only this group of probes")
+    vf.add_argument(
+        "--only",
+        metavar="NAMES",
+        help="only these groups (network, filesystem, process) or probes, comma-separated",
+    )
     vf.set_defaults(func=cmd_verify)
 
 
@@ -307,6 +325,13 @@ def _add_trust(sub: _Subparsers) -> None:
 
     al = sub.add_parser("allowlists", help="list the bundled allowlists")
     al.set_defaults(func=_allowlists)
+
+
+def _add_setup(sub: _Subparsers) -> None:
+    """`sandgate setup [--remove]`: Windows' one-time, elevated setup (Linux needs none)."""
+    st = sub.add_parser("setup", help="Windows only, as administrator: the sandbox user and its WFP filters")
+    st.add_argument("--remove", action="store_true", help="remove the firewall rules, WFP filters and sandbox user")
+    st.set_defaults(func=_setup)
 
 
 def _policy_args(p: argparse.ArgumentParser) -> None:

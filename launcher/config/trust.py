@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fcntl
 import functools
 import json
 import os
 import stat
+import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -325,7 +325,7 @@ class Store:
         except OSError as e:
             raise TrustError(f"cannot write the trust list in {self.dir}: {e.strerror}") from None
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            _lock(fd)
             yield
         finally:
             os.close(fd)
@@ -362,3 +362,15 @@ class Store:
             with contextlib.suppress(OSError):
                 tmp.unlink()
             raise TrustError(f"cannot write the trust list {self.file}: {e.strerror}") from None
+
+
+def _lock(fd: int) -> None:
+    """One writer of the trust list at a time (two `sandgate trust` racing would lose an entry)."""
+    if sys.platform == "win32":
+        import msvcrt
+
+        msvcrt.locking(fd, msvcrt.LK_LOCK, 1)
+    else:
+        import fcntl
+
+        fcntl.flock(fd, fcntl.LOCK_EX)

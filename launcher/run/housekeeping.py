@@ -18,6 +18,10 @@ from netguard.proxy.status import Status
 
 def cleanup(args: argparse.Namespace) -> int:
     """Remove what killed runs left: placeholders, state, dead daemons' sockets, a killed verify's worlds."""
+    if sys.platform == "win32":  # there: the ACL journals of killed runs (launcher/platform/windows)
+        from launcher.platform.windows import runner
+
+        return runner.cleanup()
     rt = runstate.runtime_dir()
     with runstate.lock(rt):  # never between another run's placeholder creation and its state file
         removed = runstate.cleanup_stale(rt)

@@ -37,6 +37,7 @@ from netguard.proxy.spec import BindingSpec, CaPair
 
 if TYPE_CHECKING:  # imported when used: most runs never ask a human, nor inspect (a fast start matters)
     from launcher.approvals import broker as approvals
+    from launcher.platform import seam
     from launcher.run import brokered, inspection
 
 PORTS = nft.Ports()
@@ -64,7 +65,7 @@ def _terminating(opts: options.RunOptions) -> Terminating | None:
 
 def main(args: argparse.Namespace) -> int:
     """`sandgate run`, every step in order; any failure before CMD starts is one line and exit 125."""
-    _this_platform()  # never run a command unconfined on an OS without a backend
+    _this_platform()  # never run a command unconfined on an OS without a backend (Windows: launcher.cli)
     cmd = options.command(args)  # parse
     rt = runstate.runtime_dir()
     parsecache.CACHE_DIR = rt / "policy-cache"  # hidden from every sandbox
@@ -119,16 +120,14 @@ def main(args: argparse.Namespace) -> int:
     return status
 
 
-def _this_platform() -> None:
-    """Linux runs the sequence below; Windows has its plans (launcher/platform) but no backend yet (issue 14)."""
+def _this_platform() -> seam.PlatformName:
+    """Linux runs the sequence below (Windows was dispatched before, in launcher.cli); any other OS is refused."""
     from launcher.platform import seam
 
     try:
-        name = seam.platform_name(sys.platform)
+        return seam.platform_name(sys.platform)
     except NotImplementedError as e:
         raise RunError(str(e)) from None
-    if name != "linux":
-        raise RunError("sandgate run on Windows: the backend is not wired yet (docs/windows.md says what exists)")
 
 
 def _open_audit(path: Path) -> AuditLog:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import pwd
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -110,6 +109,8 @@ def _approvals_path(spec: str | None) -> str | None:
 
 def resolve_user(spec: str | None) -> User | None:
     """--user NAME|UID, else the sudo caller (SUDO_UID), else None (stay root)."""
+    import pwd  # here: this module is also the Windows runner's (launcher/platform/windows), which has no pwd
+
     try:
         if spec is not None:
             pw = pwd.getpwuid(int(spec)) if spec.isdigit() else pwd.getpwnam(spec)

@@ -85,7 +85,10 @@ def main(args: argparse.Namespace, parse_addr: AddrParser) -> int:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
+            try:
+                loop.add_signal_handler(sig, stop.set)
+            except NotImplementedError:  # Windows' event loop has none: Ctrl+C ends asyncio.run there
+                break
         await proxy.serve([(listeners, binding)], ready=ready, stop=stop)
 
     try:

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fsguard.policy import DEFAULT_READ_DENY
 from launcher.selftest import fakenet, inspectnet
@@ -26,6 +27,9 @@ from launcher.selftest.staged import Staged
 from launcher.selftest.terminal import run_on_a_terminal
 from launcher.selftest.world import World
 from netguard.proxy import control
+
+if TYPE_CHECKING:  # selection imports untrusted, which imports this module
+    from launcher.selftest.selection import Selection
 
 #: The checkout or install holding the `launcher` package: the probes' and canaries' PYTHONPATH.
 REPO = Path(__file__).resolve().parents[2]
@@ -130,7 +134,7 @@ class PassFiles:
 
 
 def _pass_spec(
-    p: Pass, files: PassFiles, facts: WorldFacts, planted: Planted, staged: Staged, token: str, only: str | None
+    p: Pass, files: PassFiles, facts: WorldFacts, planted: Planted, staged: Staged, token: str, only: Selection
 ) -> VerifySpec:
     """Everything the probes of this pass are told: the one place the spec is assembled."""
     ws, home, outside = files.ws, files.home, files.outside
@@ -179,7 +183,7 @@ def _pass_spec(
         daemon_token=_daemon_token(token, p),
         python=p.python,
         marker_tag=p.identity,
-        only=(only,) if only else (),
+        only=only.runner_only(),
         cred_marker=staged.cred_marker,
         home_control=staged.home_control,
         env_marker=staged.env_marker,
@@ -243,7 +247,7 @@ def run_pass(
     base: Path,
     facts: WorldFacts,
     policies: list[Path],
-    only: str | None,
+    only: Selection,
     planted: Planted,
     token: str,
 ) -> list[Row]:
@@ -268,8 +272,8 @@ def run_pass(
     if (rc := (home / ".bashrc").read_text(errors="replace")) != "# verify\n":
         host["write_outside", "*"] = f"the real ~/.bashrc changed: {rc[-120:]!r}"
         (home / ".bashrc").write_text("# verify\n")
-    rows = [judge(w, r, p.identity, host, seen.missing) for r in results if only is None or r["group"] == only]
-    if only in (None, "process"):
+    rows = [judge(w, r, p.identity, host, seen.missing) for r in results if only.wants(r["group"], r["probe"])]
+    if only.wants("process", "daemon_after_run"):
         heartbeat = ws / "results" / f"daemon-{spec.daemon_token}.heartbeat"
         rows.append(daemon_row(spec.daemon_token, heartbeat, p.identity))
     return rows

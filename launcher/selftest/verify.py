@@ -30,6 +30,7 @@ from launcher.selftest.judge import Row
 from launcher.selftest.passes import Pass, passes, run_pass, secret_of
 from launcher.selftest.planted import Planted
 from launcher.selftest.probes.core import CONTEXTS, ordered
+from launcher.selftest.selection import Selection
 from launcher.selftest.untrusted import UNTRUSTED, untrusted_row
 from launcher.selftest.world import World
 
@@ -37,7 +38,7 @@ from launcher.selftest.world import World
 __all__ = ["VerifyError", "coverage_markdown", "main", "run_verify"]
 
 
-def run_verify(policies: list[Path], only: str | None = None) -> list[Row]:
+def run_verify(policies: list[Path], only: Selection) -> list[Row]:
     """Root: the world is named network namespaces; anyone else: a world in a user namespace of its own."""
     the_passes = passes()
     scratch = Path(tempfile.mkdtemp(prefix="sandgate-verify-", dir="/var/tmp"))
@@ -56,7 +57,7 @@ def run_verify(policies: list[Path], only: str | None = None) -> list[Row]:
 
 
 def _in_world(
-    w: World, scratch: Path, sockdir: Path, policies: list[Path], only: str | None, the_passes: list[Pass]
+    w: World, scratch: Path, sockdir: Path, policies: list[Path], only: Selection, the_passes: list[Pass]
 ) -> list[Row]:
     token = uuid.uuid4().hex[:10]
     facts = fakenet.build_world(w, scratch, sockdir, token)
@@ -70,7 +71,7 @@ def _in_world(
         for p in the_passes:
             base = scratch / p.identity
             rows += run_pass(w, p, base, facts, [policy, *policies], only, planted, token)
-            if only in (None, "filesystem"):
+            if only.wants("filesystem", UNTRUSTED):
                 rows.append(untrusted_row(w, p, base, base / "home", secret_of(token), token))
     finally:
         planted.remove()
@@ -95,7 +96,7 @@ def coverage_markdown() -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(policies: list[Path], as_json: bool, only: str | None) -> int:
+def main(policies: list[Path], as_json: bool, only: Selection) -> int:
     """`sandgate verify`: run, report every row, exit 0 only if every probe behaved as expected."""
     rows = run_verify(policies, only)
     if as_json:

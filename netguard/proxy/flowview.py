@@ -1,4 +1,4 @@
-"""How the Gate reads a mitmproxy request: header text, whether a 403 can still be sent, fronting.
+"""How the Gate reads a mitmproxy request: header text, whether a 403 can still be sent, fronting; the 403.
 
 Small facts about one flow that the Gate's hooks need and that would otherwise crowd gate.py.
 """
@@ -9,7 +9,7 @@ from mitmproxy import ctx, http
 from mitmproxy.proxy.mode_specs import RegularMode
 from mitmproxy.utils import human
 
-from netguard import hosts, rules
+from netguard import hosts, rules, verdict
 
 ENC, ESC = "utf-8", "surrogateescape"
 
@@ -55,3 +55,10 @@ def fronted(flow: http.HTTPFlow, host: str) -> str | None:
     if norm_key(named, 0)[0] == norm_key(tls, 0)[0]:
         return None
     return f"Host header names {named}, not {tls}, the name this TLS connection is for (domain fronting)"
+
+
+def refusal(host: str, port: int, decision: rules.Decision, close: bool = True) -> http.Response:
+    """The 403 a refused HTTP client or CONNECT gets: the body names host:port, the reason and the rule."""
+    body = verdict.refusal_text(host, port, decision) + "\n"
+    headers = {"Content-Type": "text/plain; charset=utf-8", "X-Sandgate": "blocked"}
+    return http.Response.make(403, body, {**headers, "Connection": "close"} if close else headers)

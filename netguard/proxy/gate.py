@@ -36,7 +36,7 @@ from mitmproxy.proxy.mode_specs import RegularMode
 
 from netguard import hosts, localaddrs, rules, verdict
 from netguard.audit import Kind, close_record, decision_record
-from netguard.proxy import flowview, inspected, layers
+from netguard.proxy import bodyrelay, flowview, inspected, layers
 from netguard.proxy.binding import Binding
 
 
@@ -75,6 +75,7 @@ class _Exchange:
     down: layers.Counter
     request: inspected.Logged | None = None  # judged (inspected or a leak check): a `request` record, not a `close`
     scan: bool = False  # the body is held (up to stream_large_bodies) and looked into for a sentinel
+    body: bodyrelay.BodyRelay | None = None  # the response body left mitmproxy for a counted splice
 
 
 class Gate:
@@ -193,7 +194,7 @@ class Gate:
         st.kind = "connect"
         d = await self._authorize(st, "connect", flow.request.host, flow.request.port)
         if not d.allowed:
-            flow.response = refusal(d)
+            flow.response = flowview.refusal(d.host, d.port, d.verdict.decision)
 
     async def requestheaders(self, flow: http.HTTPFlow) -> None:
         """Every request the proxy reads: its destination decided, then (netguard.proxy.inspected) leaks
@@ -238,7 +239,8 @@ class Gate:
             if not flowview.answerable(req):
                 flow.kill()  # type: ignore[no-untyped-call]  # a 403 before a streamed body crashes the layer
                 return
-            flow.response = refusal(d, close=not https)  # HTTP/2 has no Connection header: the stream ends
+            # HTTP/2 has no Connection header: the stream ends
+            flow.response = flowview.refusal(d.host, d.port, d.verdict.decision, close=not https)
             return
         if j is not None and not j.allowed:
             self._refuse(flow, st, ex)
@@ -305,6 +307,8 @@ class Gate:
                 fields = flow.response.headers.fields
                 flow.response.headers = http.Headers([(n, inspected.unsecret(v, bound)) for n, v in fields])
                 flow.response.stream = inspected.Scrub(ex.down, bound)
+            elif r is None and not ex.scan:  # not judged: nobody inspects the host, no credential is in play
+                ex.body = bodyrelay.BodyRelay.take(self.handlers, flow, ex.down)
 
     def response(self, flow: http.HTTPFlow) -> None:
         self._http_closed(flow)
@@ -318,6 +322,8 @@ class Gate:
         st = self._conns.get(flow.client_conn.id)
         if not isinstance(ex, _Exchange) or st is None:
             return
+        if ex.body is not None:
+            ex.body.cut()  # first: the bytes it moved are counted in the record below
         d = ex.decided
         ms = int((time.monotonic() - ex.t0) * 1000)
         if ex.request is not None:
@@ -391,10 +397,3 @@ class Gate:
             )
 
         return layers.Relay(ctx, closed, self.handlers)
-
-
-def refusal(d: Decided, close: bool = True) -> http.Response:
-    """The 403 a refused HTTP client or CONNECT gets: the body names host:port, the reason and the rule."""
-    body = verdict.refusal_text(d.host, d.port, d.verdict.decision) + "\n"
-    headers = {"Content-Type": "text/plain; charset=utf-8", "X-Sandgate": "blocked"}
-    return http.Response.make(403, body, {**headers, "Connection": "close"} if close else headers)

@@ -120,9 +120,17 @@ OPEN_NETWORK_FAILS = {
 }
 
 
+#: What does not depend on the network namespace and must still hold without it: the proxy's
+#: decisions, the capability checks (setns), the mount namespace (path_unix).
+NAMESPACE_INDEPENDENT = {"https_proxy_vars", "blocked_via_proxy", "rebind_loopback", "setns_host_netns", "path_unix"}
+
+
 def test_no_network_namespace_makes_exactly_the_network_rows_fail_with_canary_evidence() -> None:
-    code, rows, err = sandgate_verify("--only", "network", weaken="firewall")
+    # The rows the weakening must flip and the ones it must leave alone (the full run above covers the rest).
+    probes = OPEN_NETWORK_FAILS | NAMESPACE_INDEPENDENT | {"abstract_unix"}
+    code, rows, err = sandgate_verify("--only", ",".join(sorted(probes)), weaken="firewall")
     assert code == 1, err[-2000:]
+    assert {r["probe"] for r in rows} == probes  # the selection ran exactly these
     expected = set(OPEN_NETWORK_FAILS)
     if landlock.abi_version() < 6:
         expected.add("abstract_unix")  # else Landlock's abstract-socket scope still keeps it out
@@ -133,15 +141,15 @@ def test_no_network_namespace_makes_exactly_the_network_rows_fail_with_canary_ev
             for who in IDENTITIES:
                 row = failed[(probe, ctx, who)]
                 assert row["observed"] == "permitted" and "canary saw it" in str(row["evidence"]), row
-    # What does not depend on the network namespace still holds: the proxy's decisions, the
-    # capability checks (setns), the mount namespace (path_unix).
-    still_ok = {r["probe"] for r in rows if r["ok"]}
-    assert {"https_proxy_vars", "blocked_via_proxy", "rebind_loopback", "setns_host_netns", "path_unix"} <= still_ok
+    assert {r["probe"] for r in rows if r["ok"]} >= NAMESPACE_INDEPENDENT
 
 
 def test_cap_net_admin_flushes_the_table_yet_the_linkless_namespace_reaches_nothing() -> None:
-    code, rows, err = sandgate_verify("--only", "network", weaken="netadmin")
+    # The tamper probe, and direct ways out its changes could have opened.
+    probes = {"netns_tamper", "direct_tcp_ip", "udp", "dns_udp_rogue", "ipv6"}
+    code, rows, err = sandgate_verify("--only", ",".join(sorted(probes)), weaken="netadmin")
     assert code == 0 and not [r for r in rows if not r["ok"]], err[-2000:]
+    assert {r["probe"] for r in rows} == probes
     for ctx in core.CONTEXTS:
         root = next(r for r in rows if (r["probe"], r["context"], r["identity"]) == ("netns_tamper", ctx, "root"))
         # The weakening took effect (the probe's own detail), and still no canary saw a thing: there
@@ -153,8 +161,10 @@ def test_cap_net_admin_flushes_the_table_yet_the_linkless_namespace_reaches_noth
 
 
 def test_removing_the_git_hooks_protection_makes_that_probe_fail() -> None:
-    code, rows, err = sandgate_verify("--only", "filesystem", weaken="git-hooks")
+    probes = {"git_hooks", "rename_protected", "git_config", "create_protected", "git_indirection", "write_workspace"}
+    code, rows, err = sandgate_verify("--only", ",".join(sorted(probes)), weaken="git-hooks")
     assert code == 1, err[-2000:]
+    assert {r["probe"] for r in rows} == probes
     failed = {(r["probe"], r["identity"]): r for r in rows if not r["ok"]}
     # Only the weakened mechanism: a hook can be planted, and .git/hooks (no longer a mount point)
     # renamed away; .git itself and .git/config stay protected.
@@ -181,22 +191,41 @@ def test_widening_the_http_rules_makes_exactly_the_refusal_rows_fail_with_upstre
     wide = tmp_path / "wide.yaml"
     wide.write_text(WIDE_RULES)
     wide.chmod(0o644)
-    code, rows, err = sandgate_verify("--only", "network", "--policy", str(wide))
+    refused = {"git_push_refused", "http_rule_refusals"}
+    probes = refused | {
+        "git_fetch_inspected",
+        "sentinel_leak",
+        "secret_brokered",
+        "ca_key_hidden",
+        "inspected_ca_trusted",
+    }
+    code, rows, err = sandgate_verify("--only", ",".join(sorted(probes)), "--policy", str(wide))
     assert code == 1, err[-2000:]
+    assert {r["probe"] for r in rows} == probes
     failed = {(r["probe"], r["context"], r["identity"]): r for r in rows if not r["ok"]}
-    assert {probe for probe, _, _ in failed} == {"git_push_refused", "http_rule_refusals"}, failed
+    assert {probe for probe, _, _ in failed} == refused, failed
     for who in IDENTITIES:
         push = failed["git_push_refused", "child", who]  # run by the command itself (INSPECTION_CONTEXTS)
         assert push["observed"] == "permitted" and "pushed branch verify-" in str(push["evidence"]), push
         for ctx in core.CONTEXTS:
             rules = failed["http_rule_refusals", ctx, who]
             assert rules["observed"] == "permitted" and "canary saw it" in str(rules["evidence"]), rules
-    still_ok = {r["probe"] for r in rows if r["ok"]}
-    assert {"git_fetch_inspected", "sentinel_leak", "secret_brokered", "ca_key_hidden"} <= still_ok
+    assert {r["probe"] for r in rows if r["ok"]} == probes - refused
 
 
 def test_readme_coverage_table_is_generated_from_the_probe_list() -> None:
     assert verify.coverage_markdown() in (REPO / "README.md").read_text()
+
+
+def test_verify_refuses_an_unknown_probe_name_before_building_anything() -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "launcher.cli", "verify", "--only", "network,git_hookz"],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)},
+    )
+    assert r.returncode == 125 and r.stderr.startswith("sandgate: error: --only: unknown probe or group git_hookz")
+    assert "Traceback" not in r.stderr
 
 
 def test_verify_reports_a_bad_policy_before_building_anything(tmp_path: Path) -> None:

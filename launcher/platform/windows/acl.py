@@ -81,14 +81,9 @@ def plan_acls(
     extra_protect: tuple[str, ...] = (),
 ) -> AclPlan:
     """Every ACE for one run. `existing` holds winpath.key() of the paths that exist (the caller
-    stats them: this stays pure); `read_grants` are directories the task must read (its toolchain)."""
-    mapped = dataclasses.replace(
-        fs,
-        write=None if fs.write is None else _mapped(fs.write),
-        read_deny=_mapped(fs.read_deny),
-        protect=_mapped((*fs.protect, *extra_protect)),
-    )
-    eff = fspolicy.effective(mapped, cwd=winpath.to_posix(cwd), home=winpath.to_posix(home))
+    stats them, see `candidates`: this stays pure); `read_grants` are directories the task must
+    read (its toolchain)."""
+    eff = _effective(fs, cwd, home, extra_protect)
     skipped = [p for p in (*eff.write, *eff.read_deny, *(p for p, _ in eff.protect)) if not _is_mapped(p)]
     deny_w: list[AclStep] = []
     for path, is_dir in eff.protect:
@@ -109,6 +104,31 @@ def plan_acls(
     ]
     reads = [AclStep(p, Ace("allow", READ_EXECUTE, sid, OICI), "read") for p in read_grants]
     return AclPlan(_dedupe([*deny_w, *deny_r, *grants, *reads]), tuple(dict.fromkeys(skipped)))
+
+
+def _effective(fs: fspolicy.FsPolicy, cwd: str, home: str, extra_protect: tuple[str, ...]) -> fspolicy.Effective:
+    """fsguard's own rules on the mapped paths: the one computation both plan_acls and candidates use."""
+    mapped = dataclasses.replace(
+        fs,
+        write=None if fs.write is None else _mapped(fs.write),
+        read_deny=_mapped(fs.read_deny),
+        protect=_mapped((*fs.protect, *extra_protect)),
+    )
+    return fspolicy.effective(mapped, cwd=winpath.to_posix(cwd), home=winpath.to_posix(home))
+
+
+def candidates(fs: fspolicy.FsPolicy, *, cwd: str, home: str, extra_protect: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """Every Windows path whose existence changes the plan (protected and denied paths, and the
+    `.git` directories above `.git/<x>` protections): what the caller stats to build `existing`."""
+    eff = _effective(fs, cwd, home, extra_protect)
+    out: list[str] = []
+    for path in (*(p for p, _ in eff.protect), *eff.read_deny):
+        if not _is_mapped(path):
+            continue
+        parts = path.split("/")
+        out += ["/".join(parts[: i + 1]) for i, part in enumerate(parts[:-1]) if part.casefold() == ".git"]
+        out.append(path)
+    return tuple(dict.fromkeys(winpath.to_windows(p) for p in out))
 
 
 def _is_mapped(path: str) -> bool:

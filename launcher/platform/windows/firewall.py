@@ -61,3 +61,41 @@ def plan_rules(sid: str, proxy_ports: tuple[int, ...]) -> tuple[FirewallRule, ..
         FirewallRule(f"sandgate-{sid}-out-loopback-udp", "out", "udp", (LOOPBACK_V4, LOOPBACK_V6), ("*",), sddl),
         FirewallRule(f"sandgate-{sid}-in-all", "in", "any", ("*",), ("*",), sddl),
     )
+
+
+def _ps(text: str) -> str:
+    """A PowerShell single-quoted literal: nothing inside is expanded ('' is the one escape)."""
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _ps_list(items: tuple[str, ...]) -> str:
+    return ",".join(_ps(i) for i in items)
+
+
+def ps_add(rule: FirewallRule) -> str:
+    """The New-NetFirewallRule command for one rule (the NetSecurity module: -LocalUser takes the
+    SDDL that INetFwRule3.LocalUserAuthorizedList holds). Every value is quoted, never spliced."""
+    parts = [
+        "New-NetFirewallRule",
+        f"-Name {_ps(rule.name)}",
+        f"-DisplayName {_ps(rule.name)}",
+        f"-Direction {'Outbound' if rule.direction == 'out' else 'Inbound'}",
+        "-Action Block",
+        f"-Protocol {rule.protocol.upper() if rule.protocol != 'any' else 'Any'}",
+        "-Profile Any",
+        f"-LocalUser {_ps(rule.local_user_sddl)}",
+    ]
+    if rule.remote_addresses != ("*",):
+        parts.append(f"-RemoteAddress {_ps_list(rule.remote_addresses)}")
+    if rule.remote_ports != ("*",) and rule.protocol != "any":
+        parts.append(f"-RemotePort {_ps_list(rule.remote_ports)}")
+    return " ".join(parts) + " | Out-Null"
+
+
+def ps_has(name: str) -> str:
+    """Prints 1 when a rule of that name exists, 0 otherwise."""
+    return f"if (Get-NetFirewallRule -Name {_ps(name)} -ErrorAction SilentlyContinue) {{ 1 }} else {{ 0 }}"
+
+
+def ps_remove(name: str) -> str:
+    return f"Remove-NetFirewallRule -Name {_ps(name)} -ErrorAction SilentlyContinue"

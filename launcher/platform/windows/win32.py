@@ -14,172 +14,15 @@ from __future__ import annotations
 import ctypes
 from collections.abc import Mapping
 from ctypes import POINTER, Structure, c_int32, c_size_t, c_uint16, c_uint32, c_uint64, c_void_p, c_wchar_p
-from dataclasses import dataclass
 from typing import Any
 
 from launcher.platform.windows import envblock, job
-
-DOCS = "https://learn.microsoft.com/en-us/windows/win32/api/"
-
-
-@dataclass(frozen=True)
-class Call:
-    dll: str
-    name: str
-    doc: str  # the page this binding follows
-    argtypes: tuple[Any, ...]
-    restype: Any
-
+from launcher.platform.windows.win32calls import BY_NAME as BY_NAME
+from launcher.platform.windows.win32calls import CALLS as CALLS
+from launcher.platform.windows.win32calls import DOCS as DOCS
 
 HANDLE, DWORD, BOOL, LPVOID = c_void_p, c_uint32, c_int32, c_void_p
-CALLS: tuple[Call, ...] = (
-    # the job object: the tree dies with sandgate and cannot leave
-    Call("kernel32", "CreateJobObjectW", DOCS + "jobapi2/nf-jobapi2-createjobobjectw", (LPVOID, c_wchar_p), HANDLE),
-    Call(
-        "kernel32",
-        "SetInformationJobObject",
-        DOCS + "jobapi2/nf-jobapi2-setinformationjobobject",
-        (HANDLE, c_int32, LPVOID, DWORD),
-        BOOL,
-    ),
-    Call(
-        "kernel32",
-        "AssignProcessToJobObject",
-        DOCS + "jobapi2/nf-jobapi2-assignprocesstojobobject",
-        (HANDLE, HANDLE),
-        BOOL,
-    ),
-    Call("kernel32", "IsProcessInJob", DOCS + "jobapi/nf-jobapi-isprocessinjob", (HANDLE, HANDLE, POINTER(BOOL)), BOOL),
-    Call(
-        "kernel32",
-        "QueryInformationJobObject",
-        DOCS + "jobapi2/nf-jobapi2-queryinformationjobobject",
-        (HANDLE, c_int32, LPVOID, DWORD, POINTER(DWORD)),
-        BOOL,
-    ),
-    Call(
-        "kernel32",
-        "OpenProcess",
-        DOCS + "processthreadsapi/nf-processthreadsapi-openprocess",
-        (DWORD, BOOL, DWORD),
-        HANDLE,
-    ),
-    Call("kernel32", "ResumeThread", DOCS + "processthreadsapi/nf-processthreadsapi-resumethread", (HANDLE,), DWORD),
-    Call(
-        "kernel32",
-        "TerminateProcess",
-        DOCS + "processthreadsapi/nf-processthreadsapi-terminateprocess",
-        (HANDLE, c_uint32),
-        BOOL,
-    ),
-    Call("kernel32", "TerminateJobObject", DOCS + "jobapi2/nf-jobapi2-terminatejobobject", (HANDLE, c_uint32), BOOL),
-    Call("kernel32", "WaitForSingleObject", DOCS + "synchapi/nf-synchapi-waitforsingleobject", (HANDLE, DWORD), DWORD),
-    Call(
-        "kernel32",
-        "GetExitCodeProcess",
-        DOCS + "processthreadsapi/nf-processthreadsapi-getexitcodeprocess",
-        (HANDLE, POINTER(DWORD)),
-        BOOL,
-    ),
-    Call("kernel32", "CloseHandle", DOCS + "handleapi/nf-handleapi-closehandle", (HANDLE,), BOOL),
-    Call("kernel32", "LocalFree", DOCS + "winbase/nf-winbase-localfree", (LPVOID,), LPVOID),
-    # the sandbox user's process, started suspended
-    Call(
-        "advapi32",
-        "CreateProcessWithLogonW",
-        DOCS + "winbase/nf-winbase-createprocesswithlogonw",
-        (c_wchar_p, c_wchar_p, c_wchar_p, DWORD, c_wchar_p, c_wchar_p, DWORD, LPVOID, c_wchar_p, LPVOID, LPVOID),
-        BOOL,
-    ),
-    # the sandbox user's password, readable only by the real user on this machine (DPAPI)
-    Call(
-        "crypt32",
-        "CryptProtectData",
-        DOCS + "dpapi/nf-dpapi-cryptprotectdata",
-        (LPVOID, c_wchar_p, LPVOID, LPVOID, LPVOID, DWORD, LPVOID),
-        BOOL,
-    ),
-    Call(
-        "crypt32",
-        "CryptUnprotectData",
-        DOCS + "dpapi/nf-dpapi-cryptunprotectdata",
-        (LPVOID, LPVOID, LPVOID, LPVOID, LPVOID, DWORD, LPVOID),
-        BOOL,
-    ),
-    # DACLs: read (to journal), write (to apply and restore)
-    Call(
-        "advapi32",
-        "GetNamedSecurityInfoW",
-        DOCS + "aclapi/nf-aclapi-getnamedsecurityinfow",
-        (c_wchar_p, c_int32, DWORD, LPVOID, LPVOID, LPVOID, LPVOID, LPVOID),
-        DWORD,
-    ),
-    Call(
-        "advapi32",
-        "SetNamedSecurityInfoW",
-        DOCS + "aclapi/nf-aclapi-setnamedsecurityinfow",
-        (c_wchar_p, c_int32, DWORD, LPVOID, LPVOID, LPVOID, LPVOID),
-        DWORD,
-    ),
-    Call(
-        "advapi32",
-        "ConvertSecurityDescriptorToStringSecurityDescriptorW",
-        DOCS + "sddl/nf-sddl-convertsecuritydescriptortostringsecuritydescriptorw",
-        (LPVOID, DWORD, DWORD, POINTER(c_wchar_p), POINTER(DWORD)),
-        BOOL,
-    ),
-    Call(
-        "advapi32",
-        "ConvertStringSecurityDescriptorToSecurityDescriptorW",
-        DOCS + "sddl/nf-sddl-convertstringsecuritydescriptortosecuritydescriptorw",
-        (c_wchar_p, DWORD, POINTER(LPVOID), POINTER(DWORD)),
-        BOOL,
-    ),
-    Call(
-        "advapi32",
-        "GetSecurityDescriptorDacl",
-        DOCS + "securitybaseapi/nf-securitybaseapi-getsecuritydescriptordacl",
-        (LPVOID, POINTER(BOOL), POINTER(LPVOID), POINTER(BOOL)),
-        BOOL,
-    ),
-    # WFP: persistent filters (setup) and the redirect loop's dynamic session
-    Call(
-        "fwpuclnt",
-        "FwpmEngineOpen0",
-        DOCS + "fwpmu/nf-fwpmu-fwpmengineopen0",
-        (c_wchar_p, DWORD, LPVOID, LPVOID, POINTER(HANDLE)),
-        DWORD,
-    ),
-    Call("fwpuclnt", "FwpmTransactionBegin0", DOCS + "fwpmu/nf-fwpmu-fwpmtransactionbegin0", (HANDLE, DWORD), DWORD),
-    Call("fwpuclnt", "FwpmTransactionCommit0", DOCS + "fwpmu/nf-fwpmu-fwpmtransactioncommit0", (HANDLE,), DWORD),
-    Call(
-        "fwpuclnt",
-        "FwpmFilterAdd0",
-        DOCS + "fwpmu/nf-fwpmu-fwpmfilteradd0",
-        (HANDLE, LPVOID, LPVOID, POINTER(c_uint64)),
-        DWORD,
-    ),
-    Call("fwpuclnt", "FwpmTransactionAbort0", DOCS + "fwpmu/nf-fwpmu-fwpmtransactionabort0", (HANDLE,), DWORD),
-    Call("fwpuclnt", "FwpmProviderAdd0", DOCS + "fwpmu/nf-fwpmu-fwpmprovideradd0", (HANDLE, LPVOID, LPVOID), DWORD),
-    Call("fwpuclnt", "FwpmSubLayerAdd0", DOCS + "fwpmu/nf-fwpmu-fwpmsublayeradd0", (HANDLE, LPVOID, LPVOID), DWORD),
-    Call(
-        "fwpuclnt",
-        "FwpmSubLayerDeleteByKey0",
-        DOCS + "fwpmu/nf-fwpmu-fwpmsublayerdeletebykey0",
-        (HANDLE, LPVOID),
-        DWORD,
-    ),
-    Call(
-        "fwpuclnt",
-        "FwpmProviderDeleteByKey0",
-        DOCS + "fwpmu/nf-fwpmu-fwpmproviderdeletebykey0",
-        (HANDLE, LPVOID),
-        DWORD,
-    ),
-    Call("fwpuclnt", "FwpmFilterDeleteByKey0", DOCS + "fwpmu/nf-fwpmu-fwpmfilterdeletebykey0", (HANDLE, LPVOID), DWORD),
-    Call("fwpuclnt", "FwpmEngineClose0", DOCS + "fwpmu/nf-fwpmu-fwpmengineclose0", (HANDLE,), DWORD),
-)
-BY_NAME = {c.name: c for c in CALLS}
+
 
 JobObjectBasicUIRestrictions, JobObjectExtendedLimitInformation = 4, 9  # JOBOBJECTINFOCLASS
 SE_FILE_OBJECT, DACL_SECURITY_INFORMATION, SDDL_REVISION_1 = 1, 0x4, 1
@@ -286,12 +129,9 @@ def make_job(limits: job.JobLimits) -> int:
     return int(h)
 
 
-def start_suspended_in_job(
-    user: str, password: str, cmdline: str, cwd: str, env: Mapping[str, str], job_handle: int
-) -> PROCESS_INFORMATION:
-    """CMD as the sandbox user, suspended; in the job; only then resumed (no instruction runs outside).
-    If the job cannot take it, the process is terminated (it is already in no job of ours, so by
-    its handle), never resumed."""
+def create_suspended(user: str, password: str, cmdline: str, cwd: str, env: Mapping[str, str]) -> PROCESS_INFORMATION:
+    """CMD as the sandbox user, suspended (CREATE_SUSPENDED): not one instruction runs until the
+    backend has put it in the job and resumes it (backend.py: assign, or terminate, then resume)."""
     plan, env_block = job.plan_create(), envblock.build(env)
     si, pi = STARTUPINFOW(), PROCESS_INFORMATION()
     si.cb = ctypes.sizeof(si)
@@ -301,13 +141,41 @@ def start_suspended_in_job(
     block = ctypes.create_unicode_buffer(env_block, len(env_block))
     args = (user, ".", password, plan.logon_flags, None, line, plan.creation_flags, block, cwd)
     _check("CreateProcessWithLogonW", fn("CreateProcessWithLogonW")(*args, ctypes.byref(si), ctypes.byref(pi)))
-    try:
-        _check("AssignProcessToJobObject", fn("AssignProcessToJobObject")(job_handle, pi.hProcess))
-    except Win32Error:
-        fn("TerminateProcess")(pi.hProcess, 1)
-        raise
-    fn("ResumeThread")(pi.hThread)
     return pi
+
+
+def assign(job_handle: int, process: int) -> None:
+    _check("AssignProcessToJobObject", fn("AssignProcessToJobObject")(job_handle, process))
+
+
+def resume(thread: int) -> None:
+    if fn("ResumeThread")(thread) == 0xFFFFFFFF:  # (DWORD)-1: the thread stays suspended
+        _check("ResumeThread", False)
+
+
+def terminate(process: int, code: int = 1) -> None:
+    _check("TerminateProcess", fn("TerminateProcess")(process, code))
+
+
+def close_job(job_handle: int) -> None:
+    """TerminateJobObject, then the last handle closed (KILL_ON_JOB_CLOSE would do it too)."""
+    try:
+        _check("TerminateJobObject", fn("TerminateJobObject")(job_handle, 1))
+    finally:
+        fn("CloseHandle")(job_handle)
+
+
+def wait_exit(process: int) -> int:
+    if fn("WaitForSingleObject")(process, INFINITE) != 0:  # WAIT_OBJECT_0
+        _check("WaitForSingleObject", False)
+    code = DWORD()
+    _check("GetExitCodeProcess", fn("GetExitCodeProcess")(process, ctypes.byref(code)))
+    return int(code.value)
+
+
+def close(handle: int) -> None:
+    if handle:
+        fn("CloseHandle")(handle)
 
 
 class DATA_BLOB(Structure):
@@ -369,3 +237,87 @@ def set_dacl_sddl(path: str, sddl: str) -> None:
             raise Win32Error(err, f"SetNamedSecurityInfoW({path!r}) failed (error {err})")
     finally:
         fn("LocalFree")(sd)
+
+
+# ---- the sandbox user: accounts, SIDs, elevation (sandgate setup) ------------------------------
+
+NERR_SUCCESS, NERR_USER_NOT_FOUND, ERROR_NONE_MAPPED, ERROR_ACCESS_DENIED = 0, 2221, 1332, 5
+USER_PRIV_USER = 1
+# UF_SCRIPT (required) | UF_PASSWD_CANT_CHANGE | UF_DONT_EXPIRE_PASSWD: a password only sandgate knows
+UF_FLAGS = 0x0001 | 0x0040 | 0x10000
+PROCESS_QUERY_LIMITED_INFORMATION, STILL_ACTIVE = 0x1000, 259
+
+
+class USER_INFO_1(Structure):
+    _fields_ = [
+        ("usri1_name", c_wchar_p),
+        ("usri1_password", c_wchar_p),
+        ("usri1_password_age", DWORD),
+        ("usri1_priv", DWORD),
+        ("usri1_home_dir", c_wchar_p),
+        ("usri1_comment", c_wchar_p),
+        ("usri1_flags", DWORD),
+        ("usri1_script_path", c_wchar_p),
+    ]
+
+
+class USER_INFO_1003(Structure):
+    _fields_ = [("usri1003_password", c_wchar_p)]
+
+
+def _net(name: str, err: int) -> None:
+    if err != NERR_SUCCESS:
+        raise Win32Error(err, f"{name} failed (error {err}); see {BY_NAME[name].doc}")
+
+
+def is_admin() -> bool:
+    return bool(fn("IsUserAnAdmin")())
+
+
+def account_sid(name: str) -> str | None:
+    """The SID of a local account as text (S-1-5-21-...); None: no such account."""
+    size, dom_size, use = DWORD(0), DWORD(0), DWORD(0)
+    fn("LookupAccountNameW")(None, name, None, ctypes.byref(size), None, ctypes.byref(dom_size), ctypes.byref(use))
+    if not size.value:
+        err = getattr(ctypes, "get_last_error", lambda: 0)()
+        if err == ERROR_NONE_MAPPED:
+            return None
+        raise Win32Error(err, f"LookupAccountNameW({name!r}) failed (error {err})")
+    sid, dom = ctypes.create_string_buffer(size.value), ctypes.create_unicode_buffer(dom_size.value)
+    ok = fn("LookupAccountNameW")(None, name, sid, ctypes.byref(size), dom, ctypes.byref(dom_size), ctypes.byref(use))
+    _check("LookupAccountNameW", ok)
+    text = c_wchar_p()
+    _check("ConvertSidToStringSidW", fn("ConvertSidToStringSidW")(sid, ctypes.byref(text)))
+    try:
+        return text.value or None
+    finally:
+        fn("LocalFree")(text)
+
+
+def add_user(name: str, password: str) -> None:
+    """A local standard user (USER_PRIV_USER): no administrator rights, a password it cannot change."""
+    info = USER_INFO_1(name, password, 0, USER_PRIV_USER, None, "sandgate sandbox user (sandgate setup)", UF_FLAGS)
+    _net("NetUserAdd", fn("NetUserAdd")(None, 1, ctypes.byref(info), None))
+
+
+def set_password(name: str, password: str) -> None:
+    info = USER_INFO_1003(password)
+    _net("NetUserSetInfo", fn("NetUserSetInfo")(None, name, 1003, ctypes.byref(info), None))
+
+
+def delete_user(name: str) -> None:
+    err = fn("NetUserDel")(None, name)
+    if err not in (NERR_SUCCESS, NERR_USER_NOT_FOUND):  # already gone is what --remove wants
+        _net("NetUserDel", err)
+
+
+def pid_alive(pid: int) -> bool:
+    """Is a process with this id running (a journal's run still alive: never replay it)?"""
+    h = fn("OpenProcess")(PROCESS_QUERY_LIMITED_INFORMATION, False, pid)
+    if not h:
+        return getattr(ctypes, "get_last_error", lambda: 0)() == ERROR_ACCESS_DENIED  # exists, not ours
+    try:
+        code = DWORD()
+        return bool(fn("GetExitCodeProcess")(h, ctypes.byref(code))) and code.value == STILL_ACTIVE
+    finally:
+        fn("CloseHandle")(h)

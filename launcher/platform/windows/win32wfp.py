@@ -220,3 +220,17 @@ def open_dynamic(plan: wfp.WfpPlan, filters: tuple[wfp.WfpFilter, ...]) -> int:
         fn("FwpmEngineClose0")(engine)
         raise
     return engine
+
+
+def installed(plan: wfp.WfpPlan) -> bool:
+    """Every persistent filter of the plan is in the engine (FwpmFilterGetByKey0 finds its key)."""
+    engine = open_engine(dynamic=False)
+    try:
+        for f in plan.filters:
+            found = c_void_p()
+            if fn("FwpmFilterGetByKey0")(engine, ctypes.byref(GUID.of(f.key)), ctypes.byref(found)):
+                return False
+            fn("FwpmFreeMemory0")(ctypes.byref(found))
+        return True
+    finally:
+        fn("FwpmEngineClose0")(engine)

@@ -1,0 +1,254 @@
+"""The real WinApi: each method one call into win32.py / win32wfp.py, the file system, or a child.
+
+Holds no decision (the order and every check are backend.py's and setup.py's, tested on Linux
+against a fake). Never run yet: .github/workflows/windows.yml is where it first will be. Imports
+on Linux (ctypes' Windows parts load on the first call), so mypy and the import test cover it.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from launcher.platform.windows import firewall, win32, win32wfp
+from launcher.platform.windows.api import Proc, WinApiError
+from launcher.platform.windows.firewall import FirewallRule
+from launcher.platform.windows.job import JobLimits
+from launcher.platform.windows.wfp import WfpPlan
+
+CREATE_NO_WINDOW = 0x08000000
+
+
+def _call(what: str, f: Callable[..., Any], *args: object) -> Any:
+    """Run one effect; an OSError (Win32Error is one) becomes the one-line WinApiError."""
+    try:
+        return f(*args)
+    except OSError as e:
+        raise WinApiError(f"{what}: {e.strerror or e}") from None
+
+
+class RealWinApi:
+    """WinApi on Windows. Child processes (the proxy) are kept by pid to stop them later."""
+
+    def __init__(self) -> None:
+        self._children: dict[int, subprocess.Popen[bytes]] = {}
+
+    # who and where
+    def is_admin(self) -> bool:
+        return bool(_call("IsUserAnAdmin", win32.is_admin))
+
+    def current_user_sid(self) -> str:
+        sid: str | None = _call("LookupAccountNameW", win32.account_sid, getpass.getuser())
+        if sid is None:
+            raise WinApiError("cannot find your own account's SID")
+        return sid
+
+    def local_appdata(self) -> str:
+        value = os.environ.get("LOCALAPPDATA")
+        if not value:
+            raise WinApiError("LOCALAPPDATA is not set; run sandgate from your own logon session")
+        return value
+
+    def home(self) -> str:
+        return os.path.expanduser("~")
+
+    def cwd(self) -> str:
+        return os.getcwd()
+
+    def environ(self) -> Mapping[str, str]:
+        return dict(os.environ)
+
+    def python(self) -> str:
+        return sys.executable
+
+    # the sandbox user
+    def user_sid(self, name: str) -> str | None:
+        sid: str | None = _call("LookupAccountNameW", win32.account_sid, name)
+        return sid
+
+    def create_user(self, name: str, password: str) -> str:
+        _call("NetUserAdd", win32.add_user, name, password)
+        sid = self.user_sid(name)
+        if sid is None:
+            raise WinApiError(f"the user {name} was created but has no SID")
+        return sid
+
+    def set_password(self, name: str, password: str) -> None:
+        _call("NetUserSetInfo", win32.set_password, name, password)
+
+    def delete_user(self, name: str) -> None:
+        _call("NetUserDel", win32.delete_user, name)
+
+    def protect(self, data: bytes) -> bytes:
+        out: bytes = _call("CryptProtectData", win32.protect, data)
+        return out
+
+    def unprotect(self, sealed: bytes) -> bytes:
+        out: bytes = _call("CryptUnprotectData", win32.unprotect, sealed)
+        return out
+
+    # WFP and firewall
+    def wfp_installed(self, plan: WfpPlan) -> bool:
+        return bool(_call("WFP", win32wfp.installed, plan))
+
+    def wfp_install(self, plan: WfpPlan) -> None:
+        _call("WFP install", win32wfp.install, plan)
+
+    def wfp_remove(self, plan: WfpPlan) -> None:
+        _call("WFP remove", win32wfp.remove, plan)
+
+    def _powershell(self, command: str) -> str:
+        argv = ["powershell.exe", "-NoProfile", "-NonInteractive", "-Command", command]
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+        if r.returncode != 0:
+            raise WinApiError(f"firewall: {(r.stderr.strip().splitlines() or ['PowerShell failed'])[-1]}")
+        return r.stdout
+
+    def firewall_has(self, name: str) -> bool:
+        return self._powershell(firewall.ps_has(name)).strip() == "1"
+
+    def firewall_add(self, rule: FirewallRule) -> None:
+        self._powershell(firewall.ps_add(rule))
+
+    def firewall_remove(self, name: str) -> None:
+        self._powershell(firewall.ps_remove(name))
+
+    # files and DACLs
+    def exists(self, path: str) -> bool:
+        return os.path.lexists(path)
+
+    def read_file(self, path: str) -> bytes | None:
+        try:
+            with open(path, "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            raise WinApiError(f"cannot read {path}: {e.strerror}") from None
+
+    def write_file(self, path: str, data: bytes) -> None:
+        tmp = path + ".tmp"
+        try:  # whole or not at all: a torn sealed password would lock the user out
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except OSError as e:
+            raise WinApiError(f"cannot write {path}: {e.strerror}") from None
+
+    def append_line(self, path: str, line: str) -> None:
+        try:  # write-ahead: on disk before the change it records
+            with open(path, "a", encoding="utf-8") as f:
+                f.write(line + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as e:
+            raise WinApiError(f"cannot write the ACL journal {path}: {e.strerror}") from None
+
+    def remove_file(self, path: str) -> None:
+        if os.path.lexists(path):
+            _call(f"cannot remove {path}", os.remove, path)
+
+    def list_dir(self, path: str) -> list[str]:
+        return os.listdir(path) if os.path.isdir(path) else []
+
+    def make_dir(self, path: str) -> None:
+        if not os.path.isdir(path):
+            _call(f"cannot create {path}", os.mkdir, path)
+
+    def remove_empty_dir(self, path: str) -> bool:
+        try:
+            os.rmdir(path)
+        except OSError:
+            return False
+        return True
+
+    def dacl(self, path: str) -> str | None:
+        if not os.path.lexists(path):
+            return None
+        out: str = _call(f"cannot read the ACL of {path}", win32.dacl_sddl, path)
+        return out
+
+    def set_dacl(self, path: str, sddl: str) -> None:
+        _call(f"cannot set the ACL of {path}", win32.set_dacl_sddl, path, sddl)
+
+    # processes
+    def pid_alive(self, pid: int) -> bool:
+        return bool(_call("OpenProcess", win32.pid_alive, pid))
+
+    def own_pid(self) -> int:
+        return os.getpid()
+
+    def create_job(self, limits: JobLimits) -> int:
+        job: int = _call("CreateJobObjectW", win32.make_job, limits)
+        return job
+
+    def close_job(self, job: int) -> None:
+        _call("TerminateJobObject", win32.close_job, job)
+
+    def start_suspended(
+        self, user: str, password: str, argv: tuple[str, ...], cwd: str, env: Mapping[str, str]
+    ) -> Proc:
+        pi = _call(
+            "CreateProcessWithLogonW", win32.create_suspended, user, password, subprocess.list2cmdline(argv), cwd, env
+        )
+        return Proc(int(pi.dwProcessId), int(pi.hProcess or 0), int(pi.hThread or 0))
+
+    def assign(self, job: int, proc: Proc) -> None:
+        _call("AssignProcessToJobObject", win32.assign, job, proc.handle)
+
+    def resume(self, proc: Proc) -> None:
+        _call("ResumeThread", win32.resume, proc.thread)
+
+    def terminate(self, proc: Proc) -> None:
+        _call("TerminateProcess", win32.terminate, proc.handle)
+
+    def wait(self, proc: Proc) -> int:
+        code: int = _call("WaitForSingleObject", win32.wait_exit, proc.handle)
+        return code
+
+    def close_process(self, proc: Proc) -> None:
+        win32.close(proc.thread)
+        win32.close(proc.handle)
+
+    def start_proxy(self, argv: tuple[str, ...]) -> Proc:
+        try:
+            child = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, creationflags=CREATE_NO_WINDOW
+            )
+        except OSError as e:
+            raise WinApiError(f"cannot start the proxy: {e.strerror}") from None
+        self._children[child.pid] = child
+        return Proc(child.pid, 0)
+
+    def await_proxy(self, proc: Proc, timeout: float) -> None:
+        """The proxy's one ready line on its stdout (--ready-fd 1), read in a thread: Windows pipes
+        cannot be select()ed."""
+        child = self._children[proc.pid]
+        got: list[bytes] = []
+        reader = threading.Thread(target=lambda: got.append(child.stdout.readline() if child.stdout else b""))
+        reader.start()
+        reader.join(timeout)
+        try:
+            ready = bool(got) and json.loads(got[0]).get("ready") is True
+        except ValueError:
+            ready = False
+        if not ready:
+            raise WinApiError(f"the proxy did not get ready in {timeout:.0f} s (port in use by another run?)")
+
+    def stop_proxy(self, proc: Proc) -> None:
+        child = self._children.pop(proc.pid, None)
+        if child is None:
+            return
+        child.terminate()
+        try:
+            child.wait(10)
+        except subprocess.TimeoutExpired:
+            child.kill()
