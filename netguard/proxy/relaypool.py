@@ -62,6 +62,7 @@ class _Worker:
 
         self.pool, self.proc = pool, proc
         self.capacity = 0  # until its Hello: not used before it proved it runs
+        self.hello = False
         self.flows: dict[int, Moved] = {}
         self._cuts: dict[str, list[int]] = {}
         self.chan = Channel(sock, self._message, self._died)
@@ -77,7 +78,7 @@ class _Worker:
             self._died()
             return
         if isinstance(m, relaywire.Hello):
-            self.capacity = m.capacity
+            self.capacity, self.hello = m.capacity, True
         elif isinstance(m, relaywire.Done):
             for e in m.ended:
                 if (moved := self.flows.pop(e.flow, None)) is not None:
@@ -158,7 +159,7 @@ class Pool:
         if not self.workers:
             self.start()
         ready = [w for w in self.workers if len(w.flows) < w.capacity and not w.chan.closed]
-        starting = any(w.capacity == 0 for w in self.workers)
+        starting = any(not w.hello for w in self.workers)
         if not starting and (not ready or min(len(w.flows) / w.capacity for w in ready) > 0.75):
             self._spawn()  # for the next flows: this one takes what is there now
         if not ready:

@@ -222,3 +222,29 @@ def test_workers_die_with_their_daemon() -> None:
             return True
 
     assert eventually(lambda: all(gone(p) for p in pids))
+
+
+def test_the_idle_timeout_runs_in_the_worker(lp: Loop) -> None:
+    f = Flow(lp, idle=0.5)
+    f.client.sendall(b"one")
+    assert f.server.recv(3) == b"one"
+    assert f.client.recv(10) == b"" and f.server.recv(10) == b""  # nothing for half a second: both ends closed
+    assert eventually(lambda: f.ended == [("idle timeout", 3, 0)])
+    f.close()
+
+
+def test_full_workers_leave_the_flow_to_the_caller_and_another_worker_is_started(lp: Loop) -> None:
+    first = Flow(lp)
+    for w in lp.pool.workers:
+        w.capacity = len(w.flows)  # as if each held all the flows its fd limit allows
+    a, b = socket.socketpair()
+    n = len(lp.pool.workers)
+    assert lp.call(lambda: lp.pool.place(a.fileno(), b.fileno(), 0, lambda why: None)) is None
+    assert len(lp.pool.workers) == n + 1  # started for the next flows
+    assert eventually(lambda: lp.pool.workers[-1].hello, 10)
+    second = Flow(lp)
+    assert second.moved is not None and second.moved.worker is lp.pool.workers[-1]
+    for s in (a, b):
+        s.close()
+    first.close()
+    second.close()

@@ -155,3 +155,21 @@ def test_a_worker_killed_mid_flow_ends_it_at_both_ends_with_a_close_record(daemo
         again.close()
     finally:
         u.up.close()
+
+
+def test_the_daemons_exit_cuts_the_flows_in_its_workers_and_they_are_gone(daemon: Daemon) -> None:
+    u = Streams()
+    try:
+        a = Box(daemon, "a", {"allow": [{"cidr": "127.0.0.0/8", "ports": [u.up.port]}]})
+        s = _in_worker(daemon, a, u.up.port)
+        workers = _workers(daemon)
+        time.sleep(0.3)
+        before = len(_closes(a))
+        daemon.proc.send_signal(signal.SIGTERM)
+        assert u.ended[-1].wait(10)
+        _drain(s)
+        assert daemon.proc.wait(10) == 0
+        assert len(_closes(a)) == before + 1 and _closes(a)[-1]["bytes_down"] > 65536  # recorded before it went
+        assert eventually(lambda: not any(os.path.exists(f"/proc/{p}/fd/0") for p in workers))
+    finally:
+        u.up.close()
