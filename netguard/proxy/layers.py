@@ -37,7 +37,7 @@ class Relay(layers.TCPLayer):
     size). The hookless relay keeps mitmproxy's read-after-drain backpressure; we only count.
     Once the upstream is connected, the sockets leave mitmproxy (netguard.proxy.handoff) and
     the kernel moves the bytes (netguard.proxy.splice), here or in a relay worker; the close
-    record is written when that relay ends (`_over`).
+    record is written when that relay ends (`_finish`).
     """
 
     def __init__(
@@ -63,7 +63,7 @@ class Relay(layers.TCPLayer):
         if self._handle_event != self.relay_messages or self.handoff is not None:
             return  # closed meanwhile
         slot = self.context.client.proxy_mode.listen_port() or 0  # what a sandbox's drop cuts (handoff.cut_slots)
-        h = handoff.Handoff(handler, self.context.client, self.context.server, slot, self._over)
+        h = handoff.Handoff(handler, self.context.client, self.context.server, slot, self._finish)
         if h.take(float(self.context.options.tcp_timeout)):
             self.handoff = h
 
@@ -86,21 +86,19 @@ class Relay(layers.TCPLayer):
         h = self.handoff
         assert h is not None
         if h.spliced and isinstance(event, events.ConnectionClosed):
-            return  # the end comes from the relay (_over)
+            return  # the end comes from the relay (_finish)
         h.cut("closed by the proxy" if isinstance(event, events.ConnectionClosed) else "unexpected data")
         self._finish()
         for conn in (self.context.server, self.context.client):
             if conn.state is not ConnectionState.CLOSED:
                 yield commands.CloseConnection(conn)
 
-    def _over(self) -> None:
-        """The spliced relay ended (by itself, cut, or its worker died): its counts, then the close record."""
-        if self._handle_event != self.done:
-            self._finish()
-
     def _finish(self) -> None:
+        """The relay ended (by itself, cut, or its worker died): its counts, then the close record."""
         h = self.handoff
         assert h is not None
+        if self._handle_event == self.done:
+            return  # the relay's end already counted and recorded it
         self.up, self.down = self.up + h.up, self.down + h.down
         self._handle_event = self.done  # type: ignore[method-assign]  # mitmproxy: the layer's state is its handler
         self._closed()

@@ -99,6 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     fd, parent = int(args[0]), int(args[1])
     die_with(parent)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's ^C goes to the daemon, which ends us in order
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        # ^C or a stop sent to the whole process group: the daemon first cuts its flows with their close
+        # records, then its exit ends us (EOF). Dying first would leave those records without their counts.
+        signal.signal(sig, signal.SIG_IGN)
     asyncio.run(serve(fd))
     return 0
