@@ -26,13 +26,11 @@ from collections.abc import Callable, Mapping
 from typing import Any, cast
 
 from mitmproxy import ctx, http
-from mitmproxy.connection import Connection, ConnectionState
 
-from netguard.proxy import splice
+from netguard.proxy import splice, streams
 from netguard.proxy.layers import Counter
 
 THRESHOLD = 256 * 1024  # smaller bodies are cheaper through mitmproxy than a takeover
-_FLAGS = os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK
 _BURST = 8  # pipes moved per wakeup at most: one download must not starve other connections
 
 
@@ -57,18 +55,6 @@ def length(flow: http.HTTPFlow) -> int | None:
     return n if n > THRESHOLD else None
 
 
-def _streams(handler: Any, conn: Connection) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
-    io = getattr(handler, "transports", {}).get(conn)
-    r, w = getattr(io, "reader", None), getattr(io, "writer", None)
-    if not isinstance(r, asyncio.StreamReader) or not isinstance(w, asyncio.StreamWriter):
-        return None
-    if conn.state is not ConnectionState.OPEN or w.transport.is_closing() or r.exception() is not None:
-        return None
-    if not isinstance(getattr(r, "_buffer", None), bytearray) or not isinstance(getattr(r, "_paused", None), bool):
-        return None  # asyncio's StreamReader internals changed: stay with mitmproxy
-    return r, w
-
-
 class BodyRelay:
     """One response body: mitmproxy's queued bytes first, then a counted splice; `counter` counts every byte."""
 
@@ -87,11 +73,11 @@ class BodyRelay:
         """At `responseheaders`: stop reading the upstream and take the body over; None if it must stay.
 
         `counter` is the body's stream callback: what mitmproxy relayed so far, and where the rest is added."""
-        total = length(flow)
+        total = length(flow) if splice.AVAILABLE else None  # no splice(2) on this OS: mitmproxy relays it
         handler = handlers.get(flow.client_conn.id) if total is not None else None
         if total is None or handler is None or flow.response is None:
             return None
-        server, client = _streams(handler, flow.server_conn), _streams(handler, flow.client_conn)
+        server, client = streams.streams(handler, flow.server_conn), streams.streams(handler, flow.client_conn)
         if server is None or client is None:
             return None
         relay = cls(handler, total, counter)
@@ -124,7 +110,7 @@ class BodyRelay:
         left = self._total - self._counter.n
         if left <= 0 or self.over:
             return  # mitmproxy had the whole body already: it ends the response itself
-        fds = _dups(writer, self._server[1])
+        fds = streams.dup_sockets(writer, self._server[1])
         if fds is None:
             cast(asyncio.Transport, self._server[1].transport).resume_reading()  # out of fds: mitmproxy relays the rest
             return
@@ -162,7 +148,7 @@ class _Copy:
         self._loop = asyncio.get_running_loop()
         self.src, self.dst, self.left = src, dst, limit
         self.moved = self.held = 0
-        self.pipe: splice._Pipe | None = None
+        self.pipe: splice.Pipe | None = None
         self._on_done: Callable[[int, str | None], None] | None = on_done
         self._idle, self._last = idle, time.monotonic()
         self._timer: asyncio.TimerHandle | None = None
@@ -182,7 +168,7 @@ class _Copy:
                     return
             want = min(self.pipe.size - self.held, self.left - self.held)
             try:
-                n = os.splice(self.src, self.pipe.w, want, flags=_FLAGS)
+                n = os.splice(self.src, self.pipe.w, want, flags=splice.FLAGS)
             except BlockingIOError:
                 return
             except OSError as e:
@@ -201,7 +187,7 @@ class _Copy:
         assert self.pipe is not None
         while self.held:
             try:
-                m = os.splice(self.pipe.r, self.dst, self.held, flags=_FLAGS)
+                m = os.splice(self.pipe.r, self.dst, self.held, flags=splice.FLAGS)
             except BlockingIOError:
                 self._loop.remove_reader(self.src)  # backpressure: no read until the client took the pipe
                 self._loop.add_writer(self.dst, self._writable)
@@ -243,16 +229,3 @@ class _Copy:
         os.close(self.src)
         os.close(self.dst)
         on_done(self.moved, why)
-
-
-def _dups(*writers: asyncio.StreamWriter) -> tuple[int, int] | None:
-    """Our own fd for each socket (mitmproxy's transport keeps and later closes its own)."""
-    fds: list[int] = []
-    try:
-        for w in writers:
-            fds.append(os.dup(w.get_extra_info("socket").fileno()))
-    except OSError:
-        for fd in fds:
-            os.close(fd)
-        return None
-    return fds[0], fds[1]

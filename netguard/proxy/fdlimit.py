@@ -5,7 +5,7 @@ CAP_SYS_RESOURCE) also lifts the hard limit to WANT when the kernel allows it (f
 
 from __future__ import annotations
 
-import resource
+import sys
 from collections.abc import Callable
 
 WANT = 1 << 20  # 10,000 tunnels need ~20,000 over the daemon's processes; a million costs nothing until used
@@ -13,6 +13,10 @@ WANT = 1 << 20  # 10,000 tunnels need ~20,000 over the daemon's processes; a mil
 
 def raise_nofile(want: int = WANT) -> int:
     """Raise RLIMIT_NOFILE as far as allowed; the soft limit it ended at (never lowered)."""
+    if sys.platform == "win32":
+        return want  # sockets are handles there: no per-process descriptor limit to raise
+    import resource
+
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     try:
         with open("/proc/sys/fs/nr_open") as f:

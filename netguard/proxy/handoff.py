@@ -25,23 +25,9 @@ import os
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol, cast
 
-from mitmproxy.connection import Connection, ConnectionState
+from mitmproxy.connection import Connection
 
-from netguard.proxy import relaypool, splice
-
-
-def _streams(handler: Any, conn: Connection) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
-    io = getattr(handler, "transports", {}).get(conn)
-    r, w = getattr(io, "reader", None), getattr(io, "writer", None)
-    if not isinstance(r, asyncio.StreamReader) or not isinstance(w, asyncio.StreamWriter):
-        return None  # UDP, or a mitmproxy_rs stream: no socket to take
-    if conn.state is not ConnectionState.OPEN or w.transport.is_closing():
-        return None  # half-closed already: mitmproxy finishes what it started
-    if r.exception() is not None or getattr(r, "_eof", True) or not isinstance(getattr(r, "_paused", None), bool):
-        return None
-    if not isinstance(getattr(r, "_buffer", None), bytearray) or not hasattr(r, "_waiter"):
-        return None  # asyncio's StreamReader internals changed: stay with mitmproxy
-    return r, w
+from netguard.proxy import relaypool, splice, streams
 
 
 class Relayed(Protocol):
@@ -89,10 +75,12 @@ class Handoff:
 
     def take(self, idle: float) -> bool:
         """The synchronous step; False (nothing changed) if this flow must stay with mitmproxy."""
-        c, s = _streams(self._handler, self._client), _streams(self._handler, self._server)
+        if not splice.AVAILABLE:
+            return False  # no splice(2) on this OS: mitmproxy relays the flow
+        c, s = streams.streams(self._handler, self._client), streams.streams(self._handler, self._server)
         if c is None or s is None:
             return False
-        self._fds = _dups(c[1], s[1])
+        self._fds = streams.dup_sockets(c[1], s[1])
         if self._fds is None:
             return False  # out of fds (EMFILE): mitmproxy's relay needs none extra
         self._idle = idle
@@ -199,19 +187,6 @@ def cut_slots(slots: Iterable[int], why: str) -> None:
     for slot in slots:
         for h in list(_LIVE.get(slot, ())):
             h.cut(why)
-
-
-def _dups(*writers: asyncio.StreamWriter) -> tuple[int, int] | None:
-    """Our own fd for each socket (mitmproxy's transport keeps and later closes its own)."""
-    fds: list[int] = []
-    try:
-        for w in writers:
-            fds.append(os.dup(w.get_extra_info("socket").fileno()))
-    except OSError:
-        for fd in fds:
-            os.close(fd)
-        return None
-    return fds[0], fds[1]
 
 
 def handler_of(handlers: Mapping[Any, Any], client: Connection) -> Any:

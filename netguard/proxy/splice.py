@@ -15,23 +15,26 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import fcntl
 import os
 import socket
 import time
 from collections.abc import Callable
 
 PIPE_SIZE = 256 * 1024  # in flight per blocked direction; mitmproxy buffered ~128 KiB per direction
-_FLAGS = os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK
+#: splice(2) is Linux's: elsewhere (the Windows proxy) no flow is taken out of mitmproxy, which relays every byte.
+AVAILABLE = hasattr(os, "splice")
+FLAGS = os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK if AVAILABLE else 0
 _POOL_MAX = 64  # idle pipes kept for reuse (each is two fds)
 PIPES_MAX = 128  # pipes in existence at once: their fds are in fdlimit.RESERVE, never taken from accept()
 _BURST = 8  # pipes moved per wakeup at most: one busy connection must not starve the others
 
 
-class _Pipe:
+class Pipe:
     __slots__ = ("r", "size", "w")
 
     def __init__(self) -> None:
+        import fcntl  # here: this module is imported where there is no fcntl (the Windows proxy), never run there
+
         self.r, self.w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         try:
             self.size = fcntl.fcntl(self.w, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
@@ -47,20 +50,20 @@ class Pipes:
     """Empty pipes to lend; one per event loop is enough (a pipe is only held while bytes wait in it)."""
 
     def __init__(self) -> None:
-        self._free: list[_Pipe] = []
+        self._free: list[Pipe] = []
         self.made = 0
 
-    def take(self) -> _Pipe:
+    def take(self) -> Pipe:
         """An empty pipe; OSError when PIPES_MAX are lent (the caller waits and tries again)."""
         if self._free:
             return self._free.pop()
         if self.made >= PIPES_MAX:
             raise OSError(errno.EMFILE, "all splice pipes are in use")
-        pipe = _Pipe()
+        pipe = Pipe()
         self.made += 1
         return pipe
 
-    def give(self, pipe: _Pipe, empty: bool) -> None:
+    def give(self, pipe: Pipe, empty: bool) -> None:
         if empty and len(self._free) < _POOL_MAX:
             self._free.append(pipe)
         else:
@@ -79,7 +82,7 @@ class _Way:
     def __init__(self, src: int, dst: int) -> None:
         self.src, self.dst = src, dst
         self.n = 0  # bytes delivered to dst
-        self.pipe: _Pipe | None = None
+        self.pipe: Pipe | None = None
         self.held = 0  # bytes in the pipe, not yet taken by dst
         self.eof = False
         self.done = False
@@ -134,7 +137,7 @@ class Pair:
                     return
             size = way.pipe.size
             try:
-                n = os.splice(way.src, way.pipe.w, size - way.held, flags=_FLAGS)
+                n = os.splice(way.src, way.pipe.w, size - way.held, flags=FLAGS)
             except BlockingIOError:
                 if not way.held:
                     self._pipes.give(way.pipe, empty=True)  # an idle direction holds no pipe
@@ -160,7 +163,7 @@ class Pair:
         assert way.pipe is not None
         while way.held:
             try:
-                m = os.splice(way.pipe.r, way.dst, way.held, flags=_FLAGS)
+                m = os.splice(way.pipe.r, way.dst, way.held, flags=FLAGS)
             except BlockingIOError:
                 if not way.waiting:  # backpressure: read no more until dst took what is in the pipe
                     way.waiting = True

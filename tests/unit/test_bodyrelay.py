@@ -244,3 +244,19 @@ def test_end_of_the_sandbox_cuts_a_body_in_flight_at_both_ends(tmp_path: Path) -
         d.stop()
         srv.close()
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_without_splice_on_this_os_no_body_and_no_flow_leaves_mitmproxy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Windows proxy has no splice(2): both takeovers decline before touching mitmproxy's handler."""
+    from netguard.proxy import handoff, layers, splice
+
+    class Untouchable:
+        def __getattr__(self, name: str) -> object:
+            raise AssertionError(f"mitmproxy's handler was touched ({name})")
+
+    f = _flow()
+    assert bodyrelay.length(f) == BIG  # it would qualify
+    monkeypatch.setattr(splice, "AVAILABLE", False)
+    assert bodyrelay.BodyRelay.take({f.client_conn.id: Untouchable()}, f, layers.Counter()) is None
+    h = handoff.Handoff(Untouchable(), f.client_conn, f.server_conn, 0, lambda *a: None)
+    assert h.take(60.0) is False and not h.spliced
