@@ -253,17 +253,20 @@ def test_ctrl_c_removes_everything_verify_built() -> None:
         cwd="/",
         env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "PYTHONPATH": str(REPO)},
     )
+    ours = f"sandgate-v{p.pid}x"  # this verify's world (World names it by pid): not another run's
     deadline = time.monotonic() + 30
-    while "sandgate-v" not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout:
+    while ours not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout:
         assert time.monotonic() < deadline and p.poll() is None
         time.sleep(0.2)
     time.sleep(3)  # the probes are running inside `sandgate run` now
     p.send_signal(signal.SIGINT)
     _, err = p.communicate(timeout=60)
     assert p.returncode == 130 and "Traceback" not in err, err
-    assert "sandgate-v" not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert f"sandgate-v{p.pid}" not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert f"sandgate-vc{p.pid}" not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     after = set(os.listdir("/var/tmp")) | set(os.listdir("/tmp"))
-    assert not [x for x in after - before if x.startswith("sandgate")]
+    # verify's scratch trees and anything named by its pid (a test world's own dirs are not its)
+    assert not [x for x in after - before if x.startswith("sandgate-verify-") or str(p.pid) in x]
     runners = "launcher.selftest.probes|launcher.selftest.canary"
     assert subprocess.run(["pgrep", "-f", runners], capture_output=True).returncode == 1
 
