@@ -28,7 +28,6 @@ import os
 import pwd
 import socket
 import sys
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from fsguard import mounts, userns
@@ -45,41 +44,45 @@ if TYPE_CHECKING:  # imported when used: most runs never ask a human, nor inspec
 
 PORTS = nft.Ports()
 
+# The records below are plain classes, not dataclasses: creating a dataclass costs a few hundred
+# microseconds at import, and every `sandgate run` pays this module's import before CMD starts.
 
-@dataclass(frozen=True)
+
 class Terminating:
     """A run whose policy inspects TLS or brokers credentials: its CA (the key goes to the daemon
     only) and its credentials (real values for the daemon, sentinels for the sandbox)."""
 
-    ca: CaPair
-    brokered: brokered.Brokered
+    def __init__(self, ca: CaPair, brokered: brokered.Brokered) -> None:
+        self.ca, self.brokered = ca, brokered
 
 
-@dataclass(frozen=True)
 class LinuxRun:
     """What the Linux backend needs besides the request; the backend owns `daemon` and `audit` from
     here on (teardown closes them)."""
 
-    opts: options.RunOptions
-    paths: runstate.RunPaths
-    daemon: daemonctl.Daemon
-    audit: AuditLog
-    tls: Terminating | None
+    def __init__(
+        self,
+        opts: options.RunOptions,
+        paths: runstate.RunPaths,
+        daemon: daemonctl.Daemon,
+        audit: AuditLog,
+        tls: Terminating | None,
+    ) -> None:
+        self.opts, self.paths, self.daemon, self.audit, self.tls = opts, paths, daemon, audit, tls
 
 
-@dataclass
 class LinuxSandbox:
     """One run's made pieces; teardown undoes those that are set and clears them (idempotent)."""
 
-    request: SandboxRequest
-    run: LinuxRun
-    dirs: runstate.RunPaths | None = None  # the run directory and state file, once made
-    broker: approvals.Broker | None = None
-    placeholders: list[str] = field(default_factory=list)
-    holder: int | None = None
-    chan: socket.socket | None = None  # set once the holder is forked: then the binding is ended too
-    handover: daemonctl.Handover | None = None
-    open: bool = True  # the daemon connection and the audit log, until teardown closes them
+    def __init__(self, request: SandboxRequest, run: LinuxRun) -> None:
+        self.request, self.run = request, run
+        self.dirs: runstate.RunPaths | None = None  # the run directory and state file, once made
+        self.broker: approvals.Broker | None = None
+        self.placeholders: list[str] = []
+        self.holder: int | None = None
+        self.chan: socket.socket | None = None  # set once the holder is forked: then the binding is ended too
+        self.handover: daemonctl.Handover | None = None
+        self.open = True  # the daemon connection and the audit log, until teardown closes them
 
 
 class LinuxBackend:
