@@ -82,11 +82,16 @@ class LinuxSandbox:
         self.holder: int | None = None
         self.chan: socket.socket | None = None  # set once the holder is forked: then the binding is ended too
         self.handover: daemonctl.Handover | None = None
-        self.open = True  # the daemon connection and the audit log, until teardown closes them
+        self.open = True  # the daemon connection, until teardown closes it
 
 
 class LinuxBackend:
-    """Namespaces, Landlock, seccomp and the per-user daemon: the sequence launch.main ran inline."""
+    """Namespaces, Landlock, seccomp and the per-user daemon: the sequence launch.main ran inline.
+
+    launch.main builds the request and `run.opts` from one RunOptions, so the steps read the command,
+    policy and task from `opts` as before; the environment and working directory are the
+    launcher's own, read by confinement.plan (it filters the environment and records what it drops).
+    """
 
     name: PlatformName = "linux"
 
