@@ -1,4 +1,4 @@
-"""`sandgate run` and what surrounds it, one module per step (launch.py reads top to bottom).
+"""`sandgate run` and what surrounds it, one module per step (launch.py, then linuxbackend.py, read top to bottom).
 
 options.py      the command line as a typed record     policyargs.py  --policy/--allow -> Policy
 workspace.py    what may become writable               confinement.py filesystem, Landlock, env plan
