@@ -2,5 +2,5 @@
 
 The policy, proxy, audit and verify code never import from here; only the launcher's run room
 picks a backend (seam.py). `windows/` holds the Windows backend's pure plans, its redirect loop and
-its one thin Win32 module; the Linux backend is the existing launcher/run sequence.
+its one thin Win32 module; the Linux backend is launcher/run/linuxbackend.py (the run room's steps).
 """

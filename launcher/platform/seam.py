@@ -2,8 +2,14 @@
 
 Why an interface and not an `if windows:` in the launch sequence: the policy, proxy and audit code
 must never learn which OS they run on (architecture.md), so everything OS-specific hides behind
-these four steps, and `run_in` is the one order they are taken in on every platform: teardown
-runs whatever happened, so a failed start never leaves filters, ACLs or placeholders behind.
+these four steps, and `run_in` is the one order they are taken in on every platform. Both
+platforms go through it: Linux with `launcher.run.linuxbackend.LinuxBackend` (namespaces,
+Landlock, seccomp, the per-user daemon), called by `launcher.run.launch.main`; Windows with
+`launcher.platform.windows.backend.WindowsBackend` (sandbox user, WFP, ACLs, job), called by
+`launcher.platform.windows.runner.run`. The contract: teardown runs whatever happened after make,
+and a make that fails tears down what it had made before it raises, so a failed start never
+leaves filters, ACLs, placeholders or run state behind. What only one OS needs goes into that
+backend's constructor, never into the request.
 """
 
 from __future__ import annotations
@@ -20,7 +26,12 @@ PlatformName = Literal["linux", "windows"]
 
 @dataclass(frozen=True)
 class SandboxRequest:
-    """What every backend gets: the command, where it runs, its (already filtered) environment, the policy."""
+    """What every backend gets: the command, where it runs, its environment, the policy, the run's task id.
+
+    `env` is filtered by `policy.env` exactly once, where the names it drops are recorded: the
+    Windows runner filters it before the request; on Linux it is the launcher's own environment,
+    filtered by confinement.plan inside make (under the run lock, into the run's policy record).
+    """
 
     cmd: tuple[str, ...]
     cwd: str

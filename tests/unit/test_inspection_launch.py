@@ -260,7 +260,7 @@ print(json.dumps([tls is not None, "cryptography" in sys.modules or "launcher.ru
 def test_the_spec_carries_the_ca_the_upstream_roots_and_the_secrets(tmp_path: Path) -> None:
     """What launch hands the daemon survives the control protocol's encode/decode (which refuses an
     inspecting spec without a CA: fail closed)."""
-    from launcher.run import brokered, launch, options, runstate
+    from launcher.run import brokered, linuxbackend, options, runstate
     from netguard.proxy import spec
 
     p = tmp_path / "policy.yaml"
@@ -269,10 +269,10 @@ def test_the_spec_carries_the_ca_the_upstream_roots_and_the_secrets(tmp_path: Pa
     roots = inspection.new_ca("upstream", ("a.test",)).cert
     opts = options.RunOptions(cmd=["true"], audit_path=Path("/dev/null"), user=None, policy=pol, upstream_ca=roots)
     creds = brokered.resolve(pol.network.credentials, {"EXAMPLE_KEY": "sk-real-0123456789abcdefghij"})
-    tls = launch.Terminating(inspection.new_ca(opts.task, inspection.inspected_names(pol.network)), creds)
-    got = spec.decode(spec.encode(launch._spec(opts, runstate.RunPaths(tmp_path, "x"), None, tls)))
+    tls = linuxbackend.Terminating(inspection.new_ca(opts.task, inspection.inspected_names(pol.network)), creds)
+    got = spec.decode(spec.encode(linuxbackend._spec(opts, runstate.RunPaths(tmp_path, "x"), None, tls)))
     assert got.ca == tls.ca and got.upstream_ca == roots and got.secrets == creds.secrets
-    plain = launch._spec(opts, runstate.RunPaths(tmp_path, "x"), None, None)
+    plain = linuxbackend._spec(opts, runstate.RunPaths(tmp_path, "x"), None, None)
     assert plain.ca is None and plain.secrets == ()
     with pytest.raises(spec.SpecError, match="ca is needed"):
         spec.decode(spec.encode(plain))

@@ -1,0 +1,298 @@
+"""The Linux backend behind the platform seam: `sandgate run`'s sandbox, made, started, awaited, torn down.
+
+  make:     1. the run directory
+            2. the approval broker, if a human may be asked (before the mounts are planned: its
+               socket must be hidden)
+            3. under the run lock: a killed run's placeholders and state removed (first: they must
+               not be taken for the workspace's), the confinement planned (files, Landlock, env),
+               this run's state written, its placeholders created
+            4. the holder forked into its own user+net+mount+pid+ipc+uts namespaces; the
+               handshake (uid/gid maps written, the listeners born inside taken)
+            5. the listeners and the audit fd handed to the daemon (now, or once it is up); the
+               broker's threads (only after the fork)
+  start:    6. the go: the holder starts init, and init CMD
+  wait:     7. supervise: signals forwarded, a late daemon bound, a dead one reported, drops recorded
+  teardown: the channel closed and the binding ended (only if the holder was started), the broker
+            stopped, the daemon connection closed, placeholders and run state removed, the audit
+            log closed. Each undo clears what it undid, so a second teardown does nothing; a
+            failure inside make tears down exactly what make had made before it is raised.
+
+The request is OS-neutral; what only Linux needs (the run's options, its runtime paths, the
+daemon connection started early so a cold daemon boots while the sandbox is built, the audit log,
+the run's CA) comes in `LinuxRun`, made by launch.main before anything is touched.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import socket
+import sys
+from typing import TYPE_CHECKING
+
+from fsguard import mounts, userns
+from launcher.errors import RunError
+from launcher.platform.seam import PlatformName, SandboxRequest
+from launcher.run import confinement, daemonctl, options, runstate, sandbox, supervise
+from netguard import nft
+from netguard.audit import AuditLog
+from netguard.proxy.spec import BindingSpec, CaPair
+
+if TYPE_CHECKING:  # imported when used: most runs never ask a human, nor inspect (a fast start matters)
+    from launcher.approvals import broker as approvals
+    from launcher.run import brokered, inspection
+
+PORTS = nft.Ports()
+
+# The records below are plain classes, not dataclasses: creating a dataclass costs a few hundred
+# microseconds at import, and every `sandgate run` pays this module's import before CMD starts.
+
+
+class Terminating:
+    """A run whose policy inspects TLS or brokers credentials: its CA (the key goes to the daemon
+    only) and its credentials (real values for the daemon, sentinels for the sandbox)."""
+
+    def __init__(self, ca: CaPair, brokered: brokered.Brokered) -> None:
+        self.ca, self.brokered = ca, brokered
+
+
+class LinuxRun:
+    """What the Linux backend needs besides the request; the backend owns `daemon` and `audit` from
+    here on (teardown closes them)."""
+
+    def __init__(
+        self,
+        opts: options.RunOptions,
+        paths: runstate.RunPaths,
+        daemon: daemonctl.Daemon,
+        audit: AuditLog,
+        tls: Terminating | None,
+    ) -> None:
+        self.opts, self.paths, self.daemon, self.audit, self.tls = opts, paths, daemon, audit, tls
+
+
+class LinuxSandbox:
+    """One run's made pieces; teardown undoes those that are set and clears them (idempotent)."""
+
+    def __init__(self, request: SandboxRequest, run: LinuxRun) -> None:
+        self.request, self.run = request, run
+        self.dirs: runstate.RunPaths | None = None  # the run directory and state file, once made
+        self.broker: approvals.Broker | None = None
+        self.placeholders: list[str] = []
+        self.holder: int | None = None
+        self.chan: socket.socket | None = None  # set once the holder is forked: then the binding is ended too
+        self.handover: daemonctl.Handover | None = None
+        self.open = True  # the daemon connection, until teardown closes it
+
+
+class LinuxBackend:
+    """Namespaces, Landlock, seccomp and the per-user daemon: the sequence launch.main ran inline.
+
+    launch.main builds the request and `run.opts` from one RunOptions, so the steps read the command,
+    policy and task from `opts` as before; the environment and working directory are the
+    launcher's own, read by confinement.plan (it filters the environment and records what it drops).
+    """
+
+    name: PlatformName = "linux"
+
+    def __init__(self, run: LinuxRun) -> None:
+        self.run = run
+
+    def make(self, request: SandboxRequest) -> LinuxSandbox:
+        box = LinuxSandbox(request, self.run)
+        try:
+            conf = _prepare(box)  # 1-3
+            _enter(box, conf)  # 4-5
+        except BaseException:  # Ctrl-C included: nothing of a failed make is left behind
+            self.teardown(box)
+            raise
+        return box
+
+    def start(self, sandbox: object) -> None:
+        box = _box(sandbox)
+        if box.chan is None or box.handover is None:
+            raise RunError("internal: start before make finished")  # a seam misuse: never start unconfined
+        box.chan.send(b"G")  # 6: init + CMD
+
+    def wait(self, sandbox: object) -> int:
+        box = _box(sandbox)
+        if box.holder is None or box.chan is None or box.handover is None:
+            raise RunError("internal: wait before make finished")
+        return supervise.supervise(box.holder, box.chan, box.handover, box.run.audit, box.run.opts.task)  # 7
+
+    def teardown(self, sandbox: object) -> None:
+        box = _box(sandbox)
+        run = box.run
+        if box.chan is not None:
+            chan, box.chan = box.chan, None
+            chan.close()
+            run.daemon.end()  # the daemon's records are complete before the summary reads them
+        if box.broker is not None:
+            broker, box.broker = box.broker, None
+            broker.stop()
+        if box.open:
+            box.open = False
+            run.daemon.close()
+        placeholders, box.placeholders = box.placeholders, []
+        mounts.remove_placeholders(placeholders)
+        if box.dirs is not None:
+            dirs, box.dirs = box.dirs, None
+            runstate.remove(dirs)
+        run.audit.close()  # idempotent itself
+
+
+def _box(sandbox: object) -> LinuxSandbox:
+    if not isinstance(sandbox, LinuxSandbox):
+        raise TypeError("not a Linux sandbox")
+    return sandbox
+
+
+def _prepare(box: LinuxSandbox) -> confinement.Confinement:
+    """Steps 1-3: the run's host-side state, placeholders created under the lock."""
+    run = box.run
+    opts, paths, rt = run.opts, run.paths, run.paths.root
+    box.dirs = paths
+    runstate.make_dirs(paths)
+    box.broker = _broker(opts, paths, run.audit)  # before planning the mounts: its socket must be hidden
+    with runstate.lock(rt):
+        runstate.cleanup_stale(rt)  # first: a killed run's placeholders must not be taken for the workspace's
+        conf = confinement.plan(opts, run.audit, rt, run.tls.brokered if run.tls else None)  # files, Landlock, env
+        runstate.write_state(paths, [p for p, _ in conf.mounts.placeholders])
+        box.placeholders = mounts.create_placeholders(conf.mounts)
+    return conf
+
+
+def _enter(box: LinuxSandbox, conf: confinement.Confinement) -> None:
+    """Steps 4-5: the holder and its namespaces, the listeners on their way to the daemon."""
+    run = box.run
+    opts, paths = run.opts, run.paths
+    ins = _inside(opts, conf, paths, run.tls)
+    if box.broker is not None:
+        _tell_terminal(box.broker.banner())
+    holder, box.chan = sandbox.start_holder(os.getpid(), ins)  # namespaces
+    box.holder = holder
+    fds = sandbox.handshake(holder, box.chan, ins.ident)  # id maps; the listeners born inside
+    audit_fd = os.open(opts.audit_path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+    box.handover = daemonctl.Handover(run.daemon, _spec(opts, paths, box.broker, run.tls), [audit_fd, *fds])
+    box.handover.try_bind()  # the daemon binding: now, or as soon as it is up
+    if box.broker is not None:
+        box.broker.who = lambda ip, port: _asker(holder, ip, port)
+        box.broker.start()  # threads only after the fork
+
+
+def _broker(opts: options.RunOptions, paths: runstate.RunPaths, audit: AuditLog) -> approvals.Broker | None:
+    """The approval broker when a human may be asked (--ask, or `ask:` in the policy), else None."""
+    if not (opts.ask or opts.policy.network.ask):
+        return None
+    from launcher.approvals import broker as approvals
+
+    return approvals.Broker(
+        paths.dir / "approvals.sock",
+        audit,
+        opts.task,
+        opts.ask_timeout,
+        channel=opts.approvals,
+        policy_file=opts.policy_file,
+    )
+
+
+def _spec(
+    opts: options.RunOptions, paths: runstate.RunPaths, broker: approvals.Broker | None, tls: Terminating | None
+) -> BindingSpec:
+    """What the daemon enforces for this sandbox: typed and compiled, never YAML or command-line strings."""
+    return BindingSpec(
+        task=opts.task,
+        policy=opts.policy.network,
+        learn=opts.learn,
+        ask_all=opts.ask,
+        approval_socket=str(paths.dir / "approvals.sock") if broker else None,
+        ask_timeout=opts.ask_timeout,
+        ca=tls.ca if tls else None,
+        upstream_ca=opts.upstream_ca,
+        secrets=tls.brokered.secrets if tls else (),
+    )
+
+
+def _inside(
+    opts: options.RunOptions, conf: confinement.Confinement, paths: runstate.RunPaths, tls: Terminating | None
+) -> sandbox.Inside:
+    """Everything the holder, init and CMD need, and the files bound into the sandbox."""
+    target = (opts.user.uid, opts.user.gid, tuple(opts.user.groups)) if opts.user else None
+    try:
+        ident = userns.plan(os.getuid(), os.getgid(), target, opts.root_inside, helpers=_root_helpers())
+    except userns.UsernsError as e:
+        raise RunError(str(e)) from None
+    weak = options.weakened()
+    own_netns = "firewall" not in weak
+    (paths.dir / "resolv.conf").write_text(
+        "# written by sandgate: the sandbox's only resolver is its DNS listener\nnameserver 127.0.0.1\noptions edns0\n"
+    )
+    (paths.dir / "resolv.conf").chmod(0o644)
+    (paths.dir / "empty").touch(0o444)
+    (paths.dir / "hosttmp").mkdir(0o700, exist_ok=True)
+    trust = _trust(opts, paths, tls) if tls else None
+    return sandbox.Inside(
+        tuple(opts.cmd),
+        {**conf.env, **trust.env} if trust else conf.env,
+        ident,
+        conf.mounts,
+        conf.landlock,
+        paths.dir,
+        PORTS,
+        own_netns=own_netns,
+        keep_net_admin="netadmin" in weak,
+        make_dirs=_hidden_home(conf),
+        files=trust.binds if trust else (),
+    )
+
+
+def _trust(opts: options.RunOptions, paths: runstate.RunPaths, tls: Terminating) -> inspection.Trust:
+    """The combined bundle in the run directory (the CA's certificate only, never its key)."""
+    from launcher.run import inspection
+
+    trust = inspection.install(paths.dir, tls.ca.cert, os.environ)
+    if opts.verbose:
+        names = ", ".join(inspection.inspected_names(opts.policy.network))
+        print(
+            f"sandgate: inspecting TLS to {names}; the run's CA is trusted inside via {trust.env['SSL_CERT_FILE']}",
+            file=sys.stderr,
+        )
+    return trust
+
+
+def _root_helpers() -> tuple[tuple[int, int], ...]:
+    """Accounts that root tools drop privileges to (apt downloads as `_apt`, group nogroup)."""
+    out = []
+    for name in ("_apt",):
+        try:
+            pw = pwd.getpwnam(name)
+        except KeyError:
+            continue
+        out.append((pw.pw_uid, pw.pw_gid))
+    return tuple(out)
+
+
+def _hidden_home(conf: confinement.Confinement) -> tuple[str, ...]:
+    """A home under the host's /tmp vanishes in the private /tmp: give the task an empty one in its place."""
+    m = conf.mounts
+    return (conf.home,) if mounts.left_out_by_private_tmp(conf.home, m.private_tmp, m.tmp_rebinds) else ()
+
+
+def _tell_terminal(text: str) -> None:
+    """Straight to the terminal when there is one: the sandbox may be able to read a redirected stderr."""
+    try:
+        fd = os.open("/dev/tty", os.O_WRONLY | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError:
+        print(text, file=sys.stderr)
+        return
+    try:
+        os.write(fd, (text + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+def _asker(netns_pid: int, ip: str, port: int) -> str | None:
+    from launcher.approvals import whoasked
+
+    found = whoasked.find_asker(netns_pid, ip, port)
+    return f"{found.name}[{found.pid}]" if found else None
