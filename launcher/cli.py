@@ -354,6 +354,10 @@ def _policy_args(p: argparse.ArgumentParser) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        os.getcwd()
+    except FileNotFoundError:  # deleted under the shell: every command resolves paths against it
+        errors.fail("the current directory no longer exists; cd to an existing directory and run again")
+    try:
         code = int(args.func(args))
         if args.command == "run" and argv is None:
             # Skip the interpreter's teardown of every imported module (~10 ms on each run): nothing

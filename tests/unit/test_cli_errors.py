@@ -76,3 +76,25 @@ def test_proxy_readiness_is_one_json_line_on_the_ready_fd(tmp_path: Path) -> Non
         _, err = proc.communicate(timeout=30)
     assert b"sandgate: proxy ready on regular@127.0.0.1:" in err  # the human line stays
     assert f"sandgate: 0 allowed, 0 denied -> {audit}".encode() in err  # the exit line `sandgate run` prints
+
+
+def test_a_deleted_current_directory_is_one_line_not_a_traceback(tmp_path: Path) -> None:
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    for args in (("run", "--", "true"), ("audit", "summary"), ("verify", "--only", "process")):
+        p = subprocess.Popen(
+            [*SANDGATE, *args],
+            cwd=gone,
+            env=_env(tmp_path),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            preexec_fn=gone.rmdir,  # removed after the child entered it: its cwd no longer exists
+        )
+        _, err = p.communicate(timeout=60)
+        assert p.returncode == 125 and "Traceback" not in err, (args, err)
+        assert (
+            err
+            == "sandgate: error: the current directory no longer exists; cd to an existing directory and run again\n"
+        )
+        gone.mkdir()
