@@ -21,6 +21,8 @@ never relayed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import socket
 import sys
 import time
@@ -68,11 +70,17 @@ class _Flow:
     def start(self, a: socket.socket, up: socket.socket, idle: float) -> None:
         """Both sockets go to the kernel relay (a worker's, else this process's)."""
         fa, fb = a.detach(), up.detach()
-        relay: handoff.Relayed | None = relaypool.pool().place(fa, fb, idle, self.ended)
-        if relay is None:
-            pair = splice.Pair(fa, fb, self.ended, idle)
-            relay = pair
-            pair.start()
+        try:
+            relay: handoff.Relayed | None = relaypool.pool().place(fa, fb, idle, self.ended)
+            if relay is None:
+                pair = splice.Pair(fa, fb, self.ended, idle)
+                relay = pair
+                pair.start()
+        except BaseException:
+            for fd in (fa, fb):
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            raise
         self.relay = relay
         handoff.track(self.slot, self)
 
@@ -176,20 +184,26 @@ class FrontDoor:
             self._log(f"closed a connection after an error: {type(e).__name__}: {e}")
             flow = None
         finally:
-            if not isinstance(flow, _Flow):
-                self._give()  # a relayed flow gives it back when its relay ends
             if flow is None:
                 conn.close()
+                self._give()  # a relayed flow gives it back when its relay ends, a handed one when mitmproxy is done
         task = asyncio.current_task()
-        if task is not None:
-            self.deciding.discard(task)  # from now on a drop cuts it through handoff or the fallback's owner
         if isinstance(flow, _Flow):
+            self.deciding.discard(task)  # from now on a drop cuts it through handoff
             self.relayed.add(flow.over)
             flow.over.add_done_callback(self.relayed.discard)
-            return
-        if flow == _HANDOVER:
-            reader, writer = await asyncio.open_connection(sock=conn)
-            await self._fallback(reader, writer)
+        elif flow == _HANDOVER:
+            try:
+                reader, writer = await asyncio.open_connection(sock=conn)
+            except BaseException:
+                conn.close()
+                self._give()
+                raise
+            self.deciding.discard(task)  # from now on the fallback's owner cuts it
+            try:
+                await self._fallback(reader, writer)
+            finally:
+                self._give()
 
     # ---- the two listeners ----------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from mitmproxy.proxy.mode_servers import ServerInstance
 
-from netguard.proxy import dns, handoff
+from netguard.proxy import dns, handoff, relaypool
 from netguard.proxy.binding import Binding
 from netguard.proxy.frontdoor import FrontDoor, Mode
 from netguard.proxy.master import make_master
@@ -150,6 +150,7 @@ async def serve(
         for door in doors:
             door.close()
         handoff.cut_slots(list(bindings), "proxy exit")  # spliced flows hold no transport mitmproxy could close
+        relaypool.pool().stop()  # the workers this proxy started (a caller's loop may outlive it: tests)
         for service in services:
             service.close()
         master.should_exit.set()
