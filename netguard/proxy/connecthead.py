@@ -35,14 +35,15 @@ Incomplete = Literal["incomplete"]
 
 
 def parse(buf: bytes) -> Head | Incomplete | None:
-    """`buf` is everything the client has sent so far. A Head only when it holds exactly one complete plain
-    CONNECT head and nothing after it; "incomplete" while it could still become one; else None."""
+    """`buf` is everything the client has sent so far. A Head when it starts with one complete plain CONNECT
+    head (the bytes after it are the tunnel's, as mitmproxy relays them); "incomplete" while it could still
+    become one; else None."""
     end = buf.find(b"\r\n\r\n")
     if end < 0:
         return "incomplete" if len(buf) < MAX_HEAD and _could_be(buf) else None
     size = end + 4
-    if size > MAX_HEAD or len(buf) != size:
-        return None  # bytes after the head (a client that did not wait for the 200): mitmproxy's case
+    if size > MAX_HEAD:
+        return None
     lines = buf[:end].split(b"\r\n")
     m = _LINE.fullmatch(lines[0])
     if m is None or len(lines) - 1 > MAX_FIELDS:

@@ -32,7 +32,7 @@ def mitmproxy_reads(buf: bytes) -> http.Request:
     rb = ReceiveBuffer()
     rb += buf
     lines = rb.maybe_extract_lines()
-    assert lines is not None and not bytes(rb)
+    assert lines is not None
     req: http.Request = read_request_head([bytes(x) for x in lines])
     return req
 
@@ -54,13 +54,13 @@ def test_a_plain_head_is_read_as_mitmproxy_reads_it(
 
 
 @given(st.one_of(hostnames, ipv4), ports, fields, st.data())
-def test_every_prefix_is_incomplete_and_anything_after_the_head_is_mitmproxys(
+def test_every_prefix_is_incomplete_and_what_follows_the_head_is_the_tunnels(
     host: str, port: int, hs: list[tuple[str, str]], data: st.DataObject
 ) -> None:
     buf = head(host, port, headers=hs)
     cut = data.draw(st.integers(0, len(buf) - 1))
     assert parse(buf[:cut]) == "incomplete"
-    assert parse(buf + data.draw(st.binary(min_size=1, max_size=20))) is None
+    assert parse(buf + data.draw(st.binary(min_size=1, max_size=20))) == parse(buf)  # sent before the 200
 
 
 @given(st.binary(max_size=300))
@@ -68,7 +68,8 @@ def test_arbitrary_bytes_never_raise_and_a_head_is_only_ever_a_whole_plain_conne
     got = parse(buf)
     assert got is None or got == "incomplete" or isinstance(got, Head)
     if isinstance(got, Head):
-        assert buf.startswith(b"CONNECT ") and buf.endswith(b"\r\n\r\n") and got.size == len(buf)
+        assert buf.startswith(b"CONNECT ") and buf[: got.size].endswith(b"\r\n\r\n")
+        assert buf.find(b"\r\n\r\n") + 4 == got.size
 
 
 @given(st.binary(max_size=300))
@@ -76,7 +77,7 @@ def test_arbitrary_bytes_after_a_connect_line(rest: bytes) -> None:
     buf = b"CONNECT a.test:443 HTTP/1.1\r\n" + rest
     got = parse(buf)
     if isinstance(got, Head):
-        req = mitmproxy_reads(buf)
+        req = mitmproxy_reads(buf[: got.size])
         assert (req.method, req.host, req.port) == ("CONNECT", "a.test", 443)
 
 
@@ -111,7 +112,6 @@ def test_arbitrary_bytes_after_a_connect_line(rest: bytes) -> None:
         b"CONNECT " + b"a" * 64 + b".test:443 HTTP/1.1\r\n\r\n",  # a label past 63
         b"CONNECT a.test:443 HTTP/1.1\r\n" + b"X: a\r\n" * (MAX_FIELDS + 1) + b"\r\n",
         b"CONNECT a.test:443 HTTP/1.1\r\nX: " + b"a" * MAX_HEAD + b"\r\n\r\n",
-        b"CONNECT a.test:443 HTTP/1.1\r\n\r\nx",  # bytes after the head
         b"\r\nCONNECT a.test:443 HTTP/1.1\r\n\r\n",
     ],
 )
