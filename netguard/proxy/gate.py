@@ -17,7 +17,9 @@ unless the destination's allow entry asks for inspection: then netguard.proxy.tl
 terminates it with a leaf from the run's own CA and every request is judged here
 (netguard.proxy.inspected: request rules, brokered credentials, leaks). No mitmproxy addon but
 ours and the listener runs, so no flow is stored, mitmproxy's own CA is never made and bodies
-are streamed.
+are streamed. The plainest flows (a CONNECT or transparent TLS the policy allows by itself, not
+inspected) never reach this addon: netguard.proxy.frontdoor decides them with the same code
+(netguard.proxy.decide) and splices them before mitmproxy's per-connection setup.
 """
 
 from __future__ import annotations
