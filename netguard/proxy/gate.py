@@ -17,52 +17,28 @@ unless the destination's allow entry asks for inspection: then netguard.proxy.tl
 terminates it with a leaf from the run's own CA and every request is judged here
 (netguard.proxy.inspected: request rules, brokered credentials, leaks). No mitmproxy addon but
 ours and the listener runs, so no flow is stored, mitmproxy's own CA is never made and bodies
-are streamed.
+are streamed. The plainest flows (a CONNECT or transparent TLS the policy allows by itself, not
+inspected) never reach this addon: netguard.proxy.frontdoor decides them with the same code
+(netguard.proxy.decide) and splices them before mitmproxy's per-connection setup.
 """
 
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-import dns.exception
 from mitmproxy import connection, http
 from mitmproxy.proxy import layer, server_hooks
 from mitmproxy.proxy.context import Context
 from mitmproxy.proxy.mode_specs import RegularMode
 
-from netguard import hosts, localaddrs, rules, verdict
-from netguard.audit import Kind, close_record, decision_record
-from netguard.proxy import bodyrelay, flowview, inspected, layers
+from netguard import hosts, rules
+from netguard.audit import close_record
+from netguard.proxy import bodyrelay, decide, flowview, inspected, layers
 from netguard.proxy.binding import Binding
-
-
-@dataclass
-class Decided:
-    """One decision about one destination of a connection: its audit id and the verdict."""
-
-    id: str
-    host: str
-    port: int
-    verdict: verdict.Verdict
-
-    @property
-    def allowed(self) -> bool:
-        return self.verdict.allowed and self.verdict.ip is not None
-
-
-@dataclass
-class _Conn:
-    """What the proxy knows about one client connection."""
-
-    binding: Binding
-    peer: tuple[str, int] | None = None
-    kind: Kind = "tcp"
-    pins: dict[tuple[str, int], Decided] = field(default_factory=dict)
-    last: Decided | None = None
+from netguard.proxy.decide import Conn, Decided
 
 
 @dataclass
@@ -87,14 +63,14 @@ class Gate:
 
     def __init__(self, bindings: dict[int, Binding]) -> None:
         self.bindings = bindings
-        self._conns: dict[str, _Conn] = {}
-        self.local = localaddrs.LocalAddrs()  # this host's own addresses: read now, refreshed when stale
+        self._conns: dict[str, Conn] = {}
+        self.decider = decide.Decider()  # the one decision code, shared with the front door (netguard.proxy.frontdoor)
         self._named: dict[str, tuple[str, int]] = {}  # server id -> the name it was judged for (keep-alive)
         self.handlers: Mapping[Any, Any] = {}  # mitmproxy's handlers by client id (make_master): the kernel relay
 
     # ---- bookkeeping ------------------------------------------------------------------
 
-    def _conn(self, client: connection.Client) -> _Conn | None:
+    def _conn(self, client: connection.Client) -> Conn | None:
         st = self._conns.get(client.id)
         if st is None:
             port = client.proxy_mode.listen_port()
@@ -102,7 +78,7 @@ class Gate:
             if binding is None:
                 return None  # a listener without a policy: refuse (fail closed)
             peer = (str(client.peername[0]), int(client.peername[1])) if client.peername else None
-            st = self._conns[client.id] = _Conn(binding, peer)
+            st = self._conns[client.id] = Conn(binding, peer)
         return st
 
     def client_connected(self, client: connection.Client) -> None:
@@ -111,67 +87,6 @@ class Gate:
 
     def client_disconnected(self, client: connection.Client) -> None:
         self._conns.pop(client.id, None)
-
-    # ---- the decision -----------------------------------------------------------------
-
-    async def _authorize(
-        self, st: _Conn, kind: Kind, host: str, port: int, *, method: str | None = None, url: str | None = None
-    ) -> Decided:
-        """Run the verdict pipeline, write exactly one audit record; pin if allowed."""
-        key = flowview.norm_key(host, port)
-        b = st.binding
-
-        async def ask(d: rules.Decision) -> rules.Decision:
-            assert b.approver is not None
-            return verdict.answered(d, await b.approver.ask(key[0], port, kind, st.peer, d.reason))
-
-        async def resolve(v: verdict.Verdict) -> verdict.Verdict:
-            pinned = st.pins.get(key)
-            if pinned is not None:
-                return verdict.Verdict(v.decision, v.by, v.would, pinned.verdict.ip)
-            return await self._resolve(b, host, port, v)
-
-        v = await verdict.run(
-            b.rules,
-            host,
-            port,
-            learn=b.learn,
-            ask_all=b.ask_all,
-            ask=ask if b.approver is not None else None,
-            resolve=resolve,
-        )
-        out = Decided(uuid.uuid4().hex[:12], key[0], port, v)
-        b.audit.write(
-            decision_record(
-                b.task,
-                out.id,
-                kind,
-                "allow" if out.allowed else "deny",
-                out.host,
-                port,
-                ip=v.ip if out.allowed else None,
-                method=method,
-                url=url,
-                rule=v.decision.rule,
-                reason=v.decision.reason,
-                would=v.would if out.allowed else None,
-            )
-        )
-        if out.allowed:
-            st.pins[key] = out
-            st.last = out
-        return out
-
-    async def _resolve(self, b: Binding, host: str, port: int, v: verdict.Verdict) -> verdict.Verdict:
-        """The address to pin an allowed destination to: resolved and vetoed, or the allowed address itself."""
-        dest = rules.normalise(host)
-        if not isinstance(dest, str):
-            return verdict.Verdict(v.decision, v.by, v.would, str(dest))  # allowed by a cidr rule: nothing to resolve
-        try:
-            addrs = await localaddrs.resolve(b.resolver(), dest, port)
-        except (OSError, dns.exception.DNSException) as e:
-            return verdict.unresolved(v, dest, str(e) or type(e).__name__)
-        return verdict.veto(b.rules, v, dest, addrs, port, self.local.table())
 
     # ---- layers: what each listener speaks ----------------------------------------------
 
@@ -192,7 +107,7 @@ class Gate:
         st = self._conn(flow.client_conn)
         assert st is not None
         st.kind = "connect"
-        d = await self._authorize(st, "connect", flow.request.host, flow.request.port)
+        d = await self.decider.authorize(st, "connect", flow.request.host, flow.request.port)
         if not d.allowed:
             flow.response = flowview.refusal(d.host, d.port, d.verdict.decision)
 
@@ -215,11 +130,11 @@ class Gate:
         https = req.scheme == "https"
         insp = b.inspection(host, port)
         if https:
-            d = st.pins.get((host, port)) or await self._authorize(st, st.kind, req.host, req.port)
+            d = st.pins.get((host, port)) or await self.decider.authorize(st, st.kind, req.host, req.port)
         else:
             url = req.pretty_url if insp is None or insp.log_query else req.pretty_url.split("?", 1)[0]
             url = inspected.redact(url, b.secrets)  # a leak attempt's URL: never the value in the log
-            d = await self._authorize(st, "http", req.host, req.port, method=req.method, url=url)
+            d = await self.decider.authorize(st, "http", req.host, req.port, method=req.method, url=url)
         sent = req.data.method.decode(flowview.ENC, flowview.ESC)  # req.method is upper-cased; `post` goes as sent
         readable = bool(b.secrets) or insp is not None or https  # plain, uninspected, no credential: the hot path
         fields = flowview.fields(req.headers) if readable else []
@@ -278,7 +193,7 @@ class Gate:
                                       req.data.method.decode(flowview.ENC, flowview.ESC), path, j)  # fmt: skip
         self._refuse(flow, st, ex)
 
-    def _refuse(self, flow: http.HTTPFlow, st: _Conn, ex: _Exchange) -> None:
+    def _refuse(self, flow: http.HTTPFlow, st: Conn, ex: _Exchange) -> None:
         """A 403 for one request; the connection stays open (kept-alive HTTP/1.1, HTTP/2: others go on)."""
         r = ex.request
         assert r is not None
@@ -338,7 +253,7 @@ class Gate:
             close_record(st.binding.task, d.id, "http", d.host, d.port, d.verdict.ip, ex.up.n, ex.down.n, ms)
         )
 
-    def _write_request(self, st: _Conn, ex: _Exchange, status: int | None, up: int, down: int, ms: int) -> None:
+    def _write_request(self, st: Conn, ex: _Exchange, status: int | None, up: int, down: int, ms: int) -> None:
         assert ex.request is not None
         st.binding.audit.write(ex.request.record(st.binding.task, ex.decided.id, status, up, down, ms))
 
@@ -353,7 +268,7 @@ class Gate:
         d = st.pins.get(flowview.norm_key(host, port))
         if d is None:
             # Nothing decided this destination yet (transparent TLS/raw TCP): decide now.
-            d = await self._authorize(st, st.kind, host, port)
+            d = await self.decider.authorize(st, st.kind, host, port)
             if not d.allowed:
                 data.server.error = f"sandgate: {d.verdict.decision.reason}"
                 return

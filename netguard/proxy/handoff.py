@@ -41,7 +41,13 @@ class Relayed(Protocol):
     def cut(self, why: str | None = None) -> None: ...
 
 
-_LIVE: dict[int, set[Handoff]] = {}  # by slot (the listen port of the client's proxy mode): what a drop cuts
+class Cuttable(Protocol):
+    """A relayed flow a drop must end: a Handoff, or a flow the front door relays (netguard.proxy.frontdoor)."""
+
+    def cut(self, why: str) -> None: ...
+
+
+_LIVE: dict[int, set[Cuttable]] = {}  # by slot (the listen port of the client's proxy mode): what a drop cuts
 
 
 class Handoff:
@@ -90,7 +96,7 @@ class Handoff:
             # A reader paused by its own flow control resumes the transport on its next wait: bytes would
             # then reach mitmproxy behind the splice's back (out of order). The pause is ours now.
             r._paused = False  # type: ignore[attr-defined]
-        _LIVE.setdefault(self._slot, set()).add(self)
+        track(self._slot, self)
         if self._quiet():
             self._start()  # the usual case: nothing in flight inside mitmproxy, no loop round to wait
         else:
@@ -162,9 +168,7 @@ class Handoff:
             return
         self.over = True
         self.error = why
-        _LIVE.get(self._slot, set()).discard(self)
-        if not _LIVE.get(self._slot, True):
-            del _LIVE[self._slot]
+        untrack(self._slot, self)
         if self.relay is not None:
             self.up, self.down = self.relay.up, self.relay.down
         if self._disarmed is not None:
@@ -187,6 +191,17 @@ def cut_slots(slots: Iterable[int], why: str) -> None:
     for slot in slots:
         for h in list(_LIVE.get(slot, ())):
             h.cut(why)
+
+
+def track(slot: int, flow: Cuttable) -> None:
+    """`flow` is cut with its slot's sandbox (cut_slots)."""
+    _LIVE.setdefault(slot, set()).add(flow)
+
+
+def untrack(slot: int, flow: Cuttable) -> None:
+    _LIVE.get(slot, set()).discard(flow)
+    if not _LIVE.get(slot, True):
+        del _LIVE[slot]
 
 
 def handler_of(handlers: Mapping[Any, Any], client: Connection) -> Any:

@@ -39,6 +39,7 @@ if TYPE_CHECKING:  # imported lazily: the control/lock logic runs before mitmpro
     from netguard.proxy.binding import Binding
     from netguard.proxy.dns import DnsGate, DnsService
     from netguard.proxy.fdlimit import Budget
+    from netguard.proxy.frontdoor import FrontDoor
 
 MAX_SLOT = 65535  # slots are listen ports in mitmproxy mode specs, which must be valid ports
 BACKLOG = 4096  # asyncio re-runs listen() on a passed socket: keep the queue the launcher sized for a cold start
@@ -61,16 +62,19 @@ class Sandbox:
     binding: Binding
     slots: tuple[int, int]
     since: str  # RFC 3339, as in the audit log
-    servers: list[asyncio.Server] = field(default_factory=list)
+    doors: list[FrontDoor] = field(default_factory=list)  # the regular and transparent listeners
     dns: list[DnsService] = field(default_factory=list)
     conns: dict[asyncio.Task[Any], asyncio.StreamWriter] = field(default_factory=dict)
     budget: Budget | None = None  # the daemon's, shared by every sandbox
 
-    def tracked(self, handler: Any) -> Any:
-        """Wrap a stream handler so `drop` can cut this sandbox's open connections."""
+    def tracked(self, handler: Any, budgeted: bool = True) -> Any:
+        """Wrap a stream handler so `drop` can cut this sandbox's open connections.
+
+        `budgeted`: the connection counts against the fd budget (the front door counted it already)."""
+        budget = self.budget if budgeted else None
 
         async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            if self.budget is not None and not self.budget.take():
+            if budget is not None and not budget.take():
                 writer.transport.abort()  # out of fds soon: refuse this one, never let accept() meet EMFILE
                 return
             task = asyncio.current_task()
@@ -80,8 +84,8 @@ class Sandbox:
                 await handler(reader, writer)
             finally:
                 self.conns.pop(task, None)
-                if self.budget is not None:
-                    self.budget.give()
+                if budget is not None:
+                    budget.give()
 
         return handle
 
@@ -277,6 +281,7 @@ class Daemon:
         from netguard.audit import AuditLog, now_rfc3339
         from netguard.proxy import dns
         from netguard.proxy.binding import Binding
+        from netguard.proxy.frontdoor import FrontDoor, Mode
 
         approver = Approver(spec.approval_socket, spec.ask_timeout) if spec.approval_socket else None
         binding = Binding(
@@ -293,15 +298,17 @@ class Daemon:
         sb = Sandbox(task, binding, (0, 0), since=now_rfc3339(), budget=self.budget)
         try:
             sb.slots = (self._slot(binding), self._slot(binding))
-            for slot, mode, sock in (
+            listeners: tuple[tuple[int, Mode, socket.socket], ...] = (
                 (sb.slots[0], "regular", passed.regular),
                 (sb.slots[1], "transparent", passed.transparent),
-            ):
+            )
+            for slot, mode, sock in listeners:
                 # The slot is only a key for Gate: the mode spec is never used to bind anything.
                 instance: ServerInstance[Any] = ServerInstance.make(f"{mode}@127.0.0.1:{slot}", self.proxyserver)
-                sb.servers.append(
-                    await asyncio.start_server(sb.tracked(instance.handle_stream), sock=sock, backlog=BACKLOG)
-                )
+                fallback = sb.tracked(instance.handle_stream, budgeted=False)  # what the front door does not take
+                door = FrontDoor(sock, slot, mode, self.bindings, self.gate.decider, fallback, **self._door_args())
+                sb.doors.append(door)
+                door.start(BACKLOG)
             sb.dns.append(await dns.serve_udp(passed.dns_udp, binding, self.dnsgate))
             sb.dns.append(await dns.serve_tcp(passed.dns_tcp, binding, self.dnsgate))
         except BaseException:
@@ -310,6 +317,9 @@ class Daemon:
                 s.close()
             raise
         return sb
+
+    def _door_args(self) -> dict[str, Any]:
+        return {"idle": float(self.master.options.tcp_timeout), "budget": self.budget, "log": log}
 
     def _slot(self, binding: Binding) -> int:
         for _ in range(MAX_SLOT):
@@ -331,8 +341,8 @@ class Daemon:
         for slot in sb.slots:
             if self.bindings.get(slot) is sb.binding:
                 del self.bindings[slot]
-        for server in sb.servers:
-            server.close()
+        for door in sb.doors:
+            door.close()
         for service in sb.dns:
             service.close()
         for writer in list(sb.conns.values()):
@@ -340,8 +350,9 @@ class Daemon:
         from netguard.proxy import handoff  # spliced flows hold no transport here: cut them where they run
 
         handoff.cut_slots(sb.slots, "closed by the proxy")
-        if sb.conns:  # let the cut connections write their close records
-            await asyncio.wait(list(sb.conns), timeout=2)
+        waits = [*sb.conns, *(f for door in sb.doors for f in door.relayed)]
+        if waits:  # let the cut connections write their close records
+            await asyncio.wait(waits, timeout=2)
         sb.binding.audit.close()
 
     def _count(self) -> int:

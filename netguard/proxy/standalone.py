@@ -10,9 +10,13 @@ import asyncio
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
-from netguard.proxy import dns
+from mitmproxy.proxy.mode_servers import ServerInstance
+
+from netguard.proxy import dns, handoff, relaypool
 from netguard.proxy.binding import Binding
+from netguard.proxy.frontdoor import FrontDoor, Mode
 from netguard.proxy.master import make_master
 
 
@@ -65,24 +69,51 @@ def _dns_sockets(addr: tuple[str, int]) -> tuple[socket.socket, socket.socket]:
     return udp, tcp
 
 
+def _tcp_socket(spec: str, addr: tuple[str, int]) -> socket.socket:
+    """A bound TCP socket on `addr` for one front door (ProxyError if taken); it listens once served."""
+    try:
+        family, _, _, _, sockaddr = socket.getaddrinfo(
+            addr[0], addr[1], type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+    except OSError as e:
+        raise ProxyError(f"cannot listen on {spec}: {e.strerror or e}") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(sockaddr)
+    except OSError as e:
+        sock.close()
+        raise ProxyError(f"cannot listen on {spec}: {e.strerror or e} (address in use or not available?)") from None
+    return sock
+
+
+@dataclass(frozen=True)
+class _Door:
+    """One TCP listener of `sandgate proxy`: its mitmproxy mode spec, the front door's mode, where it listens."""
+
+    spec: str
+    mode: Mode
+    addr: tuple[str, int]
+
+
 def _plan(
     sandboxes: list[tuple[Listeners, Binding]],
-) -> tuple[dict[int, Binding], list[str], list[tuple[tuple[str, int], Binding]]]:
-    """(slot -> binding, mitmproxy mode specs, DNS addresses): a slot is the listener's real port here."""
+) -> tuple[dict[int, Binding], list[_Door], list[tuple[tuple[str, int], Binding]]]:
+    """(slot -> binding, TCP listeners, DNS addresses): a slot is the listener's real port here."""
     bindings: dict[int, Binding] = {}
-    specs: list[str] = []
+    doors: list[_Door] = []
     dns_addrs: list[tuple[tuple[str, int], Binding]] = []
     for listeners, binding in sandboxes:
         if listeners.dns is not None:
             dns_addrs.append((listeners.dns, binding))
-        for spec, port in listeners.modes():
-            if spec.startswith("dns@"):
+        for mode, addr in (("regular", listeners.regular), ("transparent", listeners.transparent)):
+            if addr is None:
                 continue
-            if port in bindings:
-                raise ProxyError(f"port {port} is used by two listeners")
-            bindings[port] = binding
-            specs.append(spec)
-    return bindings, specs, dns_addrs
+            if addr[1] in bindings:
+                raise ProxyError(f"port {addr[1]} is used by two listeners")
+            bindings[addr[1]] = binding
+            doors.append(_Door(f"{mode}@{_fmt(addr)}", "regular" if mode == "regular" else "transparent", addr))
+    return bindings, doors, dns_addrs
 
 
 async def serve(
@@ -90,26 +121,37 @@ async def serve(
     ready: Callable[[], None] | None = None,
     stop: asyncio.Event | None = None,
 ) -> None:
-    """Run the proxy until `stop` is set. Raises ProxyError if a listener cannot be opened."""
-    bindings, specs, dns_addrs = _plan(sandboxes)
-    master, proxyserver, _ = make_master(bindings, specs)
-    if not await proxyserver.setup_servers():
-        await master.done()
-        raise ProxyError(f"cannot listen on {', '.join(specs)} (address in use or not available?)")
+    """Run the proxy until `stop` is set. Raises ProxyError if a listener cannot be opened.
+
+    The regular and transparent listeners are front doors (netguard.proxy.frontdoor) on sockets opened
+    here; what they do not relay themselves goes to mitmproxy's handler for that mode spec."""
+    bindings, planned, dns_addrs = _plan(sandboxes)
+    master, proxyserver, gate = make_master(bindings, [])
+    doors: list[FrontDoor] = []
     services: list[dns.DnsService] = []
     try:
-        gate = dns.DnsGate()
+        idle = float(master.options.tcp_timeout)
+        for p in planned:
+            sock = _tcp_socket(p.spec, p.addr)
+            instance: ServerInstance[Any] = ServerInstance.make(p.spec, proxyserver)  # the fallback: mitmproxy
+            door = FrontDoor(sock, p.addr[1], p.mode, bindings, gate.decider, instance.handle_stream, idle=idle)
+            doors.append(door)
+            door.start(1024)
+        gate_dns = dns.DnsGate()
         for addr, binding in dns_addrs:
             udp, tcp = _dns_sockets(addr)
-            services.append(await dns.serve_udp(udp, binding, gate))
-            services.append(await dns.serve_tcp(tcp, binding, gate))
+            services.append(await dns.serve_udp(udp, binding, gate_dns))
+            services.append(await dns.serve_tcp(tcp, binding, gate_dns))
         await master.running()
         if ready is not None:
             ready()
         await (stop or master.should_exit).wait()
     finally:
+        for door in doors:
+            door.close()
+        handoff.cut_slots(list(bindings), "proxy exit")  # spliced flows hold no transport mitmproxy could close
+        relaypool.pool().stop()  # the workers this proxy started (a caller's loop may outlive it: tests)
         for service in services:
             service.close()
         master.should_exit.set()
-        await proxyserver.servers.update([])
         await master.done()
