@@ -252,6 +252,9 @@ def test_ctrl_c_removes_everything_verify_built() -> None:
         text=True,
         cwd="/",
         env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "PYTHONPATH": str(REPO)},
+        # As a terminal's foreground job: a suite started in the background (`cmd &` in a script) has
+        # SIGINT ignored, which its children inherit and Python keeps (then Ctrl-C would mean nothing).
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     ours = f"sandgate-v{p.pid}x"  # this verify's world (World names it by pid): not another run's
     deadline = time.monotonic() + 30
