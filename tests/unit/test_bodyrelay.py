@@ -21,6 +21,7 @@ from mitmproxy.test import tflow
 from netguard.audit import read_records
 from netguard.proxy import bodyrelay
 
+from ..support.tcpfake import serve_in_threads
 from .test_splice_proxy import Proxy
 
 BIG = 3 * 1024 * 1024 + 17  # not a multiple of any pipe or read size
@@ -38,15 +39,7 @@ class Web:
         self.requests: list[str] = []
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                c, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(c,), daemon=True).start()
+        serve_in_threads(self.sock, self._serve)
 
     def _serve(self, c: socket.socket) -> None:
         buf = b""

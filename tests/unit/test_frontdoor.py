@@ -31,6 +31,7 @@ from netguard.proxy import decide, frontdoor, handoff, standalone
 from netguard.proxy.binding import Binding
 
 from ..support.dnsfake import FakeDns
+from ..support.tcpfake import serve_in_threads
 from .test_tlsinspect import loopback, run_ca
 
 BLOCKED_DST = "198.18.0.7"  # the transparent client's original destination: allowed by nothing
@@ -43,15 +44,7 @@ class Upstream:
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
         self.got: list[bytes] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                c, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(c,), daemon=True).start()
+        serve_in_threads(self.sock, self._serve)
 
     def _serve(self, c: socket.socket) -> None:
         c.settimeout(5)

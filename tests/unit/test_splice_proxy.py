@@ -29,6 +29,7 @@ from netguard.proxy.binding import Binding
 from netguard.proxy.master import make_master
 
 from ..support.daemonfake import Box, Daemon, eventually
+from ..support.tcpfake import serve_in_threads
 
 Serve = Callable[[socket.socket], None]
 T = TypeVar("T")
@@ -41,17 +42,12 @@ class Upstream:
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
         self.conns: list[socket.socket] = []
-        threading.Thread(target=self._accept, args=(serve,), daemon=True).start()
+        serve_in_threads(self.sock, lambda c: self._serve(c, serve))
 
-    def _accept(self, serve: Serve) -> None:
-        while True:
-            try:
-                c, _ = self.sock.accept()
-            except OSError:
-                return
-            c.settimeout(10)
-            self.conns.append(c)
-            threading.Thread(target=serve, args=(c,), daemon=True).start()
+    def _serve(self, c: socket.socket, serve: Serve) -> None:
+        c.settimeout(10)
+        self.conns.append(c)
+        serve(c)
 
     def close(self) -> None:
         self.sock.close()
