@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from launcher.errors import RunError
+from launcher.run.trustpaths import BUNDLE_VARIABLES, SYSTEM_BUNDLES
 from netguard.policy import NetworkPolicy
 from netguard.proxy.spec import CaPair
 
@@ -30,26 +31,6 @@ if TYPE_CHECKING:  # imported when used: most runs never inspect
 
     from cryptography import x509
 
-#: Where distributions keep the system's PEM bundle (Debian/Ubuntu, Fedora/RHEL, Alpine/macOS-like, RHEL's extracted).
-SYSTEM_BUNDLES: tuple[str, ...] = (
-    "/etc/ssl/certs/ca-certificates.crt",
-    "/etc/pki/tls/certs/ca-bundle.crt",
-    "/etc/ssl/cert.pem",
-    "/etc/pki/ca-trust/extracted/pem/tls-ca-bundle.pem",
-)
-#: The variables through which tools find a CA bundle. uv reads SSL_CERT_FILE (its docs: "Custom
-#: certificates"); Node adds NODE_EXTRA_CA_CERTS to its own roots; the rest replace their defaults.
-BUNDLE_VARIABLES: tuple[str, ...] = (
-    "SSL_CERT_FILE",
-    "REQUESTS_CA_BUNDLE",
-    "PIP_CERT",
-    "NODE_EXTRA_CA_CERTS",
-    "GIT_SSL_CAINFO",
-    "CURL_CA_BUNDLE",
-    "CARGO_HTTP_CAINFO",
-    "AWS_CA_BUNDLE",
-    "DENO_CERT",
-)
 BUNDLE_NAME = "ca-bundle.pem"  # in the run directory, which is hidden inside except for the binds
 MAX_BUNDLE = 8 << 20  # bytes of one bundle read from the host: far more than any real one
 _CERT_BLOCK = re.compile(r"-----BEGIN CERTIFICATE-----[A-Za-z0-9+/=\s]+?-----END CERTIFICATE-----")

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from cryptography import x509
 
-from launcher.run import inspection
+from launcher.run import trustpaths
 from launcher.selftest.certs import CA
 from netguard.audit import read_records
 
@@ -152,7 +152,7 @@ def test_the_sandbox_trusts_the_runs_ca_and_never_sees_a_secret_or_the_key(base:
         "LABEL_COPY": f"build-{REAL}-x",  # an innocent name carrying the real value: dropped
         "SSL_CERT_FILE": str(d / "corp.pem"),  # a corporate root the caller already trusted
     }
-    cmd = ["python3", str(probe), ",".join(inspection.BUNDLE_VARIABLES), roots, str(d / "registry-token")]
+    cmd = ["python3", str(probe), ",".join(trustpaths.BUNDLE_VARIABLES), roots, str(d / "registry-token")]
     r, audit = _run(w, d, cmd, caller, "trust", stdin=needles)
     assert r.returncode == 0, r.stderr
     seen = json.loads(r.stdout)
@@ -263,7 +263,7 @@ def test_an_unprivileged_user_gets_the_same_trust_and_sentinels(base: tuple[Worl
             os.chown(p, u.uid, u.gid)
         sg = Sandgate(u.runner(w), policy=policy, audit=u.home / "audit.jsonl", cwd=work, timeout=90, quiet=True)
         roots = ",".join(["/tmp", str(u.home), "/run"])
-        cmd = ["python3", str(u.home / "probe.py"), ",".join(inspection.BUNDLE_VARIABLES), roots, str(token)]
+        cmd = ["python3", str(u.home / "probe.py"), ",".join(trustpaths.BUNDLE_VARIABLES), roots, str(token)]
         r = sg.run(
             cmd=cmd,
             env={**u.env(), "PYTHONPATH": str(REPO), "EXAMPLE_API_KEY": REAL},

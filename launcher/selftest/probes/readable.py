@@ -13,24 +13,8 @@ import stat
 from collections.abc import Iterator
 from pathlib import Path
 
-#: The variables through which tools find a CA bundle (launcher/run/inspection.py sets them inside).
-BUNDLE_VARIABLES = (
-    "SSL_CERT_FILE",
-    "REQUESTS_CA_BUNDLE",
-    "PIP_CERT",
-    "NODE_EXTRA_CA_CERTS",
-    "GIT_SSL_CAINFO",
-    "CURL_CA_BUNDLE",
-    "CARGO_HTTP_CAINFO",
-    "AWS_CA_BUNDLE",
-    "DENO_CERT",
-)
-SYSTEM_BUNDLES = (
-    "/etc/ssl/certs/ca-certificates.crt",
-    "/etc/pki/tls/certs/ca-bundle.crt",
-    "/etc/ssl/cert.pem",
-    "/etc/pki/ca-trust/extracted/pem/tls-ca-bundle.pem",
-)
+from launcher.run.trustpaths import BUNDLE_VARIABLES, SYSTEM_BUNDLES
+
 #: Where a launcher or daemon that wrote a secret down would have left it, besides the home and the
 #: workspace; /var/tmp last, as it may hold anything (other checkouts) and its share may run out.
 ROOTS = ("/tmp", "/run", "/dev/shm", "/etc/ssl", "/etc/pki", "/var/tmp")
