@@ -11,6 +11,25 @@ import pytest
 from .support.runner import Sandgate
 from .support.world import World, cleanup_stale, new_world
 
+# ---- two processes (pytest-xdist, `-n 2` in pyproject): the machine's tests in one of them, one by one
+
+MACHINE = "sandgate-machine"
+_MACHINE_FIXTURES = frozenset({"world", "sandgate", "unprivileged"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test that builds worlds, users or a sandbox runs in one xdist worker, in order.
+
+    They share what is machine-wide (`ip netns list`, the users, each user's daemon under
+    /run/sandgate, the timing of canaries that must time out), so two at once could judge each
+    other's leftovers; the pure and in-process unit tests fill the second core meanwhile (issue 15's
+    suite-time rule: well under 10 minutes on 2 cores).
+    """
+    for item in items:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if "e2e" in item.path.parts or fixtures & _MACHINE_FIXTURES:
+            item.add_marker(pytest.mark.xdist_group(MACHINE))
+
 
 @pytest.fixture(scope="session", autouse=True)
 def _sandgate_cleanup_stale() -> None:
