@@ -18,7 +18,9 @@ _MACHINE_FIXTURES = frozenset({"world", "sandgate", "unprivileged"})
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Every test that builds worlds, users or a sandbox runs in one xdist worker, in order.
+    """Every test that builds worlds, users or a sandbox runs in one xdist worker, in order: the e2e
+    tests, those using the fixtures below, and the unit modules marked `machine` (named namespaces,
+    probes, a root `sandgate run`).
 
     They share what is machine-wide (`ip netns list`, the users, each user's daemon under
     /run/sandgate, the timing of canaries that must time out), so two at once could judge each
@@ -27,7 +29,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """
     for item in items:
         fixtures = set(getattr(item, "fixturenames", ()))
-        if "e2e" in item.path.parts or fixtures & _MACHINE_FIXTURES:
+        if "e2e" in item.path.parts or fixtures & _MACHINE_FIXTURES or item.get_closest_marker("machine"):
             item.add_marker(pytest.mark.xdist_group(MACHINE))
 
 
