@@ -15,22 +15,50 @@ from .support.world import World, cleanup_stale, new_world
 
 MACHINE = "sandgate-machine"
 _MACHINE_FIXTURES = frozenset({"world", "sandgate", "unprivileged"})
+# Unit modules that touch machine-wide state without those fixtures (or beside them):
+_MACHINE_MODULES = frozenset(
+    {
+        "tests/unit/test_probes.py",  # verify's probes and canaries, its sandgate-v namespaces
+        "tests/unit/test_whoasked.py",  # named network namespaces (ip netns add)
+        "tests/unit/test_cli_errors.py",  # a root `sandgate run`: it sweeps killed runs' state in /run/sandgate
+        "tests/unit/test_inspection_launch.py",  # the same
+        "tests/unit/test_inspected_tls.py",  # worlds
+        "tests/unit/test_tlsinspect.py",  # worlds
+    }
+)
+
+
+def machine_wide(nodeid: str) -> bool:
+    """Whether a test shares what is machine-wide (`ip netns list`, the users, each user's daemon and
+    runs under /run/sandgate, the timing of canaries that must time out): such tests run one by one,
+    beside no other of them, else two could judge each other's leftovers."""
+    path = nodeid.split("::", 1)[0]
+    return path.startswith("tests/e2e/") or path in _MACHINE_MODULES
+
+
+@pytest.hookimpl(optionalhook=True)  # known only while xdist is loaded (`-p no:xdist` runs serially)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """All machine-wide tests are one work unit (one worker, in order); every other test is its own.
+
+    xdist's `--dist loadgroup` would do this from a marker, but it renames `item._nodeid`, which
+    pytest 9.2 no longer reads: the groups silently fell apart (seen: e2e tests on both workers)."""
+    from xdist.scheduler import LoadScopeScheduling  # type: ignore[import-untyped]
+
+    class MachineInOne(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return MACHINE if machine_wide(nodeid) else nodeid
+
+    return MachineInOne(config, log)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Every test that builds worlds, users or a sandbox runs in one xdist worker, in order: the e2e
-    tests, those using the fixtures below, and the unit modules marked `machine` (named namespaces,
-    probes, a root `sandgate run`).
-
-    They share what is machine-wide (`ip netns list`, the users, each user's daemon under
-    /run/sandgate, the timing of canaries that must time out), so two at once could judge each
-    other's leftovers; the pure and in-process unit tests fill the second core meanwhile (issue 15's
-    suite-time rule: well under 10 minutes on 2 cores).
-    """
+    """A test that builds worlds, users or a sandbox outside the machine-wide set is a mistake: say so."""
     for item in items:
-        fixtures = set(getattr(item, "fixturenames", ()))
-        if "e2e" in item.path.parts or fixtures & _MACHINE_FIXTURES or item.get_closest_marker("machine"):
-            item.add_marker(pytest.mark.xdist_group(MACHINE))
+        if set(getattr(item, "fixturenames", ())) & _MACHINE_FIXTURES and not machine_wide(item.nodeid):
+            raise pytest.UsageError(
+                f"{item.nodeid} uses a world, a sandbox or a throwaway user: add its module to "
+                "_MACHINE_MODULES in tests/conftest.py, so it never runs beside another such test"
+            )
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -11,11 +11,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
-# Machine-wide: `sandgate run` as root sweeps killed runs' state in /run/sandgate (tests/conftest.py).
-pytestmark = pytest.mark.machine
-
 REPO = Path(__file__).resolve().parent.parent.parent
 SANDGATE = [sys.executable, "-m", "launcher.cli"]
 

@@ -24,9 +24,6 @@ from launcher.run import inspection
 from netguard.policy import NetworkPolicy
 from netguard.proxy.spec import CaPair
 
-# Machine-wide: `sandgate run` as root sweeps killed runs' state in /run/sandgate; one at a time beside the e2e tests (tests/conftest.py).
-pytestmark = pytest.mark.machine
-
 NOW = datetime.datetime(2026, 12, 1, 12, 0, tzinfo=datetime.UTC)
 POLICY = """version: 1
 network:

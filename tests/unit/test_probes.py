@@ -33,9 +33,6 @@ from launcher.selftest import planted as outside
 from launcher.selftest.probes import core, dnswire, netio, runner, syscalls
 from launcher.selftest.spec import FileHandleSpec, VerifySpec, dump_spec, load_spec
 
-# Machine-wide: verify's probes, canaries and sandgate-v namespaces; one at a time beside the e2e tests (tests/conftest.py).
-pytestmark = pytest.mark.machine
-
 REPO = Path(__file__).resolve().parent.parent.parent
 
 SECRET = "FAKE-KEY-0123456789"

@@ -21,9 +21,6 @@ import pytest
 
 from launcher.approvals.whoasked import CMDLINE_MAX, Asker, find_asker, parse_proc_net
 
-# Machine-wide: named network namespaces (ip netns add); one at a time beside the e2e tests (tests/conftest.py).
-pytestmark = pytest.mark.machine
-
 # ---------------------------------------------------------------- pure: parse_proc_net
 
 # Hand-written in the kernel's format (little-endian host): address words and port in hex.
