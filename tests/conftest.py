@@ -54,7 +54,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """A test that builds worlds, users or a sandbox outside the machine-wide set is a mistake: say so."""
     for item in items:
-        if set(getattr(item, "fixturenames", ())) & _MACHINE_FIXTURES and not machine_wide(item.nodeid):
+        ours = item.nodeid.startswith("tests/")  # not an inner pytest run's own test file (test_rootless_support)
+        if ours and set(getattr(item, "fixturenames", ())) & _MACHINE_FIXTURES and not machine_wide(item.nodeid):
             raise pytest.UsageError(
                 f"{item.nodeid} uses a world, a sandbox or a throwaway user: add its module to "
                 "_MACHINE_MODULES in tests/conftest.py, so it never runs beside another such test"
