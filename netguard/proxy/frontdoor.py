@@ -10,7 +10,7 @@ plainest flows never enter mitmproxy:
                the tunnel's, as in mitmproxy) read, the upstream connect started and the `200` sent
                at the same time
 Both are decided by the same code as the Gate (netguard.proxy.decide: same verdict, pin, record),
-then relayed by the kernel (relaypool / splice.Pair) with the same close record, and reached by a
+then relayed by the kernel (netguard.proxy.relay) with the same close record, and reached by a
 sandbox's drop through handoff's registry. Everything else (inspection, a policy that does not allow
 the name by itself, not TLS, a slow or oversized hello or head) is handed to
 mitmproxy as the socket it would have accepted: nothing was consumed, its layers decide as before.
@@ -39,10 +39,11 @@ from mitmproxy.tls import ClientHello
 
 from netguard import hosts, rules, verdict
 from netguard.audit import Kind, close_record
-from netguard.proxy import connecthead, flowview, handoff, relaypool, splice
+from netguard.proxy import connecthead, flowview, handoff, splice
 from netguard.proxy.binding import Binding
 from netguard.proxy.decide import Conn, Decided, Decider
 from netguard.proxy.fdlimit import Budget
+from netguard.proxy.relay import Relay
 
 Mode = Literal["regular", "transparent"]
 Handover = Literal["mitmproxy"]  # nothing read, nothing decided: mitmproxy takes the connection
@@ -70,14 +71,10 @@ class _Flow:
         self._done = done
 
     def start(self, a: socket.socket, up: socket.socket, idle: float) -> None:
-        """Both sockets go to the kernel relay (a worker's, else this process's)."""
+        """Both sockets go to the kernel relay (here, then a worker's once big: netguard.proxy.relay)."""
         fa, fb = a.detach(), up.detach()
         try:
-            relay: handoff.Relayed | None = relaypool.pool().place(fa, fb, idle, self.ended)
-            if relay is None:
-                pair = splice.Pair(fa, fb, self.ended, idle)
-                relay = pair
-                pair.start()
+            relay = Relay(fa, fb, idle, self.ended)
         except BaseException:
             for fd in (fa, fb):
                 with contextlib.suppress(OSError):

@@ -6,7 +6,7 @@ patch it: reading is paused on both transports (one synchronous step between two
 mitmproxy relays what its readers already hold and its writers send it all, and only then is each
 socket (dup()ed) spliced: every byte is relayed once and in order. Then mitmproxy's transports are
 given up (aborted: only its fds close, the sockets live on in our dups), so a spliced flow costs
-this process two fds, or none when a relay worker takes it (netguard.proxy.relaypool). mitmproxy's
+this process two fds, or none once a relay worker takes it (netguard.proxy.relay). mitmproxy's
 handler stays alive but idle, holding no fd: both its connections are half-closed to it and it
 waits. A sandbox's drop and the daemon's exit reach the flow through `cut_slots` (nothing of theirs
 reaches a transport that is gone). When the relay ends (by itself, cut, or its worker's death), the
@@ -27,11 +27,12 @@ from typing import Any, Protocol, cast
 
 from mitmproxy.connection import Connection
 
-from netguard.proxy import relaypool, splice, streams
+from netguard.proxy import splice, streams
+from netguard.proxy.relay import Relay
 
 
 class Relayed(Protocol):
-    """Where a spliced flow's bytes move: an in-process splice.Pair or a relaypool.Moved."""
+    """Where a spliced flow's bytes move (netguard.proxy.relay.Relay; a splice.Pair or relaypool.Moved alike)."""
 
     @property
     def up(self) -> int: ...
@@ -143,11 +144,7 @@ class Handoff:
             self._disarmed.__enter__()
         (a, b), self._fds = self._fds, None
         self.spliced = True
-        self.relay = relaypool.pool().place(a, b, self._idle, self._ended)
-        if self.relay is None:  # no worker can take it: spliced here, two fds
-            pair = splice.Pair(a, b, self._ended, self._idle)
-            self.relay = pair
-            pair.start()
+        self.relay = Relay(a, b, self._idle, self._ended)  # here first, in a worker once big
         for w in self._writers:
             w.transport.abort()  # mitmproxy's own fds close; the sockets live on in the relay's
 

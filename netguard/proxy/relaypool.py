@@ -154,6 +154,10 @@ class Pool:
             if w.flows:
                 print(f"sandgated: relay worker {w.proc.pid} died; {len(w.flows)} flows cut", file=sys.stderr)
 
+    def ready(self) -> bool:
+        """A worker could take a flow now (`place` would not return None)."""
+        return any(len(w.flows) < w.capacity and not w.chan.closed for w in self.workers)
+
     def place(self, a: int, b: int, idle: float, on_done: OnDone) -> Moved | None:
         """Send `a`, `b` to a worker (they are then closed here); None: nothing sent, they are still the caller's."""
         if not self.workers:

@@ -104,6 +104,7 @@ class Pair:
         self._idle = idle
         self._last = time.monotonic()
         self._timer: asyncio.TimerHandle | None = None
+        self._mover: tuple[int, Callable[[], None]] | None = None
         self.closed = False
 
     @property
@@ -123,6 +124,30 @@ class Pair:
     def cut(self, why: str | None = None) -> None:
         """End the pair now (drop of a sandbox, timeout, daemon exit): both sockets are closed."""
         self._finish(why)
+
+    def on_bytes(self, after: int, call: Callable[[], None]) -> None:
+        """`call()` once, at the first moment `quiet` past `after` bytes delivered (netguard.proxy.relay moves it)."""
+        self._mover = (after, call)
+
+    def quiet(self) -> bool:
+        """Nothing read and not yet delivered, and both directions still open: the sockets hold the rest."""
+        return not self.closed and not any(w.held or w.eof or w.waiting or w.done for w in self._ways)
+
+    def release(self) -> tuple[int, int]:
+        """Stop relaying and give back both sockets, open (only when `quiet`: no byte is lost or doubled);
+        `on_done` is never called."""
+        assert self.quiet()
+        self.closed = True
+        self._on_done = self._mover = None
+        if self._timer is not None:
+            self._timer.cancel()
+        for way in self._ways:
+            self._loop.remove_reader(way.src)
+            self._loop.remove_writer(way.dst)
+            if way.pipe is not None:
+                self._pipes.give(way.pipe, empty=True)
+                way.pipe = None
+        return self._ways[0].src, self._ways[1].src
 
     # ---- moving bytes ------------------------------------------------------------------------
 
@@ -185,6 +210,9 @@ class Pair:
                 self._loop.add_reader(way.src, self._readable, way)
         if way.eof:
             self._end(way)
+        elif self._mover is not None and self.up + self.down >= self._mover[0] and self.quiet():
+            call, self._mover = self._mover[1], None
+            call()
 
     def _end(self, way: _Way) -> None:
         way.done = True

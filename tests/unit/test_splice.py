@@ -47,6 +47,8 @@ class Rig:
                 self.why.append(why)
                 self.done.set()
 
+            self.ended = ended
+
             async def start() -> None:
                 for fd in fds:
                     os.set_blocking(fd, False)
@@ -103,6 +105,51 @@ def test_bytes_pass_both_ways_in_order_and_are_counted(rig: Rig) -> None:
     rig.server.shutdown(socket.SHUT_WR)
     assert rig.done.wait(5) and rig.why == [None]
     assert (rig.pair.up, rig.pair.down) == (len(data), 5)
+
+
+def test_released_when_quiet_and_taken_up_again_mid_stream_nothing_is_lost_or_doubled(rig: Rig) -> None:
+    """How netguard.proxy.relay moves a flow to a worker: `release` at a quiet moment gives the open
+    sockets back, another relay takes them up. Done every 64 KiB while both directions stream."""
+    counted: list[tuple[int, int]] = []
+
+    def hop() -> None:
+        a, b = rig.pair.release()
+        counted.append((rig.pair.up, rig.pair.down))
+        rig.pair = splice.Pair(a, b, rig.ended, 0)
+        rig.pair.on_bytes(64 * 1024, hop)
+        rig.pair.start()
+
+    rig.loop.call_soon_threadsafe(rig.pair.on_bytes, 64 * 1024, hop)
+    up, down = os.urandom(2 * 1024 * 1024 + 5), os.urandom(1024 * 1024 + 3)
+    senders = [
+        threading.Thread(target=rig.client.sendall, args=(up,)),
+        threading.Thread(target=rig.server.sendall, args=(down,)),
+    ]
+    for t in senders:
+        t.start()
+    got_up, got_down = bytearray(), bytearray()
+    reader = threading.Thread(target=lambda: got_down.extend(_read_n(rig.client, len(down))))
+    reader.start()
+    got_up += _read_n(rig.server, len(up))
+    reader.join(10)
+    for t in senders:
+        t.join(10)
+    assert bytes(got_up) == up and bytes(got_down) == down
+    assert len(counted) >= 10  # it really hopped, mid-stream
+    rig.client.shutdown(socket.SHUT_WR)
+    rig.server.shutdown(socket.SHUT_WR)
+    assert rig.done.wait(5) and rig.why == [None]  # one end, from the last relay only
+    assert (sum(u for u, _ in counted) + rig.pair.up, sum(d for _, d in counted) + rig.pair.down) == (
+        len(up),
+        len(down),
+    )
+
+
+def _read_n(s: socket.socket, n: int) -> bytes:
+    out = bytearray()
+    while len(out) < n and (chunk := s.recv(1 << 20)):
+        out += chunk
+    return bytes(out)
 
 
 def test_a_half_close_travels_and_the_other_direction_goes_on(rig: Rig) -> None:

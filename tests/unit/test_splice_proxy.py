@@ -24,7 +24,7 @@ from mitmproxy.proxy.context import Context
 from netguard import rules
 from netguard.audit import AuditLog, read_records
 from netguard.policy import parse_network
-from netguard.proxy import handoff, layers, relaypool
+from netguard.proxy import handoff, layers, relay, relaypool
 from netguard.proxy.binding import Binding
 from netguard.proxy.master import make_master
 
@@ -72,6 +72,7 @@ class Proxy:
         self._thread.start()
         assert self._ready.wait(10), "proxy did not start"
         self.pool: relaypool.Pool = self.on_loop(relaypool.pool)
+        self.where = where
         if where == "worker":
             self.on_loop(self.pool.start)
             assert eventually(lambda: all(w.capacity for w in self.pool.workers) and bool(self.pool.workers), 10)
@@ -137,13 +138,18 @@ def _echo_upper(c: socket.socket) -> None:
     c.close()
 
 
-@pytest.fixture(params=["here", "worker"])
-def proxy_for(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Callable[[Serve], tuple[Proxy, Upstream]]]:
+@pytest.fixture(params=["here", "worker", "moved"])
+def proxy_for(
+    tmp_path: Path, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Callable[[Serve], tuple[Proxy, Upstream]]]:
+    """here: spliced in the proxy's process throughout; worker: in a relay worker from the start;
+    moved: here, then moved to a worker after its first byte (netguard.proxy.relay), mid-flow."""
     made: list[tuple[Proxy, Upstream]] = []
+    monkeypatch.setattr(relay, "MOVE_AFTER", {"here": relay.MOVE_AFTER, "worker": 0, "moved": 1}[request.param])
 
     def make(serve: Serve) -> tuple[Proxy, Upstream]:
         up = Upstream(serve)
-        px = Proxy(tmp_path, [up.port], where=request.param)
+        px = Proxy(tmp_path, [up.port], where="here" if request.param == "here" else "worker")
         made.append((px, up))
         return px, up
 
@@ -170,6 +176,9 @@ def test_a_tunnel_is_spliced_half_closes_travel_and_the_close_record_is_exact(
     rec = px.closes()[0]
     assert (rec["kind"], rec["bytes_up"], rec["bytes_down"]) == ("connect", len(got), len(got))
     assert px.handed_off()
+    moved = px.relays[0].handoff
+    assert moved is not None and isinstance(moved.relay, relay.Relay)
+    assert moved.relay.in_worker == (px.where == "worker")  # "moved": mid-flow, both legs counted above
 
 
 def test_a_server_that_speaks_first_and_bytes_buffered_at_the_handoff_arrive_in_order(

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from netguard.audit import CloseRecord, read_records
+from netguard.proxy import relay
 
 from ..support.daemonfake import Box, Daemon, eventually
 from .test_splice_proxy import Upstream
@@ -95,10 +96,15 @@ def _tunnel(box: Box, port: int) -> socket.socket:
 
 
 def _in_worker(d: Daemon, box: Box, port: int) -> socket.socket:
-    """A tunnel whose daemon end a worker holds (the first ones of a fresh daemon may splice in-process
-    while its workers still boot)."""
+    """A download tunnel whose daemon end a worker holds: it starts in the daemon and moves once it has
+    carried relay.MOVE_AFTER bytes (the first ones of a fresh daemon may stay while its workers boot)."""
     for _ in range(50):
         s = _tunnel(box, port)
+        got = 0
+        while got <= relay.MOVE_AFTER + (1 << 20):
+            chunk = s.recv(1 << 20)
+            assert chunk, "the download ended early"
+            got += len(chunk)
         if eventually(functools.partial(_held, s), 2) and _holders(s) <= _workers(d):
             return s
         s.close()
