@@ -367,7 +367,7 @@ def sandgate_proxy(allowed_ports: list[int], inspect: tuple[int, Certs] | None =
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             cwd=tmp,
-            env=clean_env(),
+            env={**clean_env(), "PYTHONPATH": str(REPO)},  # this checkout's proxy, not the editable install's
             pass_fds=(w,),
         )
         os.close(w)

@@ -66,6 +66,7 @@ class Proxy2:
     transparent: int
     proc: subprocess.Popen[bytes]
     audit_log: Path
+    ca_pem: Path | None = None  # the proxy's CA (clients of the inspected host trust it)
 
     @property
     def url(self) -> str:
@@ -88,17 +89,23 @@ class Proxy2:
 
 
 @contextlib.contextmanager
-def proxy_with_transparent(allowed_ports: list[int], transparent_port: int) -> Iterator[Proxy2]:
-    """Like _common.sandgate_proxy, plus `--transparent`; PYTHONPATH pins the proxy to this checkout."""
+def proxy_with_transparent(
+    allowed_ports: list[int], transparent_port: int, inspect: tuple[int, c.Certs] | None = None
+) -> Iterator[Proxy2]:
+    """Like _common.sandgate_proxy (inspect: the same), plus `--transparent`; PYTHONPATH pins the proxy
+    to this checkout."""
     tmp = Path(tempfile.mkdtemp(prefix="sandgate-bench-proxy-"))
     proc = None
     try:
         policy = tmp / "policy.yaml"
-        policy.write_text(c.policy_yaml(allowed_ports))
+        policy.write_text(c.policy_yaml(allowed_ports, inspect[0] if inspect else None))
         audit = tmp / "audit.jsonl"
         port = c.free_port()
         r, w = os.pipe()
         listen = ["--listen", f"{c.LOOPBACK}:{port}", "--transparent", f"{c.LOOPBACK}:{transparent_port}"]
+        ca = tmp / "proxy-ca.pem" if inspect is not None else None
+        if inspect is not None:
+            listen += ["--upstream-ca", str(inspect[1].ca_pem), "--ca-cert", str(ca)]
         proc = subprocess.Popen(
             [c.SANDGATE, "proxy", "--policy", str(policy), *listen, "--audit-log", str(audit), "--ready-fd", str(w)],
             stdin=subprocess.DEVNULL,
@@ -110,7 +117,7 @@ def proxy_with_transparent(allowed_ports: list[int], transparent_port: int) -> I
         )
         os.close(w)
         c._wait_ready_fd(proc, r, c.READY_TIMEOUT, "sandgate proxy")
-        yield Proxy2(port, transparent_port, proc, audit)
+        yield Proxy2(port, transparent_port, proc, audit, ca)
     finally:
         if proc is not None:
             c._stop(proc)

@@ -20,19 +20,33 @@ import dns.rrset
 Handler = Callable[[dns.message.Message, str], dns.message.Message | None]
 
 
+def _same_port_pair() -> tuple[socket.socket, socket.socket]:
+    """A UDP and a listening TCP socket on one free port of 127.0.0.1. The UDP port the kernel picks
+    may be taken for TCP by another test (seen with two test processes): then another port is tried."""
+    for _ in range(50):
+        udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        udp.bind(("127.0.0.1", 0))
+        tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            tcp.bind(("127.0.0.1", udp.getsockname()[1]))
+        except OSError:
+            udp.close()
+            tcp.close()
+            continue
+        tcp.listen(8)
+        return udp, tcp
+    raise OSError("no port of 127.0.0.1 was free for both UDP and TCP in 50 tries")
+
+
 class FakeDns:
     """An upstream resolver on 127.0.0.1 (UDP and TCP, same port) that records what it is asked."""
 
     def __init__(self, handler: Handler | None = None) -> None:
         self.handler = handler or standard_answer
         self.queries: list[tuple[str, dns.message.Message]] = []
-        self.udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.udp.bind(("127.0.0.1", 0))
+        self.udp, self.tcp = _same_port_pair()
         self.port = self.udp.getsockname()[1]
-        self.tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.tcp.bind(("127.0.0.1", self.port))
-        self.tcp.listen(8)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self._thread.start()
