@@ -8,7 +8,7 @@ master.py   mitmproxy with only our addons          serve.py  the daemon: bindin
 standalone.py  `sandgate proxy` on TCP ports        spec.py, control.py  the launcher <-> daemon contract
 handoff.py, splice.py, relay.py, relaypool.py, relayworker.py  decided uninspected flows leave mitmproxy for
             splice(2), in the daemon, then in its relay worker processes once big (bodyrelay.py: one large plain-HTTP body)
-frontdoor.py  every TCP listener's accept: plain CONNECT / TLS decided (decide.py) and spliced without mitmproxy
+frontdoor.py  every TCP listener's accept: plain CONNECT / TLS decided (decide.py), dialled (dial.py), spliced without mitmproxy
 Every decision goes through netguard.verdict. Importing this package imports nothing: the launcher
 loads spec and control on its fast path, without mitmproxy or dnspython.
 """

@@ -39,7 +39,7 @@ from mitmproxy.tls import ClientHello
 
 from netguard import hosts, rules, verdict
 from netguard.audit import Kind, close_record
-from netguard.proxy import connecthead, flowview, handoff, splice
+from netguard.proxy import connecthead, dial, flowview, handoff, splice
 from netguard.proxy.binding import Binding
 from netguard.proxy.decide import Conn, Decided, Decider
 from netguard.proxy.fdlimit import Budget
@@ -240,7 +240,7 @@ class FrontDoor:
         d = await self._decider.authorize(Conn(b, _peer(conn), kind), kind, host, port)
         if not d.allowed:
             return None  # refused: recorded, closed (mitmproxy closes it too)
-        up = await _connect(d)
+        up = await dial.connect(d)
         if up is None:
             return None
         flow = _Flow(b, d, kind, self.slot, self._give)
@@ -260,14 +260,16 @@ class FrontDoor:
             refusal = assemble_response(flowview.refusal(d.host, d.port, d.verdict.decision))  # type: ignore[no-untyped-call]
             await self._loop.sock_sendall(conn, refusal)
             return None
-        connecting = self._loop.create_task(_connect(d))  # overlapped with the 200: the client's turn
-        try:
-            await self._loop.sock_sendall(conn, f"{head.version} 200 Connection established\r\n\r\n".encode())
-            up = await connecting
-        finally:
-            connecting.cancel()
+        up = dial.start(d)  # the SYN leaves before the 200: the handshake overlaps the client's turn
         if up is None:
             return None
+        try:
+            await self._loop.sock_sendall(conn, f"{head.version} 200 Connection established\r\n\r\n".encode())
+            if not await dial.connected(up):
+                return None
+        except BaseException:
+            up.close()
+            raise
         flow = _Flow(b, d, "connect", self.slot, self._give)
         flow.start(conn, up, self._idle)
         return flow
@@ -373,20 +375,3 @@ async def _readable(loop: asyncio.AbstractEventLoop, fd: int, deadline: float) -
     finally:
         timer.cancel()
         loop.remove_reader(fd)
-
-
-async def _connect(d: Decided) -> socket.socket | None:
-    """A socket connected to the pinned address, or None (mitmproxy's connect error: the client is closed)."""
-    ip = d.verdict.ip
-    assert ip is not None
-    up = socket.socket(socket.AF_INET6 if ":" in ip else socket.AF_INET, socket.SOCK_STREAM)
-    up.setblocking(False)
-    try:
-        await asyncio.get_running_loop().sock_connect(up, (ip, d.port))
-    except OSError:
-        up.close()
-        return None
-    except BaseException:
-        up.close()
-        raise
-    return up
