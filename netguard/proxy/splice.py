@@ -137,16 +137,8 @@ class Pair:
         """Stop relaying and give back both sockets, open (only when `quiet`: no byte is lost or doubled);
         `on_done` is never called."""
         assert self.quiet()
-        self.closed = True
         self._on_done = self._mover = None
-        if self._timer is not None:
-            self._timer.cancel()
-        for way in self._ways:
-            self._loop.remove_reader(way.src)
-            self._loop.remove_writer(way.dst)
-            if way.pipe is not None:
-                self._pipes.give(way.pipe, empty=True)
-                way.pipe = None
+        self._stop()
         return self._ways[0].src, self._ways[1].src
 
     # ---- moving bytes ------------------------------------------------------------------------
@@ -230,9 +222,8 @@ class Pair:
         else:
             self._timer = self._loop.call_later(left, self._check_idle)
 
-    def _finish(self, why: str | None) -> None:
-        if self.closed:
-            return
+    def _stop(self) -> None:
+        """No more callbacks, timer or pipes; the sockets are left to the caller (closed, or released)."""
         self.closed = True
         if self._timer is not None:
             self._timer.cancel()
@@ -240,8 +231,13 @@ class Pair:
             self._loop.remove_reader(way.src)
             self._loop.remove_writer(way.dst)
             if way.pipe is not None:
-                self._pipes.give(way.pipe, empty=way.held == 0)
+                self._pipes.give(way.pipe, empty=way.held == 0)  # a pipe still holding bytes is never lent again
                 way.pipe = None
+
+    def _finish(self, why: str | None) -> None:
+        if self.closed:
+            return
+        self._stop()
         for way in self._ways:
             os.close(way.src)
         on_done, self._on_done = self._on_done, None
