@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import types
 from collections.abc import Iterator, Mapping
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final, Literal, Union, cast, get_args, get_origin, get_type_hints
 
@@ -57,9 +57,26 @@ __all__ = [
 ]
 
 
+_SECOND: tuple[int, str] = (-1, "")  # the last whole second and its text: one record per connection needs it fast
+
+
 def now_rfc3339() -> str:
-    """UTC with milliseconds and a Z, so logs from different machines sort and compare as text."""
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    """UTC with milliseconds and a Z, so logs from different machines sort and compare as text.
+
+    The date and time of day are formatted once per second (datetime formatting was ~13 us of every
+    connection's decision); one tuple, swapped whole, so a second thread never sees half of it."""
+    global _SECOND
+    t = time.time()
+    sec = int(t)
+    cached = _SECOND
+    if cached[0] != sec:
+        cached = _SECOND = (sec, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(sec)))
+    return f"{cached[1]}.{int((t - sec) * 1000):03d}Z"
+
+
+def new_id() -> str:
+    """A record's id: 48 random bits in 12 hex digits (what uuid4().hex[:12] gave, without building a UUID)."""
+    return os.urandom(6).hex()
 
 
 # ---- the writer -------------------------------------------------------------------------------

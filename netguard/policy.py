@@ -22,6 +22,7 @@ Request-level rules (`inspect:`, `http:`, `log_query:` on allow entries) are net
 from __future__ import annotations
 
 import dataclasses
+import functools
 import ipaddress
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -55,6 +56,10 @@ class Rule:
     log_query: bool = False  # audit records of inspected requests keep the query string
 
     def describe(self) -> str:
+        return self._described
+
+    @functools.cached_property
+    def _described(self) -> str:  # once per rule: every decision's record names its rule
         pat = f"*.{self.value}" if self.kind == "wildcard" else str(self.value)
         return pat if self.ports is None else f"{pat}:{','.join(map(str, sorted(self.ports)))}"
 

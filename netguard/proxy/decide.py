@@ -8,13 +8,12 @@ and a drifted copy is a policy bypass nobody reviews.
 
 from __future__ import annotations
 
-import uuid
 from dataclasses import dataclass, field
 
 import dns.exception
 
 from netguard import localaddrs, rules, verdict
-from netguard.audit import Kind, decision_record
+from netguard.audit import Kind, decision_record, new_id
 from netguard.proxy import flowview
 from netguard.proxy.binding import Binding
 
@@ -76,7 +75,7 @@ class Decider:
             ask=ask if b.approver is not None else None,
             resolve=resolve,
         )
-        out = Decided(uuid.uuid4().hex[:12], key[0], port, v)
+        out = Decided(new_id(), key[0], port, v)
         b.audit.write(
             decision_record(
                 b.task,

@@ -33,7 +33,6 @@ import ipaddress
 import logging
 import socket
 import struct
-import uuid
 from typing import Literal
 
 import dns.asyncquery
@@ -49,7 +48,7 @@ import dns.rdatatype
 import dns.rrset
 
 from netguard import hosts, rules, verdict
-from netguard.audit import decision_record
+from netguard.audit import decision_record, new_id
 from netguard.proxy.binding import Binding
 
 #: What DNS answers for a name that still needs a human's approval: any address works (all TCP
@@ -190,7 +189,7 @@ class DnsGate:
         b.audit.write(
             decision_record(
                 b.task,
-                uuid.uuid4().hex[:12],
+                new_id(),
                 "dns",
                 action,
                 host,

@@ -157,3 +157,26 @@ def test_readme_lists_every_decision_kind() -> None:
     listed = set(re.findall(r"`(\w+)`", decision_cell))
     decision_kinds = set(get_args(audit.Kind)) - {"approval", "policy"}
     assert listed == decision_kinds
+
+
+def test_timestamps_are_utc_milliseconds_and_agree_with_the_clock() -> None:
+    """now_rfc3339 formats the second once and caches it: across second boundaries it must stay right."""
+    import datetime
+    import time
+
+    seen: set[str] = set()
+    deadline = time.monotonic() + 1.2  # at least one second boundary
+    while time.monotonic() < deadline:
+        before = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
+        ts = audit.now_rfc3339()
+        after = datetime.datetime.now(datetime.UTC)
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", ts), ts
+        when = datetime.datetime.fromisoformat(ts.replace("Z", "+00:00"))
+        assert before <= when <= after, (before, ts, after)
+        seen.add(ts[:19])
+    assert len(seen) >= 2
+
+
+def test_record_ids_are_twelve_fresh_hex_digits() -> None:
+    ids = {audit.new_id() for _ in range(1000)}
+    assert len(ids) == 1000 and all(re.fullmatch(r"[0-9a-f]{12}", i) for i in ids)
