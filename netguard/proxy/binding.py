@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import dns.asyncresolver
 import dns.resolver
 
-from netguard import rules
+from netguard import rules, verdict
 from netguard.asking import Approver
 from netguard.audit import AuditLog
 from netguard.credentials import Secret
@@ -32,6 +32,24 @@ class Binding:
     secrets: tuple[Secret, ...] = ()  # brokered credentials: their hosts are inspected
     _resolver: dns.asyncresolver.Resolver | None = field(default=None, init=False, repr=False)
     _system_dns: tuple[str, int] | None = field(default=None, init=False, repr=False)
+
+    def judge(self, host: str, port: int | None) -> verdict.Verdict:
+        """The policy's verdict for `host:port` with this sandbox's learn and ask settings. Pure."""
+        return verdict.judge(self.rules, host, port, learn=self.learn, ask_all=self.ask_all)
+
+    async def verdict(
+        self, host: str, port: int | None, ask: verdict.Asker, resolve: verdict.Resolver
+    ) -> verdict.Verdict:
+        """The whole pipeline: judge, ask (only with an approval channel: else an `ask` is refused), resolve."""
+        return await verdict.run(
+            self.rules,
+            host,
+            port,
+            learn=self.learn,
+            ask_all=self.ask_all,
+            ask=ask if self.approver is not None else None,
+            resolve=resolve,
+        )
 
     def upstream_dns(self) -> tuple[str, int]:
         """Where allowed queries are forwarded: the policy's resolver, else the system's first nameserver

@@ -66,15 +66,7 @@ class Decider:
                 return verdict.Verdict(v.decision, v.by, v.would, pinned.verdict.ip)
             return await self._resolve(b, host, port, v)
 
-        v = await verdict.run(
-            b.rules,
-            host,
-            port,
-            learn=b.learn,
-            ask_all=b.ask_all,
-            ask=ask if b.approver is not None else None,
-            resolve=resolve,
-        )
+        v = await b.verdict(host, port, ask, resolve)
         out = Decided(new_id(), key[0], port, v)
         b.audit.write(
             decision_record(

@@ -161,15 +161,7 @@ class DnsGate:
             how[0], v = _by_type(b, name, q, v)
             return v
 
-        v = await verdict.run(
-            b.rules,
-            name,
-            None,
-            learn=b.learn,
-            ask_all=b.ask_all,
-            ask=defer if b.approver is not None else None,
-            resolve=by_type,
-        )
+        v = await b.verdict(name, None, defer, by_type)
         return (how[0] if v.allowed or how[0] == "empty" else "refuse"), v
 
     async def _upstream(self, b: Binding, q: dns.rrset.RRset) -> dns.message.Message:

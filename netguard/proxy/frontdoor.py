@@ -37,7 +37,7 @@ from mitmproxy.net.tls import starts_like_tls_record
 from mitmproxy.proxy.layers.tls import parse_client_hello
 from mitmproxy.tls import ClientHello
 
-from netguard import hosts, rules, verdict
+from netguard import hosts, rules
 from netguard.audit import Kind, close_record
 from netguard.proxy import connecthead, dial, flowview, handoff, splice
 from netguard.proxy.binding import Binding
@@ -285,7 +285,7 @@ def _plain(b: Binding, host: str, port: int) -> bool:
         return False
     if b.inspection(name, port) is not None:  # inspected or a credential's host: mitmproxy terminates TLS
         return False
-    v = verdict.judge(b.rules, host, port, learn=b.learn, ask_all=b.ask_all)
+    v = b.judge(host, port)
     return v.decision.action == "allow" and v.by == "policy"
 
 

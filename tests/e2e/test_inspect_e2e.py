@@ -26,6 +26,7 @@ import pytest
 from netguard.audit import read_records
 
 from ..support import gitfake, httpsfake
+from ..support.caoracle import CA_VARIABLES
 from ..support.httpsfake import Fake, Result
 from ..support.runner import Sandgate, env
 from ..support.world import World, new_world
@@ -55,18 +56,7 @@ GIT_RULE, API_RULE = 4, 9
 NO_PROXY = ["env", "-u", "HTTPS_PROXY", "-u", "https_proxy", "-u", "ALL_PROXY", "-u", "all_proxy"]
 PATHS = ("explicit", "transparent")
 GIT_ID = {k: v for k, v in gitfake.GIT_ENV.items() if k != "HOME"}
-#: Every variable the issue names for the sandbox's trust in the run CA.
-CA_VARS = (
-    "SSL_CERT_FILE",
-    "REQUESTS_CA_BUNDLE",
-    "PIP_CERT",
-    "NODE_EXTRA_CA_CERTS",
-    "GIT_SSL_CAINFO",
-    "CURL_CA_BUNDLE",
-    "CARGO_HTTP_CAINFO",
-    "AWS_CA_BUNDLE",
-    "DENO_CERT",
-)
+CA_VARS = tuple(sorted(CA_VARIABLES))  # the issue's list (tests/support/caoracle.py)
 SYSTEM_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 
 

@@ -24,6 +24,8 @@ from launcher.run import inspection
 from netguard.policy import NetworkPolicy
 from netguard.proxy.spec import CaPair
 
+from ..support.caoracle import CA_VARIABLES
+
 NOW = datetime.datetime(2026, 12, 1, 12, 0, tzinfo=datetime.UTC)
 POLICY = """version: 1
 network:
@@ -167,18 +169,7 @@ def test_install_writes_the_bundle_and_names_it_through_every_variable(
     text = t.bundle.read_text()
     assert "SE9TVA==" in text and ca.cert in text and ca.key not in text and "PRIVATE" not in text
     assert t.binds == ((str(target), t.bundle),)  # onto the real file the inside opens, not the link
-    expected = {
-        "SSL_CERT_FILE",
-        "REQUESTS_CA_BUNDLE",
-        "PIP_CERT",
-        "NODE_EXTRA_CA_CERTS",
-        "GIT_SSL_CAINFO",
-        "CURL_CA_BUNDLE",
-        "CARGO_HTTP_CAINFO",
-        "AWS_CA_BUNDLE",
-        "DENO_CERT",
-    }
-    assert set(t.env) == expected and set(t.env.values()) == {str(link)}
+    assert set(t.env) == CA_VARIABLES and set(t.env.values()) == {str(link)}
     assert not any(ca.key in f.read_text() for f in run.iterdir())  # the key is never on disk
 
 
