@@ -11,14 +11,23 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Callable
 
 from netguard.approval import Answer, Decision, ProtocolError, Request, decode, encode
 
+#: Open questions one sandbox may have at once: a human answers a few at a time; 300 distinct hosts in
+#: a second (a flood, or a forged "pip" asking) would bury the real one and cost 600 records (issue 22).
+QUESTIONS = 16
+
+#: Told of every question refused for the cap: (why) -> a limit record in the sandbox's log.
+Refused = Callable[[str], None]
+
 
 class Approver:
-    def __init__(self, socket_path: str | None, timeout: float) -> None:
+    def __init__(self, socket_path: str | None, timeout: float, refused: Refused | None = None) -> None:
         self.socket_path = socket_path
         self.timeout = timeout
+        self._refused = refused
         self.for_run: set[tuple[str, int]] = set()  # "allow for this run" (and "always")
         self._pending: dict[tuple[str, int], asyncio.Future[Answer]] = {}
         self._waiting: dict[str, asyncio.Future[Answer]] = {}
@@ -32,6 +41,10 @@ class Approver:
             return "run"
         if key in self._pending:
             return await asyncio.shield(self._pending[key])
+        if len(self._pending) >= QUESTIONS:  # denied at once, never asked: the human sees no flood
+            if self._refused is not None:
+                self._refused(f"more than {QUESTIONS} approval questions open at once")
+            return "deny"
         fut: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
         self._pending[key] = fut
         try:

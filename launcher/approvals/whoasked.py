@@ -43,6 +43,17 @@ class Asker:
     pid: int  # as seen from the host's pid namespace (the /proc we scan is the host's)
     name: str  # /proc/<pid>/comm (at most 15 characters, set by the kernel at exec or by prctl)
     cmdline: str  # first CMDLINE_MAX chars of /proc/<pid>/cmdline, NULs as spaces ("" for kernel threads)
+    exe: str = ""  # /proc/<pid>/exe: the file the kernel runs, which the process cannot rename ("" unknown)
+
+    def label(self) -> str:
+        """What a human is shown: the executable, and the name only as the process's own claim.
+
+        Threat: comm and argv are the process's to write (prctl(PR_SET_NAME, "pip") made a question
+        read `asked_by: pip[...]`); the exe link is the kernel's."""
+        if not self.exe:
+            return f"{self.name}[{self.pid}] (name chosen by the process)"
+        claimed = "" if self.name == os.path.basename(self.exe)[:15] else f' (calls itself "{self.name}")'
+        return f"{self.exe}[{self.pid}]{claimed}"
 
 
 # ---------------------------------------------------------------- pure parsing
@@ -149,7 +160,11 @@ def _asker(pid: int) -> Asker:
     with open(f"/proc/{pid}/cmdline", "rb") as f:
         raw = f.read(CMDLINE_MAX * 4)  # UTF-8: at most 4 bytes a character
     cmdline = raw.rstrip(b"\0").replace(b"\0", b" ").decode("utf-8", errors="replace")[:CMDLINE_MAX]
-    return Asker(pid=pid, name=name, cmdline=cmdline)
+    try:
+        exe = os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        exe = ""
+    return Asker(pid=pid, name=name, cmdline=cmdline, exe=exe)
 
 
 def _socket_inodes(netns_pid: int, ip: str, port: int, tables: Iterable[str], *, wildcard: bool) -> list[int]:

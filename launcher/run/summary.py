@@ -23,18 +23,22 @@ def summary(path: Path, task: str) -> str:
     denied = sum(r["action"] == "deny" for r in decisions)
     would_deny = sum(r["would"] == "deny" for r in decisions)
     would = f" ({would_deny} would have been denied)" if would_deny else ""
+    from launcher.audit import limited as limits
     from launcher.audit import refusals
 
     refused, leaks = refusals.counts(records, task)
+    limited = limits.totals(records, task)
     extra = f", {refused} request{'s' if refused != 1 else ''} refused" if refused else ""
     extra += f", {leaks} ATTEMPTED LEAK{'S' if leaks != 1 else ''}" if leaks else ""
+    n = sum(c for c, _ in limited.values())
+    extra += f", {n} refused by limits" if n else ""
     line = f"sandgate: {allowed} allowed{would}, {denied} denied{extra} -> {path}"
-    if not denied and not refused and not leaks:
+    if not denied and not refused and not leaks and not n:
         return line
     from launcher.audit import denials
     from launcher.config import load
 
-    out = [line, *refusals.lines(records, task)]
+    out = [line, *refusals.lines(records, task), *limits.lines(limited)]
     if denied:
         out += denials.lines(records, task, load.bundled_rulesets())
     return "\n".join(out)

@@ -28,6 +28,12 @@ def http_path(mark: str, probe: str) -> str:
     return f"/verify/{mark}/{probe}"
 
 
+def control_path(mark: str, probe: str) -> str:
+    """HTTP marker of a probe's permitted twin (the allowed request beside the attack): never matched by
+    in_logs(probe, ...), so the twin reaching its canary is no evidence against the blocked row."""
+    return f"/verify/{mark}/control-{probe}"
+
+
 def payload(mark: str, probe: str) -> str:
     """TCP/UDP/unix marker, as text (the wire form ends with a newline: wire_payload)."""
     return f"verify:{mark}:{probe}"

@@ -10,23 +10,25 @@ import pwd
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fsguard.policy import DEFAULT_READ_DENY
-from launcher.selftest import fakenet, inspectnet
+from launcher.selftest import fakenet, inspectnet, otherdaemon
 from launcher.selftest.errors import VerifyError
 from launcher.selftest.fakenet import SECRET_ENV, VISIBLE_ENV, WorldFacts
 from launcher.selftest.judge import Row, daemon_row, judge
+from launcher.selftest.otherdaemon import OtherDaemon
 from launcher.selftest.planted import Planted, file_handle
 from launcher.selftest.probes.core import Record, attempt
 from launcher.selftest.probes.host import handle_from_spec, read_by_handle
+from launcher.selftest.sidecar import Sidecar, VictimRun
 from launcher.selftest.spec import FileHandleSpec, VerifySpec, dump_spec
 from launcher.selftest.staged import Staged
 from launcher.selftest.terminal import run_on_a_terminal
 from launcher.selftest.world import World
-from netguard.proxy import control
+from netguard.proxy import control, limits
 
 if TYPE_CHECKING:  # selection imports untrusted, which imports this module
     from launcher.selftest.selection import Selection
@@ -34,6 +36,8 @@ if TYPE_CHECKING:  # selection imports untrusted, which imports this module
 #: The checkout or install holding the `launcher` package: the probes' and canaries' PYTHONPATH.
 REPO = Path(__file__).resolve().parents[2]
 FALLBACK_PYTHONS = ("/usr/bin/python3", "/bin/python3")
+HOG_EXTRA = 256  # silent connections the starvation probe opens past its share: all must be refused
+Evidence = tuple[dict[tuple[str, str], str], dict[tuple[str, str], str]]  # (seen, missing) for the judge
 
 
 @dataclass(frozen=True)
@@ -201,10 +205,8 @@ def _daemon_token(token: str, p: Pass) -> str:
     return f"sgvd{token}{p.identity[0]}"
 
 
-def _probe_cmd(
-    p: Pass, home: Path, policies: list[Path], spec_path: Path, audit_log: Path, upstream_ca: Path
-) -> list[str]:
-    """`sandgate run` of the probe runner, as this pass's identity."""
+def _sandgate_run(p: Pass, home: Path, policies: list[Path], audit_log: Path, upstream_ca: Path) -> list[str]:
+    """`sandgate run ... --` as this pass's identity: the probe runner's, and the starvation probe's victim's."""
     # nobody's passwd home is not the fake one: tell sandgate the same secret paths its default
     # rules (DEFAULT_READ_DENY) would hide in a home it knew.
     deny = [a for d in DEFAULT_READ_DENY for a in ("--read-deny", d.replace("~", str(home), 1))] if p.name_home else []
@@ -223,10 +225,6 @@ def _probe_cmd(
         "--upstream-ca",  # the inspected upstreams' certificates come from the world's CA
         str(upstream_ca),
         "--",
-        p.python,
-        "-m",
-        "launcher.selftest.probes",
-        str(spec_path),
     ]
 
 
@@ -255,28 +253,75 @@ def run_pass(
     files, staged = _prepare(w, p, base, token)
     ws, home = files.ws, files.home
     spec = _pass_spec(p, files, facts, planted, staged, token, only)
-    (ws / "spec.json").write_text(dump_spec(spec))
     # the brokered credential's real value: in sandgate's environment, never in the sandbox's
     env = {**base_env(home, secret_of(token), token), **staged.env(), inspectnet.CRED_ENV: facts.inspect.real_secret}
     if os.environ.get("SANDGATE_INTERNAL_WEAKEN"):
         env["SANDGATE_INTERNAL_WEAKEN"] = os.environ["SANDGATE_INTERNAL_WEAKEN"]
-    cmd = _probe_cmd(p, home, policies, ws / "spec.json", staged.audit_log, w.ca_pem)
-    out, err, code = run_on_a_terminal(w, cmd, ws, env)
+    out, err, code, shared = _run_probes(w, p, base, spec, env, policies, staged.audit_log, only)
     results: list[Record] = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     if not results:
         raise VerifyError(f"the probe runner ({p.identity}) produced no results (exit {code}): {err.strip()[-500:]}")
     daemon_log = control.runtime_base(env, os.geteuid()) / "daemon.log"  # where this run's daemon writes
     seen = inspectnet.evidence(facts.inspect, p.identity, w.servers, [staged.audit_log, daemon_log])
     host = {**planted.evidence(ws, p.identity), **staged.evidence(), **seen.seen}
+    missing = dict(seen.missing)
+    for shown, lacking in shared:
+        host.update(shown)
+        missing.update({k: v for k, v in lacking.items() if k not in missing})
     # ~ is the sandbox's own overlay (writes inside succeed there): the real dotfile must be untouched.
     if (rc := (home / ".bashrc").read_text(errors="replace")) != "# verify\n":
         host["write_outside", "*"] = f"the real ~/.bashrc changed: {rc[-120:]!r}"
         (home / ".bashrc").write_text("# verify\n")
-    rows = [judge(w, r, p.identity, host, seen.missing) for r in results if only.wants(r["group"], r["probe"])]
+    rows = [judge(w, r, p.identity, host, missing) for r in results if only.wants(r["group"], r["probe"])]
     if only.wants("process", "daemon_after_run"):
         heartbeat = ws / "results" / f"daemon-{spec.daemon_token}.heartbeat"
         rows.append(daemon_row(spec.daemon_token, heartbeat, p.identity))
     return rows
+
+
+def _run_probes(
+    w: World,
+    p: Pass,
+    base: Path,
+    spec: VerifySpec,
+    env: dict[str, str],
+    policies: list[Path],
+    audit: Path,
+    only: Selection,
+) -> tuple[str, str, int, list[Evidence]]:
+    """The probe runner in its sandbox, with issue 22's company: another daemon of the command's uid
+    before it starts, the sidecar (victim sandbox, the daemon's memory) while it runs; their evidence."""
+    other = OtherDaemon.start(w, base, p.uid, p.gid, p.python) if only.wants("network", otherdaemon.PROBE) else None
+    try:
+        ws = base / "ws"
+        (ws / "spec.json").write_text(dump_spec(_shared_daemon(spec, other)))
+        cmd = [*_sandgate_run(p, base / "home", policies, audit, w.ca_pem), p.python, "-m", "launcher.selftest.probes"]
+        victim = _victim(p, base, policies, w.ca_pem)
+        with Sidecar(w, ws / "results", victim, env, fakenet.ALLOWED_HOST) as side:
+            out, err, code = run_on_a_terminal(w, [*cmd, str(ws / "spec.json")], ws, env)
+        return out, err, code, [side.evidence(w, p.identity, audit), *([other.evidence()] if other else [])]
+    finally:
+        if other is not None:
+            other.stop()
+
+
+def _shared_daemon(spec: VerifySpec, other: OtherDaemon | None) -> VerifySpec:
+    """The spec with its issue-22 fields: the other daemon's socket, and the limits the probes must meet."""
+    return replace(
+        spec,
+        other_daemon_socket=str(other.sock) if other is not None else "",
+        hog_connections=limits.PER_SANDBOX + HOG_EXTRA,
+        connection_share=limits.PER_SANDBOX,
+        head_limit=limits.HEAD_MAX,
+    )
+
+
+def _victim(p: Pass, base: Path, policies: list[Path], upstream_ca: Path) -> VictimRun:
+    """The starvation probe's victim: another sandbox of the same user and daemon, its own workspace and log."""
+    ws = base / "victim"
+    ws.mkdir()
+    os.chown(ws, p.uid, p.gid)
+    return VictimRun(_sandgate_run(p, base / "home", policies, base / "victim-audit.jsonl", upstream_ca), p.python, ws)
 
 
 def _handle_control(handle: FileHandleSpec, secret: str) -> None:

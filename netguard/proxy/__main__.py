@@ -17,7 +17,8 @@ import signal
 import sys
 
 from netguard.proxy.control import DaemonSocket
-from netguard.proxy.serve import Daemon, log, report_ready
+from netguard.proxy.ctlasync import report_ready
+from netguard.proxy.serve import Daemon, log
 
 DESCRIPTION = "sandgated: one long-lived proxy per user and network namespace, serving many sandboxes."
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 
+from netguard.proxy.limits import Share, share_cap
+
 WANT = 1 << 20  # 10,000 tunnels need ~20,000 over the daemon's processes; a million costs nothing until used
 
 
@@ -55,6 +57,7 @@ class Budget:
         self.limit = max(16, (soft - RESERVE) // PER_CONNECTION)
         self.live = 0
         self.refused = 0
+        self.sandboxes = 0  # bound right now: the fair share divides the budget among them
         self._away = away
 
     @property
@@ -71,3 +74,17 @@ class Budget:
 
     def give(self) -> None:
         self.live -= 1
+
+    def admit(self, share: Share) -> str | None:
+        """Take one connection for a sandbox: None, or why not (its share is used up, or the whole budget)."""
+        cap = share_cap(self.limit, self.held, self.sandboxes)
+        if share.live >= cap:
+            return f"per-sandbox connection limit ({cap} open; the daemon is shared by {self.sandboxes} sandboxes)"
+        if not self.take():
+            return f"the daemon's connection budget is full ({self.limit} connections)"
+        share.live += 1
+        return None
+
+    def release(self, share: Share) -> None:
+        share.live -= 1
+        self.give()

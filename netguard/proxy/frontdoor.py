@@ -12,8 +12,13 @@ plainest flows never enter mitmproxy:
 Both are decided by the same code as the Gate (netguard.proxy.decide: same verdict, pin, record),
 then relayed by the kernel (netguard.proxy.relay) with the same close record, and reached by a
 sandbox's drop through handoff's registry. Everything else (inspection, a policy that does not allow
-the name by itself, not TLS, a slow or oversized hello or head) is handed to
-mitmproxy as the socket it would have accepted: nothing was consumed, its layers decide as before.
+the name by itself, not TLS) is handed to mitmproxy as the socket it would have accepted: nothing
+was consumed, its layers decide as before, and the first head or hello they read is already whole.
+
+The shared daemon's limits start here (netguard.proxy.limits): a connection past its sandbox's share
+is closed at accept; one that has not sent a whole ClientHello or request head within the deadline,
+or whose head outgrows HEAD_MAX, is refused before mitmproxy (which would buffer it without bound)
+sees a byte. Each refusal is recorded in that sandbox's log.
 
 Fail closed: an exception here closes the client's connection and is logged; undecided bytes are
 never relayed.
@@ -26,7 +31,6 @@ import contextlib
 import os
 import socket
 import sys
-import threading
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal
@@ -38,8 +42,8 @@ from mitmproxy.proxy.layers.tls import parse_client_hello
 from mitmproxy.tls import ClientHello
 
 from netguard import hosts, rules
-from netguard.audit import Kind, close_record
-from netguard.proxy import connecthead, dial, flowview, handoff, splice
+from netguard.audit import Kind, Limit, close_record
+from netguard.proxy import connecthead, dial, firstbytes, flowview, handoff, headlimit, limits, peek, splice
 from netguard.proxy.binding import Binding
 from netguard.proxy.decide import Conn, Decided, Decider
 from netguard.proxy.fdlimit import Budget
@@ -50,8 +54,8 @@ Handover = Literal["mitmproxy"]  # nothing read, nothing decided: mitmproxy take
 _HANDOVER: Handover = "mitmproxy"
 Fallback = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
-PEEK_MAX = 32 * 1024  # a ClientHello with post-quantum key shares is ~2 KiB; past this mitmproxy takes it
-PEEK_WAIT = 1.0  # seconds for a whole head / hello; a slower client is mitmproxy's (it waits as before)
+PEEK_WAIT = 1.0  # seconds for the SNI of a cidr-allowed flow; a slower one is judged by its address
+REFUSED_PAUSE = 0.1  # seconds a listener stops accepting after its sandbox's share refused a connection
 ACCEPT_BURST = 64
 FAST = True  # False: every connection goes to mitmproxy (what the tests compare the front door with)
 
@@ -118,11 +122,15 @@ class FrontDoor:
         *,
         idle: float,
         budget: Budget | None = None,
+        share: limits.Share | None = None,
+        refusals: limits.Refusals | None = None,
         log: Callable[[str], None] = _stderr,
     ) -> None:
         self.sock, self.slot, self.mode = sock, slot, mode
         self._bindings, self._decider, self._fallback = bindings, decider, fallback
         self._idle, self._budget, self._log = idle, budget, log
+        self._share, self._refusals = share or limits.Share(), refusals
+        self._kind: Kind = "connect" if mode == "regular" else "tcp"  # what a refusal here is recorded as
         self.deciding: set[asyncio.Task[None]] = set()  # not yet relayed nor handed over: cancelled by close()
         self.relayed: set[asyncio.Future[None]] = set()  # spliced here: cut through handoff.cut_slots
         self._loop = asyncio.get_running_loop()
@@ -144,23 +152,32 @@ class FrontDoor:
             task.cancel()
 
     def _accept(self) -> None:
+        refused = False
         for _ in range(ACCEPT_BURST):
             try:
                 conn, _ = self.sock.accept()
             except (BlockingIOError, InterruptedError):
-                return
+                break
             except OSError as e:  # EMFILE and friends: pause instead of spinning on a readable listener
                 self._log(f"accept failed: {e}; pausing for a second")
-                self._loop.remove_reader(self.sock.fileno())
-                self._loop.call_later(1.0, self._resume)
+                self._pause(1.0)
                 return
-            if self._budget is not None and not self._budget.take():
-                conn.close()  # out of fds soon: refuse this one, never let accept() meet EMFILE
+            why = self._budget.admit(self._share) if self._budget is not None else None
+            if why is not None:  # this sandbox's share is used up (or the daemon's fds soon): never EMFILE
+                conn.close()
+                self._refused("connections", self._kind, why)
+                refused = True
                 continue
             conn.setblocking(False)
             task = self._loop.create_task(self._serve(conn))
             self.deciding.add(task)
             task.add_done_callback(self.deciding.discard)
+        if refused:  # a flood of connections past the share costs the daemon one burst per pause
+            self._pause(REFUSED_PAUSE)
+
+    def _pause(self, seconds: float) -> None:
+        self._loop.remove_reader(self.sock.fileno())
+        self._loop.call_later(seconds, self._resume)
 
     def _resume(self) -> None:
         if self._open:
@@ -168,16 +185,18 @@ class FrontDoor:
 
     def _give(self) -> None:
         if self._budget is not None:
-            self._budget.give()
+            self._budget.release(self._share)
+
+    def _refused(self, limit: Limit, kind: Kind, why: str) -> None:
+        if self._refusals is not None:
+            self._refusals.refuse(limit, kind, why)
 
     async def _serve(self, conn: socket.socket) -> None:
         """One connection: relayed here, handed to mitmproxy, or closed (refused, failed, or an error: fail closed)."""
         flow: _Flow | Handover | None = None
         try:
             b = self._bindings.get(self.slot)
-            if b is not None and not (FAST and splice.AVAILABLE):
-                flow = _HANDOVER  # no kernel relay on this OS: mitmproxy relays everything
-            elif b is not None:  # else a listener without a policy: refused (fail closed)
+            if b is not None:  # else a listener without a policy: refused (fail closed)
                 flow = await (self._explicit(conn, b) if self.mode == "regular" else self._transparent(conn, b))
         except Exception as e:
             self._log(f"closed a connection after an error: {type(e).__name__}: {e}")
@@ -223,9 +242,17 @@ class FrontDoor:
         except Exception:
             return _HANDOVER  # mitmproxy logs it and closes, as before
         dst_ip, dst_port = str(dst[0]), int(dst[1])
-        if _plain(b, dst_ip, dst_port) and not _peek_now(conn):
-            return await self._relay(conn, b, "tcp", dst_ip, dst_port)  # cidr-allowed: server-speaks-first works
-        hello = _hello(await _peek(conn, _hello_done))
+        if _plain(b, dst_ip, dst_port):  # cidr-allowed: judged by its address, whatever it sends, if anything
+            if not peek.now(conn):
+                return await self._relay(conn, b, "tcp", dst_ip, dst_port) if _FAST() else _HANDOVER
+            hello = _hello((await peek.until(conn, _hello_done, PEEK_WAIT))[0])  # an SNI, if any, is judged instead
+        else:
+            first = await self._first(conn)  # judged by its SNI or Host: nothing goes on before it is whole
+            if first is None:
+                return None
+            hello = _hello(first)
+        if not _FAST():
+            return _HANDOVER  # no kernel relay on this OS: mitmproxy relays everything
         if hello is None:
             return _HANDOVER  # not TLS (plain HTTP is judged by its Host header), incomplete or malformed
         # The name is what is judged (a client sending SNI allowed.test to a blocked IP reaches allowed.test);
@@ -247,10 +274,31 @@ class FrontDoor:
         flow.start(conn, up, self._idle)
         return flow
 
+    async def _first(self, conn: socket.socket) -> bytes | None:
+        """The connection's first unit (ClientHello, request head), whole and left in the socket; None when it
+        did not come within the deadline or outgrew HEAD_MAX: refused (431 to an HTTP request), recorded."""
+        data, late = await peek.until(conn, lambda buf: firstbytes.state(buf) != "more", limits.DEADLINE)
+        st = firstbytes.state(data)
+        if st == "ready":
+            return data
+        if st == "more":  # the client went away first (nothing to record), or the deadline came
+            if late:
+                why = f"no whole request head or ClientHello within {limits.DEADLINE:g} s"
+                self._refused("deadline", self._kind, why)
+            return None
+        http = firstbytes.looks_like_http(data) and not firstbytes.is_connect(data)
+        self._refused("head", "http" if http else self._kind, f"request head larger than {limits.HEAD_MAX} bytes")
+        if http:
+            await self._loop.sock_sendall(conn, headlimit.TOO_LARGE)
+            await peek.linger(conn)
+        return None
+
     async def _explicit(self, conn: socket.socket, b: Binding) -> _Flow | Handover | None:
-        data = await _peek(conn, lambda buf: connecthead.parse(buf) != "incomplete")
+        data = await self._first(conn)
+        if data is None:
+            return None
         head = connecthead.parse(data)
-        if not isinstance(head, connecthead.Head) or not _plain(b, head.host, head.port):
+        if not _FAST() or not isinstance(head, connecthead.Head) or not _plain(b, head.host, head.port):
             return _HANDOVER
         if len(conn.recv(head.size)) != head.size:  # the head only: it was all there (peeked)
             raise ConnectionError("the peeked request head could not be read")
@@ -297,27 +345,6 @@ def _peer(conn: socket.socket) -> tuple[str, int] | None:
     return (str(p[0]), int(p[1]))
 
 
-def _peek_now(conn: socket.socket) -> bytes:
-    """What the client has sent so far, left in the socket (b"" if nothing yet)."""
-    try:
-        return _peek_bytes(conn)
-    except (BlockingIOError, InterruptedError):
-        return b""
-
-
-_BUF = threading.local()  # one peek buffer per thread (each event loop has its own thread)
-
-
-def _peek_bytes(conn: socket.socket) -> bytes:
-    """recv(MSG_PEEK) through one reused buffer: a fresh PEEK_MAX bytes per call costs each of thousands of
-    connections arriving at once 32 KiB of heap (measured: ~300 MiB more RSS at 10,000)."""
-    buf: bytearray | None = getattr(_BUF, "buf", None)
-    if buf is None:
-        buf = _BUF.buf = bytearray(PEEK_MAX)
-    n = conn.recv_into(buf, PEEK_MAX, socket.MSG_PEEK)
-    return bytes(memoryview(buf)[:n])
-
-
 def _hello_done(buf: bytes) -> bool:
     """Enough bytes to tell: not TLS, a whole ClientHello, or one that cannot be parsed."""
     if len(buf) < 3 or not starts_like_tls_record(buf):
@@ -337,41 +364,5 @@ def _hello(buf: bytes) -> ClientHello | None:
         return None
 
 
-async def _peek(conn: socket.socket, done: Callable[[bytes], bool]) -> bytes:
-    """The client's first bytes, left in the socket: until `done`, EOF, PEEK_MAX or PEEK_WAIT.
-
-    SO_RCVLOWAT makes the next wakeup wait for more than what was seen (a peek leaves the socket
-    readable: polling it would spin); it is reset before anyone else reads the socket."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + PEEK_WAIT
-    seen = b""
-    try:
-        while True:
-            try:
-                seen = _peek_bytes(conn)
-                if not seen or done(seen) or len(seen) >= PEEK_MAX:
-                    return seen
-                conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, len(seen) + 1)
-            except (BlockingIOError, InterruptedError):
-                pass
-            if not await _readable(loop, conn.fileno(), deadline):
-                return seen
-    finally:
-        if seen:
-            conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)
-
-
-async def _readable(loop: asyncio.AbstractEventLoop, fd: int, deadline: float) -> bool:
-    fut: asyncio.Future[bool] = loop.create_future()
-
-    def wake(ok: bool) -> None:
-        if not fut.done():
-            fut.set_result(ok)
-
-    loop.add_reader(fd, wake, True)
-    timer = loop.call_at(deadline, wake, False)
-    try:
-        return await fut
-    finally:
-        timer.cancel()
-        loop.remove_reader(fd)
+def _FAST() -> bool:  # reads the module switch at call time (tests flip FAST)
+    return FAST and splice.AVAILABLE

@@ -6,7 +6,7 @@ from mitmproxy.addons.proxyserver import Proxyserver
 from mitmproxy.master import Master
 from mitmproxy.options import Options
 
-from netguard.proxy import fdlimit
+from netguard.proxy import fdlimit, headlimit
 from netguard.proxy.binding import Binding
 from netguard.proxy.gate import Gate
 from netguard.proxy.tlsinspect import TlsInspect
@@ -27,6 +27,7 @@ def make_master(bindings: dict[int, Binding], modes: list[str]) -> tuple[Master,
     proxyserver = Proxyserver()  # type: ignore[no-untyped-call]
     gate = Gate(bindings)
     gate.handlers = proxyserver.connections  # decided flows leave mitmproxy for the kernel relay
+    headlimit.install(gate.head_refused)  # no request head grows the shared daemon without bound
     master.addons.add(proxyserver, TlsInspect(bindings), gate)  # type: ignore[no-untyped-call]
     opts.update(  # type: ignore[no-untyped-call]
         connection_strategy="lazy",  # decide on the name (SNI/Host) before any upstream connection exists

@@ -13,6 +13,7 @@ lock file and the audit descriptors it was given.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import resource
 import signal
@@ -22,6 +23,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from netguard.proxy import ctlasync, limits, peercheck
 from netguard.proxy.control import (
     BindError,
     DaemonSocket,
@@ -29,8 +31,6 @@ from netguard.proxy.control import (
     adopt_fds,
     close_fds,
     parse_message,
-    peer_uid,
-    recv_raw,
     send_message,
 )
 from netguard.proxy.spec import BindingSpec, SpecError, decode
@@ -42,6 +42,7 @@ if TYPE_CHECKING:  # imported lazily: the control/lock logic runs before mitmpro
     from netguard.proxy.frontdoor import FrontDoor
 
 MAX_SLOT = 65535  # slots are listen ports in mitmproxy mode specs, which must be valid ports
+REFUSING_MAX = 16  # refused control peers being told why at once
 BACKLOG = 4096  # asyncio re-runs listen() on a passed socket: keep the queue the launcher sized for a cold start
 
 
@@ -66,6 +67,8 @@ class Sandbox:
     dns: list[DnsService] = field(default_factory=list)
     conns: dict[asyncio.Task[Any], asyncio.StreamWriter] = field(default_factory=dict)
     budget: Budget | None = None  # the daemon's, shared by every sandbox
+    share: limits.Share = field(default_factory=lambda: limits.Share())  # this sandbox's part of it
+    counted: bool = False  # in budget.sandboxes (released once)
 
     def tracked(self, handler: Any, budgeted: bool = True) -> Any:
         """Wrap a stream handler so `drop` can cut this sandbox's open connections.
@@ -112,6 +115,8 @@ class Daemon:
         self._next_slot = 1
         self._idle: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._refusing: set[asyncio.Task[None]] = set()
+        self.namespaces = peercheck.own_namespaces()  # who may talk to us: launchers in these (issue 22)
 
     async def run(self, ready_fd: int | None) -> None:
         from netguard.proxy import fdlimit, relaypool
@@ -131,7 +136,7 @@ class Daemon:
         lfd = self.listener.sock.fileno()
         self.listener.sock.setblocking(False)
         loop.add_reader(lfd, self._accept)
-        report_ready(ready_fd)
+        ctlasync.report_ready(ready_fd)
         log(f"ready on {self.listener.path}")
         self._arm_idle()
         try:
@@ -177,13 +182,15 @@ class Daemon:
             loop.call_later(1.0, self._resume_accept)
             return
         conn.setblocking(False)
-        try:
-            uid = peer_uid(conn)
-        except OSError:
-            uid = -1
-        if uid != os.geteuid():  # the socket is 0600 in a 0700 dir; this also stops root and other userns
-            log(f"refused a control connection from uid {uid}")
-            conn.close()
+        why = peercheck.refusal(conn, self.namespaces)
+        if why is not None:
+            log(f"refused a control connection: {why}")
+            if len(self._refusing) < REFUSING_MAX:  # else no answer at all: a flood costs a close each
+                task = asyncio.get_running_loop().create_task(ctlasync.refuse(conn, why))
+                self._refusing.add(task)
+                task.add_done_callback(self._refusing.discard)
+            else:
+                conn.close()
             return
         peer = Peer(conn)
         self.peers[id(peer)] = peer
@@ -199,7 +206,7 @@ class Daemon:
     async def _serve_peer(self, peer: Peer) -> None:
         try:
             while not self.stopping.is_set():
-                data, fds, flags = await _recv(peer.sock)
+                data, fds, flags = await ctlasync.recv(peer.sock)
                 if not data and not fds and not flags:
                     break  # EOF: the launcher exited or was killed; its sandbox goes with it
                 reply, stop = await self._handle(peer, data, fds, flags)
@@ -222,15 +229,15 @@ class Daemon:
             msg = parse_message(data, flags)
         except ValueError as e:
             close_fds(fds)
-            return _err(str(e)), False
+            return ctlasync.err(str(e)), False
         op = msg.get("op")
         if op == "bind":
             return await self._bind(peer, msg, fds), False
         close_fds(fds)  # only a bind carries fds; stray ones must not pile up in a long-lived daemon
         if op not in ("end", "status", "stop"):
-            return _err(f"unknown op {op!r} (expected bind, end, status or stop)"), False
+            return ctlasync.err(f"unknown op {op!r} (expected bind, end, status or stop)"), False
         if set(msg) != {"op"}:
-            return _err(f"unexpected keys in {op!r}: {', '.join(sorted(set(msg) - {'op'}))}"), False
+            return ctlasync.err(f"unexpected keys in {op!r}: {', '.join(sorted(set(msg) - {'op'}))}"), False
         if op == "end":
             await self.drop(peer, "end")
             return {"ok": True}, False
@@ -252,24 +259,24 @@ class Daemon:
     async def _bind(self, peer: Peer, msg: dict[str, Any], fds: list[int]) -> dict[str, Any]:
         if set(msg) != {"op", "spec"}:
             close_fds(fds)
-            return _err("bind takes exactly the keys op and spec")
+            return ctlasync.err("bind takes exactly the keys op and spec")
         if peer.sandbox is not None:
             close_fds(fds)
-            return _err("this connection already has a binding; use one connection per sandbox")
+            return ctlasync.err("this connection already has a binding; use one connection per sandbox")
         try:
             spec = decode(msg["spec"])
         except SpecError as e:
             close_fds(fds)
-            return _err(f"invalid spec: {e}")
+            return ctlasync.err(f"invalid spec: {e}")
         try:
             passed = adopt_fds(fds)
         except BindError as e:
-            return _err(str(e))
+            return ctlasync.err(str(e))
         try:
             peer.sandbox = await self._start(spec.task, spec, passed)
         except Exception as e:
             log(f"bind of task {spec.task} failed: {type(e).__name__}: {e}")
-            return _err(f"cannot serve this sandbox: {e}")
+            return ctlasync.err(f"cannot serve this sandbox: {e}")
         log(f"bind task={spec.task} slots={peer.sandbox.slots[0]},{peer.sandbox.slots[1]} ({self._count()} bindings)")
         return {"ok": True}
 
@@ -283,19 +290,27 @@ class Daemon:
         from netguard.proxy.binding import Binding
         from netguard.proxy.frontdoor import FrontDoor, Mode
 
-        approver = Approver(spec.approval_socket, spec.ask_timeout) if spec.approval_socket else None
+        audit = AuditLog.from_fd(passed.audit)
+        refusals = limits.Refusals(task, audit.write)  # this sandbox's limits, in this sandbox's log
+        approver = None
+        if spec.approval_socket:
+            asked = functools.partial(refusals.refuse, "questions", "approval")
+            approver = Approver(spec.approval_socket, spec.ask_timeout, asked)
         binding = Binding(
             task,
             rules.compile_policy(spec.policy),
-            AuditLog.from_fd(passed.audit),
+            audit,
             learn=spec.learn,
             ask_all=spec.ask_all,
             approver=approver,
             ca=spec.ca,
             upstream_ca=spec.upstream_ca,
             secrets=spec.secrets,
+            refusals=refusals,
         )
         sb = Sandbox(task, binding, (0, 0), since=now_rfc3339(), budget=self.budget)
+        self.budget.sandboxes += 1  # the fair share divides the budget among the bound sandboxes
+        sb.counted = True
         try:
             sb.slots = (self._slot(binding), self._slot(binding))
             listeners: tuple[tuple[int, Mode, socket.socket], ...] = (
@@ -306,7 +321,7 @@ class Daemon:
                 # The slot is only a key for Gate: the mode spec is never used to bind anything.
                 instance: ServerInstance[Any] = ServerInstance.make(f"{mode}@127.0.0.1:{slot}", self.proxyserver)
                 fallback = sb.tracked(instance.handle_stream, budgeted=False)  # what the front door does not take
-                door = FrontDoor(sock, slot, mode, self.bindings, self.gate.decider, fallback, **self._door_args())
+                door = FrontDoor(sock, slot, mode, self.bindings, self.gate.decider, fallback, **self._door_args(sb))
                 sb.doors.append(door)
                 door.start(BACKLOG)
             sb.dns.append(await dns.serve_udp(passed.dns_udp, binding, self.dnsgate))
@@ -318,8 +333,9 @@ class Daemon:
             raise
         return sb
 
-    def _door_args(self) -> dict[str, Any]:
-        return {"idle": float(self.master.options.tcp_timeout), "budget": self.budget, "log": log}
+    def _door_args(self, sb: Sandbox) -> dict[str, Any]:
+        idle = float(self.master.options.tcp_timeout)
+        return {"idle": idle, "budget": self.budget, "share": sb.share, "refusals": sb.binding.refusals, "log": log}
 
     def _slot(self, binding: Binding) -> int:
         for _ in range(MAX_SLOT):
@@ -341,6 +357,9 @@ class Daemon:
         for slot in sb.slots:
             if self.bindings.get(slot) is sb.binding:
                 del self.bindings[slot]
+        if sb.counted:
+            self.budget.sandboxes -= 1
+            sb.counted = False
         for door in sb.doors:
             door.close()
         for service in sb.dns:
@@ -353,42 +372,9 @@ class Daemon:
         waits = [*sb.conns, *(f for door in sb.doors for f in door.relayed)]
         if waits:  # let the cut connections write their close records
             await asyncio.wait(waits, timeout=2)
+        if sb.binding.refusals is not None:
+            sb.binding.refusals.flush()  # the counts still pending: the exit line reads them next
         sb.binding.audit.close()
 
     def _count(self) -> int:
         return sum(1 for p in self.peers.values() if p.sandbox is not None)
-
-
-async def _recv(sock: socket.socket) -> tuple[bytes, list[int], int]:
-    """recvmsg once the socket is readable (asyncio has no recvmsg with ancillary data)."""
-    loop = asyncio.get_running_loop()
-    while True:
-        try:
-            return recv_raw(sock, socket.MSG_DONTWAIT)
-        except (BlockingIOError, InterruptedError):
-            pass
-        fut: asyncio.Future[None] = loop.create_future()
-        loop.add_reader(sock.fileno(), _wake, fut)
-        try:
-            await fut
-        finally:
-            loop.remove_reader(sock.fileno())
-
-
-def _wake(fut: asyncio.Future[None]) -> None:
-    if not fut.done():
-        fut.set_result(None)
-
-
-def _err(text: str) -> dict[str, Any]:
-    return {"ok": False, "error": text}
-
-
-def report_ready(fd: int | None) -> None:
-    if fd is not None:
-        try:
-            os.write(fd, b"ready\n")
-        except BrokenPipeError:
-            pass  # the launcher that started us already finished (a short command): others will connect
-        finally:
-            os.close(fd)

@@ -14,7 +14,7 @@ from typing import Any
 
 from mitmproxy.proxy.mode_servers import ServerInstance
 
-from netguard.proxy import dns, handoff, relaypool
+from netguard.proxy import dns, handoff, limits, relaypool
 from netguard.proxy.binding import Binding
 from netguard.proxy.frontdoor import FrontDoor, Mode
 from netguard.proxy.master import make_master
@@ -134,7 +134,12 @@ async def serve(
         for p in planned:
             sock = _tcp_socket(p.spec, p.addr)
             instance: ServerInstance[Any] = ServerInstance.make(p.spec, proxyserver)  # the fallback: mitmproxy
-            door = FrontDoor(sock, p.addr[1], p.mode, bindings, gate.decider, instance.handle_stream, idle=idle)
+            b = bindings[p.addr[1]]
+            if b.refusals is None:  # the deadline and head limits are said in this proxy's log too
+                b.refusals = limits.Refusals(b.task, b.audit.write)
+            door = FrontDoor(
+                sock, p.addr[1], p.mode, bindings, gate.decider, instance.handle_stream, idle=idle, refusals=b.refusals
+            )
             doors.append(door)
             door.start(1024)
         gate_dns = dns.DnsGate()
@@ -149,6 +154,9 @@ async def serve(
     finally:
         for door in doors:
             door.close()
+        for b in {id(b): b for b in bindings.values()}.values():
+            if b.refusals is not None:
+                b.refusals.flush()
         handoff.cut_slots(list(bindings), "proxy exit")  # spliced flows hold no transport mitmproxy could close
         relaypool.pool().stop()  # the workers this proxy started (a caller's loop may outlive it: tests)
         for service in services:

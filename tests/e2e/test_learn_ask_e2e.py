@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -183,7 +184,7 @@ def test_allow_once_then_asked_again(net: Net) -> None:
     r, log, client, _ = ask_run(net, twice, lambda req: "once")
     assert r.stdout.splitlines() == ["https://ask.test/ 200", "https://ask.test/ 200"], r.stderr
     assert len(client.requests) == 2 and client.requests[0]["host"] == "ask.test" and client.requests[0]["port"] == 443
-    assert str(client.requests[0]["asked_by"]).startswith("curl[")
+    assert re.fullmatch(r"/\S*/curl\[\d+\]", str(client.requests[0]["asked_by"])), client.requests[0]  # the exe
     approvals = records(log, "approval")
     assert [(a["stage"], a["answer"], a["by"]) for a in approvals] == [
         ("question", None, None),

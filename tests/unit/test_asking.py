@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from netguard.approval import Answer, Decision, Request, decode, encode
-from netguard.asking import Approver
+from netguard.asking import QUESTIONS, Approver
 
 
 async def fake_launcher(
@@ -76,6 +76,24 @@ def test_a_malformed_answer_denies_its_question_at_once(tmp_path: Path) -> None:
         a = Approver(str(tmp_path / "s"), timeout=30)
         answer = await asyncio.wait_for(a.ask("x.test", 443, "tls", None, "r"), 5)  # not after 30 s
         assert answer == "deny" and not a.for_run
+        server.close()
+
+    asyncio.run(main())
+
+
+def test_a_flood_of_distinct_questions_asks_a_human_at_most_questions_at_once(tmp_path: Path) -> None:
+    """Issue 22: 300 distinct hosts in under a second made 300 questions; now the rest are denied at once, said."""
+
+    async def main() -> None:
+        seen: list[dict[str, object]] = []
+        refused: list[str] = []
+        server = await fake_launcher(tmp_path / "s", "once", seen, delay=0.02)
+        a = Approver(str(tmp_path / "s"), timeout=5, refused=refused.append)
+        answers = await asyncio.gather(*(a.ask(f"h{i}.test", 443, "tls", None, "r") for i in range(300)))
+        assert answers.count("once") == QUESTIONS and answers.count("deny") == 300 - QUESTIONS
+        assert len(seen) == QUESTIONS and len(refused) == 300 - QUESTIONS
+        assert refused[0] == f"more than {QUESTIONS} approval questions open at once"
+        assert await a.ask("late.test", 443, "tls", None, "r") == "once"  # answered: room again
         server.close()
 
     asyncio.run(main())

@@ -18,7 +18,7 @@ import sys
 import tempfile
 import textwrap
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -194,26 +194,16 @@ def test_other_users_are_refused(daemon: Daemon) -> None:
         pytest.fail("this test needs root (it connects as another uid)", pytrace=False)
     daemon.path.parent.chmod(0o711)
     daemon.path.chmod(0o666)  # only the SO_PEERCRED check is left in the way
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # a process of another user; no exec (the venv's python may not be readable to it)
-        try:
-            os.setgroups([])
-            os.setresgid(65534, 65534, 65534)
-            os.setresuid(65534, 65534, 65534)
-            try:
-                answer = str(ControlClient.connect(daemon.path, timeout=10).status())
-            except ControlError as e:
-                answer = f"refused: {e}"
-            os.write(w, answer.encode())
-        finally:
-            os._exit(0)
-    os.close(w)
-    os.waitpid(pid, 0)
-    out = os.read(r, 4096).decode()
-    os.close(r)
-    assert out.startswith("refused: the sandgate daemon"), out  # hung up on: no reply, no status
-    assert "refused a control connection from uid 65534" in daemon.log()
+
+    def as_nobody() -> str:  # a process of another user; no exec (the venv's python may not be readable to it)
+        os.setgroups([])
+        os.setresgid(65534, 65534, 65534)
+        os.setresuid(65534, 65534, 65534)
+        return str(ControlClient.connect(daemon.path, timeout=10).status())
+
+    out = in_child(as_nobody)
+    assert out.startswith("refused: refused: uid 65534 is not the daemon's"), out  # told why: no status
+    assert "refused a control connection: uid 65534" in daemon.log()
     with daemon.client() as c:
         assert c.status()["ok"]
 
@@ -389,3 +379,56 @@ def test_a_socket_named_for_another_network_namespace_is_refused(base: Path) -> 
     )
     assert out.returncode == 1 and "another network namespace" in out.stderr
     assert list(base.iterdir()) == []
+
+
+def in_child(act: Callable[[], str]) -> str:
+    """`act()` in a forked child (no exec: this interpreter); what it returned, or "refused: <ControlError>"."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            try:
+                answer = act()
+            except ControlError as e:
+                answer = f"refused: {e}"
+            os.write(w, answer.encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    os.waitpid(pid, 0)
+    with os.fdopen(r) as f:
+        return f.read()
+
+
+def _from_namespace(flags: int, daemon: Daemon, op: str) -> str:
+    """Run `op` (status, stop or bind) from a forked child in new namespaces, as a sandboxed process would."""
+
+    def act() -> str:
+        socks = [listener(), listener(), socket.socket(socket.AF_INET, socket.SOCK_DGRAM), listener()]
+        socks[2].bind(("127.0.0.1", 0))  # before the unshare: a new netns has no lo up
+        fd = os.open(daemon.path.parent / "evil.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        os.unshare(flags)  # the same uid, as SO_PEERCRED will report it: only the namespace differs
+        with ControlClient.connect(daemon.path, timeout=10) as c:
+            if op != "bind":
+                return str(getattr(c, op)())
+            policy = parse_network({"allow": [{"host": "blocked.test", "ports": [80]}]}, "x.yaml")
+            c.bind(BindingSpec("evil", policy), [fd, *(s.fileno() for s in socks)])
+            return "bound"
+
+    return in_child(act)
+
+
+@pytest.mark.parametrize("op", ["status", "bind", "stop"])
+@pytest.mark.parametrize("flags", [os.CLONE_NEWUSER, os.CLONE_NEWNET], ids=["userns", "netns"])
+def test_no_process_in_another_namespace_uses_the_control_protocol(daemon: Daemon, flags: int, op: str) -> None:
+    """Issue 22: SO_PEERCRED gives a sandboxed process the daemon's own uid. From inside a sandbox (its own
+    user namespace) or any other network namespace, nothing is bound, stopped or answered; the daemon logs it."""
+    out = _from_namespace(flags, daemon, op)
+    ns = "user" if flags == os.CLONE_NEWUSER else "net"
+    assert out.startswith("refused: refused: pid "), out
+    assert f"is in another {ns} namespace" in out and "only a launcher outside every sandbox" in out
+    assert eventually(lambda: f"is in another {ns} namespace" in daemon.log())
+    assert "bind task=evil" not in daemon.log() and "exiting" not in daemon.log()
+    with daemon.client() as c:  # the launcher beside it is still served: same daemon, nothing bound
+        st = c.status()
+        assert st["ok"] and st["bindings"] == []

@@ -27,7 +27,7 @@ from mitmproxy import platform
 from netguard import rules
 from netguard.audit import AuditLog, read_records
 from netguard.policy import parse_network
-from netguard.proxy import decide, frontdoor, handoff, standalone
+from netguard.proxy import decide, frontdoor, handoff, limits, standalone
 from netguard.proxy.binding import Binding
 
 from ..support.dnsfake import FakeDns
@@ -287,10 +287,9 @@ def test_non_tls_bytes_on_the_transparent_port_are_mitmproxys(tmp_path: Path, mo
     assert (dec["action"], dec["kind"], dec["host"]) == ("deny", "tcp", BLOCKED_DST)
 
 
-def test_a_client_that_sends_nothing_at_first_is_handed_to_mitmproxy_after_the_wait(
+def test_a_client_that_sends_its_hello_late_is_still_decided_by_its_sni(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(frontdoor, "PEEK_WAIT", 0.3)
     h = hello("allowed.test") + b"END"
 
     def scenario(w: World) -> tuple[Any, int]:
@@ -298,23 +297,92 @@ def test_a_client_that_sends_nothing_at_first_is_handed_to_mitmproxy_after_the_w
             time.sleep(0.5)  # and goes away: no record
         s = socket.create_connection(("127.0.0.1", w.transparent), timeout=5)
         with s:
-            time.sleep(0.5)  # past the front door's wait: mitmproxy still takes the late hello
+            time.sleep(1.5)  # longer than the 1 s the front door once waited before handing over
             s.sendall(h)
             return read_all(s), 2
 
     fast, got = both(tmp_path, monkeypatch, scenario)
-    assert got == b"pong" and fast.took == [] and fast.up.got == [h]
+    assert got == b"pong" and fast.took == ["tls"] and fast.up.got == [h]
 
 
-def test_an_oversized_hello_is_mitmproxys(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    body = bytes(40000)  # a handshake message longer than the front door peeks (three records)
+def limit_records(w: World) -> list[dict[str, Any]]:
+    return [r for r in w.records() if r["event"] == "limit"]
+
+
+def test_a_connection_that_never_says_where_it_goes_is_closed_at_the_deadline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A silent connection held a daemon's fd for ever (issue 22: 19,000 of them starved other sandboxes)."""
+    monkeypatch.setattr(limits, "DEADLINE", 0.5)
+
+    def scenario(w: World) -> tuple[Any, int]:
+        got = []
+        for port in (w.transparent, w.regular):
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+                t0 = time.monotonic()
+                data = read_all(s)
+                took = time.monotonic() - t0
+                got.append((data, 0.4 < took < 4))  # closed by the proxy at its deadline, not by our timeout
+        return got, 2
+
+    fast, got = both(tmp_path, monkeypatch, scenario)
+    assert got == [(b"", True), (b"", True)] and fast.up.got == []
+    assert [(r["limit"], r["kind"], r["count"]) for r in limit_records(fast)] == [
+        ("deadline", "tcp", 1),
+        ("deadline", "connect", 1),
+    ]
+    assert "ClientHello within 0.5 s" in limit_records(fast)[0]["reason"]
+
+
+def test_an_oversized_hello_is_refused_before_anyone_buffers_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    body = bytes(40000)  # a handshake message longer than the front door lets a head be (three records)
     msg = b"\x01" + len(body).to_bytes(3, "big") + body
     records = b"".join(
         b"\x16\x03\x01" + len(msg[i : i + 16384]).to_bytes(2, "big") + msg[i : i + 16384]
         for i in range(0, len(msg), 16384)
     )
-    fast, _ = both(tmp_path, monkeypatch, lambda w: (transparent(w, records + b"END"), 1))
-    assert fast.took == [] and fast.up.got == []
+    fast, got = both(tmp_path, monkeypatch, lambda w: (transparent(w, records + b"END"), 1))
+    assert got == b"" and fast.took == [] and fast.up.got == []
+    ((limit, kind, reason),) = [(r["limit"], r["kind"], r["reason"]) for r in limit_records(fast)]
+    assert (limit, kind) == ("head", "tcp") and str(limits.HEAD_MAX) in reason
+
+
+def test_an_endless_request_head_gets_a_431_on_either_listener(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """600 MB of header lines once grew the shared daemon by 2.3 GB: now the head stops at HEAD_MAX."""
+    filler = b"".join(b"X-Fill-%d: %s\r\n" % (i, b"a" * 200) for i in range(400))  # ~85 KiB, no end of head
+
+    def scenario(w: World) -> tuple[Any, int]:
+        p = w.up.port
+        via_proxy = explicit(w, b"GET http://allowed.test:%d/ HTTP/1.1\r\nHost: allowed.test\r\n" % p + filler)
+        plain = transparent(w, b"GET / HTTP/1.1\r\nHost: allowed.test\r\n" + filler)
+        try:  # a CONNECT gets no answer: closed (reset: its unread bytes are dropped with it)
+            connect = explicit(w, b"CONNECT allowed.test:%d HTTP/1.1\r\n" % p + filler)
+        except ConnectionResetError:
+            connect = b""
+        return (via_proxy[:12], plain[:12], connect), 1
+
+    fast, got = both(tmp_path, monkeypatch, scenario)
+    assert got == (b"HTTP/1.1 431", b"HTTP/1.1 431", b"") and fast.up.got == []
+    assert [(r["limit"], r["kind"]) for r in limit_records(fast)][:1] == [("head", "http")]
+    assert sum(r["count"] for r in limit_records(fast)) == 3
+
+
+def test_a_later_head_inside_inspected_tls_is_bounded_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The front door cannot see inside TLS: mitmproxy's HTTP/1 layer is bounded (netguard.proxy.headlimit)."""
+    filler = b"".join(b"X-Fill-%d: %s\r\n" % (i, b"a" * 200) for i in range(400))
+
+    def scenario(w: World) -> tuple[Any, int]:
+        ctx = ssl.create_default_context(cadata=w.ca.cert)
+        raw = socket.create_connection(("127.0.0.1", w.transparent), timeout=5)
+        with ctx.wrap_socket(raw, server_hostname="insp.test") as s:
+            s.sendall(b"GET / HTTP/1.1\r\nHost: insp.test\r\n" + filler)
+            return read_all(s)[:12], 1
+
+    fast, got = both(tmp_path, monkeypatch, scenario)
+    assert got == b"HTTP/1.1 431" and fast.up.got == []
+    assert [(r["limit"], r["kind"], r["count"]) for r in limit_records(fast)] == [("head", "http", 1)]
 
 
 def test_a_plain_connect_is_relayed_by_the_front_door(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -400,3 +468,23 @@ def test_an_error_in_the_front_door_closes_the_client_and_relays_nothing(
             assert w.up.got == [] and w.took == [] and w.records() == []
         finally:
             w.close()
+
+
+def test_a_huge_hello_inside_a_connect_to_an_inspected_host_is_bounded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """mitmproxy reads this hello itself (the CONNECT was allowed first); it once buffered up to 16 MiB of it."""
+    body = bytes(40000)
+    msg = b"\x01" + len(body).to_bytes(3, "big") + body
+    records = b"".join(
+        b"\x16\x03\x01" + len(msg[i : i + 16384]).to_bytes(2, "big") + msg[i : i + 16384]
+        for i in range(0, len(msg), 16384)
+    )
+
+    def scenario(w: World) -> tuple[Any, int]:
+        got = explicit(w, b"CONNECT insp.test:%d HTTP/1.1\r\n\r\n" % w.up.port, records)
+        return got.split(b"\r\n", 1)[0], 2
+
+    fast, got = both(tmp_path, monkeypatch, scenario)
+    assert got == b"HTTP/1.1 200 Connection established" and fast.up.got == []
+    assert [(r["limit"], r["kind"], r["count"]) for r in limit_records(fast)] == [("head", "tls", 1)]

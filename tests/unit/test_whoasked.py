@@ -243,7 +243,18 @@ def _expected(pid: int, server_port: int) -> Asker:
     with open(f"/proc/{pid}/comm") as f:
         name = f.read().rstrip("\n")
     assert name == os.path.basename(sys.executable)[:15]  # "python3", "python", ... as exec'd
-    return Asker(pid=pid, name=name, cmdline=f"{sys.executable} -c {CLIENT} {server_port}"[:CMDLINE_MAX])
+    cmdline = f"{sys.executable} -c {CLIENT} {server_port}"[:CMDLINE_MAX]
+    return Asker(pid=pid, name=name, cmdline=cmdline, exe=os.readlink(f"/proc/{pid}/exe"))
+
+
+def test_the_label_is_the_executable_and_a_chosen_name_is_marked_as_the_processs_claim() -> None:
+    """prctl(PR_SET_NAME, "pip") once made a question read `asked_by: pip[...]` (issue 22)."""
+    assert Asker(7, "curl", "curl x", "/usr/bin/curl").label() == "/usr/bin/curl[7]"
+    assert (
+        Asker(7, "pip", "pip install", "/usr/bin/python3.12").label() == '/usr/bin/python3.12[7] (calls itself "pip")'
+    )
+    assert Asker(7, "very-long-name-", "", "/opt/very-long-name-of-tool").label() == "/opt/very-long-name-of-tool[7]"
+    assert Asker(7, "pip", "", "").label() == "pip[7] (name chosen by the process)"
 
 
 def test_finds_the_client_by_its_tcp_source_port(pair: Pair) -> None:

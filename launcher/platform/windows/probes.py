@@ -84,6 +84,17 @@ PROBES: dict[str, tuple[Coverage, str]] = {
     "keyring_read": ("variant", "Credential Manager and DPAPI of the real user: another user's vault"),
     "sethostname": ("n/a", "renaming the machine needs admin"),
     "bpf_map": ("n/a", "no bpf(); loading a driver or opening WinDivert needs admin"),
+    # the shared daemon
+    "runtime_dirs": (
+        "variant",
+        "the daemon's pipe/socket directory in the real user's profile: the sandbox user is denied by ACL",
+    ),
+    "other_daemon_control": (
+        "variant",
+        "the control channel must check the peer's token (not the uid) like the netns check",
+    ),
+    "starvation": ("same", "the same daemon's per-sandbox shares"),
+    "endless_head": ("same", "the same daemon's head limit"),
 }
 
 #: Windows-only probes still to write (Codex's smoke suite found each one).

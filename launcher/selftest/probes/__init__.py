@@ -7,14 +7,32 @@ Stdlib only, every module here: the sandbox's Python may have nothing else.
 
 from launcher.selftest.probes import (
     credentials,
+    daemonpeers,
     dns,
+    endlesshead,
     filesystem,
     fronting,
     host,
     inspected,
     network,
     process,
+    runtimedirs,
+    starvation,
     workspace,
 )
 
-__all__ = ["credentials", "dns", "filesystem", "fronting", "host", "inspected", "network", "process", "workspace"]
+__all__ = [
+    "credentials",
+    "daemonpeers",
+    "dns",
+    "endlesshead",
+    "filesystem",
+    "fronting",
+    "host",
+    "inspected",
+    "network",
+    "process",
+    "runtimedirs",
+    "starvation",
+    "workspace",
+]

@@ -107,6 +107,10 @@ ORDER = (
     "credential_fronting",
     "secret_brokered",
     "ca_key_hidden",
+    # network, issue 22: the shared daemon (probes/daemonpeers.py, starvation.py, endlesshead.py)
+    "other_daemon_control",
+    "starvation",
+    "endless_head",
     # filesystem
     "write_workspace",
     "write_outside",
@@ -127,6 +131,7 @@ ORDER = (
     "credential_files",
     "env_secret_names",
     "audit_log_forge",
+    "runtime_dirs",
     # process
     "tiocsti",
     "ptrace_outside",

@@ -1,0 +1,62 @@
+"""The daemon's asyncio side of its control socket: receive one message, answer a refused peer, say ready.
+
+asyncio has no recvmsg with ancillary data (the fds a bind carries), so a message is read with
+MSG_DONTWAIT once the socket is readable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+from typing import Any
+
+from netguard.proxy.control import close_fds, recv_raw, send_message
+
+
+async def recv(sock: socket.socket) -> tuple[bytes, list[int], int]:
+    """recvmsg once the socket is readable (asyncio has no recvmsg with ancillary data)."""
+    loop = asyncio.get_running_loop()
+    while True:
+        try:
+            return recv_raw(sock, socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            pass
+        fut: asyncio.Future[None] = loop.create_future()
+        loop.add_reader(sock.fileno(), _wake, fut)
+        try:
+            await fut
+        finally:
+            loop.remove_reader(sock.fileno())
+
+
+async def refuse(conn: socket.socket, why: str) -> None:
+    """Answer a refused peer's first request with why (within a second), then close: nothing else is read."""
+    try:
+        async with asyncio.timeout(1.0):
+            _, fds, _ = await recv(conn)
+        close_fds(fds)
+        send_message(conn, err(f"refused: {why}; only a launcher outside every sandbox may use the daemon"))
+    except (OSError, ValueError, TimeoutError):
+        pass
+    finally:
+        conn.close()
+
+
+def _wake(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+def err(text: str) -> dict[str, Any]:
+    return {"ok": False, "error": text}
+
+
+def report_ready(fd: int | None) -> None:
+    if fd is not None:
+        try:
+            os.write(fd, b"ready\n")
+        except BrokenPipeError:
+            pass  # the launcher that started us already finished (a short command): others will connect
+        finally:
+            os.close(fd)
