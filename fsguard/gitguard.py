@@ -213,7 +213,10 @@ def _treat(gitdir: str, names: list[tuple[str, bool]], out: GitPlan, seen: set[s
     if entries is None:
         out.notes.append(f"cannot read the git directory {gitdir}; it is not protected")
         return
+    # Our own placeholder (".", another live run's) names this directory itself: not a linked worktree,
+    # whose missing names would then go uncovered.
     linked = "commondir" in entries and entries["commondir"].is_file(follow_symlinks=False)
+    linked = linked and _read_small(entries["commondir"].path) != COMMONDIR_SELF
     whole = {rel.rstrip("/") for rel, _ in names}
     tops = {rel.split("/")[0] for rel in whole}
     for name, e in sorted(entries.items()):
@@ -241,6 +244,19 @@ def _treat(gitdir: str, names: list[tuple[str, bool]], out: GitPlan, seen: set[s
         if rel == "commondir":
             out.filled[posixpath.join(gitdir, rel)] = COMMONDIR_SELF
     out.protect.extend(config_paths(gitdir, entries))
+
+
+def _read_small(path: str) -> str | None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        return os.read(fd, 64).decode(errors="replace")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def _writable(name: str, is_dir: bool) -> bool:

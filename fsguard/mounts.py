@@ -10,12 +10,14 @@ then mounts, in this order (`make_private()`, `fsguard.kernelfs.fresh_proc_sys()
 4. pins: each directory between a writable root and a protected path is bound onto itself,
    so it becomes a mount point and cannot be renamed away to plant a fresh copy;
 5. protected paths bound read-only over themselves; missing ones are covered by a
-   placeholder the launcher created, so they cannot be created either. Git directories
+   placeholder the launcher created, so they cannot be created either (fsguard/placeholders.py:
+   why there is no way without one, and how concurrent runs share them). Git directories
    inside a read-only modules/ or worktrees/ are bound back writable first (fsguard/gitguard.py
    decides what in a repository is protected); steps 4-5 go shallowest path first;
 6. single files bound over host files (resolv.conf pointing at our DNS listener);
 7. hidden paths: files (and unix sockets) under an empty read-only file, then directories
    (secrets, sandgate's own state and approval sockets) under an empty read-only tmpfs;
+   sockets named by --expose-socket are bound back over their hiding (fsguard/exposed.py);
 8. the working directory re-entered, so it resolves through the new mounts and not the
    directory it named before step 4.
 Landlock (applied later, in the command's process) then forbids any mount change, so even
@@ -34,6 +36,8 @@ from pathlib import Path
 
 from fsguard import gitguard
 from fsguard.homeoverlay import HomeOverlay
+from fsguard.placeholders import create_placeholders as create_placeholders  # kept names: tests, tools
+from fsguard.placeholders import remove_placeholders as remove_placeholders
 from fsguard.policy import Effective
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -84,6 +88,7 @@ class MountPlan:
     reopen: tuple[str, ...] = ()  # git directories inside a read-only modules/ or worktrees/, bound back writable
     filled: tuple[tuple[str, str], ...] = ()  # (placeholder, text) for placeholders that must not be empty
     home: HomeOverlay | None = None  # ~ inside: the real home under a sandgate-owned writable layer
+    expose: tuple[tuple[str, str], ...] = ()  # (path inside, host socket) bound over its hiding (fsguard/exposed.py)
 
 
 def _under(path: str, root: str) -> bool:
@@ -190,55 +195,6 @@ def _walk_protected(
     pins.extend(chain if _under(path, root) and root in roots else [])
 
 
-# ---- launcher side: placeholders for missing protected paths -------------------------------------
-
-
-def create_placeholders(p: MountPlan) -> list[str]:
-    """Create the placeholders (empty, root-owned, read-only) on the host; returns what was created.
-
-    They exist only for the run: `remove_placeholders` deletes them afterwards if still empty
-    (or still holding their text: a git `commondir` placeholder reads "." so git keeps working).
-    """
-    made: list[str] = []
-    filled = dict(p.filled)
-    for path, is_dir in p.placeholders:
-        try:
-            if is_dir:
-                os.mkdir(path, 0o555)
-            else:
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o444)
-                try:
-                    os.write(fd, filled.get(path, "").encode())
-                finally:
-                    os.close(fd)
-        except FileExistsError:
-            continue  # appeared since planning; the bind below still covers it
-        except OSError as e:
-            remove_placeholders(made)
-            raise MountError(e.errno, f"cannot cover the missing protected path {path}: {e.strerror}") from None
-        made.append(path)
-    return made
-
-
-def remove_placeholders(paths: list[str]) -> None:
-    for path in reversed(paths):
-        try:
-            st = os.lstat(path)
-            if stat.S_ISDIR(st.st_mode):
-                os.rmdir(path)  # only if still empty
-            elif stat.S_ISREG(st.st_mode) and (st.st_size == 0 or _holds_placeholder_text(path, st.st_size)):
-                os.unlink(path)
-        except OSError:
-            pass
-
-
-def _holds_placeholder_text(path: str, size: int) -> bool:
-    if size > max(len(t) for t in gitguard.PLACEHOLDER_TEXTS):
-        return False
-    with open(path, "rb") as f:
-        return f.read().decode(errors="replace") in gitguard.PLACEHOLDER_TEXTS
-
-
 # ---- sandbox side ----------------------------------------------------------------------------------
 
 
@@ -334,8 +290,10 @@ def _mount_overlay(h: HomeOverlay) -> None:
     """Mounted from inside the sandbox's user namespace, where overlayfs may not set trusted.*
     xattrs: without `userxattr` (Linux 5.11+) it cannot record a removed or renamed directory of
     the real home (whiteouts, redirects), and `rm -rf ~/.cache/x` fails with EIO. Older kernels
-    do not know the option: there the overlay still works, only without those operations."""
-    data = f"lowerdir={h.home},upperdir={h.upper},workdir={h.work}"
+    do not know the option: there the overlay still works, only without those operations.
+    The workspace's layer lies between this run's own upper directory and the real home
+    (fsguard/homeoverlay.py): its whiteouts and opaque directories hide what the real home has."""
+    data = f"lowerdir={':'.join((*h.layers, h.home))},upperdir={h.upper},workdir={h.work}"
     try:
         mount("overlay", h.home, "overlay", MS_NOSUID | MS_NODEV, data + ",userxattr")
     except MountError as e:
@@ -363,6 +321,9 @@ def _home_overlay(h: HomeOverlay) -> None:
 
 
 def _build(p: MountPlan, run_dir: Path, files: dict[str, Path]) -> None:
+    from fsguard import exposed  # built on this module's helpers
+
+    sockets = exposed.open_sources(p)  # before any mount
     if p.home is not None:
         _home_overlay(p.home)
     if p.private_tmp:
@@ -391,4 +352,5 @@ def _build(p: MountPlan, run_dir: Path, files: dict[str, Path]) -> None:
     # Directories last: sandgate's own run directory (the source of the binds above) is one of them.
     for d in p.hide_dirs:
         mount("tmpfs", d, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=0555,size=4k")
+    exposed.bind_back(sockets, p)  # the end of step 7 (closes the handles)
     os.chdir(os.getcwd())  # step 8: the old cwd still names the directory *under* the pins

@@ -224,6 +224,11 @@ def _add_run(sub: _Subparsers) -> None:
         metavar="FILE",
         help="PEM roots to trust for inspected upstreams besides the host's store (a private registry's CA)",
     )
+    rn.add_argument(
+        "--fresh-home",
+        action="store_true",
+        help="start ~ from the real home alone, without this workspace's layer; drop what the run writes there",
+    )
     rn.add_argument("-q", "--quiet", action="store_true", help="no summary line at exit")
     rn.add_argument("cmd", nargs=argparse.REMAINDER, metavar="CMD")
     rn.set_defaults(func=_run)
@@ -244,6 +249,14 @@ def _boundary_args(p: argparse.ArgumentParser) -> None:
         default=[],
         metavar="PATH",
         help="also hidden from the command (repeatable); ~/.ssh, ~/.aws... are hidden by default",
+    )
+    p.add_argument(
+        "--expose-socket",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="show this unix socket inside at the same path, though its directory is hidden "
+        "(repeatable; e.g. an ssh-agent under /run/user/UID; never sandgate's own)",
     )
     p.add_argument(
         "--require-landlock",
@@ -300,6 +313,7 @@ def _add_housekeeping(sub: _Subparsers) -> None:
     ca_sub = ca.add_subparsers(dest="cache_command", required=True, parser_class=_Parser)
     cc = ca_sub.add_parser("clear", help="forget everything sandboxed runs wrote under ~")
     cc.add_argument("--user", metavar="USER", help="the home of USER's sandboxed runs (root only)")
+    cc.add_argument("--wait", action="store_true", help="wait for running sandboxes to end (default: refuse)")
     cc.set_defaults(func=_housekeeping)
 
     dm = sub.add_parser("daemon", help="the proxy daemon that serves every sandbox (started on demand)")

@@ -1,12 +1,13 @@
 """The egress audit log: one JSON object per line, appended and flushed as it happens.
 
 The schema lives here and nowhere else: the record types (netguard.auditrecords, re-exported
-here) are the format (README's table is checked against them). Five events:
+here) are the format (README's table is checked against them). Six events:
   decision  one per allow/deny decision (exactly one; tests count them)
   close     when an allowed connection or request ends: bytes and duration
   request   one per request to an inspected destination (and per attempted credential leak)
   approval  a question to a human, and its answer
   policy    once per run: the effective filesystem/process boundary (names, never values)
+  limit     what a per-sandbox limit of the shared daemon refused (aggregated: a count per second)
 Every record carries `schema` (SCHEMA); logs written before the field existed read as schema 1.
 
 Writes are single `write()` calls on an O_APPEND descriptor so several writers
@@ -35,6 +36,8 @@ from netguard.auditrecords import (
     DecisionRecord,
     Event,
     Kind,
+    Limit,
+    LimitRecord,
     PolicyRecord,
     Record,
     RequestRecord,
@@ -51,6 +54,8 @@ __all__ = [
     "DecisionRecord",
     "Event",
     "Kind",
+    "Limit",
+    "LimitRecord",
     "PolicyRecord",
     "Record",
     "RequestRecord",
@@ -231,6 +236,8 @@ def policy_record(
     env_dropped: list[str],
     landlock_abi: int,
     warnings: list[str],
+    cwd: str | None = None,
+    learn: bool | None = None,
 ) -> PolicyRecord:
     return PolicyRecord(
         ts=now_rfc3339(),
@@ -244,7 +251,15 @@ def policy_record(
         env_dropped=env_dropped,
         landlock_abi=landlock_abi,
         warnings=warnings,
+        cwd=cwd,
+        learn=learn,
         schema=SCHEMA,
+    )
+
+
+def limit_record(task: str, kind: Kind, limit: Limit, count: int, reason: str) -> LimitRecord:
+    return LimitRecord(
+        ts=now_rfc3339(), task=task, event="limit", kind=kind, limit=limit, count=count, reason=reason, schema=SCHEMA
     )
 
 

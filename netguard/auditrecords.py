@@ -13,7 +13,10 @@ from typing import Any, Final, Literal, TypedDict
 SCHEMA: Final = 2
 
 Kind = Literal["connect", "http", "tls", "tcp", "dns", "packet", "policy", "approval"]
-Event = Literal["decision", "close", "request", "approval", "policy"]
+Event = Literal["decision", "close", "request", "approval", "policy", "limit"]
+#: Which per-sandbox limit refused something (netguard.proxy.limits): the daemon is shared by every
+#: sandbox of a user, so one sandbox's excess is refused, and said, in that sandbox's log only.
+Limit = Literal["connections", "deadline", "head", "questions", "queries"]
 
 
 class DecisionRecord(TypedDict):
@@ -113,10 +116,25 @@ class PolicyRecord(TypedDict):
     env_dropped: list[str]
     landlock_abi: int
     warnings: list[str]
+    cwd: str | None  # the run's working directory: its workspace (null in logs written before it)
+    learn: bool | None  # a --learn run (null in logs written before it)
     schema: int
 
 
-Record = DecisionRecord | CloseRecord | RequestRecord | ApprovalRecord | PolicyRecord
+class LimitRecord(TypedDict):
+    """What a per-sandbox limit refused: the first refusal at once, then a count at most once a second."""
+
+    ts: str
+    task: str
+    event: Literal["limit"]
+    kind: Kind  # connect (explicit listener), tcp (transparent), http (a request head), approval
+    limit: Limit
+    count: int  # refusals since this limit's previous record
+    reason: str
+    schema: int
+
+
+Record = DecisionRecord | CloseRecord | RequestRecord | ApprovalRecord | PolicyRecord | LimitRecord
 
 #: Each event's record type: what the reader checks a line against.
 RECORD_TYPES: Final[Mapping[str, type[Any]]] = {
@@ -125,6 +143,7 @@ RECORD_TYPES: Final[Mapping[str, type[Any]]] = {
     "request": RequestRecord,
     "approval": ApprovalRecord,
     "policy": PolicyRecord,
+    "limit": LimitRecord,
 }
 DECISION_FIELDS = tuple(DecisionRecord.__annotations__)
 CLOSE_FIELDS = tuple(CloseRecord.__annotations__)

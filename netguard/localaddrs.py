@@ -1,4 +1,4 @@
-"""Where an allowed name may lead: this host's own addresses, and resolving a name to a checked address.
+"""Where an allowed name may not lead: this host's own addresses (names are resolved by netguard.proxy.resolver).
 
 The effectful side of the SSRF veto (the decision itself is pure: rules.check_address). An allowed
 name that resolves to one of the proxy host's own addresses reaches the host's services (sshd, a
@@ -13,7 +13,6 @@ connection needs the table. An address the host gains is vetoed within TTL secon
 
 from __future__ import annotations
 
-import asyncio
 import ipaddress
 import logging
 import socket
@@ -21,16 +20,11 @@ import struct
 import time
 from collections.abc import Callable, Iterator
 
-import dns.asyncresolver
-import dns.exception
-import dns.resolver
-
 from netguard import rules
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 TTL = 2.0  # seconds a read is trusted: how late an address the host just gained is vetoed
-RESOLVE_TIMEOUT = 5.0
 logger = logging.getLogger("sandgate.proxy")
 
 # linux/netlink.h, linux/rtnetlink.h, linux/if_addr.h
@@ -145,28 +139,3 @@ class LocalAddrs:
             self._table = rules.own_table(self._reader())
         except OSError as e:
             logger.warning("cannot read this host's addresses (keeping the last ones): %s", e)
-
-
-# ---- resolving an allowed name ------------------------------------------------------------------
-
-
-async def resolve(r: dns.asyncresolver.Resolver | None, name: str, port: int) -> list[Address]:
-    """All addresses of `name`, IPv4 first, via the policy's resolver `r` or the system's (None)."""
-    found: list[Address] = []
-    if r is None:
-        infos = await asyncio.wait_for(
-            asyncio.get_running_loop().getaddrinfo(name, port, type=socket.SOCK_STREAM), RESOLVE_TIMEOUT
-        )
-        for info in infos:
-            a = ipaddress.ip_address(str(info[4][0]).split("%")[0])
-            if a not in found:
-                found.append(a)
-    else:
-        for rdtype in ("A", "AAAA"):
-            try:
-                answer = await r.resolve(name, rdtype, search=False)
-            except (dns.resolver.NXDOMAIN, dns.resolver.NoAnswer):
-                continue
-            found.extend(ipaddress.ip_address(rr.address) for rr in answer)
-    found.sort(key=lambda a: a.version)
-    return found

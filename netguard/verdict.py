@@ -41,6 +41,21 @@ class Verdict:
         return self.decision.allowed
 
 
+#: What a lookup that gave no address says (netguard.dnscache writes them, launcher.audit.denials reads them):
+#: the name does not resolve...
+NO_SUCH_NAME = "no such name (NXDOMAIN)"
+NO_ADDRESS = "no address (NODATA)"
+#: ...or the resolver is in trouble, which says nothing about the name (a 403 for a slow resolver misleads).
+NO_ANSWER = "the resolver did not answer within {seconds:g} s"
+FAILED = "the resolver failed ({rcode})"
+UNREACHABLE = "the resolver could not be reached ({error})"
+
+
+def resolver_trouble(why: str) -> bool:
+    """Whether `why` (the part of a reason after "cannot resolve NAME: ") is a resolver's failure, not the name's."""
+    return why.startswith(tuple(w.partition("{")[0] for w in (NO_ANSWER, FAILED, UNREACHABLE)))
+
+
 #: The ask step: given the `ask` decision, the decision that replaces it.
 Asker = Callable[[rules.Decision], Awaitable[rules.Decision]]
 #: The resolve step: given an allowed verdict, the verdict to act on (it may turn into a deny).
@@ -143,7 +158,9 @@ def veto(
 
 
 def unresolved(v: Verdict, name: str, why: str) -> Verdict:
-    """An allowed name that does not resolve: denied, with the reason the resolver gave."""
+    """An allowed name that gave no address: denied, with the resolver's words (netguard.dnscache): "no such
+    name (NXDOMAIN)" and "no address (NODATA)" say the name does not resolve; "the resolver did not answer
+    within N s" and "the resolver failed (SERVFAIL)" say the lookup did not work, not that the name is bad."""
     return replace(
         v, decision=rules.Decision("deny", v.decision.rule, f"cannot resolve {name}: {why}"), would=None, ip=None
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from datetime import datetime
 from pathlib import Path
@@ -25,18 +26,13 @@ def main(args: argparse.Namespace) -> int:
             stamp = datetime.fromtimestamp(mtime).strftime("%Y-%m-%d %H:%M:%S")
             print(f"{stamp}  {size / 1024:8.1f} KiB  {path}")
         return 0
-    paths = [Path(p) for p in args.logs]
-    if not paths:
-        last = auditlogs.latest()
-        if last is None:
-            raise UsageError(
-                f"no audit logs in {auditlogs.log_dir()}; name one: sandgate audit {args.audit_command} LOG"
-            )
-        paths = [last]
+    paths = [Path(p) for p in args.logs] or [_last_run(args.audit_command)]
     try:
         records = auditlogs.read_logs(paths)
     except audit.LogError as e:
         raise UsageError(str(e)) from None
+    if args.logs:
+        print(f"sandgate: reading {_named(paths)}", file=sys.stderr)
     bundled = lpolicy.bundled_rulesets()
     if args.audit_command == "summary":
         rows = summary.summarize(records)
@@ -44,6 +40,37 @@ def main(args: argparse.Namespace) -> int:
             print(json.dumps(summary.as_json(rows, bundled), indent=1))
         else:
             print(summary.format_table(rows, bundled))
+        if summary.fetched_nothing(records):  # stderr under --json: stdout stays the rows
+            print(f"sandgate: note: {summary.NOTHING_FETCHED}", file=sys.stderr if args.json else sys.stdout)
         return 0
     sys.stdout.write(suggest.suggest(records, name=args.name, bundled=bundled))
     return 0
+
+
+def _last_run(command: str) -> Path:
+    """The last run of the workspace here (launcher.audit.logs), said on stderr; never another's."""
+    from launcher.audit import logs as auditlogs
+    from launcher.audit.text import escape
+
+    here = os.getcwd()
+    run = auditlogs.last_of_workspace(here)
+    if run is None:
+        raise UsageError(
+            f"no run of this workspace ({here}) in {auditlogs.log_dir()}; run sandgate from the workspace, "
+            f"or name a log: sandgate audit {command} LOG (`sandgate audit` lists them)"
+        )
+    learn = ", --learn" if run.learn else ""
+    print(
+        f"sandgate: reading the last run of {escape(run.cwd)} (task {escape(run.task)}{learn}, "
+        f"started {escape(run.started)}): {run.path}",
+        file=sys.stderr,
+    )
+    return run.path
+
+
+def _named(paths: list[Path]) -> str:
+    """The logs read, in one line."""
+    if len(paths) == 1:
+        return str(paths[0])
+    shown = ", ".join(str(p) for p in paths[:3])
+    return f"{len(paths)} logs: {shown}" + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")

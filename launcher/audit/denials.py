@@ -13,7 +13,7 @@ import ipaddress
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from netguard import rules
+from netguard import rules, verdict
 from netguard.audit import DecisionRecord, Kind, Record
 
 SHOWN = 3  # destinations named at exit; the rest are counted
@@ -83,7 +83,7 @@ def advice(d: Denied, bundled: Mapping[str, rules.Ruleset]) -> str:
     if d.reason.startswith("resolved to"):
         return f"{d.reason}: refused as a rebinding/SSRF guard; only a cidr rule for that range reopens it"
     if d.reason.startswith("cannot resolve"):
-        return "does not resolve"
+        return _unresolved(d.reason)
     port = f":{d.port}" if d.port not in (None, 80, 443) else ""
     if _is_ip(d.host):  # no name to judge: only a cidr rule can allow it
         net = f"{d.host}/32" if ":" not in d.host else f"[{d.host}/128]"
@@ -92,6 +92,15 @@ def advice(d: Denied, bundled: Mapping[str, rules.Ruleset]) -> str:
     flag = f"--allow {lists[0]}" if lists and not port else f"--allow {d.host}{port}"
     alt = f" (or --allow {d.host}{port})" if lists and not port else ""
     return f"allow it with {flag}{alt}"
+
+
+def _unresolved(reason: str) -> str:
+    """A lookup in trouble (no answer in time, SERVFAIL) says so: "does not resolve" would send the user
+    after a name that is fine (netguard.verdict.unresolved's words)."""
+    why = reason.partition(": ")[2]
+    if verdict.resolver_trouble(why):
+        return f"{why} (a lookup failure, not the policy: try again)"
+    return "does not resolve"
 
 
 def explain(d: Denied, bundled: Mapping[str, rules.Ruleset]) -> str:

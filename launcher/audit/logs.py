@@ -7,14 +7,22 @@ root-owned under --user. Now the default is sandgate's state directory ($XDG_STA
 audit, else ~/.local/state/sandgate/audit; root: /var/log/sandgate), which every sandbox is
 denied, pruned at each run by count, age and total size. `--audit-log PATH` still puts one anywhere.
 Reading goes through netguard.audit.read, the one reader of the format.
+
+"The last run" is the last run of the workspace you stand in, never the newest file: runs of other
+workspaces (and of the same user at the same time) write beside it. Each run's first record (the
+`policy` record) names its working directory (`cwd`); `last_of_workspace` reads only that record
+of each log.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import posixpath
 import time
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -86,6 +94,44 @@ def recent(d: Path | None = None, n: int = 20) -> list[tuple[float, int, Path]]:
 def latest(d: Path | None = None) -> Path | None:
     logs = _logs(d or log_dir())
     return logs[0][2] if logs else None
+
+
+@dataclass(frozen=True)
+class RunLog:
+    """One run's log, as its first (`policy`) record describes the run."""
+
+    path: Path
+    cwd: str  # the run's working directory: its workspace
+    task: str
+    started: str  # the policy record's timestamp
+    learn: bool
+
+
+def run_of(path: Path) -> RunLog | None:
+    """The run a log belongs to, from its first line; None for a log that does not say (older
+    sandgate, `sandgate proxy`, not an audit log)."""
+    try:
+        with open(path, "rb") as f:
+            first = f.readline(1 << 20)
+        rec = audit.parse(json.loads(first))
+    except (OSError, ValueError, audit.LogError):
+        return None
+    if rec["event"] != "policy" or rec["cwd"] is None:
+        return None
+    return RunLog(path, rec["cwd"], rec["task"], rec["ts"], bool(rec["learn"]))
+
+
+def same_workspace(run_cwd: str, here: str) -> bool:
+    """A run belongs to the workspace `here` when it ran there, in a directory inside it, or in one
+    that holds it (its writable workspace held `here`); sibling workspaces never match."""
+    a, b = posixpath.normpath(run_cwd), posixpath.normpath(here)
+    return a == b or a.startswith(b.rstrip("/") + "/") or b.startswith(a.rstrip("/") + "/")
+
+
+def last_of_workspace(here: str, d: Path | None = None) -> RunLog | None:
+    """The most recently started run of the workspace `here` among the logs in `d`."""
+    runs = [r for _, _, p in _logs(d or log_dir()) if (r := run_of(p)) is not None and same_workspace(r.cwd, here)]
+    return max(runs, key=lambda r: (r.started, r.path.name), default=None)
 
 
 def read_logs(paths: Sequence[Path | str]) -> list[audit.Record]:

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from launcher.audit.suffixes import registrable_domain
-from launcher.audit.summary import ALLOWED, Destination, summarize
+from launcher.audit.summary import ALLOWED, NOTHING_FETCHED, Destination, fetched_nothing, summarize
 from launcher.audit.text import comment, name_key, plural, quoted, scalar, times
 from netguard import hosts, rules
 from netguard.audit import Record
@@ -84,6 +84,8 @@ def suggest(
     entries += _hosts(seen, listed, wild) + _addresses(seen)
     entries.sort(key=lambda e: e[0])
     tail = _not_suggested(seen, {n: lists[n] for n in includes})
+    if fetched_nothing(records):
+        tail.append(f"note: {NOTHING_FETCHED}")
     return _render(records, name, includes, entries, tail)
 
 

@@ -26,6 +26,21 @@ ALLOWED = frozenset({"allow", "would-deny"})
 #: Statuses, most alarming first, as the STATUS column lists them.
 _RISK_ORDER = ("deny", "would-deny", "allow")
 
+#: Said by `summary` and `suggest` for a --learn run that fetched nothing: a learned policy would be
+#: empty because nothing went to the network, not because nothing is needed.
+NOTHING_FETCHED = (
+    "a --learn run without a single network connection or lookup: caches (under ~, or in the "
+    "workspace) may have served everything, so nothing was fetched; to learn what it needs, run it "
+    "again with empty caches (`sandgate cache clear` empties the sandbox's home)"
+)
+
+
+def fetched_nothing(records: Sequence[Record]) -> bool:
+    """A --learn run's log (its policy record says so) without any decision: nothing was fetched."""
+    learn = any(r["event"] == "policy" and r["learn"] for r in records)
+    return learn and not any(r["event"] == "decision" for r in records)
+
+
 #: (host, port, packet protocol, is a DNS lookup): what makes two records one destination.
 Key = tuple[str | None, int | None, str | None, bool]
 

@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fsguard import env as fsenv
-from fsguard import homeoverlay, landlock, mounts
+from fsguard import exposed, homeoverlay, landlock, mounts
 from fsguard import policy as fspolicy
 from launcher.errors import RunError
+from launcher.run import runtimedirs
 from launcher.run.options import WEAKEN_ENV, RunOptions, weakened
 from netguard.audit import AuditLog, policy_record
 
@@ -34,24 +35,27 @@ class Confinement:
     env: dict[str, str]
     env_dropped: list[str]
     home: str
+    exposed: tuple[str, ...] = ()  # --expose-socket paths, as named: shown inside though their directory is hidden
 
 
 def plan(opts: RunOptions, audit: AuditLog, rt: Path, brokered: Brokered | None = None) -> Confinement:
     """Plan the filesystem and process boundary; refuse what cannot be enforced as asked."""
     home = opts.user.home if opts.user else os.environ.get("HOME") or pwd.getpwuid(os.getuid()).pw_dir
     eff = _effective(opts, home, rt, brokered.files if brokered else ())
+    rdirs = _runtime_dirs(opts, eff)
+    eff = dataclasses.replace(eff, read_deny=tuple(dict.fromkeys((*eff.read_deny, *rdirs.hide))))
     try:
         mplan = mounts.plan(eff)
     except mounts.MountError as e:
         raise RunError(e.strerror or str(e)) from None
+    uid = opts.user.uid if opts.user else os.getuid()
     try:
-        overlay = homeoverlay.plan(
-            home, mplan.write_roots, uid=opts.user.uid if opts.user else os.getuid(), owner=os.geteuid()
-        )
+        overlay = homeoverlay.plan(home, mplan.write_roots, uid=uid, owner=os.geteuid(), fresh=opts.fresh_home)
     except homeoverlay.HomeOverlayError as e:
         raise RunError(e.strerror or str(e)) from None
-    mplan = dataclasses.replace(mplan, home=overlay)
-    warnings = list(mplan.notes)
+    mplan = _with_home(mplan, overlay, uid)
+    mplan, shown = _expose(opts, mplan, rdirs, rt)  # last: against every directory hidden
+    warnings = [*mplan.notes, *rdirs.notes]
     abi = landlock.abi_version()
     lplan: landlock.Plan | None = None
     if abi == 0:
@@ -61,6 +65,7 @@ def plan(opts: RunOptions, audit: AuditLog, rt: Path, brokered: Brokered | None 
     else:
         lplan = landlock.plan((*mplan.write_roots, *((overlay.home,) if overlay else ())), abi=abi)
     env, dropped = fsenv.filter_env({k: v for k, v in os.environ.items() if k != WEAKEN_ENV}, opts.policy.env)
+    _runtime_env(env, shown)
     if opts.user is not None:
         # The command runs as the sudo caller or --user: its home (where the overlay is) and its
         # names, as `sudo -i` would give them; sudo leaves HOME pointing at root's home.
@@ -69,8 +74,16 @@ def plan(opts: RunOptions, audit: AuditLog, rt: Path, brokered: Brokered | None 
         from launcher.run.brokered import apply_env
 
         env, dropped = apply_env(env, dropped, brokered)
-    conf = Confinement(mplan, lplan, env, dropped, home)
-    _record(audit, opts.task, conf, abi, warnings)
+    conf = Confinement(mplan, lplan, env, dropped, home, tuple(e.path for e in shown))
+    # An exposed socket is a hole the user asked for: the record names it among what the run warned about.
+    _record(
+        audit,
+        opts.task,
+        conf,
+        abi,
+        [*warnings, *(f"{p} is exposed inside (--expose-socket)" for p in conf.exposed)],
+        learn=opts.learn,
+    )
     for w in warnings:
         print(f"sandgate: warning: {w}", file=sys.stderr)
     if opts.verbose:
@@ -78,17 +91,23 @@ def plan(opts: RunOptions, audit: AuditLog, rt: Path, brokered: Brokered | None 
     return conf
 
 
+def _with_home(mplan: mounts.MountPlan, overlay: homeoverlay.HomeOverlay | None, uid: int) -> mounts.MountPlan:
+    """The run's home overlay and its warnings; and every store of home layers hidden inside (the
+    threat: a run reading another workspace's layer, or seeding it where a --write reaches the store)."""
+    dirs = mplan.hide_dirs
+    for store in (os.path.realpath(s) for s in homeoverlay.hidden_stores(uid)):
+        if not os.path.isdir(store) or any(store == d or store.startswith(d.rstrip("/") + "/") for d in dirs):
+            continue  # none, or already under a hidden directory
+        if not mounts.left_out_by_private_tmp(store, mplan.private_tmp, mplan.tmp_rebinds):
+            dirs = (*(d for d in dirs if not d.startswith(store + "/")), store)
+    notes = (*mplan.notes, *(overlay.notes if overlay else ()))
+    return dataclasses.replace(mplan, home=overlay, hide_dirs=dirs, notes=notes)
+
+
 def _effective(opts: RunOptions, home: str, rt: Path, secret_files: tuple[str, ...] = ()) -> fspolicy.Effective:
     """The policy's `filesystem:` section with the command line's additions and sandgate's own state."""
-    # sandgate's own state (the daemon's control socket, the approval socket, the trusted policy
-    # records) and an embedding tool's approval socket are never the sandbox's business: it must
-    # not be able to answer its own questions, bind itself a wider policy, or learn what is trusted.
-    from launcher.audit import logs as auditlogs
-    from launcher.config import trust
-
-    own = (str(rt), str(trust.state_dir()), str(auditlogs.log_dir()), *((opts.approvals,) if opts.approvals else ()))
     # A brokered credential's file is hidden like any secret file: the sandbox holds only its sentinel.
-    own = (*own, *secret_files)
+    own = (*_own(opts, rt), *secret_files)
     eff = fspolicy.effective(
         opts.policy.filesystem,
         cwd=os.getcwd(),
@@ -114,7 +133,54 @@ def _effective(opts: RunOptions, home: str, rt: Path, secret_files: tuple[str, .
     return eff
 
 
-def _record(audit: AuditLog, task: str, conf: Confinement, abi: int, warnings: list[str]) -> None:
+def _own(opts: RunOptions, rt: Path) -> tuple[str, ...]:
+    """sandgate's own state (this run's runtime directory: the daemon's control socket, the approval
+    socket; the trusted policy records; the audit logs) and an embedding tool's approval socket are
+    never the sandbox's business: it must not be able to answer its own questions, bind itself a
+    wider policy, or learn what is trusted."""
+    from launcher.audit import logs as auditlogs
+    from launcher.config import trust
+
+    return (str(rt), str(trust.state_dir()), str(auditlogs.log_dir()), *((opts.approvals,) if opts.approvals else ()))
+
+
+def _runtime_dirs(opts: RunOptions, eff: fspolicy.Effective) -> runtimedirs.RuntimeDirs:
+    """Every sandgate runtime directory spelling and /run/user/<uid> of every uid this run speaks for
+    (issue 22: another daemon of the same user, or the user's systemd and D-Bus, found from inside)."""
+    ids = runtimedirs.uids(os.geteuid(), os.getuid(), os.environ, opts.user.uid if opts.user else None)
+    return runtimedirs.plan(os.environ, ids, keep_visible=(*eff.write, os.getcwd()))
+
+
+def _expose(
+    opts: RunOptions, mplan: mounts.MountPlan, rdirs: runtimedirs.RuntimeDirs, rt: Path
+) -> tuple[mounts.MountPlan, tuple[runtimedirs.Exposed, ...]]:
+    """--expose-socket: checked (a unix socket, never sandgate's own), and the hidden ones bound back."""
+    try:
+        shown = runtimedirs.check_exposed(opts.expose, rdirs.sandgate, _own(opts, rt))
+    except runtimedirs.ExposeError as e:
+        raise RunError(str(e)) from None
+    for sock in shown:
+        if sock.real in mplan.hide_files:  # the socket itself is hidden by name: docker.sock, a read_deny entry
+            raise RunError(f"--expose-socket {sock.path}: refused, sandgate's policy hides this very socket")
+    binds = tuple(b for sock in shown for b in exposed.binds(sock.path, sock.real, mplan))
+    return dataclasses.replace(mplan, expose=tuple(dict.fromkeys(binds))), shown
+
+
+def _runtime_env(env: dict[str, str], shown: tuple[runtimedirs.Exposed, ...]) -> None:
+    """XDG_RUNTIME_DIR is unset inside: the directory it names is hidden (an empty read-only tmpfs
+    over /run/user/<uid>) or left out by the private /tmp, and tools that create their sockets there
+    (pulseaudio, dconf, podman...) would fail on it. Unset, they take the XDG spec's fallback (most
+    use /tmp, the sandbox's own); `systemctl --user` and friends find no manager, as they must not.
+    Kept only when an --expose-socket lies under it: tools find such a socket through the variable
+    (WAYLAND_DISPLAY, pulse/native), and the user asked for exactly that."""
+    xdg = env.get("XDG_RUNTIME_DIR", "")
+    if not xdg.startswith("/") or not any(
+        e.path.startswith(xdg.rstrip("/") + "/") or e.real.startswith(os.path.realpath(xdg) + "/") for e in shown
+    ):
+        env.pop("XDG_RUNTIME_DIR", None)
+
+
+def _record(audit: AuditLog, task: str, conf: Confinement, abi: int, warnings: list[str], learn: bool) -> None:
     """The run's `policy` record: the boundary as enforced, names of dropped variables (never values)."""
     m = conf.mounts
     audit.write(
@@ -127,6 +193,8 @@ def _record(audit: AuditLog, task: str, conf: Confinement, abi: int, warnings: l
             env_dropped=conf.env_dropped,
             landlock_abi=abi,
             warnings=warnings,
+            cwd=os.getcwd(),  # the workspace: `sandgate audit summary` with no LOG finds its runs by it
+            learn=learn,
         )
     )
 
@@ -139,11 +207,13 @@ def _describe(conf: Confinement, abi: int) -> None:
     print(f"sandgate: writable: {', '.join(r + (tmp if r == '/tmp' else '') for r in m.write_roots)}", file=say)
     print(f"sandgate: read-only: {', '.join([*m.protect, *(p for p, _ in m.placeholders)]) or '-'}", file=say)
     print(f"sandgate: hidden: {', '.join([*m.hide_dirs, *m.hide_files]) or '-'}", file=say)
+    print(f"sandgate: exposed sockets: {', '.join(conf.exposed) or '-'}", file=say)
     print(f"sandgate: environment dropped: {', '.join(conf.env_dropped) or '-'}", file=say)
     print(f"sandgate: landlock ABI {abi}", file=say)
     if overlay is not None:
         print(
-            f"sandgate: home: {overlay.home} writable inside, writes kept in {overlay.upper} "
-            "(the real home never changes; sandgate cache clear)",
+            f"sandgate: home: {overlay.home} writable inside, writes kept in {overlay.upper}"
+            + (f", then for this workspace's next runs in {overlay.layers[0]}" if overlay.layers else ", then dropped")
+            + " (the real home never changes; sandgate cache clear)",
             file=say,
         )

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     import subprocess
 
 START_TIMEOUT = 30.0
+CONNECT_RETRY = 5.0  # seconds a launcher keeps knocking on a daemon whose accept queue is full
 #: The daemon sees only what it needs of the launcher's environment (it outlives the launcher).
 DAEMON_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "PYTHONPATH", "XDG_RUNTIME_DIR")
 
@@ -91,11 +92,16 @@ class Daemon:
         os.close(self.ready_fd)
         self.ready_fd = None
         # "ready", or EOF: the new daemon exited, e.g. because another launcher's daemon won the race.
-        try:
-            self.client = control.ControlClient.connect(self.path, timeout=5.0)
-        except (OSError, control.ControlError) as e:
-            raise DaemonError(f"the proxy daemon did not start ({e}); see {self.log}") from None
-        return True
+        # Many runs started at once (issue 23) fill the winner's accept queue (EAGAIN): try again a while.
+        retry_until = time.monotonic() + CONNECT_RETRY
+        while True:
+            try:
+                self.client = control.ControlClient.connect(self.path, timeout=5.0)
+                return True
+            except (OSError, control.ControlError) as e:
+                if time.monotonic() > retry_until:
+                    raise DaemonError(f"the proxy daemon did not start ({e}); see {self.log}") from None
+            time.sleep(0.05)
 
     def wait_ready(self, timeout: float) -> None:
         """Block until connected (for callers that cannot start the sandbox before the daemon is up)."""

@@ -8,12 +8,16 @@ import os
 import shutil
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from launcher.errors import UsageError
 from launcher.run import daemonctl, runstate
 from launcher.run.options import resolve_user
 from netguard.proxy import control
 from netguard.proxy.status import Status
+
+if TYPE_CHECKING:
+    from fsguard.layerstore import RunEntry
 
 
 def cleanup(args: argparse.Namespace) -> int:
@@ -47,12 +51,32 @@ def cache_clear(args: argparse.Namespace) -> int:
     from fsguard import homeoverlay
 
     user = resolve_user(args.user)  # --user, else the sudo caller, else you
+    uid = user.uid if user else os.getuid()
+
+    def waiting(live: list[RunEntry]) -> None:
+        print(f"sandgate: waiting for {_sandboxes(live)} to end", file=sys.stderr)
+
     try:
-        removed = homeoverlay.clear(user.uid if user else os.getuid(), os.geteuid())
-    except homeoverlay.HomeOverlayError as e:
-        raise UsageError(e.strerror or str(e)) from None
-    print(f"sandgate: removed {removed}" if removed else "sandgate: nothing to clear", file=sys.stderr)
+        removed = homeoverlay.clear(uid, os.geteuid(), wait=bool(getattr(args, "wait", False)), waiting=waiting)
+    except homeoverlay.LayersBusy as e:
+        # Removing a layer under a live sandbox would pull its home away (its writes would fail).
+        raise UsageError(
+            f"{_sandboxes(e.live)} use the home layers: run this again when they end, or add --wait"
+        ) from None
+    except OSError as e:  # HomeOverlayError, or what even a forced removal could not remove
+        raise UsageError(f"cannot clear the sandbox homes: {e.strerror or e}") from None
+    store = homeoverlay.store(uid)
+    print(
+        f"sandgate: removed {removed} home layer(s) in {store}" if removed else "sandgate: nothing to clear",
+        file=sys.stderr,
+    )
     return 0
+
+
+def _sandboxes(live: list[RunEntry]) -> str:
+    """One line's worth: '2 running sandboxes (pid 12 in /w/a; pid 34 in /w/b)'."""
+    who = "; ".join(f"pid {r.pid} in {r.workspace}" for r in live)
+    return f"{len(live)} running sandbox{'es' if len(live) > 1 else ''} ({who})"
 
 
 def daemon(args: argparse.Namespace) -> int:

@@ -3,9 +3,11 @@
   make:     1. the run directory
             2. the approval broker, if a human may be asked (before the mounts are planned: its
                socket must be hidden)
-            3. under the run lock: a killed run's placeholders and state removed (first: they must
-               not be taken for the workspace's), the confinement planned (files, Landlock, env),
-               this run's state written, its placeholders created
+            3. under the run lock: a killed run's state and the placeholders no run holds removed
+               (first: they must not be taken for the workspace's), the confinement planned (files,
+               Landlock, env), this run's state written, earlier live runs' placeholders used and
+               the missing ones created, and the state rewritten to name the placeholders it uses
+               (planned again if the workspace changed meanwhile; launcher/run/placeholdershare.py)
             4. the holder forked into its own user+net+mount+pid+ipc+uts namespaces; the
                handshake (uid/gid maps written, the listeners born inside taken)
             5. the listeners and the audit fd handed to the daemon (now, or once it is up); the
@@ -13,7 +15,8 @@
   start:    6. the go: the holder starts init, and init CMD
   wait:     7. supervise: signals forwarded, a late daemon bound, a dead one reported, drops recorded
   teardown: the channel closed and the binding ended (only if the holder was started), the broker
-            stopped, the daemon connection closed, placeholders and run state removed, the audit
+            stopped, the daemon connection closed, the run state removed and with it its references
+            (under the run lock), the placeholders no live run uses any more removed, the audit
             log closed. Each undo clears what it undid, so a second teardown does nothing; a
             failure inside make tears down exactly what make had made before it is raised.
 
@@ -24,16 +27,17 @@ the run's CA) comes in `LinuxRun`, made by launch.main before anything is touche
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pwd
 import socket
 import sys
 from typing import TYPE_CHECKING
 
-from fsguard import mounts, userns
+from fsguard import mounts, placeholders, userns
 from launcher.errors import RunError
 from launcher.platform.seam import PlatformName, SandboxRequest
-from launcher.run import confinement, daemonctl, options, runstate, sandbox, supervise
+from launcher.run import confinement, daemonctl, options, placeholdershare, runstate, sandbox, supervise
 from netguard import nft
 from netguard.audit import AuditLog
 from netguard.proxy.spec import BindingSpec, CaPair
@@ -43,6 +47,7 @@ if TYPE_CHECKING:  # imported when used: most runs never ask a human, nor inspec
     from launcher.run import brokered, inspection
 
 PORTS = nft.Ports()
+PLAN_TRIES = 3  # plans made again when another user's run changes the workspace's placeholders meanwhile
 
 # The records below are plain classes, not dataclasses: creating a dataclass costs a few hundred
 # microseconds at import, and every `sandgate run` pays this module's import before CMD starts.
@@ -78,7 +83,7 @@ class LinuxSandbox:
         self.request, self.run = request, run
         self.dirs: runstate.RunPaths | None = None  # the run directory and state file, once made
         self.broker: approvals.Broker | None = None
-        self.placeholders: list[str] = []
+        self.refs: placeholders.Refs | None = None  # flocks on another user's placeholders it binds
         self.holder: int | None = None
         self.chan: socket.socket | None = None  # set once the holder is forked: then the binding is ended too
         self.handover: daemonctl.Handover | None = None
@@ -133,8 +138,10 @@ class LinuxBackend:
         if box.open:
             box.open = False
             run.daemon.close()
-        placeholders, box.placeholders = box.placeholders, []
-        mounts.remove_placeholders(placeholders)
+        if box.refs is not None:
+            refs, box.refs = box.refs, None
+            refs.close()
+            runstate.release(run.paths)  # then the placeholders no other live run uses are removed
         if box.dirs is not None:
             dirs, box.dirs = box.dirs, None
             runstate.remove(dirs)
@@ -156,10 +163,19 @@ def _prepare(box: LinuxSandbox) -> confinement.Confinement:
     box.broker = _broker(opts, paths, run.audit)  # before planning the mounts: its socket must be hidden
     with runstate.lock(rt):
         runstate.cleanup_stale(rt)  # first: a killed run's placeholders must not be taken for the workspace's
-        conf = confinement.plan(opts, run.audit, rt, run.tls.brokered if run.tls else None)  # files, Landlock, env
-        runstate.write_state(paths, [p for p, _ in conf.mounts.placeholders])
-        box.placeholders = mounts.create_placeholders(conf.mounts)
-    return conf
+        box.refs = placeholders.Refs()  # from here on teardown sweeps what this run made
+        for _ in range(PLAN_TRIES):
+            conf = confinement.plan(opts, run.audit, rt, run.tls.brokered if run.tls else None)  # files, Landlock, env
+            runstate.write_state(paths, [p for p, _ in conf.mounts.placeholders])  # a kill now: swept by name
+            try:
+                plan, box.refs, used = placeholdershare.take(rt, conf.mounts)
+            except placeholders.Stale:
+                runstate.write_state(paths, [])
+                runstate.sweep(rt)  # what this try made
+                continue
+            runstate.write_state(paths, used)  # while this run lives, no run of this user removes them
+            return dataclasses.replace(conf, mounts=plan)
+    raise RunError("the workspace's protected paths kept changing while sandgate planned its mounts; run it again")
 
 
 def _enter(box: LinuxSandbox, conf: confinement.Confinement) -> None:
@@ -295,4 +311,4 @@ def _asker(netns_pid: int, ip: str, port: int) -> str | None:
     from launcher.approvals import whoasked
 
     found = whoasked.find_asker(netns_pid, ip, port)
-    return f"{found.name}[{found.pid}]" if found else None
+    return found.label() if found else None

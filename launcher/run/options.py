@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import stat
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -54,6 +56,8 @@ class RunOptions:
     quiet: bool = False
     verbose: bool = False
     upstream_ca: str | None = None  # --upstream-ca: PEM roots for inspected upstreams, besides the host's
+    expose: tuple[str, ...] = ()  # --expose-socket: absolute paths of unix sockets shown inside though hidden
+    fresh_home: bool = False  # --fresh-home: ~ is the real home under an empty layer, dropped at exit
     task: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
 
 
@@ -86,7 +90,24 @@ def from_args(args: argparse.Namespace, cmd: list[str], pol: lpolicy.Policy) -> 
         ask_timeout=args.ask_timeout,
         approvals=_approvals_path(args.approvals),
         upstream_ca=_upstream_ca(getattr(args, "upstream_ca", None)),
+        expose=_expose_sockets(getattr(args, "expose_socket", None) or ()),
+        fresh_home=bool(getattr(args, "fresh_home", False)),
     )
+
+
+def _expose_sockets(paths: Sequence[str]) -> tuple[str, ...]:
+    """--expose-socket paths, absolute; checked here (before a daemon starts) to be unix sockets.
+    Whether one may be exposed at all (never a daemon's) is confinement.py's, with the runtime dirs."""
+    out = []
+    for p in paths:
+        try:
+            is_sock = stat.S_ISSOCK(os.stat(p).st_mode)
+        except (OSError, ValueError):
+            is_sock = False
+        if not is_sock:
+            raise UsageError(f"--expose-socket {p}: not an existing unix socket")
+        out.append(os.path.abspath(p))
+    return tuple(dict.fromkeys(out))
 
 
 def _upstream_ca(path: str | None) -> str | None:

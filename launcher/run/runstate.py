@@ -2,11 +2,19 @@
 
 v2 keeps nothing in the host's network namespace (no link, table or route), so a run's only
 host-side state is here, under the user's runtime directory (netguard.proxy.control.runtime_dir()):
-  runs/<id>.json   who owns the run (pid + start time) and which placeholders it created
-  runs/<id>/       files bound into the sandbox (resolv.conf, the empty file, the /tmp stage)
-                   and the approval socket
-  lock             serialises stale cleanup with placeholder creation between concurrent runs
+  runs/<id>.json     who owns the run (pid + start time) and which placeholders it uses: while
+                     it lives, no run of this user removes them
+  runs/<id>/         files bound into the sandbox (resolv.conf, the empty file, the /tmp stage)
+                     and the approval socket
+  placeholders.json  every placeholder this user's runs made that may still exist, with its
+                     identity (device, inode): the ones `sweep` removes once no run holds them
+  lock               serialises planning, placeholder creation, the sweep and stale cleanup
+                     between concurrent runs
 The whole runtime directory is hidden from the sandbox (mode 0700 and a read-only tmpfs over it).
+
+Placeholders are shared (launcher/run/placeholdershare.py): a run uses the ones an earlier live
+run made, and any run's sweep (at its start, at its end, `sandgate cleanup`) removes those no live
+run uses.
 """
 
 from __future__ import annotations
@@ -15,11 +23,12 @@ import fcntl
 import json
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from fsguard import mounts
 from launcher.errors import RunError
+from launcher.run import placeholdershare
 from netguard.proxy import control
 
 
@@ -101,12 +110,15 @@ def remove_dir(d: Path) -> None:
 
 
 def cleanup_stale(root: Path) -> list[str]:
-    """Remove what killed runs left: placeholders, state files, run directories. Live runs are not touched."""
+    """Remove what killed runs left: state files, run directories, and placeholders no run holds.
+
+    Live runs are not touched. Call it under `lock(root)`."""
     removed: list[str] = []
     runs = root / "runs"
     if not runs.is_dir():
         return removed
     live: set[str] = set()
+    orphans: list[str] = []
     for path in sorted(runs.glob("*.json")):
         try:
             data = json.loads(path.read_text())
@@ -116,9 +128,7 @@ def cleanup_stale(root: Path) -> list[str]:
         if starttime(pid) == data.get("start"):
             live.add(rid)
             continue
-        placeholders = [str(x) for x in data.get("placeholders", [])]
-        mounts.remove_placeholders(placeholders)
-        removed.extend(f"placeholder {ph}" for ph in placeholders if not os.path.lexists(ph))
+        orphans += [str(x) for x in data.get("placeholders", [])]  # planned: maybe made, maybe not registered
         path.unlink(missing_ok=True)
         remove_dir(runs / rid)
         removed.append(f"run {rid}")
@@ -126,7 +136,33 @@ def cleanup_stale(root: Path) -> list[str]:
         # A run killed between creating its directory and its state file.
         if d.is_dir() and d.name not in live and not (runs / f"{d.name}.json").exists() and _older_than(d, 60):
             remove_dir(d)
+    removed += [f"placeholder {ph}" for ph in sweep(root, orphans)]
     return removed
+
+
+def references(root: Path) -> set[str]:
+    """The placeholders live runs of this user use (their state files): never removed under them."""
+    used: set[str] = set()
+    for path in (root / "runs").glob("*.json"):
+        try:
+            data = json.loads(path.read_text())
+            if starttime(int(data["pid"])) == data.get("start"):
+                used.update(str(x) for x in data.get("placeholders", []))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return used
+
+
+def sweep(root: Path, orphans: Sequence[str] = ()) -> list[str]:
+    """Remove this user's placeholders no live run uses (launcher/run/placeholdershare.py). Under `lock(root)`."""
+    return placeholdershare.sweep(root, references(root), orphans)
+
+
+def release(p: RunPaths) -> None:
+    """A run's end: its references go with its state file, then what no other run uses is removed."""
+    with lock(p.root):
+        p.state.unlink(missing_ok=True)
+        sweep(p.root)
 
 
 def _older_than(path: Path, seconds: float) -> bool:

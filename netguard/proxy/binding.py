@@ -3,16 +3,13 @@ and for inspected hosts the run's CA, the extra upstream roots and the brokered 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
-import dns.asyncresolver
-import dns.resolver
+from dataclasses import dataclass
 
 from netguard import rules, verdict
 from netguard.asking import Approver
 from netguard.audit import AuditLog
 from netguard.credentials import Secret
-from netguard.localaddrs import RESOLVE_TIMEOUT
+from netguard.proxy.limits import Refusals
 from netguard.proxy.spec import CaPair
 from netguard.rules import Inspection
 
@@ -30,8 +27,7 @@ class Binding:
     ca: CaPair | None = None  # signs the leaf certificates of inspected hosts; None: nothing is inspected
     upstream_ca: str | None = None  # PEM roots trusted for inspected upstreams besides the host's store
     secrets: tuple[Secret, ...] = ()  # brokered credentials: their hosts are inspected
-    _resolver: dns.asyncresolver.Resolver | None = field(default=None, init=False, repr=False)
-    _system_dns: tuple[str, int] | None = field(default=None, init=False, repr=False)
+    refusals: Refusals | None = None  # what its limits of the shared daemon refused (netguard.proxy.limits)
 
     def judge(self, host: str, port: int | None) -> verdict.Verdict:
         """The policy's verdict for `host:port` with this sandbox's learn and ask settings. Pure."""
@@ -51,28 +47,11 @@ class Binding:
             resolve=resolve,
         )
 
-    def upstream_dns(self) -> tuple[str, int]:
-        """Where allowed queries are forwarded: the policy's resolver, else the system's first nameserver
-        (read from /etc/resolv.conf once, not on every query)."""
-        if self.rules.policy.resolver is not None:
-            return self.rules.policy.resolver
-        if self._system_dns is None:
-            system = dns.resolver.Resolver()
-            self._system_dns = (str(system.nameservers[0]), int(system.port))
-        return self._system_dns
-
-    def resolver(self) -> dns.asyncresolver.Resolver | None:
-        """A resolver pinned to the policy's `resolver:`; None means the system's (getaddrinfo)."""
-        target = self.rules.policy.resolver
-        if target is None:
-            return None
-        if self._resolver is None:
-            r = dns.asyncresolver.Resolver(configure=False)
-            r.nameservers = [target[0]]
-            r.port = target[1]
-            r.lifetime = RESOLVE_TIMEOUT
-            self._resolver = r
-        return self._resolver
+    def upstream(self) -> tuple[str, int] | None:
+        """Who answers this sandbox's lookups (netguard.proxy.resolver): the policy's `resolver:`, or None
+        for the system's (/etc/hosts, then /etc/resolv.conf's nameservers). Both its DNS queries and its
+        connections ask the same one, so the two can never be told different things."""
+        return self.rules.policy.resolver
 
     def inspection(self, host: str, port: int) -> Inspection | None:
         """How requests to `host:port` are judged; None: passthrough (the bytes are relayed untouched).

@@ -14,7 +14,7 @@ import dns.exception
 
 from netguard import localaddrs, rules, verdict
 from netguard.audit import Kind, decision_record, new_id
-from netguard.proxy import flowview
+from netguard.proxy import flowview, resolver
 from netguard.proxy.binding import Binding
 
 
@@ -46,8 +46,9 @@ class Conn:
 class Decider:
     """Runs the verdict pipeline for a connection's destinations; shared by every listener of the process."""
 
-    def __init__(self) -> None:
+    def __init__(self, names: resolver.Resolver | None = None) -> None:
         self.local = localaddrs.LocalAddrs()  # this host's own addresses: read now, refreshed when stale
+        self._names = names  # None: the daemon's one resolver, shared with its DNS server (resolver.shared)
 
     async def authorize(
         self, st: Conn, kind: Kind, host: str, port: int, *, method: str | None = None, url: str | None = None
@@ -95,7 +96,9 @@ class Decider:
         if not isinstance(dest, str):
             return verdict.Verdict(v.decision, v.by, v.would, str(dest))  # allowed by a cidr rule: nothing to resolve
         try:
-            addrs = await localaddrs.resolve(b.resolver(), dest, port)
+            addrs = await (self._names or resolver.shared()).addresses(dest, b.upstream())
+        except resolver.LookupFailed as e:
+            return verdict.unresolved(v, dest, e.why)
         except (OSError, dns.exception.DNSException) as e:
             return verdict.unresolved(v, dest, str(e) or type(e).__name__)
-        return verdict.veto(b.rules, v, dest, addrs, port, self.local.table())
+        return verdict.veto(b.rules, v, dest, addrs, port, self.local.table())  # every address judged, as ever

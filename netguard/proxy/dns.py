@@ -24,6 +24,11 @@ the types takes away the easy carriers of DNS tunnels (kilobyte TXT and NULL ans
 but name, type and class ever leaves, but the channel stays open: a wildcard allow is only as safe
 as the people who run that domain. Prefer exact names, and never allow a wildcard on a domain
 where others can create names (hosting, dynamic DNS, a shared cloud suffix).
+
+Upstream, allowed queries go through the daemon's one resolver (netguard.proxy.resolver), the one
+every connection's lookup uses too: its cache answers a name a sandbox (or a connection) asked
+lately, one query is in flight per name and type, and a slow upstream is waited for (resends, 15 s)
+rather than turned into a SERVFAIL at glibc's 5-s retry.
 """
 
 from __future__ import annotations
@@ -35,7 +40,6 @@ import socket
 import struct
 from typing import Literal
 
-import dns.asyncquery
 import dns.edns
 import dns.exception
 import dns.flags
@@ -47,16 +51,15 @@ import dns.rdataclass
 import dns.rdatatype
 import dns.rrset
 
-from netguard import hosts, rules, verdict
+from netguard import dnscache, hosts, rules, verdict
 from netguard.audit import decision_record, new_id
+from netguard.proxy import resolver
 from netguard.proxy.binding import Binding
 
 #: What DNS answers for a name that still needs a human's approval: any address works (all TCP
 #: from the sandbox reaches the proxy, which then decides by SNI/Host and asks); the real name
 #: is not looked up upstream before someone said yes.
 PENDING_ADDRESS = ipaddress.IPv4Address("198.18.255.254")
-RESOLVE_TIMEOUT = 5.0
-MAX_CNAME_CHAIN = 16
 UDP_DEFAULT = 512  # a client without EDNS can take no more (RFC 1035)
 UDP_MAX = 4096  # cap on what an EDNS client may ask for: large UDP answers fragment
 MAX_INFLIGHT = 128  # per UDP socket: a query flood must not grow the daemon's memory
@@ -93,8 +96,9 @@ def _audit_name(name: str) -> str:
 class DnsGate:
     """Decides, answers and audits DNS queries; one instance serves every sandbox, state is per query."""
 
-    def __init__(self, timeout: float = RESOLVE_TIMEOUT) -> None:
-        self.timeout = timeout
+    def __init__(self, timeout: float | None = None, names: resolver.Resolver | None = None) -> None:
+        self.timeout = timeout  # how long a query waits for upstream; None: the resolver's deadline
+        self._names = names  # None: the daemon's one resolver, shared with the connections (resolver.shared)
 
     async def answer(self, binding: Binding, wire: bytes, peer: object, *, tcp: bool = False) -> bytes | None:
         """The reply to one query (None: send nothing). Writes exactly one `dns` decision record."""
@@ -132,15 +136,15 @@ class DnsGate:
 
     async def _forward(self, b: Binding, query: dns.message.Message, q: dns.rrset.RRset, tcp: bool) -> bytes:
         """An allowed query's answer from upstream, cut to what belongs to the question."""
-        try:
-            up = await self._upstream(b, q)
-        except (OSError, dns.exception.DNSException, ValueError, TimeoutError) as e:
-            logger.info("dns forward of %s failed: %s", q.name, e or type(e).__name__)
-            return _wire(_reply(query, dns.rcode.SERVFAIL), query, tcp)
-        rcode = up.rcode()
+        names = self._names or resolver.shared()
+        # Only the lower-cased name, type and class of the client's query ever leave (dnscache.key).
+        up = await names.query(q.name, q.rdtype, q.rdclass, b.upstream(), within=self.timeout)
+        if up.trouble:
+            logger.info("dns forward of %s failed: %s", q.name, up.why)
+        rcode = up.rcode
         if rcode > 15 and query.edns < 0:
             rcode = dns.rcode.SERVFAIL  # an extended rcode cannot be said to a client without EDNS
-        return _wire(_reply(query, rcode, _belonging(up, q)), query, tcp)
+        return _wire(_reply(query, rcode, _belonging(up.answer, q)), query, tcp)
 
     async def _decide(self, b: Binding, q: dns.rrset.RRset) -> tuple[How, verdict.Verdict]:
         """How to answer, and the verdict: netguard.verdict's pipeline, with DNS's own ask and resolve steps.
@@ -163,15 +167,6 @@ class DnsGate:
 
         v = await b.verdict(name, None, defer, by_type)
         return (how[0] if v.allowed or how[0] == "empty" else "refuse"), v
-
-    async def _upstream(self, b: Binding, q: dns.rrset.RRset) -> dns.message.Message:
-        """A fresh query: only the lower-cased name, type and class of the client's ever leave."""
-        host, port = b.upstream_dns()
-        fresh = dns.message.make_query(q.name.canonicalize(), q.rdtype, q.rdclass, use_edns=0)
-        resp = await dns.asyncquery.udp(fresh, host, port=port, timeout=self.timeout)
-        if resp.flags & dns.flags.TC:
-            resp = await dns.asyncquery.tcp(fresh, host, port=port, timeout=self.timeout)
-        return resp
 
     def _record(
         self, b: Binding, q: dns.rrset.RRset | None, rule: str | None, action: str, would: str | None, reason: str
@@ -219,27 +214,11 @@ def _by_type(b: Binding, name: str, q: dns.rrset.RRset, v: verdict.Verdict) -> t
     return how, verdict.Verdict(rules.Decision("deny", d.rule, why))
 
 
-def _belonging(up: dns.message.Message, q: dns.rrset.RRset) -> list[dns.rrset.RRset]:
+def _belonging(answer: tuple[dns.rrset.RRset, ...], q: dns.rrset.RRset) -> list[dns.rrset.RRset]:
     """Answer RRsets at the question's name and along its CNAME chain; everything else is dropped
     (a resolver's extra records are not the sandbox's business, nor a covert channel into it)."""
-    out: list[dns.rrset.RRset] = []
-    name: dns.name.Name = q.name
-    seen: set[dns.name.Name] = set()
-    for _ in range(MAX_CNAME_CHAIN + 1):
-        seen.add(name)
-        target: dns.name.Name | None = None
-        for rrset in up.answer:
-            if rrset.name != name or rrset.rdclass != q.rdclass:
-                continue
-            if rrset.rdtype == q.rdtype or q.rdtype == dns.rdatatype.ANY:
-                out.append(_spelled(rrset, q.name))
-            elif rrset.rdtype == dns.rdatatype.CNAME and len(rrset) == 1:
-                out.append(_spelled(rrset, q.name))
-                target = rrset[0].target
-        if target is None or target in seen:
-            break
-        name = target
-    return out
+    k = dnscache.Key(q.name, q.rdtype, q.rdclass, ())
+    return [_spelled(rrset, q.name) for rrset in dnscache.chain(answer, k)]
 
 
 def _spelled(rrset: dns.rrset.RRset, qname: dns.name.Name) -> dns.rrset.RRset:
@@ -309,6 +288,8 @@ class _Udp(asyncio.DatagramProtocol):
 
     def datagram_received(self, data: bytes, addr: tuple[str | int, int]) -> None:
         if len(self.inflight) >= MAX_INFLIGHT:
+            if self.binding.refusals is not None:
+                self.binding.refusals.refuse("queries", "dns", f"more than {MAX_INFLIGHT} DNS queries in flight")
             return  # dropped like on a congested link; the client retries
         task = asyncio.get_running_loop().create_task(self._answer(data, addr))
         self.inflight.add(task)
@@ -355,6 +336,8 @@ async def serve_tcp(sock: socket.socket, binding: Binding, gate: DnsGate) -> Dns
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if len(conns) >= TCP_MAX_CONNS:
             writer.transport.abort()
+            if binding.refusals is not None:
+                binding.refusals.refuse("connections", "dns", f"more than {TCP_MAX_CONNS} DNS-over-TCP connections")
             return
         conns.add(writer)
         try:

@@ -19,6 +19,8 @@ from ..support.world import World
         ("startup.py", ["--n", "1"]),
         ("datapath.py", ["--mb", "2", "--repeat", "1", "--n", "3", "--concurrency", "50"]),
         ("concurrency.py", ["--n", "50", "--sandboxes", "2"]),
+        ("fairshare.py", ["--n", "5", "--hog", "2100"]),  # just past the share (PER_SANDBOX 2048)
+        ("resolver.py", ["--n", "5", "--rounds", "1"]),
     ],
 )
 def test_benchmark_runs(world: World, script: str, args: list[str]) -> None:
@@ -31,6 +33,10 @@ def test_benchmark_runs(world: World, script: str, args: list[str]) -> None:
     if script == "throughput.py":
         assert re.search(r"^https \(inspected\)\s+[\d.]+\s+[\d.]+\s+[\d.]+", r.stdout, re.M), r.stdout
         assert re.search(r"inspected vs passthrough https, both proxied: .* ratio \d+\.\d\d", r.stdout), r.stdout
+    if script == "fairshare.py":  # the victim served in every mode, beside a hog past its share and a streamer
+        assert "RESULT 0" in r.stdout and re.search(r"^both\s+[\d.]+\s+[\d.]+\s+[\d.]+", r.stdout, re.M), r.stdout
+        hog = re.search(r"mode hog, hog after 2 s: open (\d+), closed (\d+), connecting 0, of 2100", r.stdout)
+        assert hog and int(hog[1]) <= 2048 and int(hog[1]) + int(hog[2]) == 2100, r.stdout  # cut to its share
     if script == "latency.py":
         assert re.search(r"^https inspected\s+[\d.]+\s+[\d.]+$", r.stdout, re.M), r.stdout
         assert re.search(r"added by inspection over passthrough: median [+-][\d.]+ ms, p95 [+-][\d.]+ ms", r.stdout)

@@ -1,7 +1,7 @@
 """REAL-REGISTRY SMOKE TEST: the one place the tests use the real network (issue 11, DEVELOPERS.md).
 
 Through `sandgate run` with the bundled lists and default settings, the ordinary clients (npm,
-pip, uv, poetry, corepack, apt-get) install from PyPI, the npm registry and Debian's repositories
+npx pnpm, pip, uv, poetry, corepack, apt-get; three `npm ci` at once) install from PyPI, the npm registry and Debian's repositories
 (the only registries these machines reach), each twice: the second run must work from the
 sandbox home's warm cache. The clients that do not come with the machine (uv, poetry) are
 installed through sandgate too. One destination off the allowlist is named in the exit summary.
@@ -165,6 +165,48 @@ def test_poetry_add_twice(home: Path, tmp_path: Path, tools: Path) -> None:
         ["--allow", "pypi", "--", str(tools / "poetry"), "add", "--no-interaction", "six"],
         reset=reset,
     )
+
+
+def test_npx_pnpm_install_twice(home: Path, tmp_path: Path) -> None:
+    """Issue 23: pnpm through npx once failed with registry 403s when one lookup was lost."""
+    if shutil.which("npx") is None:
+        pytest.fail("npx is not installed on this machine", pytrace=False)
+    ws = tmp_path / "pnpm"
+    ws.mkdir()
+    (ws / "package.json").write_text('{"name": "t", "version": "1.0.0", "dependencies": {"is-number": "7.0.0"}}')
+    reset = ["rm", "-rf", "node_modules", "pnpm-lock.yaml"]
+    twice(home, ws, "npx pnpm install", ["--allow", "npm", "--", "npx", "--yes", "pnpm@9.15.0", "install"], reset)
+    assert (ws / "node_modules" / "is-number" / "package.json").is_file()
+
+
+def test_three_concurrent_npm_ci(home: Path, tmp_path: Path) -> None:
+    """Issue 23: 2 of 3 concurrent `npm ci` once failed (a shared overlay upper dir, lost lookups)."""
+    if shutil.which("npm") is None:
+        pytest.fail("npm is not installed on this machine", pytrace=False)
+    deps = '{"name": "t", "version": "1.0.0", "dependencies": {"is-number": "7.0.0", "is-odd": "3.0.1"}}'
+    first = tmp_path / "ci0"
+    first.mkdir()
+    (first / "package.json").write_text(deps)
+    lock = ["--allow", "npm", "--", "npm", "install", "--package-lock-only", "--no-audit", "--no-fund"]
+    r, _ = run(home, first, *lock)
+    assert r.returncode == 0, r.stderr[-2000:]
+    before = tree_hash(home)
+    procs = []
+    full = {**os.environ, "HOME": str(home), "PYTHONPATH": str(REPO), "LANG": "C.UTF-8"}
+    if os.path.isfile(SYSTEM_BUNDLE):
+        full.setdefault("NODE_EXTRA_CA_CERTS", SYSTEM_BUNDLE)
+    for i in range(3):
+        ws = tmp_path / f"ci{i + 1}"
+        ws.mkdir()
+        shutil.copy(first / "package.json", ws)
+        shutil.copy(first / "package-lock.json", ws)
+        argv = [*SANDGATE, "--allow", "npm", "--", "npm", "ci", "--no-audit", "--no-fund"]
+        procs.append((ws, subprocess.Popen(argv, cwd=ws, env=full, stdout=subprocess.PIPE, stderr=subprocess.PIPE)))
+    for ws, p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0 and b" 0 denied" in err, (out[-1500:], err[-1500:])
+        assert (ws / "node_modules" / "is-odd" / "package.json").is_file()
+    assert tree_hash(home) == before, "npm ci changed the real home"
 
 
 def test_corepack_fetches_pnpm_twice(home: Path, tmp_path: Path) -> None:

@@ -6,6 +6,8 @@ import os
 import time
 from pathlib import Path
 
+import pytest
+
 from launcher.audit import logs as auditlogs
 
 
@@ -40,3 +42,118 @@ def test_a_symlink_named_like_a_log_is_never_followed_or_removed(tmp_path: Path)
     (tmp_path / "audit-link.jsonl").symlink_to(target)
     auditlogs.prune(tmp_path, now=time.time() + 10**9)
     assert target.exists() and (tmp_path / "audit-link.jsonl").is_symlink()
+
+
+# ---- "the last run" is the last run of this workspace (issue 23) -----------------------------------
+
+
+def write_run(
+    d: Path, name: str, cwd: str | None, started: str, *, learn: bool = False, hosts: tuple[str, ...] = ()
+) -> Path:
+    """A log as a run writes it: its policy record first (naming its working directory), then decisions."""
+    from netguard import audit
+
+    path = d / f"audit-{name}.jsonl"
+    log = audit.AuditLog(path)
+    rec = audit.policy_record(
+        name,
+        write=[],
+        private_tmp=True,
+        protect=[],
+        hidden=[],
+        env_dropped=[],
+        landlock_abi=0,
+        warnings=[],
+        cwd=cwd,
+        learn=learn,
+    )
+    log.write({**rec, "ts": started})
+    for i, host in enumerate(hosts):
+        log.write(audit.decision_record(name, f"d{i}", "connect", "allow", host, 443, reason="allowed"))
+    log.close()
+    return path
+
+
+def test_the_last_run_is_this_workspaces_even_when_another_wrote_later(tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    a_old = write_run(logs, "a-old", "/w/a", "2030-01-01T00:00:00.000Z")
+    a_new = write_run(logs, "a-new", "/w/a/sub", "2030-01-01T00:00:01.000Z")  # run from inside a
+    write_run(logs, "b", "/w/b", "2030-01-01T00:00:02.000Z")  # another workspace, concurrent and later
+    write_run(logs, "ab", "/w/ab", "2030-01-01T00:00:03.000Z")  # a sibling whose name starts alike
+    write_run(logs, "old", None, "2030-01-01T00:00:04.000Z")  # an older sandgate's log: says no workspace
+    make(logs, "audit-junk.jsonl", 0).write_text("not json\n")
+    os.utime(a_old, (time.time() + 100, time.time() + 100))  # the newest file, but not the last run
+    found = auditlogs.last_of_workspace("/w/a", logs)
+    assert found is not None and found.path == a_new and found.cwd == "/w/a/sub" and found.task == "a-new"
+    assert auditlogs.last_of_workspace("/w/b", logs).path == logs / "audit-b.jsonl"  # type: ignore[union-attr]
+    assert auditlogs.last_of_workspace("/w/c", logs) is None
+    assert auditlogs.last_of_workspace("/w/a/sub/deeper", logs).path == a_new  # type: ignore[union-attr]
+
+
+def test_same_workspace_is_the_same_directory_or_one_inside_the_other() -> None:
+    assert auditlogs.same_workspace("/w/a", "/w/a/") and auditlogs.same_workspace("/w/a/x", "/w/a")
+    assert auditlogs.same_workspace("/w/a", "/w/a/x")  # the run could write where you stand
+    assert not auditlogs.same_workspace("/w/ab", "/w/a") and not auditlogs.same_workspace("/w/a", "/w/b")
+
+
+def _audit_cli(
+    args: list[str], cwd: Path, logs: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> tuple[int, str, str]:
+    from launcher import cli
+
+    monkeypatch.setattr(auditlogs, "log_dir", lambda: logs)
+    monkeypatch.chdir(cwd)
+    try:
+        code = cli.main(["audit", *args])
+    except SystemExit as e:
+        code = int(e.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_summary_and_suggest_with_no_log_read_this_workspaces_last_run_and_say_which(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    logs, a, b = tmp_path / "logs", tmp_path / "a", tmp_path / "b"
+    for d in (logs, a, b):
+        d.mkdir()
+    mine = write_run(logs, "in-a", str(a), "2030-01-01T00:00:00.000Z", hosts=("a.test",))
+    write_run(logs, "in-b", str(b), "2030-01-01T00:00:05.000Z", hosts=("b.test",))  # newer, elsewhere
+    code, out, err = _audit_cli(["summary"], a, logs, monkeypatch, capsys)
+    assert code == 0 and "a.test" in out and "b.test" not in out, (out, err)
+    assert err.splitlines() == [
+        f"sandgate: reading the last run of {a} (task in-a, started 2030-01-01T00:00:00.000Z): {mine}"
+    ]
+    code, out, err = _audit_cli(["suggest"], b, logs, monkeypatch, capsys)
+    assert code == 0 and "b.test" in out and "a.test" not in out and "in-b" in err, (out, err)
+    code, out, err = _audit_cli(["summary", str(mine)], b, logs, monkeypatch, capsys)  # a named log: as named
+    assert code == 0 and "a.test" in out and err == f"sandgate: reading {mine}\n"
+    elsewhere = tmp_path / "c"
+    elsewhere.mkdir()
+    code, out, err = _audit_cli(["summary"], elsewhere, logs, monkeypatch, capsys)
+    assert code == 125 and out == "" and len(err.splitlines()) == 1, err
+    assert err.startswith(f"sandgate: error: no run of this workspace ({elsewhere}) in {logs}; "), err
+
+
+def test_a_learn_run_that_fetched_nothing_says_caches_may_have_served_everything(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from launcher.audit import summary
+
+    logs, ws = tmp_path / "logs", tmp_path / "ws"
+    logs.mkdir()
+    ws.mkdir()
+    write_run(logs, "fetched", str(ws), "2030-01-01T00:00:00.000Z", learn=True, hosts=("x.test",))
+    code, out, err = _audit_cli(["summary"], ws, logs, monkeypatch, capsys)
+    assert code == 0 and "caches" not in out + err and "--learn" in err  # it fetched something: no note
+    write_run(logs, "cached", str(ws), "2030-01-01T00:00:01.000Z", learn=True)
+    code, out, err = _audit_cli(["summary"], ws, logs, monkeypatch, capsys)
+    assert code == 0 and out.rstrip().endswith(f"sandgate: note: {summary.NOTHING_FETCHED}"), out
+    code, out, err = _audit_cli(["summary", "--json"], ws, logs, monkeypatch, capsys)
+    assert out.strip() == "[]" and f"sandgate: note: {summary.NOTHING_FETCHED}" in err  # JSON stays JSON
+    code, out, err = _audit_cli(["suggest"], ws, logs, monkeypatch, capsys)
+    assert code == 0 and "  # note: a --learn run without a single network connection" in out, out
+    write_run(logs, "plain", str(ws), "2030-01-01T00:00:02.000Z")  # not a learn run: nothing to say
+    code, out, err = _audit_cli(["suggest"], ws, logs, monkeypatch, capsys)
+    assert code == 0 and "caches" not in out

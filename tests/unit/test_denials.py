@@ -77,6 +77,24 @@ def test_nothing_is_suggested_that_should_stay_closed() -> None:
     assert "--allow" not in rule and "deny beats allow" in rule
 
 
+def test_a_resolver_in_trouble_is_not_called_a_name_that_does_not_resolve() -> None:
+    """Issue 23: a slow or failing resolver made the exit line say an allowed host "does not resolve"."""
+    reasons = {
+        "cannot resolve a.test: no such name (NXDOMAIN)": "does not resolve",
+        "cannot resolve a.test: no address (NODATA)": "does not resolve",
+        "cannot resolve a.test: the resolver did not answer within 15 s": (
+            "the resolver did not answer within 15 s (a lookup failure, not the policy: try again)"
+        ),
+        "cannot resolve a.test: the resolver failed (SERVFAIL)": (
+            "the resolver failed (SERVFAIL) (a lookup failure, not the policy: try again)"
+        ),
+    }
+    for reason, said in reasons.items():
+        out = denials.lines([rec("connect", "a.test", 443, reason=reason)], "t", {})
+        assert out == [f"sandgate: denied a.test:443: {said}"], reason
+        assert denials.explain(denials.Denied("a.test", 443, "connect", 1, reason), {}) == reason
+
+
 def test_only_a_few_are_named_and_the_rest_counted() -> None:
     recs = [rec("connect", f"h{i}.test", 443) for i in range(5)]
     out = denials.lines(recs, "t", {})

@@ -23,7 +23,7 @@ from fsguard import mounts
 from launcher.errors import RunError
 from launcher.platform import seam
 from launcher.platform.windows.backend import WindowsBackend
-from launcher.run import confinement, daemonctl, linuxbackend, options, runstate, sandbox
+from launcher.run import confinement, daemonctl, linuxbackend, options, placeholdershare, runstate, sandbox
 from launcher.run.linuxbackend import LinuxBackend, LinuxRun, LinuxSandbox
 from netguard.audit import AuditLog
 
@@ -111,7 +111,7 @@ def _fakes(monkeypatch: pytest.MonkeyPatch, fx: Effects, tmp_path: Path) -> None
     wrap(runstate, "make_dirs")
     wrap(runstate, "cleanup_stale")
     wrap(confinement, "plan", lambda *_: confinement.Confinement(plan, None, {}, [], str(tmp_path / "home")))
-    wrap(mounts, "create_placeholders")
+    wrap(placeholdershare, "take")
     wrap(linuxbackend, "_inside")
     wrap(linuxbackend, "_broker", lambda *_: FakeBroker(fx))
     wrap(sandbox, "start_holder", holder)
@@ -130,7 +130,7 @@ def _run(tmp_path: Path, fx: Effects) -> tuple[LinuxBackend, seam.SandboxRequest
     return LinuxBackend(run), request, paths
 
 
-MADE = ["make_dirs", "_broker", "cleanup_stale", "plan", "create_placeholders", "_inside", "start_holder", "handshake"]
+MADE = ["make_dirs", "_broker", "cleanup_stale", "plan", "take", "_inside", "start_holder", "handshake"]
 UNDO_HOST = ["broker.stop", "daemon.close"]  # then placeholders, run state and the audit log, judged on disk
 UNDO_ALL = ["daemon.end", *UNDO_HOST]  # once the holder was forked: the channel closed, the binding ended
 
@@ -142,7 +142,7 @@ UNDO_ALL = ["daemon.end", *UNDO_HOST]  # once the holder was forked: the channel
         ("_broker", ["daemon.close"]),
         ("cleanup_stale", UNDO_HOST),
         ("plan", UNDO_HOST),
-        ("create_placeholders", UNDO_HOST),
+        ("take", UNDO_HOST),
         ("_inside", UNDO_HOST),
         ("start_holder", UNDO_HOST),
         ("handshake", UNDO_ALL),
@@ -190,7 +190,7 @@ def test_make_start_then_teardown_twice(monkeypatch: pytest.MonkeyPatch, tmp_pat
     assert not paths.dir.exists() and not os.path.lexists(tmp_path / "work" / ".envrc")
     fx.log.clear()
     backend.teardown(box)
-    assert fx.log == [] and box.chan is None and box.broker is None and box.placeholders == []
+    assert fx.log == [] and box.chan is None and box.broker is None and box.refs is None
 
 
 def test_start_and_wait_refuse_an_unfinished_sandbox(tmp_path: Path) -> None:

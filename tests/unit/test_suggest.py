@@ -262,6 +262,31 @@ def test_empty_log_suggests_an_empty_but_valid_policy() -> None:
     assert text.startswith("# suggested by sandgate audit suggest from 0 records of 0 runs")
 
 
+def _policy(learn: bool | None) -> Record:
+    from netguard import audit
+
+    return audit.policy_record(
+        "t",
+        write=[],
+        private_tmp=True,
+        protect=[],
+        hidden=[],
+        env_dropped=[],
+        landlock_abi=0,
+        warnings=[],
+        cwd="/w",
+        learn=learn,
+    )
+
+
+def test_a_learn_run_that_fetched_nothing_is_said_to_maybe_have_been_served_by_caches() -> None:
+    note = f"  # note: {summary.NOTHING_FETCHED}"
+    text = suggest([_policy(True)])
+    assert note in text.splitlines() and load_suggestion(text).allow == ()  # still a valid (empty) policy
+    assert note not in suggest([_policy(True), dec("t", "x.test", 443)]).splitlines()  # it fetched something
+    assert note not in suggest([_policy(False)]).splitlines() and note not in suggest([_policy(None)]).splitlines()
+
+
 def test_full_round_trip_through_the_policy_loader(tmp_path: Path) -> None:
     a, b = two_runs(tmp_path)
     records = (
