@@ -82,7 +82,7 @@ KEEP: frozenset[int] = frozenset(
         CAP_CHOWN,  # dpkg/tar/pip chown unpacked files to their owners (root:root, _apt, ...)
         CAP_DAC_OVERRIDE,  # root ignores file modes, as package scripts expect (0600 files, others' dirs)
         CAP_FOWNER,  # chmod/utime/setxattr on files it does not own (dpkg restores modes and times)
-        CAP_FSETID,  # keep setgid bits on chown/write (dpkg installs setgid dirs/binaries; nnp defuses them)
+        CAP_FSETID,  # keep an existing setgid bit on chown/write; seccomp refuses setting new setid bits
         CAP_KILL,  # signal its own processes of other uids (apt's _apt helpers); the pid ns holds only ours
         CAP_SETGID,  # apt/su-like tools drop to another gid; only gids the namespace maps exist
         CAP_SETUID,  # apt drops to _apt, test suites switch users; only mapped uids exist
@@ -106,7 +106,7 @@ WHY_DROPPED: dict[int, str] = {
     CAP_SYS_BOOT: "reboot/kexec",
     CAP_SYS_TIME: "set the clock the host's TLS checks and logs rely on",
     CAP_SYS_RAWIO: "iopl/ioperm, raw block and memory devices",
-    CAP_SETFCAP: "file capabilities on workspace binaries that grant root's powers when the user runs them",
+    CAP_SETFCAP: "file capabilities on workspace binaries that grant root's powers when anyone runs them outside",
     CAP_AUDIT_WRITE: "forged records in the host's audit trail",
     CAP_LINUX_IMMUTABLE: "chattr +i on workspace files the user then cannot delete",
     CAP_IPC_LOCK: "mlock without limit: pin the host's memory",

@@ -10,7 +10,9 @@ trusts. So ~ inside is an overlay, the real home read-only at the bottom:
     lower:  the real home
 
 (paths under `layerstore.store()`: root /var/lib/sandgate/homes-<uid>, others
-/var/tmp/sandgate-<uid>/homes; fsguard/layerstore.py has the layout). Why this shape:
+/var/tmp/sandgate-<uid>/homes, then one directory per home path AND identity, so a new account
+given a deleted account's uid starts from its own home; fsguard/layerstore.py has the layout).
+Why this shape:
 
 * An upper or work directory is never used by two live mounts: each run gets its own. Two
   overlays sharing one (as one layer per home did) is undefined behaviour in overlayfs, and was
@@ -37,8 +39,8 @@ trusts. So ~ inside is an overlay, the real home read-only at the bottom:
   the user filled outside any sandbox warm every workspace's first run.
 * `--fresh-home`: no workspace layer (the real home only), and the run's writes are dropped.
 * `sandgate cache clear` removes every layer, and refuses (or with --wait, waits) while any
-  sandbox of the user lives; layer directories are hidden inside every sandbox (the threat: a run
-  reading or seeding another workspace's layer through the store's path).
+  sandbox of the user lives; every user's store is hidden inside every sandbox (the threat: a run
+  reading or seeding another workspace's or another user's layer through the store's path).
 
 The real home never changes. Hidden paths (~/.ssh, tokens...) are mounted over the overlay
 afterwards, so they stay hidden, and writable roots inside ~ (a workspace ~/proj) are bound back
@@ -92,10 +94,13 @@ class HomeOverlay:
 
 
 def hidden_stores(uid: int) -> tuple[Path, ...]:
-    """What no sandbox may see: every store of home layers its command's user could read (root's
-    holds every uid's; a root-started run for user U must not read U's own unprivileged store)."""
-    own = Path(f"/var/tmp/sandgate-{uid}")
-    return (store(uid).parent, own) if os.geteuid() == 0 else (own,)
+    """What no sandbox may see: sandgate's state of EVERY user, not only the command's: root's
+    stores (one per uid) and each user's own `/var/tmp/sandgate-<uid>`. The threat: other users'
+    layers (their caches, a token a sandboxed `npm login` wrote) and other workspaces'. File modes
+    are not the boundary: root's stores are root's files, which a root-started command reads (it
+    keeps DAC_OVERRIDE); a sudo caller's command owns its own store; another user's is kept out
+    only by a mode its owner or a tool may have widened."""
+    return tuple(dict.fromkeys((layerstore.ROOT_BASE, Path(f"/var/tmp/sandgate-{uid}"), *layerstore.user_stores())))
 
 
 def base_dir(uid: int, home: str) -> Path:
@@ -130,12 +135,8 @@ def _plan(real: str, write_roots: tuple[str, ...], uid: int, owner: int, workspa
     layerstore.private(base.parent, owner)
     _collect(base.parent, keep=base)
     layerstore.private(base, owner)
-    try:
-        known = (base / "home").read_text()
-    except FileNotFoundError:
-        known = ""
-    if known != real + "\n":
-        (base / "home").write_text(real + "\n")  # whose layer this is: a layer whose home is gone is garbage
+    # Whose layer this is: a layer whose home is gone, or is another directory now, is garbage.
+    layerstore.record_home(base, real, layerstore.home_identity(real))
     ws, ws_real, ident = layerstore.workspace_dir(base, workspace)
     with layerstore.locked(ws, owner=owner):
         if layerstore.recorded_workspace(ws) is None:
@@ -191,15 +192,10 @@ def _fold_finished(ws: Path) -> list[str]:
 
 
 def _collect(store_dir: Path, keep: Path) -> None:
-    """Remove the layers of homes that no longer exist (a deleted user's, a test's or verify's)."""
+    """Remove the layers of homes that no longer exist, or are another directory now (a deleted
+    user's, a test's or verify's; a new account's home at a deleted one's path)."""
     for layer in layerstore.homes(store_dir):
-        if layer == keep:
-            continue
-        try:
-            home = (layer / "home").read_text().strip()
-        except OSError:
-            continue  # not one of ours, or being created: leave it
-        if home and not os.path.lexists(home):
+        if layer != keep and layerstore.home_gone(layer):
             _remove_idle(layer)
 
 
@@ -224,11 +220,8 @@ def forget_under(uid: int, prefix: str) -> None:
     """Drop the layers of every home below `prefix` (verify's and the tests' throwaway homes, when done)."""
     prefix = os.path.realpath(prefix).rstrip("/") + "/"
     for layer in layerstore.homes(store(uid)):
-        try:
-            home = (layer / "home").read_text().strip()
-        except OSError:
-            continue
-        if (home + "/").startswith(prefix):
+        rec = layerstore.recorded_home(layer)
+        if rec is not None and (rec[0] + "/").startswith(prefix):
             layermerge.force_rmtree(layer)
 
 

@@ -1,6 +1,6 @@
 """Where the sandbox homes' layers live on disk, and who is using them: directories, locks, live runs.
 
-  <store>/<hash of the home>/           home: the real home's path (a layer whose home is gone is garbage)
+  <store>/<hash of the home + identity>/  home: the real home's path and identity (gone or changed: garbage)
     ws-<hash of workspace + identity>/  one workspace (fsguard/homeoverlay.py says why per workspace)
       workspace                         its real path and identity (a recreated directory is a new one)
       lock                              flock: creating or folding runs, clearing, collecting
@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT_BASE = Path("/var/lib/sandgate")
+USER_STORE_PARENT = Path("/var/tmp")  # each user's own store: sandgate-<uid>/ here
 FS_IOC_GETVERSION = 0x80087601  # _IOR('v', 1, long): the inode's generation (ext4, xfs, btrfs...)
 _LOCK_TRIES = 100  # a workspace directory removed under a waiter (cache clear) is made again, this often
 
@@ -60,9 +61,76 @@ def _digest(text: str) -> str:
     return out
 
 
+def user_stores() -> tuple[Path, ...]:
+    """Every user's own store directory (`/var/tmp/sandgate-<uid>`) that exists, whoever's: real
+    directories only (a symlink planted under that name must not make a run hide its target)."""
+    try:
+        with os.scandir(USER_STORE_PARENT) as entries:
+            found = [
+                Path(e.path)
+                for e in entries
+                if e.name.startswith("sandgate-") and e.name[9:].isdigit() and e.is_dir(follow_symlinks=False)
+            ]
+    except OSError:
+        return ()
+    return tuple(sorted(found))
+
+
+def home_identity(home: str) -> str:
+    """inode:generation of the home directory. A new account that is given a deleted account's uid
+    gets a home directory made anew (a new inode, and a new generation where ext4 hands out the
+    number again), so it never inherits the old account's layers; not st_dev, which a renumbered
+    device changes under the same home. Where the generation cannot be read it is 0 (inode only)."""
+    return identity(home).split(":", 1)[1]
+
+
+def home_key(home: str) -> str:
+    """The directory name of one home's layers: its path AND its identity."""
+    return _digest(home + chr(0) + home_identity(home))[:12]
+
+
 def home_dir(uid: int, home: str) -> Path:
-    """One directory per user AND home path: two homes must never share (or see) each other's writes."""
-    return store(uid) / _digest(home)[:12]
+    """One directory per user (the store), home path and home identity: two homes must never share
+    (or see) each other's writes, nor a new account the layers of the uid's previous one."""
+    return store(uid) / home_key(home)
+
+
+def recorded_home(home_base: Path) -> tuple[str, str] | None:
+    """(path, identity) of the home a home's directory was made for; None: not ours, or being made."""
+    try:
+        lines = (home_base / "home").read_text().splitlines()
+    except OSError:
+        return None
+    if not lines or not lines[0]:
+        return None
+    return lines[0], lines[1] if len(lines) > 1 else ""
+
+
+def record_home(home_base: Path, home: str, ident: str) -> None:
+    """Write the `home` record atomically: a half-written one would read as a stale layer's."""
+    text = f"{home}\n{ident}\n"
+    if recorded_home(home_base) == (home, ident):
+        return
+    tmp = home_base / f"home.{os.getpid()}.tmp"
+    tmp.write_text(text)
+    os.replace(tmp, home_base / "home")
+
+
+def home_gone(home_base: Path) -> bool:
+    """The home this directory was made for no longer exists, or is another directory now (a new
+    account at the same path), or the record predates identities (sandgate before issue 24)."""
+    rec = recorded_home(home_base)
+    if rec is None:
+        return False
+    path, ident = rec
+    if not ident:
+        return True
+    try:
+        return home_identity(path) != ident
+    except (FileNotFoundError, NotADirectoryError):
+        return True
+    except OSError:
+        return False  # cannot tell (no access): keep it
 
 
 def identity(path: str) -> str:

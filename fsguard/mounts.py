@@ -232,6 +232,21 @@ def bind_readonly(source: str, target: str) -> None:
     mount(None, target, None, flags)
 
 
+def nosuid_bind(target: str) -> None:
+    """Remount a bind sandgate made of a writable root nosuid and nodev, keeping every flag it had
+    (the host's are locked in our user namespace: a remount clearing one is refused). The threat: a
+    setuid binary or a device node in a writable root honoured inside; no_new_privs already keeps
+    setuid from raising anything, this is the mount's own word on it."""
+    flags = MS_BIND | MS_REMOUNT | MS_NOSUID | MS_NODEV
+    have = os.statvfs(target).f_flag
+    if have & os.ST_RDONLY:
+        flags |= MS_RDONLY
+    for st_bit, ms_bit in _KEPT_FLAGS:
+        if have & st_bit:
+            flags |= ms_bit
+    mount(None, target, None, flags)
+
+
 def detach(path: str) -> None:
     """Lazy unmount; a refusal is ignored: the callers cover what stays (a mount locked by the user
     namespace stays underneath, unreachable)."""
@@ -315,6 +330,7 @@ def _home_overlay(h: HomeOverlay) -> None:
         for root, fd in keep:
             os.makedirs(root, exist_ok=True)  # in the upper layer only, if it was not there
             mount(f"/proc/self/fd/{fd}", root, None, MS_BIND | MS_REC)
+            nosuid_bind(root)
     finally:
         for _, fd in keep:
             os.close(fd)
@@ -336,6 +352,7 @@ def _build(p: MountPlan, run_dir: Path, files: dict[str, Path]) -> None:
                 inside = posixpath.join("/tmp", os.path.relpath(root, "/tmp"))
                 os.makedirs(inside, exist_ok=True)
                 mount(f"/proc/self/fd/{sfd}/{os.path.relpath(root, '/tmp')}", inside, None, MS_BIND | MS_REC)
+                nosuid_bind(inside)
             detach(f"/proc/self/fd/{sfd}")
         finally:
             os.close(sfd)

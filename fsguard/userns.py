@@ -131,6 +131,26 @@ def become(ident: Identity) -> None:
     os.setuid(ident.uid)  # from 0 to U: the kernel clears every capability here
 
 
+#: The sandbox's own limit on the user namespaces made inside it (per user namespace, Linux 4.9+).
+MAX_USER_NAMESPACES = "/proc/sys/user/max_user_namespaces"
+#: What a run with `--allow-nested-userns` records among its warnings and prints with -v.
+NESTED_WARNING = (
+    "nested user namespaces are allowed (--allow-nested-userns): the command can hold CAP_NET_ADMIN and "
+    "CAP_SYS_ADMIN over namespaces of its own, and reach nf_tables and the other kernel code behind them"
+)
+
+
+def forbid_nested() -> None:
+    """No user namespace can be made inside the sandbox's: call from its setup process, which still
+    holds CAP_SYS_RESOURCE there. The limit is per user namespace and checked for every ancestor, so
+    it holds whatever call the command makes (clone3's flags, which seccomp cannot read, included),
+    and nobody inside can raise it again without CAP_SYS_RESOURCE in this namespace (a command that
+    is root inside does not keep it). seccomp answers EPERM first; this is the kernel's own backstop
+    (ENOSPC). The threat: a nested user namespace gives CAP_NET_ADMIN over a network namespace of the
+    command's own, and with it nf_tables, where most recent kernel privilege escalations live."""
+    _write(MAX_USER_NAMESPACES, "0")
+
+
 def _read_sysctl(path: str) -> str | None:
     try:
         with open(path) as f:

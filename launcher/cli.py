@@ -229,6 +229,7 @@ def _add_run(sub: _Subparsers) -> None:
         action="store_true",
         help="start ~ from the real home alone, without this workspace's layer; drop what the run writes there",
     )
+    rn.add_argument("--allow-nested-userns", action="store_true", help="let CMD make user namespaces of its own")
     rn.add_argument("-q", "--quiet", action="store_true", help="no summary line at exit")
     rn.add_argument("cmd", nargs=argparse.REMAINDER, metavar="CMD")
     rn.set_defaults(func=_run)

@@ -30,7 +30,22 @@ _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _HEADER = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 #: Headers that frame or route the request: a credential in them would change where it goes.
 _FRAMING = frozenset({"host", "content-length", "transfer-encoding", "connection", "upgrade", "te", "trailer"})
-_PREFIX = re.compile(r"[A-Za-z]{1,10}[-_]")  # sk-, ghp_, npm_: kept so format checks in SDKs still pass
+#: The public prefixes vendors put on every token of a kind: the only part of a secret a sentinel keeps,
+#: so an SDK's format check still passes. A fixed list, not a pattern: a pattern kept up to 11
+#: characters of any secret (`REALSECRET-...`). Longest match wins (`sk-proj-` over `sk-`). No AWS
+#: `AKIA`: an access key id is no bearer secret, and SigV4 signs each request with the secret key,
+#: which no header template can broker.
+VENDOR_PREFIXES: tuple[str, ...] = (
+    "sk-", "sk-proj-", "sk-svcacct-", "sk-admin-", "sk-ant-", "sk-or-v1-",  # OpenAI, Anthropic, OpenRouter
+    "sk_live_", "sk_test_", "rk_live_", "rk_test_",  # Stripe
+    "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_",  # GitHub
+    "glpat-", "npm_", "pypi-", "dckr_pat_",  # GitLab, npm, PyPI, Docker Hub
+    "xoxb-", "xoxp-", "xapp-",  # Slack
+    "hf_", "gsk_", "xai-", "pplx-", "r8_", "AIza",  # Hugging Face, Groq, xAI, Perplexity, Replicate, Google
+)  # fmt: skip
+#: Shorter secrets are refused: a short one turns up in ordinary traffic (with `x`, every request
+#: holding an `x` was an "attempted leak" and every `x` in a response masked).
+MIN_SECRET = 16
 
 
 @dataclass(frozen=True)
@@ -123,10 +138,25 @@ def render(c: Credential, secret: str) -> str:
     return _VAR.sub(lambda _: secret, c.template)
 
 
+def vendor_prefix(secret: str) -> str:
+    """The longest of VENDOR_PREFIXES that `secret` starts with, else ""."""
+    return max((p for p in VENDOR_PREFIXES if secret.startswith(p)), key=len, default="")
+
+
 def sentinel_for(secret: str, token: str) -> str:
-    """What the sandbox sees instead of `secret`: its vendor prefix (if any) and a random token."""
-    m = _PREFIX.match(secret)
-    return f"{m.group(0) if m else ''}sandgate-sentinel-{token}"
+    """What the sandbox sees instead of `secret`: its public vendor prefix (if any) and a random token."""
+    return f"{vendor_prefix(secret)}sandgate-sentinel-{token}"
+
+
+def too_short(secret: str) -> str | None:
+    """Why `secret` cannot be brokered (shorter than MIN_SECRET), or None."""
+    if len(secret) >= MIN_SECRET:
+        return None
+    chars = f"{len(secret)} character{'s' if len(secret) != 1 else ''}"
+    return (
+        f"the secret is {chars}; at least {MIN_SECRET} are needed (a shorter one turns up in ordinary"
+        " traffic, where every request holding it would be refused as a leak)"
+    )
 
 
 def carried(text: str, secrets: tuple[Secret, ...]) -> Secret | None:

@@ -12,29 +12,50 @@ Hosts without either stay untouched TLS passthrough. A request is allowed when o
 inspecting entry covers both its method and its path; nothing else widens an inspected host (an
 entry for the same host without `http:` does not reopen what the inspecting entry leaves out).
 
-Paths are matched on a canonical form (`canonical_path`): the query is cut off, percent-escapes of
-ordinary characters are decoded, and a path the upstream could read differently from us (dot
-segments, a backslash, a bad escape, not starting with "/") is refused outright. `*` matches within
-one segment, `**` across segments. Methods are compared exactly: HTTP methods are case-sensitive,
-so `post` is not `POST` and is refused unless listed.
+Paths are matched in their one canonical form (netguard.canonpath): a path some upstream could read
+differently from us (escaped dots or separators, `;` parameters, `\\`, double escapes, bad UTF-8,
+dot segments) is refused before any rule looks at it; an escaped `/` (npm's `/@scope%2fname`) passes
+only where the rules allow every way a server may read it. `*` matches within one segment, `**`
+across segments. Methods are compared exactly: HTTP methods are case-sensitive, so `post` is not
+`POST` and is refused unless listed.
+
+On every inspected host, two ways of sending another request than the one judged are refused: a method-override header (`X-HTTP-Method-Override`, `X-HTTP-Method`,
+`X-Method-Override`) or `_method` query parameter, which frameworks honour to turn a permitted POST
+into a DELETE (refused, not stripped: stripping would send a POST the client never meant, which
+the server may take as a create), and a protocol upgrade. After an upgrade no rule reads what
+flows, so it needs a rule that says so, for WebSocket only:
+
+    - methods: [GET]
+      paths: ["/v1/realtime"]
+      websocket: true          # this rule's GETs may upgrade to WebSocket; its frames are not judged
+
+On a host with `inspect: true` and no `http:` every method is allowed, yet an override header is
+refused there too: the host may carry a brokered credential, whose holder never meant the request
+the header asks for, and one rule everywhere is what a reader of the policy can predict (a client
+that sends `X-HTTP-Method-Override: GET` for long URLs, as Google's do, must send the method
+itself). An upgrade is refused there as well (no rule says so).
 """
 
 from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote
 
+from netguard import canonpath
 from netguard.policyerror import PolicyError, line_of
 
 #: The `read-only` shorthand: methods that by HTTP's definition change nothing on the server.
 READ_ONLY: frozenset[str] = frozenset({"GET", "HEAD", "OPTIONS"})
-HTTP_RULE_KEYS = ("methods", "paths")
+HTTP_RULE_KEYS = ("methods", "paths", "websocket")
 _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 9110 token: what a method may be
-#: Escapes that stay escaped in the canonical path: decoding them would change where segments end
-#: (%2F, %5C), where the path ends (%3F, %23) or make an escape of an escape (%25).
-_KEEP_ESCAPED = frozenset({"2F", "5C", "25", "3F", "23"})
+#: Headers through which frameworks (Rails, Express method-override, Symfony, ASP.NET, Google APIs)
+#: take another method than the request line's: a permitted POST would act as a DELETE.
+OVERRIDE_HEADERS = frozenset({"x-http-method-override", "x-http-method", "x-method-override"})
+Headers = Sequence[tuple[str, str]]
 
 
 @dataclass(frozen=True)
@@ -44,12 +65,14 @@ class HttpRule:
     methods: frozenset[str] | None
     paths: tuple[str, ...] | None
     origin: str
+    websocket: bool = False  # its GETs may upgrade to WebSocket (whose frames no rule reads)
 
     def describe(self) -> str:
-        if self.methods == READ_ONLY and self.paths is None:
+        if self.methods == READ_ONLY and self.paths is None and not self.websocket:
             return "read-only"
         m = ",".join(sorted(self.methods)) if self.methods is not None else "any method"
-        return f"{m} {' '.join(self.paths)}" if self.paths is not None else m
+        text = f"{m} {' '.join(self.paths)}" if self.paths is not None else m
+        return text + (" websocket" if self.websocket else "")
 
 
 @dataclass(frozen=True)
@@ -78,12 +101,19 @@ def _parse_one(item: Any, source: str, line: int | None) -> HttpRule:
         raise PolicyError(f"an 'http' rule is read-only or a mapping with methods and paths, not {item!r}", line)
     for key in item:
         if key not in HTTP_RULE_KEYS:
-            raise PolicyError(f"unknown key '{key}' in an http rule (expected methods, paths)", line_of(item, key))
-    if not item:
+            raise PolicyError(
+                f"unknown key '{key}' in an http rule (expected methods, paths, websocket)", line_of(item, key)
+            )
+    if "methods" not in item and "paths" not in item:
         raise PolicyError("an http rule needs methods, paths or both", line)
     methods = _parse_methods(item["methods"], line_of(item, "methods") or line) if "methods" in item else None
     paths = _parse_paths(item["paths"], line_of(item, "paths") or line) if "paths" in item else None
-    return HttpRule(methods, paths, where)
+    websocket = item.get("websocket", False)
+    if not isinstance(websocket, bool):
+        raise PolicyError("'websocket' is true or false", line_of(item, "websocket") or line)
+    if websocket and methods is not None and "GET" not in methods:
+        raise PolicyError("'websocket: true' needs GET among the methods: an upgrade is a GET", line)
+    return HttpRule(methods, paths, where, websocket)
 
 
 def _parse_methods(value: Any, line: int | None) -> frozenset[str]:
@@ -109,8 +139,8 @@ def _parse_paths(value: Any, line: int | None) -> tuple[str, ...]:
             raise PolicyError(f"path {p!r}: patterns match the path only, without a query", where)
         if canonical_path(p.replace("*", "x")) != p.replace("*", "x"):
             raise PolicyError(
-                f"path {p!r} is not canonical: no dot segments or backslashes, and escapes only for '/', '\\', '%',"
-                " '?', '#' and control characters, in upper case (%2F)",
+                f"path {p!r} is not canonical: no dot segments, ';' or backslashes; letters, digits and"
+                " -._~!$&'()*+,=:@ as they are, anything else escaped in upper case (%20, %2F, %C3%A9)",
                 where,
             )
         out.append(p)
@@ -123,28 +153,9 @@ def _parse_paths(value: Any, line: int | None) -> tuple[str, ...]:
 
 
 def canonical_path(target: str) -> str | None:
-    """The path part of a request target as rules see it, or None when it is ambiguous (refused).
-
-    The threat: a path that our glob reads as allowed while the upstream reads it as another one
-    (`/o/r/git-upload-pack/../../x/git-receive-pack`, `%2e%2e`, a backslash some servers take for '/').
-    """
-    path = target.split("?", 1)[0].split("#", 1)[0]
-    if not path.startswith("/") or "\\" in path:
-        return None
-    if "%" in path:
-        out = []
-        parts = path.split("%")
-        out.append(parts[0])
-        for part in parts[1:]:
-            code = part[:2].upper()
-            if len(code) < 2 or any(c not in "0123456789ABCDEF" for c in code):
-                return None
-            ch = chr(int(code, 16))
-            out.append(("%" + code if code in _KEEP_ESCAPED or int(code, 16) < 0x21 else ch) + part[2:])
-        path = "".join(out)
-    if any(seg in (".", "..") for seg in path.split("/")):
-        return None
-    return path
+    """The path part of a request target as rules see it, or None when it is refused (netguard.canonpath)."""
+    c = canonpath.canonical(target)
+    return c.path if isinstance(c, canonpath.Canonical) else None
 
 
 @functools.lru_cache(maxsize=1024)
@@ -159,24 +170,63 @@ def path_matches(pattern: str, path: str) -> bool:
     return _glob(pattern).fullmatch(path) is not None
 
 
-def covers(rule: HttpRule, method: str, path: str) -> bool:
+def covers(rule: HttpRule, method: str, path: str, read: canonpath.Transform = canonpath.same) -> bool:
+    """Whether `rule` covers `method` on `path` (one reading of a canonical path; its patterns read alike)."""
     if rule.methods is not None and method not in rule.methods:
         return False
-    return rule.paths is None or any(path_matches(p, path) for p in rule.paths)
+    return rule.paths is None or any(path_matches(read(p), path) for p in rule.paths)
 
 
-def decide_request(rules: tuple[HttpRule, ...] | None, host: str, method: str, target: str) -> RequestDecision:
+def _covering(rules: tuple[HttpRule, ...], method: str, c: canonpath.Canonical) -> HttpRule | None:
+    """The rule covering the path as read, when every reading of it is covered by some rule; else None."""
+    found = None
+    for read, path in zip(c.transforms, c.readings, strict=True):
+        hit = next((r for r in rules if covers(r, method, path, read)), None)
+        if hit is None:
+            return None
+        found = found or hit
+    return found
+
+
+def _upgrade(headers: Headers) -> str | None:
+    """The protocol an HTTP/1 request asks to switch to (lower case), or None."""
+    value = next((v for n, v in headers if n.lower() == "upgrade"), "").strip().lower()
+    return value or None
+
+
+def _override(headers: Headers, target: str) -> str | None:
+    """Why the request names another method than its own (a header or `_method` parameter), or None."""
+    for name, _ in headers:
+        if name.lower() in OVERRIDE_HEADERS:
+            return f"a method-override header ({name}) is refused: send the method itself"
+    query = target.split("?", 1)[1] if "?" in target else ""
+    if any(unquote(kv.split("=", 1)[0]).lower() == "_method" for kv in re.split("[&;]", query)):
+        return "a '_method' query parameter (a method override) is refused: send the method itself"
+    return None
+
+
+def decide_request(
+    rules: tuple[HttpRule, ...] | None, host: str, method: str, target: str, headers: Headers = ()
+) -> RequestDecision:
     """Whether an inspected host takes this request; `rules` None: every request (inspect without http)."""
-    path = canonical_path(target)
+    c = canonpath.canonical(target)
     shown = target.split("?", 1)[0]
-    if path is None:
+    if isinstance(c, canonpath.Refused):
+        return RequestDecision(False, None, f"{method} {shown}: path is not canonical: {c.reason}")
+    upgrade = _upgrade(headers)
+    if upgrade is not None and upgrade != "websocket":
+        return RequestDecision(False, None, f"{method} {shown}: an upgrade to {upgrade!r}: no rule reads that protocol")
+    if upgrade is not None and rules is None:
         return RequestDecision(
-            False, None, f"{method} {shown}: path is not canonical (dot segments, backslash or bad escape)"
+            False, None, f"{method} {shown}: a WebSocket upgrade needs an http rule with websocket: true"
         )
+    if (why := _override(headers, target)) is not None:  # on every inspected host: a credential rides it
+        return RequestDecision(False, None, f"{method} {shown}: {why}")
     if rules is None:
         return RequestDecision(True, None, "inspected, every request allowed")
-    for r in rules:
-        if covers(r, method, path):
-            return RequestDecision(True, r.origin, f"allowed by http rule {r.describe()}")
+    r = _covering(tuple(r for r in rules if r.websocket) if upgrade else rules, method, c)
+    if r is not None:
+        return RequestDecision(True, r.origin, f"allowed by http rule {r.describe()}")
     allowed = "; ".join(r.describe() for r in rules)
-    return RequestDecision(False, None, f"{method} {shown} not allowed on {host} (allowed: {allowed})")
+    what = "a WebSocket upgrade of " if upgrade else ""
+    return RequestDecision(False, None, f"{what}{method} {shown} not allowed on {host} (allowed: {allowed})")

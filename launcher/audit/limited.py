@@ -17,6 +17,8 @@ _WHAT: dict[Limit, tuple[str, str]] = {
     "head": ("request refused for its size", "requests refused for their size"),
     "questions": ("approval question refused", "approval questions refused"),
     "queries": ("DNS query dropped", "DNS queries dropped"),
+    "lookups": ("lookup refused", "lookups refused"),
+    "records": ("denial counted, not written", "denials counted, not written"),
 }
 
 

@@ -38,6 +38,10 @@ class Policy:
     env: EnvPolicy = field(default_factory=EnvPolicy)
     files: tuple[Path, ...] = ()  # applied in full (--policy, a trusted ./.sandgate.yaml); "always" goes to the first
     narrowed: trust.Narrowed | None = None  # an untrusted ./.sandgate.yaml, applied only where it narrows
+    # Every file read for it, includes and bundled lists too, absolute as named (symlinks and '..'
+    # kept: the next run resolves the same names). The run keeps each read-only inside
+    # (launcher/run/configfiles.py): the threat is a run rewriting what configures the next one.
+    read: tuple[Path, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -102,6 +106,7 @@ class _Reader:
     def __init__(self, checks: Checks, check: IncludeCheck | None = None) -> None:
         self.checks, self.check = checks, check
         self.done: set[Path] = set()
+        self.read: list[Path] = []  # as named, absolute, in the order read
 
     def load(
         self, path: Path, data: bytes | None = None, stack: tuple[Path, ...] = (), ref: IncludeRef | None = None
@@ -118,12 +123,15 @@ class _Reader:
         if len(self.done) >= MAX_FILES:
             raise PolicyFileError(where, None, f"more than {MAX_FILES} files in one policy; include fewer")
         self.done.add(real)
-        doc = _doc(yamlfile.read(path, where) if data is None else data, where, ref)
+        self.read.append(path.absolute())
+        data = yamlfile.read(path, where) if data is None else data
+        doc = _doc(data, where, ref)
         out: list[Sections] = []
         for inc, line in _includes(doc, where):
             out.extend(self._include(inc, line, path, where, (*stack, real)))
         sections = _sections(doc, where)
         check_writes(doc, sections.filesystem, where, self.checks)
+        yamlfile.remember(data, doc)  # only now: the parse cache keeps nothing but validated policies
         return [*out, sections]
 
     def _include(self, ref: str, line: int | None, path: Path, where: str, stack: tuple[Path, ...]) -> list[Sections]:
@@ -165,8 +173,11 @@ def trust_chain(path: Path) -> list[tuple[Path, bytes]]:
     return chain
 
 
-def _workspace(path: Path, store: trust.Store | None, checks: Checks) -> tuple[list[Sections], trust.Narrowed | None]:
-    """./.sandgate.yaml picked up implicitly: in full once trusted (and its file includes too), else narrowed."""
+def _workspace(
+    path: Path, store: trust.Store | None, checks: Checks
+) -> tuple[list[Sections], trust.Narrowed | None, list[Path]]:
+    """./.sandgate.yaml picked up implicitly: in full once trusted (and its file includes too), else
+    narrowed; and the files read for it."""
     where = display(path)
     data = yamlfile.read(path, where)
     problem = store.problem((Path.cwd(),)) if store is not None else None
@@ -184,11 +195,13 @@ def _workspace(path: Path, store: trust.Store | None, checks: Checks) -> tuple[l
                 )
             )
 
-        return _Reader(checks, check).load(path, data), None
+        reader = _Reader(checks, check)
+        return reader.load(path, data), None, reader.read
     doc = _doc(data, where, None)
     s = _sections(doc, where)
+    yamlfile.remember(data, doc)
     net, fs, env, ignored = trust.narrow(s.network, s.filesystem, s.env, doc.get("include") is not None)
-    return [Sections(net, fs, env)], trust.Narrowed(where, status, ignored, problem or unreadable)
+    return [Sections(net, fs, env)], trust.Narrowed(where, status, ignored, problem or unreadable), [path.absolute()]
 
 
 def build_policy(
@@ -207,13 +220,14 @@ def build_policy(
     parts: list[Sections] = []
     sources: list[str] = []
     full: list[Path] = []
+    read: list[Path] = []
     for f in files:
         parts.extend(reader.load(f))
         sources.append(display(f))
         full.append(f.resolve())
     narrowed = None
     if workspace is not None:
-        got, narrowed = _workspace(workspace, store, checks)
+        got, narrowed, read = _workspace(workspace, store, checks)
         parts.extend(got)
         sources.append(display(workspace) + (" (untrusted: narrowing only)" if narrowed else ""))
         full.extend([] if narrowed else [workspace.resolve()])
@@ -238,6 +252,7 @@ def build_policy(
         fspolicy.merge_env([p.env for p in parts]),
         tuple(full),
         narrowed,
+        tuple(dict.fromkeys((*reader.read, *read))),
     )
 
 

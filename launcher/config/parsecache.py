@@ -4,7 +4,10 @@ Only for speed (every run parses the bundled lists). It lives in sandgate's runt
 directory, which the sandbox can neither see nor write: a sandbox able to write this cache
 could widen its own next policy. Keyed by the SHA-256 of the text, so a hit is always the
 same document; anything odd (unreadable, malformed, a type JSON cannot hold) is a miss.
-Only documents that passed the reader's limits are stored (launcher.config.yamlfile).
+Only documents that validated as policies are stored (launcher.config.load calls
+yamlfile.remember once a file's sections parsed): a hostile `include: /etc/shadow` is parsed,
+then refused, and no file of sandgate's may keep what it read. Entries of sandgates before that
+rule (named without SUFFIX) may hold any parsed text: the next store removes them.
 """
 
 from __future__ import annotations
@@ -19,12 +22,13 @@ from launcher.config.trust import digest
 
 MISS = object()
 CACHE_DIR: Path | None = None  # set by the run path (launcher/cli.py); None: no cache
+SUFFIX = ".policy.json"
 
 
 def _cache_file(text: str) -> Path | None:
     if CACHE_DIR is None:
         return None
-    return CACHE_DIR / f"{digest(text.encode())}.json"
+    return CACHE_DIR / f"{digest(text.encode())}{SUFFIX}"
 
 
 def get(text: str) -> Any:
@@ -51,8 +55,17 @@ def put(text: str, doc: Any) -> None:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         tmp.replace(path)
+        _drop_legacy(path.parent)
     except (OSError, TypeError, ValueError, RecursionError):
         pass
+
+
+def _drop_legacy(cache: Path) -> None:
+    """Remove entries an older sandgate stored before validation (they may quote any file it parsed)."""
+    with os.scandir(cache) as entries:
+        old = [e.path for e in entries if e.name.endswith(".json") and not e.name.endswith(SUFFIX)]
+    for path in old:
+        os.unlink(path)
 
 
 def _encode(v: Any) -> Any:

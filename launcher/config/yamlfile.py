@@ -177,8 +177,18 @@ def _parse(text: str) -> Any:
     except yaml.YAMLError:
         raise NotPolicy("invalid YAML", "invalid YAML", None) from None
     _check_expanded(doc)
-    parsecache.put(text, doc)
     return doc
+
+
+def remember(data: bytes, doc: LocDict) -> None:
+    """Keep `doc` in the parse cache; called only once its file validated as a policy (load.py).
+
+    Never earlier: a hostile `include: /etc/shadow` is parsed (YAML reads almost any text) and then
+    refused, and its parsed text must not outlive the refusal in a file of sandgate's."""
+    try:
+        parsecache.put(data.decode("utf-8"), doc)
+    except UnicodeDecodeError:
+        pass
 
 
 def parse_yaml(text: str, where: str) -> Any:

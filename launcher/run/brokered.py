@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from launcher.config.errors import PolicyFileError
-from netguard.credentials import Credential, Secret, render, sentinel_for
+from netguard.credentials import Credential, Secret, render, sentinel_for, too_short
 
 MAX_SECRET = 64 << 10  # bytes of a credential file: a token, not a database
 
@@ -81,6 +81,8 @@ def _secret(c: Credential, environ: Mapping[str, str]) -> tuple[str, str | None]
         raise _fail(c, f"credential for {c.host} needs ${c.variable} (set it, or give file:)")
     if any(ch in value for ch in "\r\n\0"):
         raise _fail(c, f"the secret for {c.host} holds a line break or NUL: a header cannot carry it")
+    if why := too_short(value):
+        raise _fail(c, f"credential ${c.variable} for {c.host}: {why}")
     return value, os.path.abspath(path) if path else None
 
 

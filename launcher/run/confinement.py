@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fsguard import env as fsenv
-from fsguard import exposed, homeoverlay, landlock, mounts
+from fsguard import exposed, homeoverlay, landlock, mounts, userns
 from fsguard import policy as fspolicy
 from launcher.errors import RunError
-from launcher.run import runtimedirs
+from launcher.run import configfiles, runtimedirs
 from launcher.run.options import WEAKEN_ENV, RunOptions, weakened
 from netguard.audit import AuditLog, policy_record
 
@@ -36,6 +36,7 @@ class Confinement:
     env_dropped: list[str]
     home: str
     exposed: tuple[str, ...] = ()  # --expose-socket paths, as named: shown inside though their directory is hidden
+    nested_userns: bool = False  # --allow-nested-userns: the command may make user namespaces of its own
 
 
 def plan(opts: RunOptions, audit: AuditLog, rt: Path, brokered: Brokered | None = None) -> Confinement:
@@ -74,14 +75,18 @@ def plan(opts: RunOptions, audit: AuditLog, rt: Path, brokered: Brokered | None 
         from launcher.run.brokered import apply_env
 
         env, dropped = apply_env(env, dropped, brokered)
-    conf = Confinement(mplan, lplan, env, dropped, home, tuple(e.path for e in shown))
+    conf = Confinement(mplan, lplan, env, dropped, home, tuple(e.path for e in shown), opts.nested_userns)
     # An exposed socket is a hole the user asked for: the record names it among what the run warned about.
     _record(
         audit,
         opts.task,
         conf,
         abi,
-        [*warnings, *(f"{p} is exposed inside (--expose-socket)" for p in conf.exposed)],
+        [
+            *warnings,
+            *(f"{p} is exposed inside (--expose-socket)" for p in conf.exposed),
+            *([userns.NESTED_WARNING] if conf.nested_userns else []),  # a hole the user asked for, like a socket
+        ],
         learn=opts.learn,
     )
     for w in warnings:
@@ -115,13 +120,11 @@ def _effective(opts: RunOptions, home: str, rt: Path, secret_files: tuple[str, .
         extra_write=opts.write,
         extra_read_deny=(*opts.read_deny, *own),
     )
-    # The audit log, wherever it lives, is never writable or removable from inside (the threat: a
-    # task forging or erasing its own record). Inside a writable root it is bound read-only over
-    # itself (a mount point cannot be unlinked or renamed, and its directories are pinned).
-    # Outside every writable root Landlock already refuses it (and a private /tmp hides it).
-    log = str(opts.audit_path)
-    if any(log.startswith(r.rstrip("/") + "/") for r in eff.write if r != "/tmp"):
-        eff = dataclasses.replace(eff, protect=(*eff.protect, (log, False)))
+    # What configures this run and the next (--policy files and their includes, --upstream-ca, the
+    # --approvals socket, the audit log), wherever it lives, is never changed, replaced or moved from
+    # inside (the threat: a run rewriting the policy the user's next command applies, or forging its
+    # own record): read-only under a writable root, directories pinned (launcher/run/configfiles.py).
+    eff = configfiles.protect(eff, configfiles.of_run(opts))
     weak = weakened()
     if weak:
         print(
@@ -210,6 +213,10 @@ def _describe(conf: Confinement, abi: int) -> None:
     print(f"sandgate: exposed sockets: {', '.join(conf.exposed) or '-'}", file=say)
     print(f"sandgate: environment dropped: {', '.join(conf.env_dropped) or '-'}", file=say)
     print(f"sandgate: landlock ABI {abi}", file=say)
+    print(
+        f"sandgate: nested user namespaces: {'allowed (--allow-nested-userns)' if conf.nested_userns else 'refused'}",
+        file=say,
+    )
     if overlay is not None:
         print(
             f"sandgate: home: {overlay.home} writable inside, writes kept in {overlay.upper}"

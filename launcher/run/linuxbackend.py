@@ -259,6 +259,7 @@ def _inside(
         keep_net_admin="netadmin" in weak,
         make_dirs=_hidden_home(conf),
         files=trust.binds if trust else (),
+        nested_userns=opts.nested_userns or "nested-userns" in weak,  # the weakening: verify's own control
     )
 
 

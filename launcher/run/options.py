@@ -18,7 +18,7 @@ from netguard.policy import NetworkPolicy
 #: Test-only: sandgate verify's self-test sets this to weaken ONE mechanism and prove that the
 #: matching probes then fail. Not a command-line option; announced loudly; never passed inside.
 WEAKEN_ENV = "SANDGATE_INTERNAL_WEAKEN"
-WEAKENINGS = frozenset({"firewall", "git-hooks", "netadmin"})
+WEAKENINGS = frozenset({"firewall", "git-hooks", "netadmin", "nested-userns"})
 
 
 def weakened() -> frozenset[str]:
@@ -56,8 +56,10 @@ class RunOptions:
     quiet: bool = False
     verbose: bool = False
     upstream_ca: str | None = None  # --upstream-ca: PEM roots for inspected upstreams, besides the host's
+    upstream_ca_file: str | None = None  # --upstream-ca FILE as named: held read-only inside (run/configfiles.py)
     expose: tuple[str, ...] = ()  # --expose-socket: absolute paths of unix sockets shown inside though hidden
     fresh_home: bool = False  # --fresh-home: ~ is the real home under an empty layer, dropped at exit
+    nested_userns: bool = False  # --allow-nested-userns: the command may make user namespaces of its own
     task: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
 
 
@@ -90,8 +92,10 @@ def from_args(args: argparse.Namespace, cmd: list[str], pol: lpolicy.Policy) -> 
         ask_timeout=args.ask_timeout,
         approvals=_approvals_path(args.approvals),
         upstream_ca=_upstream_ca(getattr(args, "upstream_ca", None)),
+        upstream_ca_file=getattr(args, "upstream_ca", None),
         expose=_expose_sockets(getattr(args, "expose_socket", None) or ()),
         fresh_home=bool(getattr(args, "fresh_home", False)),
+        nested_userns=bool(getattr(args, "allow_nested_userns", False)),
     )
 
 

@@ -53,6 +53,7 @@ class Inside:
     keep_net_admin: bool = False  # True only for the self-test's "netadmin" weakening
     make_dirs: tuple[str, ...] = ()  # empty directories the command's user gets inside (a home under /tmp)
     files: tuple[tuple[str, Path], ...] = ()  # (host file, run-dir file bound read-only over it): the CA bundle
+    nested_userns: bool = False  # --allow-nested-userns: the command may make user namespaces of its own
 
 
 def start_holder(parent: int, ins: Inside) -> tuple[int, socket.socket]:
@@ -136,6 +137,8 @@ def _holder(parent: int, chan: socket.socket, ins: Inside) -> None:
         os._exit(EXIT_ERROR)
     chan.send(b"U")
     _expect(chan, b"M")  # the launcher wrote our uid/gid maps (it could not, were we already undumpable)
+    if not ins.nested_userns:
+        userns.forbid_nested()  # the threat: nested user+net namespaces, CAP_NET_ADMIN and nf_tables inside
     _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # nothing inside may read our memory, nor init's (inherited)
     socket.sethostname(HOSTNAME)
     nft: Nft | None = None
@@ -270,7 +273,7 @@ def _exec_cmd(ins: Inside) -> None:
         if ins.landlock is not None:
             for warning in landlock.apply(ins.landlock):
                 os.write(2, f"sandgate: warning: {warning}\n".encode())
-        seccomp.install()
+        seccomp.install(nested_userns=ins.nested_userns)
         os.closerange(3, os.sysconf("SC_OPEN_MAX") if os.sysconf("SC_OPEN_MAX") > 0 else 65536)
         os.execvpe(name, list(ins.cmd), ins.env)
     except FileNotFoundError:

@@ -5,7 +5,8 @@ upstream canary recording every request with its headers (canary/upstream_canary
 
   git.verify.test    git smart HTTP over TLS (the real `git http-backend`), a one-commit repository
                      with receive-pack enabled: only sandgate's http rules keep a push out
-  api.verify.test    read-only plus POST under /v1/, and the one brokered credential
+  api.verify.test    read-only plus POST under /v1/, WebSocket upgrades under /v1/ws/, the one
+                     brokered credential (its secret has no vendor prefix)
   other.verify.test  inspected, every request allowed: where a sentinel must not go
 
 The controls prove, without the sandbox, that each answers, that the repository takes a push
@@ -35,7 +36,9 @@ API_HOST, API_IP = "api.verify.test", "198.51.100.31"
 OTHER_HOST, OTHER_IP = "other.verify.test", "198.51.100.32"
 REPO_PATH = "/verify/repo.git"
 CRED_ENV = "SANDGATE_VERIFY_API_KEY"
-CRED_PREFIX = "sk-sgreal-"  # + 32 hex digits: the shape the probes search for, never the value
+#: + 32 hex digits: the shape the probes search for, never the value. No vendor prefix (issue 24):
+#: the sentinel must keep none of it (sentinel_prefix; v2 kept "verifyreal-").
+CRED_PREFIX = "verifyreal-"
 CONTROL_AGENT = "sandgate-verify-control"
 
 #: verify's policy entries for them (appended to fakenet.POLICY's allow list) and the credential.
@@ -50,6 +53,9 @@ ALLOW = f"""\
         - read-only
         - methods: [POST]
           paths: ["/v1/**"]
+        - methods: [GET]
+          paths: ["/v1/ws/**"]
+          websocket: true   # the control of websocket_upgrade: only here may a GET upgrade
     - host: {OTHER_HOST}
       inspect: true         # every request allowed, each audited: but never a sentinel
 """

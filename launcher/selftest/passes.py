@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from fsguard.policy import DEFAULT_READ_DENY
 from launcher.selftest import fakenet, inspectnet, otherdaemon
+from launcher.selftest.configstage import ConfigStage
 from launcher.selftest.errors import VerifyError
 from launcher.selftest.fakenet import SECRET_ENV, VISIBLE_ENV, WorldFacts
 from launcher.selftest.judge import Row, daemon_row, judge
@@ -295,11 +296,14 @@ def _run_probes(
     try:
         ws = base / "ws"
         (ws / "spec.json").write_text(dump_spec(_shared_daemon(spec, other)))
-        cmd = [*_sandgate_run(p, base / "home", policies, audit, w.ca_pem), p.python, "-m", "launcher.selftest.probes"]
+        own = ConfigStage.stage(ws, w.ca_pem, p.uid, p.gid)  # issue 24: a policy and a CA in the workspace
+        sg = _sandgate_run(p, base / "home", [*policies, own.policy], audit, own.ca)
+        cmd = [*sg, p.python, "-m", "launcher.selftest.probes"]
         victim = _victim(p, base, policies, w.ca_pem)
         with Sidecar(w, ws / "results", victim, env, fakenet.ALLOWED_HOST) as side:
             out, err, code = run_on_a_terminal(w, [*cmd, str(ws / "spec.json")], ws, env)
-        return out, err, code, [side.evidence(w, p.identity, audit), *([other.evidence()] if other else [])]
+        shown = [side.evidence(w, p.identity, audit), *([other.evidence()] if other else []), (own.evidence(), {})]
+        return out, err, code, shown
     finally:
         if other is not None:
             other.stop()

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.selftest import markers
+from launcher.selftest.probes import privileges
 from launcher.selftest.probes.core import CONTEXTS
 from launcher.selftest.probes.syscalls import (
     IPC_CREAT,
@@ -118,6 +119,8 @@ class Planted:
             for n in (*dirnames, *filenames):
                 if stat.S_ISBLK(mode := os.lstat(os.path.join(dirpath, n)).st_mode) or stat.S_ISCHR(mode):
                     found["mknod_disk", _ctx_in(n, node)] = f"device node left in the workspace: {n}"
+                for probe, seen in privileges.left_behind(os.path.join(dirpath, n), mode).items():  # issue 24
+                    found[probe, _ctx_in(n, lambda ctx: privileges.planted_name(markers.mark(ctx, tag)))] = seen
         if socket.gethostname() != self.hostname:
             found["sethostname", "*"] = f"the host's hostname is now {socket.gethostname()!r}"
             socket.sethostname(self.hostname)

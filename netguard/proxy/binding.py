@@ -3,13 +3,13 @@ and for inspected hosts the run's CA, the extra upstream roots and the brokered 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from netguard import rules, verdict
 from netguard.asking import Approver
-from netguard.audit import AuditLog
+from netguard.audit import AuditLog, DecisionRecord
 from netguard.credentials import Secret
-from netguard.proxy.limits import Refusals
+from netguard.proxy import limits
 from netguard.proxy.spec import CaPair
 from netguard.rules import Inspection
 
@@ -27,7 +27,21 @@ class Binding:
     ca: CaPair | None = None  # signs the leaf certificates of inspected hosts; None: nothing is inspected
     upstream_ca: str | None = None  # PEM roots trusted for inspected upstreams besides the host's store
     secrets: tuple[Secret, ...] = ()  # brokered credentials: their hosts are inspected
-    refusals: Refusals | None = None  # what its limits of the shared daemon refused (netguard.proxy.limits)
+    refusals: limits.Refusals | None = None  # what its limits of the shared daemon refused (netguard.proxy.limits)
+    lookups: int = field(default=0, init=False)  # its connect-path lookups in flight (limits.LOOKUPS)
+    denials: int = field(default=0, init=False)  # denial records written so far (limits.DENIALS_LOGGED)
+
+    def write_decision(self, record: DecisionRecord) -> None:
+        """One decision record into this sandbox's log; past DENIALS_LOGGED denials, a count instead.
+
+        Threat: a churn of denied connections or DNS queries fills the user's disk through the log."""
+        if record["action"] == "deny" and self.refusals is not None:
+            self.denials += 1
+            if self.denials > limits.DENIALS_LOGGED:
+                why = f"more than {limits.DENIALS_LOGGED} denials in this run: the rest are counted, not written"
+                self.refusals.refuse("records", record["kind"], why)
+                return
+        self.audit.write(record)
 
     def judge(self, host: str, port: int | None) -> verdict.Verdict:
         """The policy's verdict for `host:port` with this sandbox's learn and ask settings. Pure."""

@@ -221,6 +221,12 @@ def private_dir(path: Path, uid: int | None = None) -> Path:
     except OSError as e:
         raise ControlError(f"cannot create the sandgate runtime directory {path}: {e.strerror}") from None
     st = os.lstat(path)
+    if stat.S_ISDIR(st.st_mode) and os.statvfs(path).f_flag & os.ST_RDONLY and st.st_mode & 0o077:
+        # What a sandbox shows in place of every runtime directory: an empty read-only tmpfs.
+        raise ControlError(
+            f"the sandgate runtime directory {path} is hidden here: this looks like the inside of a sandgate "
+            "sandbox, and sandgate does not run nested; run it outside"
+        )
     if stat.S_ISLNK(st.st_mode):
         raise ControlError(f"refusing the sandgate runtime directory {path}: it is a symbolic link")
     if not stat.S_ISDIR(st.st_mode):

@@ -14,7 +14,7 @@ import dns.exception
 
 from netguard import localaddrs, rules, verdict
 from netguard.audit import Kind, decision_record, new_id
-from netguard.proxy import flowview, resolver
+from netguard.proxy import flowview, limits, resolver
 from netguard.proxy.binding import Binding
 
 
@@ -65,11 +65,11 @@ class Decider:
             pinned = st.pins.get(key)
             if pinned is not None:
                 return verdict.Verdict(v.decision, v.by, v.would, pinned.verdict.ip)
-            return await self._resolve(b, host, port, v)
+            return await self._resolve(b, host, port, v, kind)
 
         v = await b.verdict(host, port, ask, resolve)
         out = Decided(new_id(), key[0], port, v)
-        b.audit.write(
+        b.write_decision(
             decision_record(
                 b.task,
                 out.id,
@@ -90,15 +90,23 @@ class Decider:
             st.last = out
         return out
 
-    async def _resolve(self, b: Binding, host: str, port: int, v: verdict.Verdict) -> verdict.Verdict:
+    async def _resolve(self, b: Binding, host: str, port: int, v: verdict.Verdict, kind: Kind) -> verdict.Verdict:
         """The address to pin an allowed destination to: resolved and vetoed, or the allowed address itself."""
         dest = rules.normalise(host)
         if not isinstance(dest, str):
             return verdict.Verdict(v.decision, v.by, v.would, str(dest))  # allowed by a cidr rule: nothing to resolve
+        if b.lookups >= limits.LOOKUPS:  # the one resolver is shared: this sandbox's part of its flights is used
+            why = f"more than {limits.LOOKUPS} lookups of this sandbox in flight"
+            if b.refusals is not None:
+                b.refusals.refuse("lookups", kind, why)
+            return verdict.unresolved(v, dest, why)
+        b.lookups += 1
         try:
             addrs = await (self._names or resolver.shared()).addresses(dest, b.upstream())
         except resolver.LookupFailed as e:
             return verdict.unresolved(v, dest, e.why)
         except (OSError, dns.exception.DNSException) as e:
             return verdict.unresolved(v, dest, str(e) or type(e).__name__)
+        finally:
+            b.lookups -= 1
         return verdict.veto(b.rules, v, dest, addrs, port, self.local.table())  # every address judged, as ever

@@ -173,7 +173,7 @@ class DnsGate:
     ) -> None:
         host = _audit_name(q.name.to_text(omit_final_dot=True)) if q is not None else None
         qtype = dns.rdatatype.to_text(q.rdtype) if q is not None else None
-        b.audit.write(
+        b.write_decision(
             decision_record(
                 b.task,
                 new_id(),

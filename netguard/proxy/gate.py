@@ -35,7 +35,7 @@ from mitmproxy.proxy.context import Context
 from mitmproxy.proxy.mode_specs import RegularMode
 
 from netguard import hosts, rules
-from netguard.audit import Kind, close_record
+from netguard.audit import Kind, Limit, close_record
 from netguard.proxy import bodyrelay, decide, flowview, inspected, layers
 from netguard.proxy.binding import Binding
 from netguard.proxy.decide import Conn, Decided
@@ -88,11 +88,11 @@ class Gate:
     def client_disconnected(self, client: connection.Client) -> None:
         self._conns.pop(client.id, None)
 
-    def head_refused(self, client: connection.Client, kind: Kind, why: str) -> None:
+    def head_refused(self, client: connection.Client, limit: Limit, kind: Kind, why: str) -> None:
         """netguard.proxy.headlimit closed this client: its sandbox's log says so."""
         st = self._conn(client)
         if st is not None and st.binding.refusals is not None:
-            st.binding.refusals.refuse("head", kind, why)
+            st.binding.refusals.refuse(limit, kind, why)
 
     # ---- layers: what each listener speaks ----------------------------------------------
 

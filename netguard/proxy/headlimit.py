@@ -19,6 +19,8 @@ One wrapper around each of two methods of mitmproxy's layers: `install` fails lo
 
 from __future__ import annotations
 
+import time
+import weakref
 from collections.abc import Callable, Generator
 from typing import Any
 
@@ -27,7 +29,8 @@ from mitmproxy.proxy import commands, events
 from mitmproxy.proxy.layers import tls
 from mitmproxy.proxy.layers.http import _http1
 
-from netguard.audit import Kind
+from netguard.audit import Kind, Limit
+from netguard.proxy import limits
 from netguard.proxy.limits import HEAD_MAX
 
 PIPELINE_MAX = 1 << 20  # what a client may send ahead while its previous response is pending
@@ -38,13 +41,17 @@ TOO_LARGE = (
     + _BODY
 )
 
-Refused = Callable[[connection.Client, Kind, str], None]
+TIMEOUT = b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+
+Refused = Callable[[connection.Client, Limit, Kind, str], None]
 _installed: list[Refused] = []
+#: When the head each HTTP/1 server layer is reading began (weak: a layer's end is its entry's end).
+_head_started: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
 
 
 def install(refused: Refused) -> None:
     """Bound mitmproxy's HTTP/1 server buffer and its ClientHello buffer in this process; `refused(client,
-    kind, why)` records each refusal.
+    limit, kind, why)` records each refusal.
 
     Once per process (the daemon's Gate, `sandgate proxy`); a second call only replaces the recorder."""
     if _installed:
@@ -67,7 +74,7 @@ def _bound_hellos() -> None:
         if not self.client_hello_parsed and len(self.recv_buffer) + len(data) > HEAD_MAX:
             self.recv_buffer = bytearray()
             why = f"ClientHello larger than {HEAD_MAX} bytes"
-            _installed[0](self.context.client, "tls", why)
+            _installed[0](self.context.client, "head", "tls", why)
             return False, f"sandgate: {why}"  # mitmproxy ends the handshake: the connection closes
         return (yield from original(self, data))
 
@@ -84,18 +91,34 @@ def _bound_heads() -> None:
         yield from original(self, event)
         if not isinstance(event, events.DataReceived):
             return
-        if self.state == self.read_headers:
-            limit, why = HEAD_MAX, f"request head larger than {HEAD_MAX} bytes"
-        elif self.state == self.wait:
-            limit, why = PIPELINE_MAX, f"more than {PIPELINE_MAX} bytes sent ahead of a pending response"
-        else:
-            return  # a body is read as it comes (streamed, or held up to stream_large_bodies)
-        if len(self.buf) <= limit:
+        refusal = _refusal(self)
+        if refusal is None:
             return
+        limit, why, answer = refusal
         self.buf = type(self.buf)()  # the bytes are not wanted: free them now
         self.state = self.done
-        yield commands.SendData(self.conn, TOO_LARGE)
+        yield commands.SendData(self.conn, answer)
         yield commands.CloseConnection(self.conn)
-        _installed[0](self.context.client, "http", why)
+        _installed[0](self.context.client, limit, "http", why)
 
     server._handle_event = bounded  # type: ignore[method-assign]
+
+
+def _refusal(layer: Any) -> tuple[Limit, str, bytes] | None:
+    """Why this HTTP/1 server layer must stop now, or None: its buffer while it waits for a head (or
+    for its response), and how long the head it is reading has taken (a trickle of a byte every few
+    seconds kept kept-alive connections, and the daemon's memory, for ever)."""
+    if layer.state != layer.read_headers:
+        _head_started.pop(layer, None)  # the head was whole: the next one's clock starts with its first byte
+        if layer.state == layer.wait and len(layer.buf) > PIPELINE_MAX:
+            return "head", f"more than {PIPELINE_MAX} bytes sent ahead of a pending response", TOO_LARGE
+        return None  # a body is read as it comes (streamed, or held up to stream_large_bodies)
+    if len(layer.buf) > HEAD_MAX:
+        return "head", f"request head larger than {HEAD_MAX} bytes", TOO_LARGE
+    now = time.monotonic()
+    since = _head_started.setdefault(layer, now)
+    if not layer.buf:  # read whole: the next head starts with its first byte
+        _head_started.pop(layer, None)
+    elif now - since > limits.DEADLINE:
+        return "deadline", f"no whole request head within {limits.DEADLINE:g} s", TIMEOUT
+    return None

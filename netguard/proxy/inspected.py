@@ -4,8 +4,8 @@ The proxy reads a request when it is plain HTTP or when its destination is inspe
 terminated with the run's CA). Every such request is checked for an attempted leak first: a
 credential's sentinel (or its real value) in a header or the URL, on its way anywhere but to that
 credential's own host over HTTPS, is refused. Then an inspected destination's `http:` rules judge
-the method and path (netguard.httprules). An allowed HTTPS request to a credential's host gets the
-real header (`broker`).
+the method, the path (refused unless canonical), method-override headers and upgrades
+(netguard.httprules). An allowed HTTPS request to a credential's host gets the real header (`broker`).
 
 When a credential is bound, request bodies up to 1 MiB to anywhere but its own host are held and
 scanned (`body_leak`, called by the Gate's `request` hook); larger ones stream unscanned: a body
@@ -125,7 +125,7 @@ def judge(
         if https:
             return Judged(False, None, f"{host} is not inspected: its requests are not read on another host's TLS")
         return None
-    d = httprules.decide_request(insp.http, host, method, target)
+    d = httprules.decide_request(insp.http, host, method, target, headers)  # headers: overrides, upgrades
     return Judged(d.allowed, d.rule or insp.origin, redact(d.reason, secrets))
 
 

@@ -10,6 +10,11 @@ endless request head grew the daemon by gigabytes. So each sandbox has:
   head         HEAD_MAX bytes for a request head, checked before mitmproxy reads it (431 for HTTP, a
                close otherwise) and again for every later head mitmproxy parses (netguard.proxy.headlimit)
   questions    netguard.asking.QUESTIONS approval questions open at once
+  lookups      LOOKUPS name lookups of the connect path in flight: the daemon's one resolver has room
+               for resolver.MAX_FLIGHTS; one sandbox asking 2,048 slow names at once filled it, and other
+               sandboxes' allowed hosts were refused as "the resolver failed"
+  records      DENIALS_LOGGED denial records per run: a churn of denied connections or DNS queries wrote
+               ~1 GB an hour to the user's disk; past it denials are counted (a limit record), not written
 npm opens 15-50 sockets, pip a few, cargo up to ~100, a browser test a few hundred: none of them
 meets these. Every refusal goes to the sandbox's own audit log, the first of each limit at once and
 the rest as a count once a second, so a flood costs a line a second, not a line a connection.
@@ -26,6 +31,8 @@ PER_SANDBOX = 2048  # open connections; 10 sandboxes x 1,000 tunnels (bench/conc
 MIN_SHARE = 64  # what a sandbox may always open while the budget lasts: more than npm's 50
 DEADLINE = 30.0  # seconds; nginx waits 60 for a head, Go servers commonly 10-30
 HEAD_MAX = 32 * 1024  # bytes; nginx's default ceiling (4 x 8 KiB), Node's is 16 KiB
+LOOKUPS = 256  # a sandbox's lookups in flight (two queries each, A and AAAA): 8 sandboxes fill MAX_FLIGHTS
+DENIALS_LOGGED = 10_000  # denial records a run's log holds in full (~3 MB); enough to say what was refused
 FLUSH = 1.0  # seconds between two records of one limit
 
 

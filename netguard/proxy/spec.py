@@ -22,7 +22,7 @@ SPEC_KEYS = (
 )  # fmt: skip
 POLICY_KEYS = ("allow", "deny", "ask", "resolver", "resolver_origin")
 RULE_KEYS = ("kind", "value", "ports", "origin", "dns", "inspect", "http", "log_query")
-HTTP_KEYS = ("methods", "paths", "origin")
+HTTP_KEYS = ("methods", "paths", "origin", "websocket")
 CA_KEYS = ("cert", "key")
 SECRET_KEYS = ("host", "header", "value", "real", "sentinel", "variable", "origin")
 MAX_PEM = 1 << 20
@@ -101,6 +101,7 @@ def _encode_http(h: HttpRule) -> dict[str, Any]:
         "methods": sorted(h.methods) if h.methods is not None else None,
         "paths": list(h.paths) if h.paths is not None else None,
         "origin": h.origin,
+        "websocket": h.websocket,
     }
 
 
@@ -239,6 +240,7 @@ def _decode_http(obj: Any, where: str) -> tuple[HttpRule, ...] | None:
             frozenset(methods) if methods is not None else None,
             tuple(paths) if paths is not None else None,
             _text(d["origin"], f"{w}.origin", MAX_TEXT),
+            _bool(d["websocket"], f"{w}.websocket"),
         ))  # fmt: skip
     return tuple(out)
 

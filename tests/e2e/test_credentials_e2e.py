@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
 import sys
@@ -72,8 +73,11 @@ class Lab:
     policy: Path
     fakes: dict[str, Fake]
 
-    def run(self, script: str, path: str = "explicit", timeout: float = 90) -> tuple[dict[str, Result], Path, str]:
-        """`script` (Python, `from sgprobe import *` done) in one sandbox: probe results, audit log, stderr."""
+    def run(
+        self, script: str, path: str = "explicit", timeout: float = 90, key: str = REAL
+    ) -> tuple[dict[str, Result], Path, str]:
+        """`script` (Python, `from sgprobe import *` done) in one sandbox: probe results, audit log, stderr;
+        `key`: the secret in the launcher's $SANDGATE_TEST_KEY."""
         audit = self.base / f"audit-{time.monotonic_ns()}.jsonl"
         sg = Sandgate(self.world, policy=self.policy, audit=audit, quiet=True, cwd=self.ws, timeout=timeout)
         cmd = [sys.executable, "-c", "from sgprobe import *\n" + textwrap.dedent(script)]
@@ -81,10 +85,10 @@ class Lab:
             "--upstream-ca",
             str(self.world.ca_pem),
             cmd=cmd if path == "explicit" else [*NO_PROXY, *cmd],
-            env={**env(), "HOME": str(self.home), "SANDGATE_TEST_KEY": REAL},
+            env={**env(), "HOME": str(self.home), "SANDGATE_TEST_KEY": key},
         )
         assert r.returncode == 0, r.stdout + r.stderr
-        assert REAL not in r.stdout + r.stderr and FILE_REAL not in r.stdout + r.stderr
+        assert key not in r.stdout + r.stderr and FILE_REAL not in r.stdout + r.stderr
         return httpsfake.results(r.stdout), audit, r.stderr
 
     def marks(self) -> dict[str, int]:
@@ -182,6 +186,41 @@ def test_the_bound_upstream_receives_the_real_value_for_the_sentinel(lab: Lab, p
     assert all(x["action"] == "allow" for x in reqs), reqs
     assert len([x for x in reqs if x["kind"] != "http"]) == len(want), reqs
     assert [x["path"] for x in reqs if x["kind"] == "http"] == ["/c/plain"], reqs
+
+
+def test_a_non_vendor_secret_leaves_nothing_of_itself_in_the_sentinel(lab: Lab) -> None:
+    """Issue 24: v2 kept a secret's first letters up to a '-' or '_' (`REALSECRET-sandgate-sentinel-...`)."""
+    real = f"REALSECRET-{MARK}-{secrets.token_hex(16)}"
+    marks = lab.marks()
+    script = """
+        key = os.environ.get("SANDGATE_TEST_KEY", "")
+        emit("var", status=200, body=key)
+        curl("bound", "-H", "Authorization: Bearer " + key, "https://api.test/c/non-vendor")
+        """
+    res, audit, _ = lab.run(script, key=real)
+    sentinel = res["var"]["body"]
+    assert re.fullmatch(r"sandgate-sentinel-[0-9a-f]{32}", sentinel), sentinel  # no prefix at all
+    assert not sentinel.startswith(real[0]) and "REALSECRET" not in sentinel and MARK not in sentinel
+    # The control: the sentinel still works, the bound host got the real value for it.
+    assert res["bound"]["status"] == 200, res["bound"]
+    assert [header(s, "authorization") for s in lab.since(marks, "api")] == [[f"Bearer {real}"]]
+    assert real not in audit_text(audit)
+
+
+def test_a_one_character_secret_is_refused_in_one_line_before_anything_runs(lab: Lab) -> None:
+    """Issue 24: with `x` every request holding an x was an attempted leak and every x of a response masked."""
+    marker = lab.ws / "ran-with-a-short-secret"
+    sg = Sandgate(lab.world, policy=lab.policy, audit=lab.base / "short.jsonl", quiet=True, cwd=lab.ws, timeout=60)
+    for short in ("x", "sk-fifteen-char"):
+        r = sg.run(cmd=["touch", str(marker)], env={**env(), "HOME": str(lab.home), "SANDGATE_TEST_KEY": short})
+        assert r.returncode == 125 and not marker.exists(), (r.returncode, r.stderr)
+        (line,) = r.stderr.strip().splitlines()
+        assert line.startswith(f"sandgate: error: {lab.policy}:9: credential $SANDGATE_TEST_KEY for api.test: "), line
+        assert f"the secret is {len(short)} character" in line and "at least 16" in line, line
+    # The control: the same run with a secret of 16 characters starts.
+    r = sg.run(cmd=["touch", str(marker)], env={**env(), "HOME": str(lab.home), "SANDGATE_TEST_KEY": "s" * 16})
+    assert r.returncode == 0 and marker.exists(), r.stderr
+    marker.unlink()
 
 
 # ---- the sentinel anywhere else is refused ------------------------------------------------------

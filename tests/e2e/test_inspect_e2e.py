@@ -331,6 +331,74 @@ def test_path_and_method_tricks_are_refused(lab: Lab) -> None:
     assert len(denies) == 2 * len(tricks) + 2, denies
 
 
+#: Issue 24: `GET /v1/**` (and POST), one rule that lets its paths upgrade to WebSocket.
+V1_POLICY = textwrap.dedent("""\
+    version: 1
+    network:
+      allow:
+        - host: api.test
+          http:
+            - methods: [GET, POST]
+              paths: ["/v1/**"]
+            - methods: [GET]
+              paths: ["/v1/ws/**"]
+              websocket: true
+    """)
+#: The review's spellings: each reached the upstream under `GET /v1/**` with the brokered credential.
+SPELLINGS = (
+    "/v1/..%2fadmin",
+    "/v1/a%2f..%2f..%2fadmin",
+    "/v1/%2e%2e%2fadmin",
+    "/v1/..%5cadmin",
+    "/v1/..;/admin",
+    "/v1/%252e%252e/admin",
+    "/v1/%c0%ae%c0%ae/admin",
+)
+OVERRIDES = ("X-HTTP-Method-Override", "X-HTTP-Method", "x-method-override")
+WS_HEADERS = ["-H", "Connection: Upgrade", "-H", "Upgrade: websocket", "-H", "Sec-WebSocket-Version: 13",
+              "-H", "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ=="]  # fmt: skip
+
+
+def test_ambiguous_paths_overrides_and_upgrades_never_reach_the_upstream(lab: Lab) -> None:
+    """Refused by the real daemon, judged by the fake upstream's log: none arrived, the controls did."""
+    policy = lab.base / "v1.yaml"
+    policy.write_text(V1_POLICY)
+    mark = lab.fakes["api"].mark()
+    lines = []
+    for proto in ("--http1.1", "--http2"):
+        for i, target in enumerate(SPELLINGS):
+            lines.append(f"curl({f'path{i}{proto}'!r}, {proto!r}, '--path-as-is', {'https://api.test' + target!r})")
+        lines.append(f"curl({'ok' + proto!r}, {proto!r}, 'https://api.test/v1/ok')")
+    for i, header in enumerate(OVERRIDES):
+        args = ["-X", "POST", "-d", "x", "-H", f"{header}: DELETE", f"https://api.test/v1/override/{i}"]
+        lines.append(f"curl({f'override{i}'!r}, *{args!r})")
+    lines.append("curl('post', '-X', 'POST', '-d', 'x', 'https://api.test/v1/ok-post')")
+    lines.append(f"curl('ws-refused', '--http1.1', *{WS_HEADERS!r}, 'https://api.test/v1/chat')")
+    lines.append(
+        "curl('h2c', '--http1.1', '-H', 'Upgrade: h2c', '-H', 'Connection: Upgrade', 'https://api.test/v1/ws/h2c')"
+    )
+    lines.append(f"curl('ws-allowed', '--http1.1', *{WS_HEADERS!r}, 'https://api.test/v1/ws/chat')")
+    res, audit = lab.run("\n".join(lines), policy=policy)
+    refused_names = [f"path{i}{p}" for p in ("--http1.1", "--http2") for i in range(len(SPELLINGS))]
+    refused_names += [f"override{i}" for i in range(len(OVERRIDES))] + ["ws-refused", "h2c"]
+    for name in refused_names:
+        r = res[name]
+        assert r["status"] == 403 and r["body"].startswith("sandgate: request refused: "), (name, r)
+    for name in ("ok--http1.1", "ok--http2", "post", "ws-allowed"):
+        assert res[name]["status"] == 200 and "hello from api.test" in res[name]["body"], (name, res[name])
+    seen = lab.fakes["api"].since(mark)
+    got = sorted((s["method"], s["target"]) for s in seen)
+    assert got == sorted([("GET", "/v1/ok"), ("GET", "/v1/ok"), ("POST", "/v1/ok-post"), ("GET", "/v1/ws/chat")])
+    assert not [s for s in seen if any(k.lower() in {o.lower() for o in OVERRIDES} for k, _ in s["headers"])]
+    denies = [x for x in requests_of(audit, "api.test") if x["action"] == "deny"]
+    assert len(denies) == len(refused_names), denies
+    whys = " | ".join(x["reason"] for x in denies).lower()  # HTTP/2 sends header names in lower case
+    for reason in ("path is not canonical", "';' path parameter", "overlong UTF-8", "escaped '%'",
+                   "method-override header (X-HTTP-Method-Override)", "a WebSocket upgrade of GET /v1/chat",
+                   "an upgrade to 'h2c'"):  # fmt: skip
+        assert reason.lower() in whys, (reason, whys)
+
+
 # ---- passthrough and trust ----------------------------------------------------------------------
 
 

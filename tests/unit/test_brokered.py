@@ -71,11 +71,11 @@ def test_the_secret_comes_from_a_file_under_home_less_one_newline(
     monkeypatch.setenv("HOME", str(tmp_path))
     (tmp_path / ".config").mkdir()
     f = tmp_path / ".config" / "token"
-    f.write_text("npm_fromfile \n")
+    f.write_text("npm_fromfile0123456789 \n")
     f.chmod(0o600)
     (c,) = _creds(tmp_path, _policy(_file_cred("~/.config/token")))
     b = brokered.resolve((c,), {"NPM_TOKEN": "ignored-when-a-file-is-given"})
-    assert b.secrets[0].real == "npm_fromfile " and b.secrets[0].value == "token npm_fromfile "
+    assert b.secrets[0].real == "npm_fromfile0123456789 " and b.secrets[0].value == "token npm_fromfile0123456789 "
     assert b.files == (str(f),) and b.env == {"NPM_TOKEN": b.secrets[0].sentinel}
 
 
@@ -87,7 +87,7 @@ def test_an_unsafe_credential_file_is_refused_in_one_line(tmp_path: Path, proble
     elif problem == "fifo":
         os.mkfifo(f)
     elif problem != "missing":
-        f.write_text("secret\n")
+        f.write_text("secret-0123456789abcdef\n")
         f.chmod({"group-writable": 0o620, "world-writable": 0o602}.get(problem, 0o600))
         if problem == "other-owner":
             if os.geteuid() != 0:
@@ -111,7 +111,26 @@ def test_an_unsafe_credential_file_is_refused_in_one_line(tmp_path: Path, proble
     if problem in ("group-writable", "world-writable", "other-owner"):
         os.chown(f, os.geteuid(), os.getegid())
         f.chmod(0o600)
-        assert brokered.resolve((c,), {}).secrets[0].real == "secret"
+        assert brokered.resolve((c,), {}).secrets[0].real == "secret-0123456789abcdef"
+
+
+@pytest.mark.parametrize("secret", ["x", "sk-short", "a" * 15])
+def test_a_secret_shorter_than_sixteen_characters_is_refused_in_one_line(tmp_path: Path, secret: str) -> None:
+    """Issue 24: with `x` every request holding an x was an attempted leak and every x of a response masked."""
+    (c,) = _creds(tmp_path, _policy(ENV_CRED))
+    with pytest.raises(PolicyFileError) as e:
+        brokered.resolve((c,), {"EXAMPLE_KEY": secret})
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith(f"{c.origin}: credential $EXAMPLE_KEY for api.example.test: ")
+    assert f"the secret is {len(secret)} character" in msg and "at least 16" in msg
+    assert brokered.resolve((c,), {"EXAMPLE_KEY": secret + "p" * 16}).secrets  # the control: long enough
+
+
+def test_the_sentinel_keeps_a_vendor_prefix_and_nothing_else_of_the_secret(tmp_path: Path) -> None:
+    (c,) = _creds(tmp_path, _policy(ENV_CRED))
+    for real, kept in (("REALSECRET-0123456789abcdef", ""), ("ghp_" + "Z" * 36, "ghp_"), (REAL, "sk-")):
+        (s,) = brokered.resolve((c,), {"EXAMPLE_KEY": real}).secrets
+        assert re.fullmatch(re.escape(kept) + r"sandgate-sentinel-[0-9a-f]{32}", s.sentinel), (real, s.sentinel)
 
 
 def test_one_variable_for_two_hosts_gets_one_sentinel(tmp_path: Path) -> None:

@@ -208,6 +208,7 @@ def test_control_imports_no_mitmproxy_or_dnspython() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert json.loads(out.replace("'", '"')) == [
         "netguard",
+        "netguard.canonpath",
         "netguard.credentials",
         "netguard.hosts",
         "netguard.httprules",

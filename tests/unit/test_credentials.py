@@ -3,8 +3,22 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from netguard.credentials import Credential, Secret, carried, leak_reason, parse_credentials, render, sentinel_for
+from netguard.credentials import (
+    MIN_SECRET,
+    VENDOR_PREFIXES,
+    Credential,
+    Secret,
+    carried,
+    leak_reason,
+    parse_credentials,
+    render,
+    sentinel_for,
+    too_short,
+    vendor_prefix,
+)
 from netguard.policy import merge, parse_network
 from netguard.policyerror import PolicyError
 
@@ -68,12 +82,53 @@ def test_render_puts_the_secret_in_place_of_the_variable_only() -> None:
 
 @pytest.mark.parametrize(
     ("secret", "prefix"),
-    [("sk-proj-abc", "sk-"), ("ghp_XYZ", "ghp_"), ("npm_abc", "npm_"), ("abcdef", ""), ("12-ab", "")],
+    [
+        ("sk-proj-abcdefghijklmnop", "sk-proj-"),
+        ("sk-ant-api03-abcdefghijklmnop", "sk-ant-"),
+        ("sk-abcdefghijklmnopqrst", "sk-"),
+        ("ghp_XYZabcdefghijklmnop", "ghp_"),
+        ("github_pat_11ABCDEFG0abcdefghij", "github_pat_"),
+        ("npm_abcdefghijklmnopqrst", "npm_"),
+        ("glpat-abcdefghijklmnopqrst", "glpat-"),
+        ("xoxb-1234-5678-abcdefghij", "xoxb-"),
+        ("pypi-AgEIcHlwaS5vcmcCJDAwMDA", "pypi-"),
+        ("REALSECRET-0123456789abcdef", ""),  # issue 24: v2 kept "REALSECRET-"
+        ("abcdefghij_0123456789", ""),
+        ("AKIAIOSFODNN7EXAMPLE", ""),  # an AWS key id is no vendor prefix sandgate keeps
+        ("SK-abcdefghijklmnopqrst", ""),  # prefixes are exact
+        ("12-abcdefghijklmnopqr", ""),
+    ],
 )
-def test_sentinels_keep_a_vendor_prefix_and_never_the_secret(secret: str, prefix: str) -> None:
+def test_sentinels_keep_only_a_listed_vendor_prefix_and_never_the_secret(secret: str, prefix: str) -> None:
     s = sentinel_for(secret, "00ff")
-    assert s == f"{prefix}sandgate-sentinel-00ff"
+    assert s == f"{prefix}sandgate-sentinel-00ff" and vendor_prefix(secret) == prefix
     assert secret not in s
+    rest = secret[len(prefix) :]
+    assert not s[len(prefix) :].startswith(rest[:1])  # not one character of the secret past its vendor prefix
+
+
+@given(st.text(min_size=MIN_SECRET, max_size=64))
+def test_a_sentinel_holds_nothing_of_the_secret_but_a_listed_prefix(secret: str) -> None:
+    s = sentinel_for(secret, "00ff")
+    kept = s[: s.index("sandgate-sentinel-")]
+    assert kept in (*VENDOR_PREFIXES, "") and secret.startswith(kept)
+
+
+def test_every_vendor_prefix_is_public_format_not_secret() -> None:
+    """The list is short fixed text ending in a separator (or Google's fixed 'AIza'): nothing random."""
+    for p in VENDOR_PREFIXES:
+        assert len(p) <= 11 and (p[-1] in "-_" or p == "AIza"), p
+    assert "AKIA" not in VENDOR_PREFIXES
+
+
+@pytest.mark.parametrize(
+    ("secret", "short"), [("x", True), ("a" * 15, True), ("a" * 16, False), ("sk-" + "a" * 13, False)]
+)
+def test_secrets_shorter_than_sixteen_characters_are_refused(secret: str, short: bool) -> None:
+    why = too_short(secret)
+    assert (why is not None) is short
+    if why:
+        assert f"is {len(secret)} character" in why and f"at least {MIN_SECRET} are needed" in why
 
 
 def test_carried_finds_the_sentinel_or_the_real_value_and_the_reason_names_neither() -> None:

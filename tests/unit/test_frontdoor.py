@@ -488,3 +488,25 @@ def test_a_huge_hello_inside_a_connect_to_an_inspected_host_is_bounded(
     fast, got = both(tmp_path, monkeypatch, scenario)
     assert got == b"HTTP/1.1 200 Connection established" and fast.up.got == []
     assert [(r["limit"], r["kind"], r["count"]) for r in limit_records(fast)] == [("head", "tls", 1)]
+
+
+def test_a_head_trickled_inside_inspected_tls_is_cut_at_the_deadline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A byte every few seconds once kept kept-alive connections (and the daemon's memory) for ever."""
+    monkeypatch.setattr(limits, "DEADLINE", 1.0)
+
+    def scenario(w: World) -> tuple[Any, int]:
+        ctx = ssl.create_default_context(cadata=w.ca.cert)
+        raw = socket.create_connection(("127.0.0.1", w.transparent), timeout=5)
+        with ctx.wrap_socket(raw, server_hostname="insp.test") as s:
+            s.sendall(b"GET / HTTP/1.1\r\nHost: insp.test\r\n")
+            with contextlib.suppress(OSError):
+                for i in range(12):  # 2.4 s of trickle: past the deadline, far under mitmproxy's idle timeout
+                    time.sleep(0.2)
+                    s.sendall(b"X-%d: a\r\n" % i)
+            return read_all(s)[:12], 1
+
+    fast, got = both(tmp_path, monkeypatch, scenario)
+    assert got == b"HTTP/1.1 408" and fast.up.got == []
+    assert [(r["limit"], r["kind"], r["count"]) for r in limit_records(fast)] == [("deadline", "http", 1)]

@@ -6,13 +6,12 @@ keeps group root): planning its layer must still work, with the caller's own ids
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import tempfile
 from pathlib import Path
 
-from fsguard import homeoverlay
+from fsguard import homeoverlay, layerstore
 
 NOBODY = 65534
 
@@ -20,7 +19,7 @@ NOBODY = 65534
 def test_a_home_whose_group_is_not_the_callers_gets_a_layer() -> None:
     home = Path(tempfile.mkdtemp(prefix="sandgate-test-home-", dir="/var/tmp"))
     top = Path(f"/var/tmp/sandgate-{NOBODY}")  # an unprivileged user's store (root's is elsewhere)
-    layer = top / "homes" / hashlib.sha256(str(home).encode()).hexdigest()[:12]
+    layer = top / "homes" / layerstore.home_key(str(home))  # the home's path and identity
     existed = top.exists()
     try:
         os.chown(home, NOBODY, 0)  # owner nobody, group root: nobody cannot give a file group root
@@ -38,7 +37,7 @@ def test_a_home_whose_group_is_not_the_callers_gets_a_layer() -> None:
                 os._exit(code)
         _, status = os.waitpid(pid, 0)
         assert os.waitstatus_to_exitcode(status) == 0
-        assert (layer / "home").read_text() == f"{home}\n"
+        assert (layer / "home").read_text() == f"{home}\n{layerstore.home_identity(str(home))}\n"
     finally:
         shutil.rmtree(top if not existed else layer, ignore_errors=True)
         shutil.rmtree(home, ignore_errors=True)

@@ -12,7 +12,7 @@ from launcher.config import bundled
 from launcher.config.load import build_policy
 from netguard import rules
 from netguard.httprules import READ_ONLY, HttpRule, canonical_path, decide_request, parse_http, path_matches
-from netguard.policy import parse_network
+from netguard.policy import parse_entry, parse_network
 from netguard.policyerror import PolicyError
 
 GIT = (
@@ -21,7 +21,7 @@ GIT = (
 )
 
 
-# ---- canonical paths ------------------------------------------------------------------------
+# ---- canonical paths (netguard/canonpath.py; exhaustive and property tests in test_canonpath.py) ----
 
 
 @pytest.mark.parametrize(
@@ -29,11 +29,8 @@ GIT = (
     [
         ("/", "/"),
         ("/o/r/info/refs?service=git-upload-pack", "/o/r/info/refs"),
-        ("/o/r#frag", "/o/r"),
         ("/%41%62c", "/Abc"),
         ("/@types%2fnode", "/@types%2Fnode"),  # npm scoped names keep their encoded slash
-        ("/a%5Cb", "/a%5Cb"),
-        ("/a%2525", "/a%2525"),
         ("/a%3fb%23c", "/a%3Fb%23c"),  # an escaped '?' or '#' is part of the path, not its end
         ("/a%20b", "/a%20b"),
         ("//x", "//x"),
@@ -54,6 +51,9 @@ def test_canonical_path(target: str, canonical: str) -> None:
         "/o\\r",
         "/o/%zz",
         "/o/%4",
+        "/o/r#frag",
+        "/a%5Cb",
+        "/a%2525",
         "*",
         "o/r",
         "http://evil.test/o/r",
@@ -67,13 +67,138 @@ def test_ambiguous_paths_are_refused_whatever_the_rules(target: str) -> None:
     assert not d.allowed and "not canonical" in d.reason
 
 
-@given(st.text(alphabet="/ab.%2eEfF5cC\\?#", max_size=24))
+@given(st.text(alphabet="/ab.%2eEfF5cC\\?#;", max_size=24))
 def test_canonical_is_idempotent_and_never_holds_a_dot_segment(target: str) -> None:
     c = canonical_path(target)
     if c is None:
         return
     assert canonical_path(c) == c
-    assert "." not in c.split("/") and ".." not in c.split("/") and "\\" not in c and "?" not in c
+    assert "." not in c.split("/") and ".." not in c.split("/") and "\\" not in c and "?" not in c and ";" not in c
+
+
+V1 = (HttpRule(frozenset({"GET"}), ("/v1/**",), "p:1"),)
+ISSUE_SPELLINGS = (
+    "/v1/..%2fadmin",
+    "/v1/a%2f..%2f..%2fadmin",
+    "/v1/%2e%2e%2fadmin",
+    "/v1/..%5cadmin",
+    "/v1/..;/admin",
+    "/v1/%252e%252e/admin",
+    "/v1/%c0%ae%c0%ae/admin",
+)
+
+
+@pytest.mark.parametrize("target", ISSUE_SPELLINGS)
+def test_the_issues_spellings_are_refused_before_any_rule_matches(target: str) -> None:
+    """Issue 24: each reached the upstream under `GET /v1/**`, with the brokered credential."""
+    for given_rules in (V1, None, (HttpRule(None, None, "p:1"),)):
+        d = decide_request(given_rules, "api.test", "GET", target)
+        assert not d.allowed and d.rule is None and "path is not canonical: " in d.reason, (given_rules, d)
+        assert d.reason.startswith(f"GET {target}: ")
+    assert decide_request(V1, "api.test", "GET", "/v1/ok").allowed  # the control
+
+
+# ---- an escaped '/', '?', '#' or '//': every reading must be allowed ------------------------------
+
+
+@pytest.mark.parametrize(
+    ("rules", "method", "target", "allowed"),
+    [
+        # read-only covers every path: npm's scoped metadata passes, however a server reads the %2F
+        ((HttpRule(READ_ONLY, None, "p:1"),), "GET", "/@types%2fnode", True),
+        ((HttpRule(READ_ONLY, None, "p:1"),), "GET", "//x", True),
+        # '**' after a literal prefix: both readings stay under it
+        ((HttpRule(frozenset({"POST"}), ("/-/npm/v1/security/**",), "p:1"),), "POST", "/-/npm/v1/security/a%2Fb", True),
+        # '*' is one segment: a server decoding %2F sees two, so the rule does not cover it
+        (GIT, "POST", "/o%2Fx/r/git-upload-pack", False),
+        (GIT, "POST", "/o/r%2Fgit-upload-pack/x/git-upload-pack", False),
+        ((HttpRule(frozenset({"GET"}), ("/v1/*",), "p:1"),), "GET", "/v1/a%2Fb", False),
+        # merged slashes shift what '*' takes
+        (GIT, "POST", "//r/git-upload-pack", False),
+        # a server cutting at a decoded '?' sees a shorter path the rule does not cover
+        ((HttpRule(frozenset({"POST"}), ("/files/*.txt",), "p:1"),), "POST", "/files/a%3F.txt", False),
+        ((HttpRule(frozenset({"POST"}), ("/files/*.txt",), "p:1"),), "POST", "/files/a%23.txt", False),
+        # a rule that says a segment may hold an escaped slash: both readings covered
+        ((HttpRule(frozenset({"GET"}), ("/@*%2F*",), "p:1"),), "GET", "/@scope%2fname", True),
+        ((HttpRule(frozenset({"GET"}), ("/@*%2F*",), "p:1"),), "GET", "/@scope/name", False),
+        ((HttpRule(frozenset({"GET"}), ("/@*%2F*",), "p:1"),), "GET", "/@scope%2fname%2fx", False),
+    ],
+)
+def test_an_ambiguous_separator_passes_only_where_every_reading_is_allowed(
+    rules: tuple[HttpRule, ...], method: str, target: str, allowed: bool
+) -> None:
+    d = decide_request(rules, "h.test", method, target)
+    assert d.allowed is allowed, d
+    if not allowed:
+        assert "not allowed on h.test" in d.reason
+
+
+# ---- method overrides and upgrades ----------------------------------------------------------------
+
+POST_V1 = (HttpRule(frozenset({"GET", "POST"}), ("/v1/**",), "p:1"),)
+
+
+@pytest.mark.parametrize("header", ["X-HTTP-Method-Override", "x-http-method", "X-Method-Override", "X-HTTP-METHOD"])
+def test_method_override_headers_are_refused_on_hosts_with_rules(header: str) -> None:
+    d = decide_request(POST_V1, "api.test", "POST", "/v1/ok", [("Content-Type", "x"), (header, "DELETE")])
+    assert not d.allowed and f"method-override header ({header})" in d.reason
+    assert decide_request(POST_V1, "api.test", "POST", "/v1/ok", [("Content-Type", "x")]).allowed  # the control
+
+
+@pytest.mark.parametrize("query", ["_method=DELETE", "a=1&_method=PUT", "%5Fmethod=DELETE", "_METHOD=x", "a=1;_method"])
+def test_a_method_override_query_parameter_is_refused(query: str) -> None:
+    d = decide_request(POST_V1, "api.test", "POST", f"/v1/ok?{query}")
+    assert not d.allowed and "'_method' query parameter" in d.reason
+    assert decide_request(POST_V1, "api.test", "POST", "/v1/ok?method=x&a_method=y").allowed
+
+
+def test_an_override_is_refused_even_where_every_method_is_allowed() -> None:
+    """inspect without http: the host may carry a brokered credential; the header never goes upstream."""
+    d = decide_request(None, "api.test", "POST", "/v1/ok", [("X-HTTP-Method-Override", "GET")])
+    assert not d.allowed and "method-override header" in d.reason
+    assert decide_request(None, "api.test", "POST", "/v1/ok", [("X-Other", "GET")]).allowed  # the control
+
+
+WS = (
+    HttpRule(READ_ONLY, None, "p:1"),
+    HttpRule(frozenset({"GET"}), ("/v1/realtime",), "p:2", websocket=True),
+)
+UPGRADE = [("Connection", "Upgrade"), ("Upgrade", "websocket"), ("Sec-WebSocket-Version", "13")]
+
+
+def test_a_websocket_upgrade_needs_a_rule_that_says_so() -> None:
+    ok = decide_request(WS, "api.test", "GET", "/v1/realtime", UPGRADE)
+    assert ok.allowed and ok.rule == "p:2" and "websocket" in ok.reason
+    other = decide_request(WS, "api.test", "GET", "/v1/other", UPGRADE)  # read-only covers the GET, not the upgrade
+    assert not other.allowed and "a WebSocket upgrade of GET /v1/other not allowed" in other.reason
+    assert decide_request(WS, "api.test", "GET", "/v1/other").allowed  # the same GET without the upgrade
+    bare = decide_request(None, "api.test", "GET", "/v1/realtime", [("upgrade", "WebSocket")])
+    assert not bare.allowed and "needs an http rule with websocket: true" in bare.reason
+    for proto in ("h2c", "websocket, h2c", "TLS/1.2"):
+        d = decide_request(WS, "api.test", "GET", "/v1/realtime", [("Upgrade", proto)])
+        assert not d.allowed and "no rule reads that protocol" in d.reason, proto
+
+
+def test_websocket_rules_parse_and_describe() -> None:
+    (r,) = parse_http([{"methods": ["GET"], "paths": ["/ws"], "websocket": True}], "f.yaml", 2)
+    assert r.websocket and r.describe() == "GET /ws websocket"
+    (any_method,) = parse_http([{"paths": ["/ws"], "websocket": True}], "f.yaml", 2)
+    assert any_method.websocket and any_method.methods is None
+    for bad, error in [
+        ({"methods": ["POST"], "paths": ["/ws"], "websocket": True}, "needs GET"),
+        ({"paths": ["/ws"], "websocket": "yes"}, "true or false"),
+        ({"websocket": True}, "needs methods, paths or both"),
+    ]:
+        with pytest.raises(PolicyError, match=error):
+            parse_http([bad], "f.yaml", 2)
+
+
+def test_websocket_survives_the_spec_to_the_daemon() -> None:
+    from netguard.proxy import spec
+
+    rule = parse_entry({"host": "api.test", "http": [{"paths": ["/ws"], "websocket": True}, "read-only"]}, "p", 1, None)
+    back = spec._decode_http([spec._encode_http(h) for h in rule.http or ()], "w")
+    assert back == rule.http and back is not None and back[0].websocket and not back[1].websocket
 
 
 # ---- globs ----------------------------------------------------------------------------------
@@ -153,6 +278,9 @@ def test_parse_http_forms_and_origins() -> None:
         ([], "'http' is empty"),
         ("readonly", "read-only or a mapping"),
         ({"method": ["GET"]}, "unknown key 'method'"),
+        ({"paths": ["/a;b"]}, "not canonical"),
+        ({"paths": ["/a/%2e%2e/b"]}, "not canonical"),
+        ({"paths": ["/caf\u00e9"]}, "not canonical"),
         ({}, "needs methods, paths or both"),
         ({"methods": []}, "'methods' is empty"),
         ({"methods": ["GE T"]}, "invalid method"),
@@ -280,3 +408,31 @@ def test_pypi_readonly_denies_the_upload_host_whatever_else_allows_it() -> None:
     plain = _preset("pypi")
     assert not rules.decide(plain, "upload.pypi.org", 443).allowed  # not listed in the default list either
     assert rules.inspection(plain, "pypi.org", 443) is None  # and the default list stays passthrough
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        "/@types%2fnode",  # npm (npm-package-arg's escapedName), yarn 1
+        "/@types%2Fnode",  # pnpm, yarn berry (encodeURIComponent)
+        "/%40types%2fnode",  # clients that escape the '@' as well
+        "/@types/node/-/node-20.1.0.tgz",  # tarballs: the metadata's URL, unescaped
+        "/@types%2fnode/latest",
+    ],
+)
+def test_real_registry_clients_spellings_pass_the_bundled_readonly_lists(target: str) -> None:
+    """Issue 24: refusing ambiguous paths must not break what npm, pnpm and yarn send."""
+    rs = _preset("npm-readonly")
+    for host in ("registry.npmjs.org", "registry.yarnpkg.com"):
+        assert _req(rs, host, "GET", target), (host, target)
+
+
+def test_the_bundled_lists_refuse_the_issues_spellings_on_their_write_rules() -> None:
+    npm = _preset("npm-readonly")
+    assert _req(npm, "registry.npmjs.org", "POST", "/-/npm/v1/security/advisories/bulk")  # the control
+    for t in ("/-/npm/v1/security/..%2f..%2f..%2fpkg", "/-/npm/v1/security/..;/x", "/-/npm/v1/security/%2e%2e/x"):
+        assert not _req(npm, "registry.npmjs.org", "POST", t), t
+    gh = _preset("github-readonly")
+    assert _req(gh, "github.com", "POST", "/o/r.git/git-upload-pack")
+    assert not _req(gh, "github.com", "POST", "/o%2Fr/x/git-upload-pack")  # '*' is one segment, read either way
+    assert not _req(gh, "github.com", "POST", "/o/r.git/git-upload-pack/..%2fgit-receive-pack")

@@ -294,6 +294,41 @@ def test_plain_http_to_an_inspected_host_writes_its_decision_then_a_request_reco
     assert w.records("close") == []
 
 
+@pytest.mark.parametrize("h2", [False, True], ids=["http1.1", "http2"])
+def test_ambiguous_paths_overrides_and_upgrades_are_refused_at_the_gate(
+    tmp_path: Path, resolver: FakeDns, h2: bool
+) -> None:
+    """Issue 24 through the Gate's hook: each a 403 and a `deny` record naming why; the controls pass."""
+    w = World(tmp_path, resolver)
+    tricks = [
+        flow(w, "POST", "git.test", "/o/r/git-upload-pack/..%2fgit-receive-pack", h2=h2),
+        flow(w, "POST", "git.test", "/o/r/git-upload-pack;x", h2=h2),
+        flow(w, "GET", "git.test", "/o/r/%c0%ae%c0%ae/x", h2=h2),
+        flow(w, "POST", "git.test", "/o/r/git-upload-pack", h2=h2, X_HTTP_Method_Override="DELETE"),
+        flow(w, "POST", "git.test", "/o/r/git-upload-pack", h2=h2, x_method_override="PUT"),
+        flow(w, "GET", "git.test", "/o/r/info/refs", h2=h2, Connection="Upgrade", Upgrade="websocket"),
+    ]
+    controls = [flow(w, "POST", "git.test", "/o/r/git-upload-pack", h2=h2), flow(w, "GET", "git.test", "/@a%2fb")]
+
+    async def body(tctx: taddons.context) -> None:
+        await connect(tctx, w, "git.test")
+        for f in [*tricks, *controls]:
+            await exchange(tctx, w, f)
+
+    drive(w, body)
+    assert [f.response.status_code for f in tricks] == [403] * len(tricks)
+    assert [f.response.status_code for f in controls] == [200, 200]
+    recs = w.records("request")
+    assert [r["action"] for r in recs] == ["deny"] * len(tricks) + ["allow"] * 2
+    whys = [r["reason"] for r in recs[: len(tricks)]]
+    assert "path is not canonical: a segment of dots only once read as" in whys[0]
+    assert "';' path parameter" in whys[1] and "overlong UTF-8" in whys[2]
+    assert "method-override header (X-HTTP-Method-Override)" in whys[3]
+    assert "method-override header (x-method-override)" in whys[4]
+    assert "a WebSocket upgrade of GET /o/r/info/refs not allowed" in whys[5]
+    assert all(t.response.get_text().startswith("sandgate: request refused: ") for t in tricks)
+
+
 # ---- credentials -------------------------------------------------------------------------------
 
 

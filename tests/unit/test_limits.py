@@ -164,3 +164,62 @@ def test_a_peer_that_claims_other_namespaces_is_refused() -> None:
     theirs = {ns: (dev, ino + 1) for ns, (dev, ino) in ours.items()}  # as a daemon in another netns sees us
     with a, b, pytest.raises(peercheck.PeerRefused, match="another user namespace"):
         peercheck.check(a, theirs)
+
+
+# ---- a sandbox's part of the shared resolver and of the disk -----------------------------------
+
+
+def _binding(out: list[Any]) -> Any:
+    from netguard import rules
+    from netguard.audit import AuditLog
+    from netguard.policy import parse_network
+    from netguard.proxy.binding import Binding
+
+    log = AuditLog(None)
+    log.write = out.append  # type: ignore[method-assign,assignment]
+    b = Binding("t1", rules.compile_policy(parse_network({"allow": ["ok.test"]}, "p.yaml")), log)
+    b.refusals = limits.Refusals("t1", out.append)
+    return b
+
+
+def test_past_the_denials_a_log_holds_they_are_counted_not_written(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A churn of denied connections once wrote ~1 GB an hour into the user's disk."""
+    from netguard.audit import decision_record
+
+    monkeypatch.setattr(limits, "DENIALS_LOGGED", 50)
+    out: list[Any] = []
+
+    async def churn() -> None:
+        b = _binding(out)
+        for i in range(80):
+            b.write_decision(decision_record("t1", f"i{i}", "tcp", "deny", "x.test", 80, reason="no"))
+        b.write_decision(decision_record("t1", "ok", "tcp", "allow", "ok.test", 80, ip="198.18.0.1"))
+        assert b.refusals is not None
+        b.refusals.flush()
+
+    asyncio.run(churn())
+    decisions = [r for r in out if r["event"] == "decision"]
+    assert len(decisions) == 51 and decisions[-1]["action"] == "allow"  # allowed ones are always written
+    assert sum(r["count"] for r in out if r["event"] == "limit" and r["limit"] == "records") == 30
+
+
+def test_a_sandbox_past_its_lookups_in_flight_is_refused_without_asking_the_resolver() -> None:
+    """One sandbox's 2,100 slow names once filled the daemon's resolver: others' hosts were refused."""
+    from netguard.proxy.decide import Conn, Decider
+
+    out: list[Any] = []
+
+    class Never:
+        async def addresses(self, *_: Any) -> list[Any]:
+            raise AssertionError("the resolver was asked")
+
+    async def go() -> str:
+        b = _binding(out)
+        b.lookups = limits.LOOKUPS
+        d = await Decider(Never()).authorize(Conn(b), "connect", "ok.test", 443)  # type: ignore[arg-type]
+        assert not d.allowed and b.lookups == limits.LOOKUPS
+        return d.verdict.decision.reason
+
+    reason = asyncio.run(go())
+    assert reason == f"cannot resolve ok.test: more than {limits.LOOKUPS} lookups of this sandbox in flight"
+    assert [(r["limit"], r["kind"]) for r in out if r["event"] == "limit"] == [("lookups", "connect")]

@@ -250,7 +250,7 @@ def test_the_parsed_document_cache_gives_back_the_same_document_with_its_lines(
     monkeypatch.setattr(parsecache, "CACHE_DIR", None)
     fresh = lp.parse_yaml(text, "p.yaml")
     monkeypatch.setattr(parsecache, "CACHE_DIR", tmp_path / "cache")
-    lp.parse_yaml(text, "p.yaml")  # fills the cache
+    build_policy([write(tmp_path, text)], [], [])  # a validated policy fills the cache
     (entry,) = (tmp_path / "cache").iterdir()
     assert (tmp_path / "cache").stat().st_mode & 0o777 == 0o700 and entry.stat().st_mode & 0o777 == 0o600
     cached = lp.parse_yaml(text, "p.yaml")
@@ -266,15 +266,15 @@ def test_a_damaged_cache_entry_is_a_miss_and_odd_types_are_never_cached(
     from launcher.config import parsecache
     from launcher.config import yamlfile as lp
 
-    monkeypatch.setattr(parsecache, "CACHE_DIR", tmp_path)
+    monkeypatch.setattr(parsecache, "CACHE_DIR", tmp_path / "cache")
     text = "version: 1\nnetwork:\n  allow: [a.test]\n"
-    lp.parse_yaml(text, "p.yaml")
-    (entry,) = tmp_path.iterdir()
+    build_policy([write(tmp_path, text)], [], [])
+    (entry,) = (tmp_path / "cache").iterdir()
     entry.write_text('{"m": [["version", 1')  # truncated
     assert lp.parse_yaml(text, "p.yaml")["network"]["allow"] == ["a.test"]
     entry.unlink()
-    lp.parse_yaml("version: 1\ndescription: 2026-12-01\n", "d.yaml")  # a YAML timestamp
-    assert not list(tmp_path.glob("*.json"))
+    build_policy([write(tmp_path, "version: 1\ndescription: 2026-12-01\n", "d.yaml")], [], [])  # a YAML timestamp
+    assert not list((tmp_path / "cache").glob("*.json"))
 
 
 # ---- checks every policy is held to: absurd cidrs, writable homes, sizes --------------------------
@@ -556,7 +556,8 @@ def test_limits_are_checked_before_a_document_is_cached(tmp_path: Path, monkeypa
     assert not list((tmp_path / "cache").glob("*.json")) if (tmp_path / "cache").exists() else True
     text = "version: 1\nnetwork:\n  allow: [a.test]\n"
     (tmp_path / "cache").mkdir(exist_ok=True)
-    (tmp_path / "cache" / f"{trust.digest(text.encode())}.json").write_text('{"s": ' * 100_000 + "}" * 100_000)
+    deep = '{"s": ' * 100_000 + "}" * 100_000
+    (tmp_path / "cache" / f"{trust.digest(text.encode())}{parsecache.SUFFIX}").write_text(deep)
     assert lp.parse_yaml(text, "p.yaml")["network"]["allow"] == ["a.test"]  # a deep damaged entry is a miss
 
 

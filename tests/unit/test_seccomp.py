@@ -17,8 +17,10 @@ import platform
 import re
 import select
 import struct
+import subprocess
 import sys
 import termios
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -36,7 +38,7 @@ from ..support.kernelprobe import attempt, exec_in_child, in_child
 ALLOW = 0x7FFF0000
 EPERM = 0x00050000 | errno.EPERM
 ENOSYS = 0x00050000 | errno.ENOSYS
-LD_ABS_W, JEQ_K, JGE_K, RET_K = 0x20, 0x15, 0x35, 0x06
+LD_ABS_W, JEQ_K, JGE_K, JSET_K, RET_K = 0x20, 0x15, 0x35, 0x45, 0x06
 AUDIT = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
 AUDIT_I386, AUDIT_ARM = 0x40000003, 0x40000028
 NR_IOCTL = {"x86_64": 16, "aarch64": 29}
@@ -59,7 +61,31 @@ REFUSED = {
     "kexec_load": (246, 104, errno.EPERM),
     "kexec_file_load": (320, 294, errno.EPERM),
     "userfaultfd": (323, 282, errno.EPERM),
+    "openat2": (437, 437, errno.ENOSYS),  # its mode is in a struct: callers fall back to openat
+    "setxattrat": (463, 463, errno.ENOSYS),  # its size is in a struct: security.capability unchecked
 }
+#: Refused outright unless --allow-nested-userns: clone3's flags are in a struct (glibc falls back to clone).
+NESTED_REFUSED = {"clone3": (435, 435, errno.ENOSYS)}
+SETID, CREATES, NEWUSER = 0o6000, 0o100 | 0o20000000, 0x10000000  # S_ISUID|S_ISGID, O_CREAT|__O_TMPFILE
+#: name: (x86_64, aarch64 or None, ((arg, bits or None, values), ...)): refused with EPERM when every
+#: test holds on the argument's low word (bits: any set; values: equal to one).
+ARG_REFUSED: dict[str, tuple[int, int | None, tuple[tuple[int, int | None, tuple[int, ...]], ...]]] = {
+    "chmod": (90, None, ((1, SETID, ()),)),
+    "fchmod": (91, 52, ((1, SETID, ()),)),
+    "fchmodat": (268, 53, ((2, SETID, ()),)),
+    "fchmodat2": (452, 452, ((2, SETID, ()),)),
+    "open": (2, None, ((1, CREATES, ()), (2, SETID, ()))),
+    "openat": (257, 56, ((2, CREATES, ()), (3, SETID, ()))),
+    "creat": (85, None, ((1, SETID, ()),)),
+    "mknod": (133, None, ((1, SETID, ()),)),
+    "mknodat": (259, 33, ((2, SETID, ()),)),
+    "setxattr": (188, 5, ((3, None, (20, 24)),)),
+    "lsetxattr": (189, 6, ((3, None, (20, 24)),)),
+    "fsetxattr": (190, 7, ((3, None, (20, 24)),)),
+}
+NESTED_ARG_REFUSED = {"unshare": (272, 97, ((0, NEWUSER, ()),)), "clone": (56, 220, ((0, NEWUSER, ()),))}
+#: New calls the installed headers may not list yet: one number on every arch (the unified table).
+UNIFIED = {"fchmodat2": 452, "setxattrat": 463}
 # Deliberately allowed (nested sandboxes, debuggers, mount ids): a regression that refused them breaks builds.
 KEPT = {
     "name_to_handle_at": (303, 264),
@@ -85,19 +111,20 @@ def _successors(prog: list[tuple[int, int, int, int]], pc: int) -> list[int]:
     code, jt, jf, _ = prog[pc]
     if code == RET_K:
         return []
-    if code in (JEQ_K, JGE_K):
+    if code in (JEQ_K, JGE_K, JSET_K):
         return [pc + 1 + jt, pc + 1 + jf]
     return [pc + 1]
 
 
+@pytest.mark.parametrize("nested", [False, True], ids=["default", "nested-userns"])
 @pytest.mark.parametrize("arch", ARCHES)
-def test_program_is_well_formed(arch: str) -> None:
-    prog = build_filter(arch)
+def test_program_is_well_formed(arch: str, nested: bool) -> None:
+    prog = build_filter(arch, nested_userns=nested)
     assert 0 < len(prog) <= 4096  # BPF_MAXINSNS
     for pc, (code, jt, jf, k) in enumerate(prog):
         assert all(isinstance(v, int) for v in (code, jt, jf, k))
         assert 0 <= code <= 0xFFFF and 0 <= jt <= 0xFF and 0 <= jf <= 0xFF and 0 <= k <= 0xFFFFFFFF
-        assert code in (LD_ABS_W, JEQ_K, JGE_K, RET_K), f"{pc}: unexpected opcode {code:#x}"
+        assert code in (LD_ABS_W, JEQ_K, JGE_K, JSET_K, RET_K), f"{pc}: unexpected opcode {code:#x}"
         if code == LD_ABS_W:
             # Aligned 32-bit loads inside struct seccomp_data (64 bytes), as the kernel demands.
             assert k % 4 == 0 and k + 4 <= 64, pc
@@ -146,13 +173,26 @@ def test_default_arch_and_unknown_arch() -> None:
 def test_rule_table_matches_independent_numbers() -> None:
     assert {r.syscall: r.errno for r in seccomp.RULES} == {name: err for name, (*_, err) in REFUSED.items()}
     assert len(seccomp.RULES) == len(REFUSED)  # no duplicates
-    assert all(len(r.threat) > 10 for r in seccomp.RULES)  # every refusal says what it defends
+    assert {r.syscall: r.errno for r in seccomp.NESTED_RULES} == {n: e for n, (*_, e) in NESTED_REFUSED.items()}
+    threats = [r.threat for r in (*seccomp.RULES, *seccomp.NESTED_RULES)]
+    threats += [r.threat for r in (*seccomp.ARG_RULES, *seccomp.NESTED_ARG_RULES)]
+    assert all(len(t) > 10 for t in threats)  # every refusal says what it defends
+    arg_rules = {r.syscall: r for r in (*seccomp.ARG_RULES, *seccomp.NESTED_ARG_RULES) if r.syscall != "ioctl"}
+    assert set(arg_rules) == set(ARG_REFUSED) | set(NESTED_ARG_REFUSED)
+    for name, (*_, tests) in {**ARG_REFUSED, **NESTED_ARG_REFUSED}.items():
+        got = tuple((t.arg, t.bits or None, t.values) for t in arg_rules[name].tests)
+        assert got == tests and arg_rules[name].errno == errno.EPERM, name
+    whole = {r.syscall for r in (*seccomp.RULES, *seccomp.NESTED_RULES)}
+    assert not whole & {r.syscall for r in (*seccomp.ARG_RULES, *seccomp.NESTED_ARG_RULES)}  # one path per call
     for i, arch in enumerate(ARCHES):
         nrs = seccomp.SYSCALL_NRS[arch]
         assert {name: nrs[name] for name in REFUSED} == {name: v[i] for name, v in REFUSED.items()}, arch
         assert nrs["ioctl"] == NR_IOCTL[arch]
         assert seccomp.syscall_number("keyctl", arch) == REFUSED["keyctl"][i]
         assert not set(KEPT) & {r.syscall for r in seccomp.RULES}
+        for name, (*by_arch, _) in {**ARG_REFUSED, **NESTED_ARG_REFUSED}.items():
+            assert nrs.get(name) == by_arch[i], (arch, name)
+        assert {n for n, (_, arm, _) in ARG_REFUSED.items() if arm is None} == seccomp.LEGACY
 
 
 def _header_numbers(path: str) -> dict[str, int]:
@@ -165,7 +205,7 @@ def test_numbers_match_the_kernel_headers(arch: str) -> None:
     """Every number the filter compares, against the uapi table it came from (linux-libc-dev)."""
     if not os.path.exists(HEADERS[arch]):
         pytest.skip(f"{HEADERS[arch]} not installed (apt-get install linux-libc-dev)")
-    table = _header_numbers(HEADERS[arch])
+    table = {**UNIFIED, **_header_numbers(HEADERS[arch])}  # the header's own number wins where it has one
     assert {k: table[k] for k in seccomp.SYSCALL_NRS[arch]} == seccomp.SYSCALL_NRS[arch]
     assert {k: table[k] for k in KEPT} == {k: v[ARCHES.index(arch)] for k, v in KEPT.items()}
 
@@ -196,6 +236,8 @@ def run_bpf(prog: list[tuple[int, int, int, int]], arch: int, nr: int, args: tup
             pc += 1 + (jt if acc == k else jf)
         elif code == JGE_K:
             pc += 1 + (jt if acc >= k else jf)
+        elif code == JSET_K:
+            pc += 1 + (jt if acc & k else jf)
         elif code == RET_K:
             return k
         else:
@@ -254,7 +296,80 @@ def test_program_semantics(name: str, audit: int, nr: int, args: tuple[int, ...]
     assert run_bpf(build_filter(name), audit, nr, args) == expected, why
 
 
+HIGH = 0xDEADBEEF_00000000  # a high word the kernel ignores (it truncates these arguments to 32 bits or less)
+#: (arch, nr, args, nested allowed, expected, why): the argument rules of issue 24.
+ARG_SEMANTICS = [
+    ("x86_64", 90, (0, 0o4755), False, EPERM, "chmod u+s"),
+    ("x86_64", 90, (0, 0o2755), False, EPERM, "chmod g+s"),
+    ("x86_64", 90, (0, 0o6755), False, EPERM, "chmod 6755"),
+    ("x86_64", 90, (0, 0o1777), False, ALLOW, "the sticky bit is no privilege"),
+    ("x86_64", 90, (0, 0o755), False, ALLOW, "chmod 755"),
+    ("x86_64", 90, (0, HIGH | 0o4755), False, EPERM, "mode's high word ignored by the kernel"),
+    ("x86_64", 90, (0, HIGH | 0o755), False, ALLOW, "a high word alone sets no bit"),
+    ("x86_64", 91, (3, 0o4755), False, EPERM, "fchmod"),
+    ("x86_64", 268, (3, 0, 0o2755), False, EPERM, "fchmodat: mode is args[2]"),
+    ("x86_64", 268, (3, 0o4755, 0o755), False, ALLOW, "fchmodat: args[1] is the path"),
+    ("x86_64", 452, (3, 0, 0o4755, 0), False, EPERM, "fchmodat2"),
+    ("x86_64", 2, (0, 0o100, 0o4755), False, EPERM, "open(O_CREAT, 04755)"),
+    ("x86_64", 2, (0, 0o20200000, 0o2700), False, EPERM, "open(O_TMPFILE, 02700)"),
+    ("x86_64", 2, (0, 0, 0o4755), False, ALLOW, "open without O_CREAT ignores the mode"),
+    ("x86_64", 2, (0, 0o101, 0o644), False, ALLOW, "open(O_CREAT, 0644)"),
+    ("x86_64", 257, (3, 0, 0o100, 0o4755), False, EPERM, "openat(O_CREAT, 04755)"),
+    ("x86_64", 257, (3, 0, 0o100 | HIGH, 0o644 | HIGH), False, ALLOW, "openat: high words only"),
+    ("x86_64", 257, (3, 0, 0o2, 0o4755), False, ALLOW, "openat(O_RDWR) ignores the mode"),
+    ("x86_64", 85, (0, 0o4755), False, EPERM, "creat"),
+    ("x86_64", 133, (0, 0o104755, 0), False, EPERM, "mknod(S_IFREG|04755)"),
+    ("x86_64", 133, (0, 0o100644, 0), False, ALLOW, "mknod(S_IFREG|0644)"),
+    ("x86_64", 259, (3, 0, 0o102755, 0), False, EPERM, "mknodat"),
+    ("x86_64", 188, (0, 0, 0, 20, 0), False, EPERM, "setxattr of a v2 capability's size"),
+    ("x86_64", 189, (0, 0, 0, 24, 0), False, EPERM, "lsetxattr of a v3 capability's size"),
+    ("x86_64", 190, (3, 0, 0, 20, 0), False, EPERM, "fsetxattr"),
+    ("x86_64", 190, (3, 0, 0, 19, 0), False, ALLOW, "fsetxattr of another size"),
+    ("x86_64", 188, (0, 0, 20, 21, 0), False, ALLOW, "only args[3] is the size"),
+    ("x86_64", 272, (NEWUSER,), False, EPERM, "unshare(CLONE_NEWUSER)"),
+    ("x86_64", 272, (NEWUSER | 0x40000000,), False, EPERM, "unshare(CLONE_NEWUSER|CLONE_NEWNET)"),
+    ("x86_64", 272, (0x40000000,), False, ALLOW, "unshare(CLONE_NEWNET)"),
+    ("x86_64", 272, (NEWUSER,), True, ALLOW, "unshare(CLONE_NEWUSER), opted in"),
+    ("x86_64", 56, (NEWUSER | 17,), False, EPERM, "clone(CLONE_NEWUSER|SIGCHLD)"),
+    ("x86_64", 56, (0x01200011,), False, ALLOW, "clone as fork() makes it"),
+    ("x86_64", 56, (NEWUSER | 17,), True, ALLOW, "clone(CLONE_NEWUSER), opted in"),
+    ("x86_64", 435, (), False, ENOSYS, "clone3: flags in a struct"),
+    ("x86_64", 435, (), True, ALLOW, "clone3, opted in"),
+    ("x86_64", 90, (0, 0o4755), True, EPERM, "the opt-in leaves the setid rules alone"),
+    ("x86_64", 16, (0, TIOCSTI), True, EPERM, "... and TIOCSTI"),
+    ("aarch64", 52, (3, 0o4755), False, EPERM, "fchmod"),
+    ("aarch64", 53, (3, 0, 0o2755), False, EPERM, "fchmodat"),
+    ("aarch64", 53, (3, 0, 0o755), False, ALLOW, "fchmodat 755"),
+    ("aarch64", 56, (3, 0, 0o100, 0o4755), False, EPERM, "openat(O_CREAT, 04755)"),
+    ("aarch64", 33, (3, 0, 0o104755, 0), False, EPERM, "mknodat"),
+    ("aarch64", 7, (3, 0, 0, 24, 0), False, EPERM, "fsetxattr"),
+    ("aarch64", 90, (0, 0o4755), False, ALLOW, "90 is capset on arm64: no chmod there"),
+    ("aarch64", 2, (0, 0o100, 0o4755), False, ALLOW, "2 is io_submit on arm64: no open there"),
+    ("aarch64", 97, (NEWUSER,), False, EPERM, "unshare(CLONE_NEWUSER)"),
+    ("aarch64", 220, (NEWUSER | 17,), False, EPERM, "clone(CLONE_NEWUSER)"),
+    ("aarch64", 435, (), False, ENOSYS, "clone3"),
+    ("aarch64", 97, (NEWUSER,), True, ALLOW, "unshare(CLONE_NEWUSER), opted in"),
+]
+
+
+@pytest.mark.parametrize(
+    "arch,nr,args,nested,expected,why", ARG_SEMANTICS, ids=[f"{c[0]}-{c[5]}" for c in ARG_SEMANTICS]
+)
+def test_argument_rule_semantics(
+    arch: str, nr: int, args: tuple[int, ...], nested: bool, expected: int, why: str
+) -> None:
+    assert run_bpf(build_filter(arch, nested_userns=nested), AUDIT[arch], nr, args) == expected, why
+
+
 REFUSED_BY_NR = {arch: {nrs[i]: err for *nrs, err in REFUSED.values()} for i, arch in enumerate(ARCHES)}
+NESTED_BY_NR = {arch: {nrs[i]: err for *nrs, err in NESTED_REFUSED.values()} for i, arch in enumerate(ARCHES)}
+
+
+def _arg_tests(table: dict[str, Any], arch: str) -> dict[int, Any]:
+    i = ARCHES.index(arch)
+    return {nrs[i]: tests for *nrs, tests in table.values() if nrs[i] is not None}
+
+
 _interesting_nr = st.one_of(
     st.sampled_from(
         [
@@ -271,36 +386,52 @@ _interesting_nr = st.one_of(
             0x7FFFFFFF,
             0xFFFFFFFF,
             *(n for m in REFUSED_BY_NR.values() for n in m),
+            *(n for m in NESTED_BY_NR.values() for n in m),
             *(n for nrs in KEPT.values() for n in nrs),
+            *(n for *nrs, _ in (*ARG_REFUSED.values(), *NESTED_ARG_REFUSED.values()) for n in nrs if n is not None),
         ]
     ),
     st.integers(0, 0xFFFFFFFF),
 )
-_interesting_cmd = st.one_of(
-    st.sampled_from([TIOCSTI, TIOCLINUX, TIOCGWINSZ]).flatmap(
+_interesting_word = st.one_of(
+    st.sampled_from([TIOCSTI, TIOCLINUX, TIOCGWINSZ, 0o4755, 0o2755, 0o755, 0o100, 0o102, NEWUSER, 20, 24, 0]).flatmap(
         lambda c: st.integers(0, 0xFFFFFFFF).map(lambda hi: (hi << 32) | c)
     ),
     st.integers(0, 2**64 - 1),
 )
 
 
-@settings(max_examples=300, deadline=None)
+def _reference(arch: str, audit: int, nr: int, args: tuple[int, ...], nested: bool) -> int:
+    """What the filter must answer, written from the tables above, not from the module's."""
+    if audit != AUDIT[arch] or (arch == "x86_64" and nr >= 0x40000000):  # foreign table, or x32
+        return EPERM
+    if nr in REFUSED_BY_NR[arch]:
+        return 0x00050000 | REFUSED_BY_NR[arch][nr]
+    if not nested and nr in NESTED_BY_NR[arch]:
+        return 0x00050000 | NESTED_BY_NR[arch][nr]
+    if nr == NR_IOCTL[arch] and args[1] & 0xFFFFFFFF in (TIOCSTI, TIOCLINUX):
+        return EPERM
+    tests = {**_arg_tests(ARG_REFUSED, arch), **({} if nested else _arg_tests(NESTED_ARG_REFUSED, arch))}.get(nr)
+    if tests is not None and all(
+        (args[a] & 0xFFFFFFFF & bits) if bits else (args[a] & 0xFFFFFFFF) in values for a, bits, values in tests
+    ):
+        return EPERM
+    return ALLOW
+
+
+@settings(max_examples=600, deadline=None)
 @given(
     arch=st.sampled_from(ARCHES),
     audit=st.sampled_from([X86, ARM, AUDIT_I386, AUDIT_ARM, 0]),
     nr=_interesting_nr,
-    cmd=_interesting_cmd,
+    args=st.tuples(_interesting_word, _interesting_word, _interesting_word, _interesting_word),
+    nested=st.booleans(),
 )
-def test_program_matches_reference_model(arch: str, audit: int, nr: int, cmd: int) -> None:
-    if audit != AUDIT[arch] or (arch == "x86_64" and nr >= 0x40000000):  # foreign table, or x32
-        expected = EPERM
-    elif nr in REFUSED_BY_NR[arch]:
-        expected = 0x00050000 | REFUSED_BY_NR[arch][nr]
-    elif nr == NR_IOCTL[arch] and cmd & 0xFFFFFFFF in (TIOCSTI, TIOCLINUX):
-        expected = EPERM
-    else:
-        expected = ALLOW
-    assert run_bpf(build_filter(arch), audit, nr, (3, cmd, 0)) == expected
+def test_program_matches_reference_model(
+    arch: str, audit: int, nr: int, args: tuple[int, int, int, int], nested: bool
+) -> None:
+    expected = _reference(arch, audit, nr, args, nested)
+    assert run_bpf(build_filter(arch, nested_userns=nested), audit, nr, args) == expected
 
 
 # --------------------------------------------------------------------------------------------
@@ -702,3 +833,247 @@ def test_kept_namespace_calls_still_work() -> None:
         return out
 
     assert in_child(body) == {"unshare_uts": "ok", "setns_own_uts": "ok"}
+
+
+# --------------------------------------------------------------------------------------------
+# Real kernel: setuid/setgid bits, file capabilities, nested user namespaces (issue 24)
+# --------------------------------------------------------------------------------------------
+
+CAP_V2 = struct.pack("<5I", 0x02000001, 1 << 13, 0, 0, 0)  # VFS_CAP_REVISION_2 | effective, cap_net_raw
+CAP_V3 = struct.pack("<6I", 0x03000001, 1 << 13, 0, 0, 0, 0)  # ... v3, rootid 0
+CLONE_ARGS = 88  # sizeof(struct clone_args), CLONE_ARGS_SIZE_VER2
+
+
+def _nr(name: str) -> int:
+    """The test's own number for a call of issue 24's rules (never the module's table)."""
+    i = ARCHES.index(MACHINE)
+    table = {**ARG_REFUSED, **NESTED_ARG_REFUSED, **REFUSED, **NESTED_REFUSED}
+    nr = table[name][i]
+    assert isinstance(nr, int), f"no {name} on {MACHINE}"
+    return nr
+
+
+def _sys(name: str, *args: object) -> str:
+    """syscall(2) of one of those calls: 'ok' (an fd returned is closed) or the errno name."""
+    ctypes.set_errno(0)
+    c_args = [ctypes.c_long(a) if isinstance(a, int) else a for a in args]
+    ret = _libc.syscall(ctypes.c_long(_nr(name)), *c_args)
+    if ret < 0:
+        return errno.errorcode.get(ctypes.get_errno(), "?")
+    if name in ("open", "openat", "creat", "openat2"):
+        os.close(ret)
+    return "ok"
+
+
+def _mode(path: str) -> str:
+    try:
+        return oct(os.stat(path).st_mode & 0o7777)
+    except FileNotFoundError:
+        return "absent"
+
+
+def _setid_attempts(d: str) -> dict[str, str]:
+    """Every way of giving a file S_ISUID/S_ISGID, each on a fresh file, with the mode left behind."""
+    at_fdcwd, path = -100, ctypes.c_char_p
+    out: dict[str, str] = {}
+
+    def fresh(name: str) -> str:
+        p = os.path.join(d, name)
+        with open(p, "wb") as f:
+            f.write(b"#!/bin/sh\n")
+        os.chmod(p, 0o700)
+        return p
+
+    def record(label: str, result: str, p: str) -> None:
+        out[label] = f"{result} {_mode(p)}"
+
+    p = fresh("chmod4755")
+    record("chmod 4755", attempt(lambda: os.chmod(p, 0o4755)), p)
+    p = fresh("chmod2755")
+    record("chmod 2755", attempt(lambda: os.chmod(p, 0o2755)), p)
+    p = fresh("chmod755")
+    record("chmod 755", attempt(lambda: os.chmod(p, 0o755)), p)
+    p = fresh("chmod-high")
+    record("chmod high word", _sys("chmod", path(p.encode()), (1 << 40) | 0o4755) if MACHINE == "x86_64" else "-", p)
+    p = fresh("fchmod")
+    fd = os.open(p, os.O_RDONLY)
+    record("fchmod 6755", attempt(lambda: os.fchmod(fd, 0o6755)), p)
+    os.close(fd)
+    p = fresh("fchmodat")
+    record("fchmodat 4755", _sys("fchmodat", at_fdcwd, path(p.encode()), 0o4755), p)
+    p = fresh("fchmodat2")
+    record("fchmodat2 4755", _sys("fchmodat2", at_fdcwd, path(p.encode()), 0o4755, 0), p)
+    p = os.path.join(d, "open-creat")
+    record("open O_CREAT 4755", attempt(lambda: os.close(os.open(p, os.O_CREAT | os.O_WRONLY, 0o4755))), p)
+    p = os.path.join(d, "open-creat-644")
+    record("open O_CREAT 644", attempt(lambda: os.close(os.open(p, os.O_CREAT | os.O_WRONLY, 0o644))), p)
+    p = fresh("open-plain")
+    record("open no O_CREAT, mode 4755", _sys("openat", at_fdcwd, path(p.encode()), os.O_RDONLY, 0o4755), p)
+    out["O_TMPFILE 2700"] = attempt(lambda: os.close(os.open(d, os.O_TMPFILE | os.O_WRONLY, 0o2700)))  # unnamed
+    p = os.path.join(d, "mknod")
+    record("mknod S_IFREG|4755", attempt(lambda: os.mknod(p, stat_ifreg | 0o4755)), p)
+    p = os.path.join(d, "mknod-644")
+    record("mknod S_IFREG|644", attempt(lambda: os.mknod(p, stat_ifreg | 0o644)), p)
+    if MACHINE == "x86_64":
+        p = os.path.join(d, "creat")
+        record("creat 4755", _sys("creat", path(p.encode()), 0o4755), p)
+    how = ctypes.create_string_buffer(struct.pack("<QQQ", os.O_CREAT | os.O_WRONLY, 0o4755, 0), 24)
+    p = os.path.join(d, "openat2")
+    record("openat2", _sys("openat2", at_fdcwd, path(p.encode()), how, 24), p)
+    return out
+
+
+stat_ifreg = 0o100000
+
+
+def test_setuid_and_setgid_bits_are_refused_and_plain_modes_work(tmp_path: Any) -> None:
+    """Started by root the command is host root: a setuid file it leaves is root for every local account."""
+    assert os.geteuid() == 0, "the control needs root (the sandbox's uid 0 is host root)"
+
+    def attempts(filtered: bool) -> Callable[[], dict[str, str]]:
+        def body() -> dict[str, str]:
+            d = tmp_path / ("filtered" if filtered else "control")
+            d.mkdir()
+            os.umask(0o022)
+            if filtered:
+                install()
+            return _setid_attempts(str(d))
+
+        return body
+
+    control = in_child(attempts(False))
+    refused = in_child(attempts(True))
+    # Control: without the filter each of them leaves the bit (the kernel lets root, or any owner, do it).
+    assert control["chmod 4755"] == "ok 0o4755" and control["chmod 2755"] == "ok 0o2755", control
+    assert control["fchmod 6755"] == "ok 0o6755" and control["fchmodat 4755"] == "ok 0o4755", control
+    assert control["fchmodat2 4755"] in ("ok 0o4755", "ENOSYS 0o700"), control  # 6.6+
+    assert control["open O_CREAT 4755"] == "ok 0o4755" and control["mknod S_IFREG|4755"] == "ok 0o4755", control
+    assert control["openat2"] in ("ok 0o4755", "ENOSYS absent") and control["O_TMPFILE 2700"] == "ok", control
+    if MACHINE == "x86_64":
+        assert control["chmod high word"] == "ok 0o4755" and control["creat 4755"] == "ok 0o4755", control
+    assert refused == {
+        "chmod 4755": "EPERM 0o700",
+        "chmod 2755": "EPERM 0o700",
+        "chmod 755": "ok 0o755",
+        "chmod high word": "EPERM 0o700" if MACHINE == "x86_64" else "- 0o700",
+        "fchmod 6755": "EPERM 0o700",
+        "fchmodat 4755": "EPERM 0o700",
+        "fchmodat2 4755": "EPERM 0o700",
+        "open O_CREAT 4755": "EPERM absent",
+        "open O_CREAT 644": "ok 0o644",
+        "open no O_CREAT, mode 4755": "ok 0o700",
+        "O_TMPFILE 2700": "EPERM",
+        "mknod S_IFREG|4755": "EPERM absent",
+        "mknod S_IFREG|644": "ok 0o644",
+        **({"creat 4755": "EPERM absent"} if MACHINE == "x86_64" else {}),
+        "openat2": "ENOSYS absent",
+    }
+
+
+def _xattr_attempts(d: str) -> dict[str, str]:
+    p = os.path.join(d, "f")
+    open(p, "wb").close()
+    fd = os.open(p, os.O_RDONLY)
+    args = ctypes.create_string_buffer(16)  # struct xattr_args { u64 value; u32 size; u32 flags; }
+    value = ctypes.create_string_buffer(CAP_V2, len(CAP_V2))
+    struct.pack_into("<QII", args, 0, ctypes.addressof(value), len(CAP_V2), 0)
+    out = {
+        "setxattr v2": attempt(lambda: os.setxattr(p, "security.capability", CAP_V2)),
+        "lsetxattr v3": attempt(lambda: os.setxattr(p, "security.capability", CAP_V3, follow_symlinks=False)),
+        "fsetxattr v2": attempt(lambda: os.setxattr(fd, "security.capability", CAP_V2)),
+        "setxattrat v2": _sys("setxattrat", -100, ctypes.c_char_p(p.encode()), 0, b"security.capability", args, 16),
+        "user 19 bytes": attempt(lambda: os.setxattr(p, "user.sandgate", b"x" * 19)),
+        "user 20 bytes": attempt(lambda: os.setxattr(p, "user.sandgate", b"x" * 20)),
+    }
+    try:
+        out["left"] = os.getxattr(p, "security.capability").hex()
+    except OSError as e:
+        out["left"] = errno.errorcode.get(e.errno or 0, "?")
+    os.close(fd)
+    return out
+
+
+def test_file_capabilities_are_refused_and_other_xattrs_work(tmp_path: Any) -> None:
+    assert os.geteuid() == 0, "the control needs CAP_SETFCAP"
+
+    def attempts(filtered: bool) -> Callable[[], dict[str, str]]:
+        def body() -> dict[str, str]:
+            d = tmp_path / ("filtered" if filtered else "control")
+            d.mkdir()
+            if filtered:
+                install()
+            return _xattr_attempts(str(d))
+
+        return body
+
+    control = in_child(attempts(False))
+    refused = in_child(attempts(True))
+    # Control: root writes file capabilities here (v3 with rootid 0 is stored as v2), by every call.
+    assert control["setxattr v2"] == control["lsetxattr v3"] == control["fsetxattr v2"] == "ok", control
+    assert control["setxattrat v2"] in ("ok", "ENOSYS"), control  # 6.13+
+    assert control["left"] == CAP_V2.hex() and control["user 20 bytes"] == "ok", control
+    assert refused == {
+        "setxattr v2": "EPERM",
+        "lsetxattr v3": "EPERM",
+        "fsetxattr v2": "EPERM",
+        "setxattrat v2": "ENOSYS",
+        "user 19 bytes": "ok",
+        "user 20 bytes": "EPERM",  # the price: a user.* xattr of exactly a capability's size
+        "left": "ENODATA",
+    }
+
+
+def _clone_newuser(name: str) -> str:
+    """clone/clone3 with CLONE_NEWUSER: 'ok' once the child ran and exited 0, else the errno name."""
+    if name == "clone3":
+        cargs = ctypes.create_string_buffer(struct.pack("<11Q", NEWUSER, 0, 0, 0, 17, 0, 0, 0, 0, 0, 0), CLONE_ARGS)
+        args: tuple[object, ...] = (cargs, CLONE_ARGS)
+    else:
+        args = (NEWUSER | 17, 0, 0, 0, 0)  # SIGCHLD, no new stack: a fork in a new user namespace
+    ctypes.set_errno(0)
+    c_args = [ctypes.c_long(a) if isinstance(a, int) else a for a in args]
+    pid = _libc.syscall(ctypes.c_long(_nr(name)), *c_args)
+    if pid == 0:  # the child: leave at once, never back into pytest
+        os._exit(0)
+    if pid < 0:
+        return errno.errorcode.get(ctypes.get_errno(), "?")
+    return "ok" if os.waitpid(pid, 0)[1] == 0 else "child failed"
+
+
+def _userns_attempts() -> dict[str, str]:
+    out = {  # unshare in a grandchild each: the namespace dies with it
+        "unshare": in_child(lambda: attempt(lambda: os.unshare(os.CLONE_NEWUSER | os.CLONE_NEWNET)), 3.0),
+        "clone": _clone_newuser("clone"),
+        "clone3": _clone_newuser("clone3"),
+        "unshare uts": in_child(lambda: attempt(lambda: os.unshare(os.CLONE_NEWUTS)), 3.0),
+        "fork": in_child(lambda: "ok", 3.0),
+    }
+    done: list[int] = []
+    t = threading.Thread(target=lambda: done.append(1))  # pthread_create tries clone3 first: must fall back
+    t.start()
+    t.join(3.0)
+    out["thread"] = "ok" if done else "failed"
+    r = subprocess.run(["/bin/sh", "-c", "exit 7"], timeout=5)  # posix_spawn/vfork: clone3 then clone
+    out["spawn"] = f"exit {r.returncode}"
+    return out
+
+
+@pytest.mark.parametrize("nested", [False, True], ids=["default", "opted-in"])
+def test_nested_user_namespaces_are_refused_unless_opted_in(nested: bool) -> None:
+    def body(filtered: bool) -> Callable[[], dict[str, str]]:
+        def run() -> dict[str, str]:
+            if filtered:
+                install(nested_userns=nested)
+            return _userns_attempts()
+
+        return run
+
+    control = in_child(body(False))
+    got = in_child(body(True))
+    everyday = {"unshare uts": "ok", "fork": "ok", "thread": "ok", "spawn": "exit 7"}
+    # Control: this kernel lets the same process make user namespaces by every call.
+    assert control == {"unshare": "ok", "clone": "ok", "clone3": "ok", **everyday}, control
+    if nested:
+        assert got == control
+    else:
+        assert got == {"unshare": "EPERM", "clone": "EPERM", "clone3": "ENOSYS", **everyday}

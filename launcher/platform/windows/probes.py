@@ -52,6 +52,10 @@ PROBES: dict[str, tuple[Coverage, str]] = {
     "credential_fronting": ("same", "the same daemon compares the Host with the TLS name"),
     "secret_brokered": ("same", "the secret stays in sandgate's process (another user's) and the daemon"),
     "ca_key_hidden": ("same", "the key is only in sandgate's and the daemon's memory (another user's)"),
+    "path_spellings": ("same", "the same daemon refuses non-canonical paths (IIS's own readings are modelled)"),
+    "method_override": ("same", "the same daemon refuses method-override headers"),
+    "websocket_upgrade": ("same", "the same daemon refuses upgrades no rule allows"),
+    "sentinel_prefix": ("same", "the same launcher code makes the sentinel"),
     # filesystem
     "write_workspace": ("same", "Modify ACE on the workspace"),
     "write_outside": ("same", "no ACE grants it; the real user's profile is not the sandbox user's"),
@@ -72,6 +76,7 @@ PROBES: dict[str, tuple[Coverage, str]] = {
     "credential_files": ("same", "fsguard's DEFAULT_READ_DENY list, denied by ACL"),
     "env_secret_names": ("same", "fsguard's env filter"),
     "audit_log_forge": ("same", "the log lies in the real user's profile, or is protected by extra_protect"),
+    "config_files": ("same", "policy, includes and --upstream-ca in a writable root: extra_protect, as the log"),
     # process
     "tiocsti": ("variant", "no TIOCSTI; the job's UI limits stop clipboard writes and SendInput to others' windows"),
     "ptrace_outside": ("variant", "OpenProcess(PROCESS_VM_WRITE) of the real user's process: another user, refused"),
@@ -84,6 +89,9 @@ PROBES: dict[str, tuple[Coverage, str]] = {
     "keyring_read": ("variant", "Credential Manager and DPAPI of the real user: another user's vault"),
     "sethostname": ("n/a", "renaming the machine needs admin"),
     "bpf_map": ("n/a", "no bpf(); loading a driver or opening WinDivert needs admin"),
+    "setuid_plant": ("n/a", "no setuid/setgid bits; a file's ACL and owner grant no one else's rights"),
+    "file_caps": ("n/a", "no file capabilities; privileges live in tokens, not in files"),
+    "nested_userns": ("n/a", "no user namespaces; the sandbox user cannot make another account or token"),
     # the shared daemon
     "runtime_dirs": (
         "variant",

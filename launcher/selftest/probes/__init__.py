@@ -6,6 +6,7 @@ Stdlib only, every module here: the sandbox's Python may have nothing else.
 """
 
 from launcher.selftest.probes import (
+    configfiles,
     credentials,
     daemonpeers,
     dns,
@@ -15,13 +16,16 @@ from launcher.selftest.probes import (
     host,
     inspected,
     network,
+    privileges,
     process,
+    requestshape,
     runtimedirs,
     starvation,
     workspace,
 )
 
 __all__ = [
+    "configfiles",
     "credentials",
     "daemonpeers",
     "dns",
@@ -31,7 +35,9 @@ __all__ = [
     "host",
     "inspected",
     "network",
+    "privileges",
     "process",
+    "requestshape",
     "runtimedirs",
     "starvation",
     "workspace",

@@ -107,6 +107,11 @@ ORDER = (
     "credential_fronting",
     "secret_brokered",
     "ca_key_hidden",
+    # network, issue 24: requests read differently upstream (probes/requestshape.py), sentinels (inspected.py)
+    "path_spellings",
+    "method_override",
+    "websocket_upgrade",
+    "sentinel_prefix",
     # network, issue 22: the shared daemon (probes/daemonpeers.py, starvation.py, endlesshead.py)
     "other_daemon_control",
     "starvation",
@@ -131,6 +136,7 @@ ORDER = (
     "credential_files",
     "env_secret_names",
     "audit_log_forge",
+    "config_files",
     "runtime_dirs",
     # process
     "tiocsti",
@@ -144,6 +150,10 @@ ORDER = (
     "keyring_read",
     "sethostname",
     "bpf_map",
+    # process, issue 24: setuid bits and file capabilities left behind, nested user namespaces (probes/privileges.py)
+    "setuid_plant",
+    "file_caps",
+    "nested_userns",
 )
 
 

@@ -78,7 +78,7 @@ def refusal(status: int, body: bytes, why: bytes) -> Result:
     return "unsupported", f"HTTP {status} is not sandgate's refusal: {body[:120]!r}"
 
 
-def _controls(host: str, replies: list[tuple[int, bytes]], labels: list[str]) -> None:
+def controls(host: str, replies: list[tuple[int, bytes]], labels: list[str]) -> None:
     for label, (status, body) in zip(labels, replies, strict=True):
         if status != 200 or not says(body, host):
             raise Unsupported(f"the allowed {label} was not served (HTTP {status}: {body[:100]!r}): cannot tell")
@@ -173,7 +173,7 @@ def http_rule_refusals(c: Ctx) -> Result:
     ]
     asks = [("GET", ok, {}), ("POST", ok, {}), *refused, ("GET", ok, {})]
     replies, opened = exchange(c.spec.api_host, asks)
-    _controls(c.spec.api_host, [replies[0], replies[1], replies[-1]], ["GET", "POST under /v1/", "GET after"])
+    controls(c.spec.api_host, [replies[0], replies[1], replies[-1]], ["GET", "POST under /v1/", "GET after"])
     parts = [(f"{m} {t}", refusal(*replies[i + 2], REFUSED)) for i, (m, t, _) in enumerate(refused)]
     observed, detail = combine(parts, need="any")
     return observed, f"{len(asks)} requests on {opened} connection(s); {detail}"
@@ -199,7 +199,7 @@ def sentinel_leak(c: Ctx) -> Result:
         ("GET", f"{c.path}/query?api_key={sentinel}", {}),
     ]
     replies, _ = exchange(host, asks)
-    _controls(host, replies[:1], ["GET without the sentinel"])
+    controls(host, replies[:1], ["GET without the sentinel"])
     parts = [(f"{t.split('?')[0]}", refusal(*replies[i + 1], LEAK)) for i, (_, t, _) in enumerate(asks[1:])]
     parts.append(("plain HTTP", attempt(_plain_leak, c, sentinel)))
     return combine(parts, need="any")
@@ -217,6 +217,29 @@ def _plain_leak(c: Ctx, sentinel: str) -> Result:
         resp = http.client.HTTPResponse(s, method="GET")
         resp.begin()
         return refusal(resp.status, resp.read(BODY_LIMIT), LEAK)
+
+
+def shared_start(a: str, b: str) -> str:
+    """The longest text both start with."""
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return a[:n]
+
+
+@probe("network", "sentinel_prefix", "blocked", contexts=INSPECTION_CONTEXTS)
+def sentinel_prefix(c: Ctx) -> Result:
+    """The sentinel starting with part of a secret that has no vendor prefix (v2 kept up to 11 characters)."""
+    sentinel = sentinel_of(c)
+    ((status, body),), _ = exchange(
+        c.spec.api_host, [("GET", f"/v1/sentinel-prefix/{c.mark}", {"Authorization": f"Bearer {sentinel}"})]
+    )
+    if status != 200:  # the control: the sentinel is the credential the bound host is served with
+        raise Unsupported(f"the request to the bound host was not served (HTTP {status}: {body[:100]!r})")
+    kept = shared_start(sentinel, c.spec.cred_prefix)
+    if kept:
+        return "permitted", f"the sentinel starts with {kept!r}, the secret's first {len(kept)} character(s)"
+    return "blocked", f"the sentinel {sentinel[:18]!r}... starts with none of the secret ({c.spec.cred_prefix!r}...)"
 
 
 @probe("network", "secret_brokered", "blocked", contexts=INSPECTION_CONTEXTS)
