@@ -29,6 +29,7 @@ from ..support import gitfake, httpsfake
 from ..support.caoracle import CA_VARIABLES
 from ..support.httpsfake import Fake, Result
 from ..support.runner import Sandgate, env
+from ..support.spellings import ISSUE_SPELLINGS, OVERRIDES
 from ..support.world import World, new_world
 
 GIT, API, LOGQ, PASS = "198.51.100.71", "198.51.100.72", "198.51.100.73", "198.51.100.74"
@@ -344,17 +345,7 @@ V1_POLICY = textwrap.dedent("""\
               paths: ["/v1/ws/**"]
               websocket: true
     """)
-#: The review's spellings: each reached the upstream under `GET /v1/**` with the brokered credential.
-SPELLINGS = (
-    "/v1/..%2fadmin",
-    "/v1/a%2f..%2f..%2fadmin",
-    "/v1/%2e%2e%2fadmin",
-    "/v1/..%5cadmin",
-    "/v1/..;/admin",
-    "/v1/%252e%252e/admin",
-    "/v1/%c0%ae%c0%ae/admin",
-)
-OVERRIDES = ("X-HTTP-Method-Override", "X-HTTP-Method", "x-method-override")
+SPELLINGS = ISSUE_SPELLINGS  # the review's: each reached the upstream under `GET /v1/**`
 WS_HEADERS = ["-H", "Connection: Upgrade", "-H", "Upgrade: websocket", "-H", "Sec-WebSocket-Version: 13",
               "-H", "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ=="]  # fmt: skip
 

@@ -24,6 +24,8 @@ from hypothesis import strategies as st
 
 from netguard.canonpath import Canonical, Refused, canonical
 
+from ..support.spellings import ISSUE_SPELLINGS
+
 # ---- server models ------------------------------------------------------------------------------
 
 #: Best-fit folds of Windows ANSI code pages that NFKC does not make (cp932 shows U+00A5 as '\\').
@@ -152,17 +154,6 @@ def test_arbitrary_text_never_breaks_the_check(tail: str) -> None:
 
 
 # ---- the issue's spellings, and what must still pass -------------------------------------------
-
-
-ISSUE_SPELLINGS = (
-    "/v1/..%2fadmin",
-    "/v1/a%2f..%2f..%2fadmin",
-    "/v1/%2e%2e%2fadmin",
-    "/v1/..%5cadmin",
-    "/v1/..;/admin",
-    "/v1/%252e%252e/admin",
-    "/v1/%c0%ae%c0%ae/admin",
-)
 
 
 @pytest.mark.parametrize(
