@@ -3,16 +3,19 @@ server, sandboxes made of loopback listeners, and small clients (for tests/unit/
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import os
 import select
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -179,3 +182,17 @@ def eventually(pred: Callable[[], bool], timeout: float = 5) -> bool:
             return False
         time.sleep(0.05)
     return True
+
+
+@contextlib.contextmanager
+def fresh_daemon(prefix: str = "sgd") -> Iterator[Daemon]:
+    """A daemon of its own in a new 0700 directory with a short path (AF_UNIX paths are short), stopped
+    by PID and its directory removed afterwards."""
+    base = Path(tempfile.mkdtemp(prefix=prefix))
+    base.chmod(0o700)
+    d = Daemon(base)
+    try:
+        yield d
+    finally:
+        d.stop()
+        shutil.rmtree(base, ignore_errors=True)

@@ -15,11 +15,9 @@ import contextlib
 import json
 import os
 import resource
-import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -33,7 +31,7 @@ from launcher.selftest.probes import core, endlesshead, starvation
 from launcher.selftest.spec import VerifySpec, dump_spec
 from netguard.audit import limit_record
 
-from ..support.daemonfake import Daemon
+from ..support.daemonfake import Daemon, fresh_daemon
 from .test_probes import make_spec
 
 # ---- helpers ------------------------------------------------------------------------------------
@@ -266,14 +264,8 @@ def test_the_endless_head_verdict(sent: int, reply: bytes, observed: str) -> Non
 
 @pytest.fixture
 def other() -> Iterator[Daemon]:
-    base = Path(tempfile.mkdtemp(prefix="sgo"))  # AF_UNIX paths are short
-    base.chmod(0o700)
-    d = Daemon(base)
-    try:
+    with fresh_daemon("sgo") as d:
         yield d
-    finally:
-        d.stop()
-        shutil.rmtree(base, ignore_errors=True)
 
 
 def _spec(d: Daemon, results: Path) -> VerifySpec:

@@ -10,21 +10,18 @@ from __future__ import annotations
 
 import functools
 import os
-import shutil
 import signal
 import socket
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from netguard.audit import CloseRecord, read_records
 from netguard.proxy import relay
 
-from ..support.daemonfake import Box, Daemon, eventually
+from ..support.daemonfake import Box, Daemon, eventually, fresh_daemon
 from .test_splice_proxy import Upstream
 
 
@@ -77,14 +74,8 @@ class Streams:
 
 @pytest.fixture
 def daemon() -> Iterator[Daemon]:
-    base = Path(tempfile.mkdtemp(prefix="sgw"))  # AF_UNIX paths are short
-    base.chmod(0o700)
-    d = Daemon(base)
-    try:
+    with fresh_daemon("sgw") as d:
         yield d
-    finally:
-        d.stop()
-        shutil.rmtree(base, ignore_errors=True)
 
 
 def _tunnel(box: Box, port: int) -> socket.socket:
