@@ -1,6 +1,7 @@
 """The files that configure a run stay as they are while it runs: read-only inside, wherever they live.
 
-A `--policy` file may widen the network and bind credentials; the files it includes, the
+A `--policy` file may widen the network and bind credentials; sandgate's own code runs next outside
+any sandbox; the files it includes, the
 `--upstream-ca` bundle, the `--approvals` socket and the audit log decide what the next run trusts,
 whom it asks and what it records. Lying in the workspace they were writable from inside: a run
 rewrote its own `agent.yaml` to inspect another host and bind the credential there, and the user's
@@ -23,6 +24,7 @@ import dataclasses
 import os
 import posixpath
 import stat
+import sys
 from dataclasses import dataclass
 
 from fsguard import policy as fspolicy
@@ -58,7 +60,7 @@ def of_run(opts: RunOptions) -> tuple[ConfigFile, ...]:
     if opts.approvals:
         files.append(ConfigFile(opts.approvals, "--approvals socket"))
     files.append(ConfigFile(str(opts.audit_path), "audit log"))
-    return tuple(files)
+    return (*files, *installation())
 
 
 def walk(path: str) -> Walk:
@@ -120,8 +122,31 @@ def plan(files: tuple[ConfigFile, ...], roots: tuple[str, ...]) -> tuple[str, ..
             continue  # nothing to hold, or out of the command's reach already
         if w.real in roots:
             raise RunError(f"{f.what} {f.path} is itself a writable path of the run; it cannot be both")
+        _single(f, w.real)
         out.append(w.real)
     return tuple(dict.fromkeys(out))
+
+
+def _single(f: ConfigFile, real: str) -> None:
+    """A held file must have no other name: a hard link made by an earlier run (`ln agent.yaml cache/a`)
+    is another way in to the same inode, and the read-only bind holds only this name (issue 24 review)."""
+    st = os.stat(real)
+    if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+        raise RunError(
+            f"{f.what} {f.path} has {st.st_nlink} hard links, and a writable path could hold another of them: "
+            f"remove the others (find / -xdev -samefile {real}) or keep the file outside the workspace"
+        )
+
+
+def installation() -> tuple[ConfigFile, ...]:
+    """sandgate's own code and the interpreter that runs it: the next run executes them outside any sandbox,
+    as whoever starts it (root too). The README's quick start runs from the checkout, whose `.venv` and
+    packages were then writable from inside (issue 24 review)."""
+    src = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))  # holds launcher/
+    dirs = [os.path.join(src, name) for name in ("launcher", "netguard", "fsguard", "allowlists")]
+    exe = os.path.realpath(sys.executable)
+    dirs += [sys.prefix, sys.base_prefix, os.path.dirname(os.path.dirname(exe))]
+    return tuple(ConfigFile(d, "sandgate's own installation") for d in dict.fromkeys(dirs) if os.path.isdir(d))
 
 
 def protect(eff: fspolicy.Effective, files: tuple[ConfigFile, ...]) -> fspolicy.Effective:

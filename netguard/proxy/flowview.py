@@ -52,9 +52,21 @@ def fronted(flow: http.HTTPFlow, host: str) -> str | None:
         named, tls = host, flow.client_conn.sni or ""  # host: already taken from the Host header
     if not named or not tls:
         return None
-    if norm_key(named, 0)[0] == norm_key(tls, 0)[0]:
+    if norm_key(named, 0)[0] != norm_key(tls, 0)[0]:
+        return f"Host header names {named}, not {tls}, the name this TLS connection is for (domain fronting)"
+    return _fronted_target(req, tls)
+
+
+def _fronted_target(req: http.Request, tls: str) -> str | None:
+    """An absolute-form target (`GET https://other.test/x`) names the origin a server must serve, Host aside
+    (RFC 9112 3.2.2; nginx picks its server by it): it must be the TLS name and port too (issue 24 review:
+    `--request-target https://pass.test/...` in a tunnel to api.test carried api.test's credential)."""
+    if not req.authority or req.is_http2:  # HTTP/2's :authority is what the Host check above read
         return None
-    return f"Host header names {named}, not {tls}, the name this TLS connection is for (domain fronting)"
+    named, port = hosts.split_host_port(req.authority)
+    if norm_key(named or "", 0)[0] == norm_key(tls, 0)[0] and port in (None, str(req.port)):
+        return None
+    return f"request target names {req.authority}, not {tls}:{req.port}, the origin of this TLS connection"
 
 
 def refusal(host: str, port: int, decision: rules.Decision, close: bool = True) -> http.Response:

@@ -31,7 +31,7 @@ from netguard.audit import read_records
 from netguard.proxy import control
 
 from ..support.rootless import UnprivilegedUser
-from ..support.runner import Sandgate, env
+from ..support.runner import REPO, Sandgate, env
 from ..support.world import World, new_world
 
 EVIL = """version: 1
@@ -316,3 +316,41 @@ def test_no_command_sees_another_users_store_of_layers(lab: Lab) -> None:
         assert os.listdir("/var/lib/sandgate") and os.listdir(other), "the host's stores are not empty"
     finally:
         shutil.rmtree(other, ignore_errors=True)
+
+
+def test_a_hard_link_an_earlier_run_made_to_a_policy_is_refused_before_the_command_starts(lab: Lab) -> None:
+    """The read-only bind holds a name, not the inode: `ln agent.yaml cache/a` by a run that did not name the
+    policy left the next governed run a way to rewrite it (issue 24 review)."""
+    ws, home = lab.workspace(), lab.home()
+    sg = Sandgate(lab.world, quiet=True, timeout=60)
+    e = {**env(), "HOME": str(home)}
+    r = sg.run(cmd=["sh", "-c", "mkdir cache && ln agent.yaml cache/a && ln certs/ca.pem cache/c"], cwd=ws, env=e)
+    assert r.returncode == 0 and (ws / "cache" / "a").stat().st_nlink == 2, r.stderr  # an earlier, ungoverned run
+    started = ws / "started"
+    for args in (["--policy", "agent.yaml"], ["--upstream-ca", "certs/ca.pem"]):
+        r = sg.run(*args, cmd=["touch", str(started)], cwd=ws, env=e)
+        assert r.returncode == 125 and not started.exists(), (args, r.stderr)
+        (line,) = r.stderr.strip().splitlines()
+        assert line.startswith("sandgate: error: ") and "hard links" in line and "remove the others" in line, line
+    (ws / "cache" / "a").unlink()
+    r = sg.run("--policy", "agent.yaml", cmd=["touch", str(started)], cwd=ws, env=e)
+    assert r.returncode == 0 and started.exists(), r.stderr  # the control: one name again, and it runs
+
+
+def test_sandgates_own_installation_is_read_only_from_a_run_in_its_checkout(lab: Lab) -> None:
+    """The README's quick start runs from the checkout: its packages and .venv are what the next run executes,
+    outside any sandbox (issue 24 review). Judged on the host: nothing appeared; the control beside them did."""
+    scratch = REPO / f".sg-test-{os.getpid()}"
+    targets = ["launcher/zz-planted", "netguard/zz-planted", "allowlists/zz-planted", f"{sys.prefix}/zz-planted"]
+    script = "; ".join(f"touch {t} 2>/dev/null && echo planted {t}" for t in targets)
+    try:
+        r = Sandgate(lab.world, quiet=True, timeout=60).run(
+            cmd=["sh", "-c", f"{script}; mkdir {scratch.name} && touch {scratch.name}/ok"], cwd=REPO
+        )
+        assert r.returncode == 0 and "planted" not in r.stdout, (r.stdout, r.stderr)
+        assert not [t for t in targets if (REPO / t).exists()]
+        assert (scratch / "ok").is_file()  # the checkout itself is the writable workspace
+    finally:
+        for t in targets:
+            (REPO / t).unlink(missing_ok=True)
+        shutil.rmtree(scratch, ignore_errors=True)

@@ -8,6 +8,7 @@ The kernel side (EROFS, EBUSY) is tests/e2e/test_config_files_e2e.py.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -93,3 +94,22 @@ def test_the_private_tmp_is_no_root_and_every_configuring_file_is_named(
     held = {p for p, is_dir in configfiles.protect(eff, configfiles.of_run(opts)).protect if not is_dir}
     assert {str(ws / "agent.yaml"), str(ws / "conf" / "extra.yaml"), str(ws / "ca.pem")} <= held
     assert str(out / "audit.jsonl") in held and str(out / "approvals.sock") not in held  # missing: nothing to hold
+
+
+def test_a_held_file_with_another_name_is_refused_and_one_name_is_held(tmp_path: Path) -> None:
+    ws, _ = _tree(tmp_path)
+    (ws / "cache").mkdir()
+    (ws / "cache" / "a").hardlink_to(ws / "agent.yaml")  # made by an earlier run that did not name it
+    with pytest.raises(RunError, match=r"has 2 hard links.*remove the others"):
+        _plan(ws, ws / "agent.yaml")
+    (ws / "cache" / "a").unlink()
+    assert _plan(ws, ws / "agent.yaml") == (str(ws / "agent.yaml"),)
+
+
+def test_the_installation_is_named_and_held_only_where_a_run_could_write() -> None:
+    names = [f.path for f in configfiles.installation()]
+    here = Path(configfiles.__file__).resolve().parent.parent  # launcher/
+    assert str(here) in names and str(here.parent / "netguard") in names and sys.prefix in names
+    assert configfiles.plan(configfiles.installation(), ("/nonexistent-root",)) == ()
+    held = configfiles.plan(configfiles.installation(), (str(here.parent),))  # a run started in the checkout
+    assert str(here) in held and str(here.parent / "allowlists") in held
