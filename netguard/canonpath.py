@@ -14,7 +14,8 @@ on which those decodings change nothing, or it is refused before any rule looks 
 - a percent-escape never spells `.`, `\\`, `;`, `%` (an escape of an escape: a second decoding
   reads another path) or a control byte; escaped non-ASCII is valid, shortest-form UTF-8 (no
   `%C0%AE`) and no character whose compatibility form holds `.` `/` `\\` `;` `%` `?` `#`;
-- no segment is all dots (`.`, `..`, `...`), however the path is read (below).
+- no segment is all dots (`.`, `..`, `...`), however the path is read (below), also once blanks a
+  server may trim or drop are left out (`..%20`, `..%C2%A0`, `.%E2%80%8B.`, `..%EF%BB%BF`).
 
 Three escapes keep a meaning some servers give them and others do not: `%2F` (a `/` inside a
 segment: npm's `/@scope%2fname`), `%3F` and `%23`. A path holding one has several *readings*:
@@ -35,6 +36,7 @@ import re
 import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
+from urllib.parse import unquote
 
 #: Characters a path may hold as they are (RFC 3986 pchar and '/', less ';').
 _LITERAL = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~!$&'()*+,=:@/")
@@ -90,13 +92,24 @@ def canonical(target: str) -> Canonical | Refused:
 
 
 def _dots(segment: str) -> bool:
-    """A segment of dots only ('.', '..', '...'), also with spaces, which Windows trims ('..%20')."""
-    return "." in segment and not segment.replace("%20", "").strip(".")
+    """A segment of dots only ('.', '..', '...'), also padded with blanks anywhere: Windows trims '..%20',
+    and servers that trim Unicode spaces or drop invisible characters read '..%C2%A0', '.%E2%80%8B.'
+    or '..%EF%BB%BF' as '..'."""
+    if "." not in segment:
+        return False
+    rest = [c for c in unquote(segment) if not _blank(c)]  # canonical: escapes here are valid UTF-8
+    return set(rest) == {"."}
+
+
+def _blank(c: str) -> bool:
+    """A character some server ignores or trims: white space once folded (NBSP, U+3000), a space
+    separator, a format character (zero-width space, BOM) or a control character."""
+    return unicodedata.category(c) in ("Zs", "Cf", "Cc") or unicodedata.normalize("NFKC", c).isspace()
 
 
 def _dots_reason(reading: str, path: str) -> str:
     if reading == path:
-        return "a segment of dots only ('.', '..'): the upstream resolves it to another path"
+        return "a segment of dots only ('.', '..', also padded with blanks): the upstream resolves it to another path"
     return f"a segment of dots only once read as {reading!r} (an escaped '/', '?' or '#' decoded, '//' merged)"
 
 

@@ -19,11 +19,12 @@ only where the rules allow every way a server may read it. `*` matches within on
 across segments. Methods are compared exactly: HTTP methods are case-sensitive, so `post` is not
 `POST` and is refused unless listed.
 
-On every inspected host, two ways of sending another request than the one judged are refused: a method-override header (`X-HTTP-Method-Override`, `X-HTTP-Method`,
-`X-Method-Override`) or `_method` query parameter, which frameworks honour to turn a permitted POST
-into a DELETE (refused, not stripped: stripping would send a POST the client never meant, which
+On every inspected host, two ways of sending another request than the one judged are refused: a
+method-override header (OVERRIDE_HEADERS, any case, `_` read as `-`) or `_method` query parameter
+in any spelling PHP reads as one (`.method`, `+method`, `_method[]`), which frameworks honour to
+turn a permitted POST into a DELETE (refused, not stripped: stripping would send a POST the client never meant, which
 the server may take as a create), and a protocol upgrade. After an upgrade no rule reads what
-flows, so it needs a rule that says so, for WebSocket only:
+flows, so it needs a rule that says so, for WebSocket only (one `Upgrade` header, naming only it):
 
     - methods: [GET]
       paths: ["/v1/realtime"]
@@ -43,7 +44,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import unquote
+from urllib.parse import unquote_plus
 
 from netguard import canonpath
 from netguard.policyerror import PolicyError, line_of
@@ -52,10 +53,16 @@ from netguard.policyerror import PolicyError, line_of
 READ_ONLY: frozenset[str] = frozenset({"GET", "HEAD", "OPTIONS"})
 HTTP_RULE_KEYS = ("methods", "paths", "websocket")
 _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 9110 token: what a method may be
-#: Headers through which frameworks (Rails, Express method-override, Symfony, ASP.NET, Google APIs)
-#: take another method than the request line's: a permitted POST would act as a DELETE.
-OVERRIDE_HEADERS = frozenset({"x-http-method-override", "x-http-method", "x-method-override"})
+#: Headers through which frameworks (Rails, Express method-override, Symfony, ASP.NET and OData,
+#: Google APIs; `X-Original-Method` and `X-Forwarded-Method`, which auth subrequests and
+#: forward-auth services read as the request's method) take another method than the request
+#: line's: a permitted POST would act as a DELETE. Compared after `_` -> `-`, in lower case
+#: (CGI, PHP and WSGI read `X_HTTP_METHOD_OVERRIDE` as HTTP_X_HTTP_METHOD_OVERRIDE too).
+OVERRIDE_HEADERS = frozenset(
+    {"x-http-method-override", "x-http-method", "x-method-override", "x-original-method", "x-forwarded-method"}
+)
 Headers = Sequence[tuple[str, str]]
+_PHP_NAME = str.maketrans(" .[", "___")  # what PHP turns into '_' in a parameter name
 
 
 @dataclass(frozen=True)
@@ -189,18 +196,31 @@ def _covering(rules: tuple[HttpRule, ...], method: str, c: canonpath.Canonical) 
 
 
 def _upgrade(headers: Headers) -> str | None:
-    """The protocol an HTTP/1 request asks to switch to (lower case), or None."""
-    value = next((v for n, v in headers if n.lower() == "upgrade"), "").strip().lower()
-    return value or None
+    """The protocol an HTTP/1 request asks to switch to (lower case), or None.
+
+    Every `Upgrade` header counts: with two (`websocket`, then `h2c`) an upstream may take the one a
+    check that read the first did not judge, so several headers, like a list, are the whole value.
+    """
+    values = [v.strip().lower() for n, v in headers if n.lower() == "upgrade"]
+    return ", ".join(values) if len(values) > 1 or any(values) else None
+
+
+def _param_names(name: str) -> set[str]:
+    """The names a server may give a query parameter: PHP decodes it, drops leading spaces, turns space
+    and '.' into '_' and reads `_method[]` as `_method` (or an unclosed '[' as '_'); others keep them."""
+    decoded = unquote_plus(name).lower()
+    bases = {decoded, decoded.lstrip(" ")}
+    bases |= {b.split("[", 1)[0] for b in bases}
+    return bases | {b.translate(_PHP_NAME) for b in bases}
 
 
 def _override(headers: Headers, target: str) -> str | None:
     """Why the request names another method than its own (a header or `_method` parameter), or None."""
     for name, _ in headers:
-        if name.lower() in OVERRIDE_HEADERS:
+        if name.replace("_", "-").lower() in OVERRIDE_HEADERS:
             return f"a method-override header ({name}) is refused: send the method itself"
     query = target.split("?", 1)[1] if "?" in target else ""
-    if any(unquote(kv.split("=", 1)[0]).lower() == "_method" for kv in re.split("[&;]", query)):
+    if any("_method" in _param_names(kv.split("=", 1)[0]) for kv in re.split("[&;]", query)):
         return "a '_method' query parameter (a method override) is refused: send the method itself"
     return None
 
@@ -215,7 +235,12 @@ def decide_request(
         return RequestDecision(False, None, f"{method} {shown}: path is not canonical: {c.reason}")
     upgrade = _upgrade(headers)
     if upgrade is not None and upgrade != "websocket":
-        return RequestDecision(False, None, f"{method} {shown}: an upgrade to {upgrade!r}: no rule reads that protocol")
+        return RequestDecision(
+            False,
+            None,
+            f"{method} {shown}: an upgrade to {upgrade!r}: no rule reads that protocol"
+            " (one Upgrade header, exactly websocket, is all a rule may allow)",
+        )
     if upgrade is not None and rules is None:
         return RequestDecision(
             False, None, f"{method} {shown}: a WebSocket upgrade needs an http rule with websocket: true"

@@ -345,7 +345,10 @@ V1_POLICY = textwrap.dedent("""\
               paths: ["/v1/ws/**"]
               websocket: true
     """)
-SPELLINGS = ISSUE_SPELLINGS  # the review's: each reached the upstream under `GET /v1/**`
+#: The review's: each reached the upstream under `GET /v1/**`; then dots padded with blanks, and
+#: override headers in the spellings CGI/PHP/WSGI and auth subrequests read (the second review).
+SPELLINGS = (*ISSUE_SPELLINGS, "/v1/..%C2%A0/admin", "/v1/.%E2%80%8B./admin")
+OVERRIDE_SPELLINGS = (*OVERRIDES, "X_HTTP_METHOD_OVERRIDE", "X-Original-Method")
 WS_HEADERS = ["-H", "Connection: Upgrade", "-H", "Upgrade: websocket", "-H", "Sec-WebSocket-Version: 13",
               "-H", "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ=="]  # fmt: skip
 
@@ -360,9 +363,11 @@ def test_ambiguous_paths_overrides_and_upgrades_never_reach_the_upstream(lab: La
         for i, target in enumerate(SPELLINGS):
             lines.append(f"curl({f'path{i}{proto}'!r}, {proto!r}, '--path-as-is', {'https://api.test' + target!r})")
         lines.append(f"curl({'ok' + proto!r}, {proto!r}, 'https://api.test/v1/ok')")
-    for i, header in enumerate(OVERRIDES):
+    for i, header in enumerate(OVERRIDE_SPELLINGS):
         args = ["-X", "POST", "-d", "x", "-H", f"{header}: DELETE", f"https://api.test/v1/override/{i}"]
         lines.append(f"curl({f'override{i}'!r}, *{args!r})")
+    lines.append("curl('dot-method', '-X', 'POST', '-d', 'x', 'https://api.test/v1/q?.method=DELETE')")  # PHP: _method
+    lines.append(f"curl('ws-h2c', '--http1.1', *{WS_HEADERS!r}, '-H', 'Upgrade: h2c', 'https://api.test/v1/ws/two')")
     lines.append("curl('post', '-X', 'POST', '-d', 'x', 'https://api.test/v1/ok-post')")
     lines.append(f"curl('ws-refused', '--http1.1', *{WS_HEADERS!r}, 'https://api.test/v1/chat')")
     lines.append(
@@ -371,7 +376,8 @@ def test_ambiguous_paths_overrides_and_upgrades_never_reach_the_upstream(lab: La
     lines.append(f"curl('ws-allowed', '--http1.1', *{WS_HEADERS!r}, 'https://api.test/v1/ws/chat')")
     res, audit = lab.run("\n".join(lines), policy=policy)
     refused_names = [f"path{i}{p}" for p in ("--http1.1", "--http2") for i in range(len(SPELLINGS))]
-    refused_names += [f"override{i}" for i in range(len(OVERRIDES))] + ["ws-refused", "h2c"]
+    refused_names += [f"override{i}" for i in range(len(OVERRIDE_SPELLINGS))] + ["ws-refused", "h2c"]
+    refused_names += ["dot-method", "ws-h2c"]
     for name in refused_names:
         r = res[name]
         assert r["status"] == 403 and r["body"].startswith("sandgate: request refused: "), (name, r)
@@ -380,13 +386,16 @@ def test_ambiguous_paths_overrides_and_upgrades_never_reach_the_upstream(lab: La
     seen = lab.fakes["api"].since(mark)
     got = sorted((s["method"], s["target"]) for s in seen)
     assert got == sorted([("GET", "/v1/ok"), ("GET", "/v1/ok"), ("POST", "/v1/ok-post"), ("GET", "/v1/ws/chat")])
-    assert not [s for s in seen if any(k.lower() in {o.lower() for o in OVERRIDES} for k, _ in s["headers"])]
+    overrides = {o.replace("_", "-").lower() for o in OVERRIDE_SPELLINGS}
+    assert not [s for s in seen if any(k.replace("_", "-").lower() in overrides for k, _ in s["headers"])]
     denies = [x for x in requests_of(audit, "api.test") if x["action"] == "deny"]
     assert len(denies) == len(refused_names), denies
     whys = " | ".join(x["reason"] for x in denies).lower()  # HTTP/2 sends header names in lower case
     for reason in ("path is not canonical", "';' path parameter", "overlong UTF-8", "escaped '%'",
                    "method-override header (X-HTTP-Method-Override)", "a WebSocket upgrade of GET /v1/chat",
-                   "an upgrade to 'h2c'"):  # fmt: skip
+                   "an upgrade to 'h2c'", "also padded with blanks", "method-override header (X_HTTP_METHOD_OVERRIDE)",
+                   "method-override header (X-Original-Method)", "'_method' query parameter",
+                   "an upgrade to 'websocket, h2c'"):  # fmt: skip
         assert reason.lower() in whys, (reason, whys)
 
 

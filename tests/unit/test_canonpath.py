@@ -55,12 +55,19 @@ def decode(text: str) -> str:
     return lenient_utf8(raw)
 
 
-def resolve(path: str, windows: bool = False) -> str:
-    """RFC 3986 remove_dot_segments; Windows also trims trailing spaces and reads '...' as '..'."""
+def invisible_trim(seg: str) -> str:
+    """What a server that trims Unicode white space (Java's strip, .NET's Trim) and drops invisible
+    format characters (zero-width space, BOM, as text normalisers do) compares to '..'."""
+    return "".join(c for c in seg if unicodedata.category(c) != "Cf").strip()
+
+
+def resolve(path: str, windows: bool = False, trim: Callable[[str], str] | None = None) -> str:
+    """RFC 3986 remove_dot_segments; Windows also trims trailing spaces and reads '...' as '..';
+    `trim`: what the server compares to '.' and '..' (the segment it keeps is the untrimmed one)."""
     out: list[str] = []
     segs = path.split("/")
     for i, seg in enumerate(segs):
-        s = seg.rstrip(" ") if windows else seg
+        s = seg.rstrip(" ") if windows else trim(seg) if trim else seg
         last = i == len(segs) - 1
         if s == "." or (windows and s and not s.strip(".") and s != ".."):
             if last:
@@ -98,11 +105,16 @@ def apache_rewrite(t: str) -> str:
     return resolve(re.split("[?#]", decode(t), maxsplit=1)[0])
 
 
+def trimming(t: str) -> str:
+    return resolve(decode(t), trim=invisible_trim)
+
+
 SERVERS: dict[str, Callable[[str], str]] = {
     "nginx": nginx,
     "tomcat": tomcat,
     "iis": iis,
     "apache": apache_rewrite,
+    "trimming": trimming,
 }
 
 
@@ -132,6 +144,14 @@ TOKENS = (
 )  # fmt: skip
 
 
+#: Blanks a server may trim or drop around dots: spaces (NBSP, EN QUAD, ideographic), format
+#: characters (zero-width space, BOM, word joiner, Mongolian vowel separator), controls (NEL).
+BLANKS = (
+    "%20", "%c2%a0", "%e2%80%80", "%e3%80%80", "%e2%80%8b", "%ef%bb%bf", "%e2%81%a0", "%e1%a0%8e", "%c2%85",
+    "%e2%80%a8", "%e2%80%af",
+)  # fmt: skip
+
+
 def test_every_short_path_is_refused_or_read_alike_by_every_server() -> None:
     n = 0
     for k in range(5):
@@ -141,8 +161,23 @@ def test_every_short_path_is_refused_or_read_alike_by_every_server() -> None:
     assert n == sum(len(TOKENS) ** k for k in range(5))
 
 
+def test_every_short_segment_of_dots_and_blanks_is_refused_or_read_alike() -> None:
+    """Issue 24's review: '..%C2%A0' reached the upstream; a server trimming it read '..'."""
+    alphabet = (".", "a", "/", *BLANKS)
+    n = 0
+    for k in range(1, 5):
+        for parts in itertools.product(alphabet, repeat=k):
+            target = "/v1/" + "".join(parts) + "/admin"
+            assert_read_alike(target)
+            c = canonical(target)
+            if isinstance(c, Canonical):  # an accepted path never holds a segment of dots and blanks
+                assert not any("." in seg and not invisible_trim(decode(seg)).strip(".") for seg in c.path.split("/"))
+            n += 1
+    assert n == sum(len(alphabet) ** k for k in range(1, 5))
+
+
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.sampled_from(TOKENS), max_size=12).map("".join))
+@given(st.lists(st.sampled_from(TOKENS + BLANKS), max_size=12).map("".join))
 def test_every_long_path_is_refused_or_read_alike_by_every_server(tail: str) -> None:
     assert_read_alike("/" + tail)
 
@@ -198,6 +233,19 @@ def test_arbitrary_text_never_breaks_the_check(tail: str) -> None:
         ("/v1/../admin", "dots only"),
         ("/v1/.../admin", "dots only"),
         ("/v1/..%20/admin", "dots only"),  # Windows trims the space
+        ("/v1/..%C2%A0/admin", "dots only"),  # NO-BREAK SPACE: reached the upstream before
+        ("/v1/..%c2%a0/admin", "dots only"),
+        ("/v1/..%E2%80%80/admin", "dots only"),  # EN QUAD
+        ("/v1/..%E3%80%80/admin", "dots only"),  # IDEOGRAPHIC SPACE
+        ("/v1/.%E2%80%8B./admin", "dots only"),  # ZERO WIDTH SPACE between the dots
+        ("/v1/..%EF%BB%BF/admin", "dots only"),  # BOM
+        ("/v1/%EF%BB%BF../admin", "dots only"),  # leading
+        ("/v1/%C2%A0.%E2%80%8B.%E3%80%80/admin", "dots only"),  # around and between
+        ("/v1/.%E2%81%A0/admin", "dots only"),  # WORD JOINER after a single dot
+        ("/v1/..%E2%80%A8/admin", "dots only"),  # LINE SEPARATOR (Zl, white space)
+        ("/v1/..%E2%80%AF/admin", "dots only"),  # NARROW NO-BREAK SPACE
+        ("/v1/..%E1%A0%8E/admin", "dots only"),  # MONGOLIAN VOWEL SEPARATOR (Cf)
+        ("/v1/..%C2%A0%3F", "dots only"),  # cut at the decoded '?' as well
         ("/v1/x%3f/../admin", "dots only"),
         ("/v1/..%3f", "dots only once read as '/v1/..'"),  # cut at the decoded '?'
         ("/v1/..%23", "dots only once read as"),
@@ -225,6 +273,10 @@ def test_ambiguous_spellings_are_refused_with_their_reason(target: str, why: str
         ("/name-1.0.0.tgz", "/name-1.0.0.tgz"),
         ("/.well-known/x", "/.well-known/x"),  # a dot starting a name is no dot segment
         ("/a..b/c.", "/a..b/c."),
+        ("/v1/a%C2%A0b", "/v1/a%C2%A0b"),  # a blank beside other characters is no dot segment
+        ("/v1/.%C2%A0a", "/v1/.%C2%A0a"),
+        ("/v1/%E2%80%8B", "/v1/%E2%80%8B"),  # blanks only: no dots to resolve
+        ("/v1/%20", "/v1/%20"),
         ("//x", "//x"),
         ("/", "/"),
         ("/org.couchdb.user:me/-rev/1-abc", "/org.couchdb.user:me/-rev/1-abc"),
@@ -254,3 +306,13 @@ def test_a_real_server_model_would_have_been_fooled_by_each_issue_spelling() -> 
     for target in ISSUE_SPELLINGS:
         assert isinstance(canonical(target), Refused), target
         assert any(server(target) == "/admin" for server in SERVERS.values()), target
+
+
+@pytest.mark.parametrize(
+    "target", ["/v1/..%C2%A0/admin", "/v1/..%E2%80%80/admin", "/v1/..%E3%80%80/admin", "/v1/.%E2%80%8B./admin",
+               "/v1/..%EF%BB%BF/admin"],
+)  # fmt: skip
+def test_a_trimming_server_would_have_read_each_blank_padded_dot_segment_as_dot_dot(target: str) -> None:
+    """The control for the review's blank-padded dots: a server that trims them reads /admin."""
+    assert trimming(target) == "/admin" and nginx(target) != "/admin"
+    assert isinstance(canonical(target), Refused)

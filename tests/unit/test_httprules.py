@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
+from urllib.parse import unquote_plus
 
 import pytest
 from hypothesis import given
@@ -131,18 +133,80 @@ def test_an_ambiguous_separator_passes_only_where_every_reading_is_allowed(
 POST_V1 = (HttpRule(frozenset({"GET", "POST"}), ("/v1/**",), "p:1"),)
 
 
-@pytest.mark.parametrize("header", ["X-HTTP-Method-Override", "x-http-method", "X-Method-Override", "X-HTTP-METHOD"])
+#: Override headers frameworks read (Rails, Symfony, ASP.NET, OData, Google; auth subrequests read
+#: X-Original-Method, forward-auth X-Forwarded-Method), written out here, not read from the product.
+OVERRIDE_NAMES = ("X-HTTP-Method-Override", "X-HTTP-Method", "X-Method-Override", "X-Original-Method",
+                  "X-Forwarded-Method")  # fmt: skip
+
+
+def header_spellings(name: str) -> list[str]:
+    """Every case and '-'/'_' spelling a server reads as `name` (CGI, PHP, WSGI: HTTP_X_HTTP_METHOD_OVERRIDE)."""
+    parts = name.split("-")
+    out: list[str] = []
+    for seps in itertools.product("-_", repeat=len(parts) - 1):
+        joined = parts[0] + "".join(sep + part for sep, part in zip(seps, parts[1:], strict=True))
+        out += [joined, joined.lower(), joined.upper()]
+    return out
+
+
+@pytest.mark.parametrize("header", [h for name in OVERRIDE_NAMES for h in header_spellings(name)])
 def test_method_override_headers_are_refused_on_hosts_with_rules(header: str) -> None:
     d = decide_request(POST_V1, "api.test", "POST", "/v1/ok", [("Content-Type", "x"), (header, "DELETE")])
     assert not d.allowed and f"method-override header ({header})" in d.reason
     assert decide_request(POST_V1, "api.test", "POST", "/v1/ok", [("Content-Type", "x")]).allowed  # the control
 
 
-@pytest.mark.parametrize("query", ["_method=DELETE", "a=1&_method=PUT", "%5Fmethod=DELETE", "_METHOD=x", "a=1;_method"])
+@pytest.mark.parametrize("header", ["X-Method", "Method", "X-HTTP-Method-Overrides", "X-Original-URL", "X-HTTP"])
+def test_other_headers_are_not_overrides(header: str) -> None:
+    assert decide_request(POST_V1, "api.test", "POST", "/v1/ok", [(header, "DELETE")]).allowed
+
+
+@pytest.mark.parametrize(
+    "query",
+    ["_method=DELETE", "a=1&_method=PUT", "%5Fmethod=DELETE", "_METHOD=x", "a=1;_method",
+     # PHP's spellings of `_method`: leading spaces dropped, ' ' '.' and an unclosed '[' read as '_',
+     # `name[]` an array of `name`; decoded first ('+' is a space)
+     ".method=DELETE", "+method=DELETE", "%20method=DELETE", "_method[]=DELETE", "_method[x]=DELETE",
+     "%2Emethod=x", "%2emethod=x", "[method=x", "%5Bmethod=x", "_method%5B%5D=x", "+_method=x", "%20%20_method=x",
+     "++.method=x", " .method=x", "a=1&.method=PUT", "_method[=x"],
+)  # fmt: skip
 def test_a_method_override_query_parameter_is_refused(query: str) -> None:
     d = decide_request(POST_V1, "api.test", "POST", f"/v1/ok?{query}")
     assert not d.allowed and "'_method' query parameter" in d.reason
     assert decide_request(POST_V1, "api.test", "POST", "/v1/ok?method=x&a_method=y").allowed
+
+
+def php_name(raw: str) -> str:
+    """PHP's name for a query parameter (main/php_variables.c), written out: decoded, leading spaces
+    dropped, ' ' and '.' to '_' up to the first '['; `a[...]` is the array `a`, an unclosed '[' is '_'."""
+    name = unquote_plus(raw).lstrip(" ")
+    out: list[str] = []
+    for i, ch in enumerate(name):
+        if ch == "[":
+            if "]" in name[i:]:
+                break
+            return "".join(out) + "_" + name[i + 1 :]
+        out.append("_" if ch in " ." else ch)
+    return "".join(out)
+
+
+NAME_PARTS = ("", " ", "+", "%20", ".", "%2E", "_", "%5F", "[", "]", "[]", "%5B", "a", "method", "METHOD")
+
+
+def test_every_short_parameter_name_php_reads_as_method_is_refused() -> None:
+    """Exhaustive over names of up to four parts: PHP's `_method` is refused; the controls pass."""
+    refused = passed = 0
+    for k in range(1, 5):
+        for parts in itertools.product(NAME_PARTS, repeat=k):
+            raw = "".join(parts)
+            d = decide_request(POST_V1, "api.test", "POST", f"/v1/ok?x=1&{raw}=DELETE")
+            if php_name(raw).lower() == "_method":
+                assert not d.allowed and "'_method' query parameter" in d.reason, raw
+                refused += 1
+            elif "method" not in raw.lower():
+                assert d.allowed, (raw, d)
+                passed += 1
+    assert refused > 100 and passed > 1000, (refused, passed)
 
 
 def test_an_override_is_refused_even_where_every_method_is_allowed() -> None:
@@ -170,6 +234,22 @@ def test_a_websocket_upgrade_needs_a_rule_that_says_so() -> None:
     for proto in ("h2c", "websocket, h2c", "TLS/1.2"):
         d = decide_request(WS, "api.test", "GET", "/v1/realtime", [("Upgrade", proto)])
         assert not d.allowed and "no rule reads that protocol" in d.reason, proto
+
+
+@pytest.mark.parametrize(
+    "upgrades",
+    [["websocket", "h2c"], ["h2c", "websocket"], ["websocket", "websocket"], ["", "h2c"], ["websocket", ""],
+     ["", ""], ["websocket, h2c"], ["h2c, websocket"], ["websocket,"], ["websocket, websocket"], ["websocket/13, h2c"]],
+)  # fmt: skip
+def test_more_than_one_upgrade_header_or_protocol_is_refused(upgrades: list[str]) -> None:
+    """Issue 24's review: with `Upgrade: websocket` and `Upgrade: h2c` only the first was read, both went on."""
+    headers = [("Connection", "Upgrade"), *(("Upgrade" if i % 2 else "upgrade", v) for i, v in enumerate(upgrades))]
+    d = decide_request(WS, "api.test", "GET", "/v1/realtime", headers)
+    assert not d.allowed and "no rule reads that protocol" in d.reason and "one Upgrade header" in d.reason, d
+    for one in ("websocket", " WebSocket ", "WEBSOCKET"):  # the control: one header, exactly websocket
+        assert decide_request(
+            WS, "api.test", "GET", "/v1/realtime", [("Connection", "Upgrade"), ("Upgrade", one)]
+        ).allowed
 
 
 def test_websocket_rules_parse_and_describe() -> None:
