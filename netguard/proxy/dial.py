@@ -34,6 +34,7 @@ def start(d: Decided) -> socket.socket | None:
     assert ip is not None  # only an allowed decision has one
     up = socket.socket(socket.AF_INET6 if ":" in ip else socket.AF_INET, socket.SOCK_STREAM)
     up.setblocking(False)
+    nodelay(up)
     if up.connect_ex((ip, d.port)) not in (0, errno.EINPROGRESS):
         up.close()
         return None
@@ -61,3 +62,11 @@ def _writable_now(up: socket.socket) -> bool:
     p = select.poll()
     p.register(up, select.POLLOUT)
     return bool(p.poll(0))
+
+
+def nodelay(s: socket.socket) -> None:
+    """TCP_NODELAY on a relayed socket: the relay forwards what it reads as it reads it, so Nagle's
+    algorithm only holds a second small write (a server's TLS session tickets, then its response) for
+    the ACK the client delays 40 ms (issue 25: +42.9 ms per new HTTPS response; mitmproxy's own
+    transports set it too)."""
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

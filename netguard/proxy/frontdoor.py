@@ -169,6 +169,7 @@ class FrontDoor:
                 refused = True
                 continue
             conn.setblocking(False)
+            dial.nodelay(conn)  # the client's side of the relay (mitmproxy sets it on what it takes)
             task = self._loop.create_task(self._serve(conn))
             self.deciding.add(task)
             task.add_done_callback(self.deciding.discard)

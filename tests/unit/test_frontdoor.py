@@ -108,10 +108,12 @@ class World:
         monkeypatch.setattr(platform, "original_addr", lambda _s: self.dst)
         monkeypatch.setattr(frontdoor, "FAST", fast)
         self.took: list[str] = []
+        self.nodelay: list[int] = []  # TCP_NODELAY of the client's and the upstream's socket, last flow taken
         start = frontdoor._Flow.start
 
         def counted(flow: frontdoor._Flow, *a: Any) -> None:
             self.took.append(flow.kind)
+            self.nodelay = [s.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) for s in a[:2]]
             start(flow, *a)
 
         monkeypatch.setattr(frontdoor._Flow, "start", counted)
@@ -395,6 +397,7 @@ def test_a_plain_connect_is_relayed_by_the_front_door(tmp_path: Path, monkeypatc
     fast, got = both(tmp_path, monkeypatch, scenario)
     assert got == b"HTTP/1.1 200 Connection established\r\n\r\npong"
     assert fast.took == ["connect"]
+    assert all(fast.nodelay) and len(fast.nodelay) == 2  # no 40 ms Nagle + delayed-ACK stall (issue 25)
     dec, close = fast.records()
     assert (dec["kind"], dec["host"], close["bytes_down"]) == ("connect", "allowed.test", 4)
 
