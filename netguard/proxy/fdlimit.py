@@ -79,7 +79,8 @@ class Budget:
         """Take one connection for a sandbox: None, or why not (its share is used up, or the whole budget)."""
         cap = share_cap(self.limit, self.held, self.sandboxes)
         if share.live >= cap:
-            return f"per-sandbox connection limit ({cap} open; the daemon is shared by {self.sandboxes} sandboxes)"
+            shared = f"; the daemon is shared by {self.sandboxes} sandboxes" if self.sandboxes > 1 else ""
+            return f"per-sandbox connection limit ({cap} open{shared})"
         if not self.take():
             return f"the daemon's connection budget is full ({self.limit} connections)"
         share.live += 1
