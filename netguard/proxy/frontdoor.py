@@ -278,8 +278,14 @@ class FrontDoor:
     async def _first(self, conn: socket.socket) -> bytes | None:
         """The connection's first unit (ClientHello, request head), whole and left in the socket; None when it
         did not come within the deadline or outgrew HEAD_MAX: refused (431 to an HTTP request), recorded."""
-        data, late = await peek.until(conn, lambda buf: firstbytes.state(buf) != "more", limits.DEADLINE)
-        st = firstbytes.state(data)
+        seen: list[firstbytes.State] = ["more"]  # the predicate's verdict on the last peek: judged once per wake
+
+        def whole(buf: bytes) -> bool:
+            seen[0] = firstbytes.state(buf)
+            return seen[0] != "more"
+
+        data, late = await peek.until(conn, whole, limits.DEADLINE)
+        st = seen[0] if data else "more"
         if st == "ready":
             return data
         if st == "more":  # the client went away first (nothing to record), or the deadline came

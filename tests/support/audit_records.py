@@ -131,3 +131,19 @@ def two_runs(tmp_path: Path) -> tuple[Path, Path]:
         dec("run2", "9.9.9.9", 53, "deny", kind="packet", proto="udp", sec=17),
     ]
     return write_log(tmp_path / "a.jsonl", run1), write_log(tmp_path / "b.jsonl", run2)
+
+
+def empty_policy(task: str, cwd: str | None, learn: bool | None) -> audit.PolicyRecord:
+    """A run's first record with an empty boundary: where it ran (`cwd`) and whether it learned."""
+    return audit.policy_record(
+        task,
+        write=[],
+        private_tmp=True,
+        protect=[],
+        hidden=[],
+        env_dropped=[],
+        landlock_abi=0,
+        warnings=[],
+        cwd=cwd,
+        learn=learn,
+    )

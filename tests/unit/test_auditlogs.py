@@ -10,6 +10,8 @@ import pytest
 
 from launcher.audit import logs as auditlogs
 
+from ..support.audit_records import empty_policy
+
 
 def make(d: Path, name: str, age_days: float, size: int = 10) -> Path:
     p = d / name
@@ -55,18 +57,7 @@ def write_run(
 
     path = d / f"audit-{name}.jsonl"
     log = audit.AuditLog(path)
-    rec = audit.policy_record(
-        name,
-        write=[],
-        private_tmp=True,
-        protect=[],
-        hidden=[],
-        env_dropped=[],
-        landlock_abi=0,
-        warnings=[],
-        cwd=cwd,
-        learn=learn,
-    )
+    rec = empty_policy(name, cwd, learn)
     log.write({**rec, "ts": started})
     for i, host in enumerate(hosts):
         log.write(audit.decision_record(name, f"d{i}", "connect", "allow", host, 443, reason="allowed"))

@@ -24,7 +24,7 @@ from netguard import policy as netpolicy
 from netguard import rules
 from netguard.audit import Record
 
-from ..support.audit_records import TS, dec, patterns, real_bundled, two_runs
+from ..support.audit_records import TS, dec, empty_policy, patterns, real_bundled, two_runs
 
 
 def load_suggestion(text: str) -> netpolicy.NetworkPolicy:
@@ -263,20 +263,7 @@ def test_empty_log_suggests_an_empty_but_valid_policy() -> None:
 
 
 def _policy(learn: bool | None) -> Record:
-    from netguard import audit
-
-    return audit.policy_record(
-        "t",
-        write=[],
-        private_tmp=True,
-        protect=[],
-        hidden=[],
-        env_dropped=[],
-        landlock_abi=0,
-        warnings=[],
-        cwd="/w",
-        learn=learn,
-    )
+    return empty_policy("t", "/w", learn)
 
 
 def test_a_learn_run_that_fetched_nothing_is_said_to_maybe_have_been_served_by_caches() -> None:
