@@ -28,7 +28,24 @@ INITIAL = min(2, os.cpu_count() or 1)  # started at once: a second core for big 
 MAX_WORKERS = 8  # more only when the others are three quarters full (each holds ~10,000 flows here)
 RESPAWN = 1.0  # seconds between starts after a failure or a death: a crashing worker must not spin
 _ROOT = str(Path(__file__).resolve().parents[2])  # the directory holding the netguard package
-_CODE = f"import sys; sys.path.insert(0, {_ROOT!r}); from netguard.proxy import relayworker; relayworker.main()"
+
+
+def boot(root: str) -> str:
+    """Python code that imports the netguard package under `root` by its path, never putting `root` on sys.path.
+
+    When sandgate runs from a checkout, `root` is the checkout, which a sandbox may write (only the packages
+    in it are protected: launcher/run/configfiles.py); an `asyncio.py` planted there would otherwise run in
+    the worker, outside every sandbox. Every other import comes from the standard library alone (-I -S)."""
+    package = os.path.join(root, "netguard")
+    return (
+        "import importlib.util, sys; "
+        f"s = importlib.util.spec_from_file_location('netguard', {os.path.join(package, '__init__.py')!r}, "
+        f"submodule_search_locations=[{package!r}]); "
+        "m = importlib.util.module_from_spec(s); sys.modules['netguard'] = m; s.loader.exec_module(m); "
+    )
+
+
+_CODE = boot(_ROOT) + "from netguard.proxy import relayworker; relayworker.main()"
 
 OnDone = Callable[[str | None], None]
 

@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import TypeVar
 
 import pytest
@@ -248,3 +249,23 @@ def test_full_workers_leave_the_flow_to_the_caller_and_another_worker_is_started
         s.close()
     first.close()
     second.close()
+
+
+def test_a_worker_imports_nothing_planted_beside_the_netguard_package(tmp_path: Path) -> None:
+    """The directory holding netguard may be a checkout a sandbox writes: a planted stdlib name must not load."""
+    real = Path(relaypool.__file__).resolve().parents[1]  # the real netguard package
+    (tmp_path / "netguard").symlink_to(real)
+    marker = tmp_path / "planted-ran"
+    for name in ("asyncio", "socket", "json", "selectors"):  # what a worker imports at boot
+        (tmp_path / f"{name}.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    check = "from netguard.proxy import relayworker; import netguard; print(netguard.__file__)"
+    r = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", relaypool.boot(str(tmp_path)) + check],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=tmp_path,
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == str(tmp_path / "netguard" / "__init__.py")  # netguard came from there
+    assert not marker.exists()  # and nothing else did
