@@ -11,8 +11,16 @@ a Python benchmark client does not share a GIL with them:
                        preallocated buffer, so memory stays flat whatever N is;
   GET /small        -> b"ok\\n".
 
-Both a plain HTTP and an HTTPS listener (throwaway CA from launcher/selftest/certs.py, certificate for 127.0.0.1) are served.
-Every response carries ``Connection: close``: each request gets its own connection.
+Both a plain HTTP and an HTTPS listener (throwaway CA from launcher/selftest/certs.py, certificate for
+127.0.0.1, localhost and 198.18.0.1) are served. They behave like real servers, so the bench meets
+what real traffic meets (issue 25: a bench server that wrote once hid a 40 ms Nagle/delayed-ACK stall):
+TLS 1.3 only, with session tickets sent after the handshake (OpenSSL's default, `num_tickets` 2:
+small writes of their own before the response); the response head and the body in separate writes
+(one send each, never coalesced); TCP_NODELAY on every accepted socket, as nginx and friends set it;
+HTTP/1.1 keep-alive unless the client sends ``Connection: close``.
+
+SANDGATE_BENCH_CHECKOUT=DIR runs the proxy and daemon of another checkout of this repository (for
+example an older commit in a `git worktree`), with this checkout's bench: the before/after of a change.
 """
 
 from __future__ import annotations
@@ -40,6 +48,11 @@ LOOPBACK = "127.0.0.1"
 #: and the same server reached by its address stays passthrough, the baseline in the same run.
 INSPECTED = "localhost"
 REPO = Path(__file__).resolve().parent.parent
+#: The checkout whose proxy/daemon is measured (PYTHONPATH of the processes under test): this one by default.
+CHECKOUT = Path(os.environ.get("SANDGATE_BENCH_CHECKOUT") or REPO).resolve()
+#: A non-loopback address for servers a sandbox must reach (its own 127.0.0.1 is its own; the proxy refuses
+#: names resolving to loopback): a dummy link in a private netns (bench/_netns.py), a TEST-NET-like range.
+SANDBOX_SERVER_IP = "198.18.0.1"
 VENV_BIN = REPO / ".venv" / "bin"
 PYTHON = str(VENV_BIN / "python")
 SANDGATE = str(VENV_BIN / "sandgate")
@@ -48,16 +61,7 @@ CHUNK = 256 * 1024
 MiB = 1024 * 1024
 
 # Proxy variables in the environment would send "direct" measurements through some other proxy.
-_PROXY_ENV = (
-    "http_proxy",
-    "https_proxy",
-    "all_proxy",
-    "no_proxy",
-    "HTTP_PROXY",
-    "HTTPS_PROXY",
-    "ALL_PROXY",
-    "NO_PROXY",
-)
+_PROXY_ENV = tuple(v for k in ("http", "https", "all", "no") for v in (f"{k}_proxy", f"{k.upper()}_PROXY"))
 
 
 def clean_env() -> dict[str, str]:
@@ -141,7 +145,7 @@ def make_certs(directory: Path) -> Certs:
     ca = CA("sandgate bench CA")
     certs = Certs(directory / "ca.pem", directory / "server-chain.pem", directory / "server-key.pem")
     ca.write_cert(certs.ca_pem)
-    ca.issue(LOOPBACK, INSPECTED).write(certs.cert_pem, certs.key_pem)
+    ca.issue(LOOPBACK, INSPECTED, SANDBOX_SERVER_IP).write(certs.cert_pem, certs.key_pem)
     return certs
 
 
@@ -156,9 +160,12 @@ _BUFFER = memoryview(bytes(CHUNK))
 
 
 class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
+    protocol_version = "HTTP/1.1"  # keep-alive unless the client says Connection: close
     server_version = "sandgate-bench"
     sys_version = ""
+    timeout = 30  # an idle keep-alive connection is dropped, as real servers do
+    # wbufsize 0 (StreamRequestHandler's default): every wfile.write is its own send (one TLS record):
+    # end_headers() sends the head, the body follows in a write of its own.
 
     def setup(self) -> None:
         # TLS handshake in the handler thread, not in the accepting thread (see _TLSServer).
@@ -192,9 +199,9 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(200)
         self.send_header("Content-Type", "application/octet-stream")
         self.send_header("Content-Length", str(length))
-        self.send_header("Connection", "close")
-        self.end_headers()
-        self.close_connection = True
+        if self.close_connection:  # the client asked for it (parse_request saw Connection: close)
+            self.send_header("Connection", "close")
+        self.end_headers()  # the head: one write; the body is the next
 
     def log_message(self, format: str, *args: object) -> None:  # quiet
         pass
@@ -203,6 +210,11 @@ class _Handler(BaseHTTPRequestHandler):
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 128
+
+    def get_request(self) -> tuple[socket.socket, Any]:
+        sock, addr = self.socket.accept()
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # as real servers: no Nagle of our own
+        return sock, addr
 
     def handle_error(
         self, request: socket.socket | tuple[bytes, socket.socket], client_address: Any
@@ -218,15 +230,17 @@ class _TLSServer(_Server):
         self.ctx = ctx
 
     def get_request(self) -> tuple[socket.socket, Any]:
-        sock, addr = self.socket.accept()
+        sock, addr = super().get_request()
         return self.ctx.wrap_socket(sock, server_side=True, do_handshake_on_connect=False), addr
 
 
-def _serve_forever(http_port: int, https_port: int, cert: str, key: str) -> None:
+def _serve_forever(host: str, http_port: int, https_port: int, cert: str, key: str) -> None:
     """Body of the server subprocess: both listeners until SIGTERM."""
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_3
+    ctx.num_tickets = 2  # sent after the handshake, before any response: what real TLS 1.3 servers do
     ctx.load_cert_chain(cert, key)
-    servers = [_Server((LOOPBACK, http_port), _Handler), _TLSServer((LOOPBACK, https_port), ctx)]
+    servers = [_Server((host, http_port), _Handler), _TLSServer((host, https_port), ctx)]
     threads = [threading.Thread(target=s.serve_forever, daemon=True) for s in servers]
     for t in threads:
         t.start()
@@ -247,15 +261,17 @@ class Servers:
     https_port: int
     certs: Certs
     proc: subprocess.Popen[bytes]
+    host: str = LOOPBACK
 
     def url(self, scheme: str, path: str) -> str:
         port = self.http_port if scheme == "http" else self.https_port
-        return f"{scheme}://{LOOPBACK}:{port}{path}"
+        return f"{scheme}://{self.host}:{port}{path}"
 
 
 @contextlib.contextmanager
-def local_servers() -> Iterator[Servers]:
-    """Start the HTTP + HTTPS test servers in a subprocess; yields their ports and the CA to trust."""
+def local_servers(host: str = LOOPBACK) -> Iterator[Servers]:
+    """Start the HTTP + HTTPS test servers in a subprocess, listening on `host` (127.0.0.1, or
+    SANDBOX_SERVER_IP in a private netns that has it); yields their ports and the CA to trust."""
     tmp = Path(tempfile.mkdtemp(prefix="sandgate-bench-certs-"))
     proc = None
     try:
@@ -263,22 +279,15 @@ def local_servers() -> Iterator[Servers]:
         http_port, https_port = free_port(), free_port()
         while https_port == http_port:
             https_port = free_port()
+        certs_args = (str(certs.cert_pem), str(certs.key_pem))
         proc = subprocess.Popen(
-            [
-                PYTHON,
-                str(Path(__file__).resolve()),
-                "--serve",
-                str(http_port),
-                str(https_port),
-                str(certs.cert_pem),
-                str(certs.key_pem),
-            ],
+            [PYTHON, str(Path(__file__).resolve()), "--serve", host, *map(str, (http_port, https_port)), *certs_args],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
         )
         _wait_for_line(proc, proc.stdout, "bench-servers: ready", READY_TIMEOUT, "local test servers")
-        yield Servers(http_port, https_port, certs, proc)
+        yield Servers(http_port, https_port, certs, proc, host)
     finally:
         if proc is not None:
             _stop(proc)
@@ -367,7 +376,7 @@ def sandgate_proxy(allowed_ports: list[int], inspect: tuple[int, Certs] | None =
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             cwd=tmp,
-            env={**clean_env(), "PYTHONPATH": str(REPO)},  # this checkout's proxy, not the editable install's
+            env={**clean_env(), "PYTHONPATH": str(CHECKOUT)},  # this checkout's proxy, not the editable install's
             pass_fds=(w,),
         )
         os.close(w)
@@ -381,6 +390,6 @@ def sandgate_proxy(allowed_ports: list[int], inspect: tuple[int, Certs] | None =
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description="internal: run the benchmark's local HTTP/HTTPS servers")
-    ap.add_argument("--serve", nargs=4, metavar=("HTTP_PORT", "HTTPS_PORT", "CERT", "KEY"), required=True)
+    ap.add_argument("--serve", nargs=5, metavar=("HOST", "HTTP_PORT", "HTTPS_PORT", "CERT", "KEY"), required=True)
     a = ap.parse_args()
-    _serve_forever(int(a.serve[0]), int(a.serve[1]), a.serve[2], a.serve[3])
+    _serve_forever(a.serve[0], int(a.serve[1]), int(a.serve[2]), a.serve[3], a.serve[4])

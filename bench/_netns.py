@@ -58,6 +58,28 @@ def lo_up() -> None:
         subprocess.run(["ip", "link", "set", "lo", "up"], check=False)
 
 
+DUMMY = "sgbench0"
+
+
+def add_server_address() -> bool:
+    """c.SANDBOX_SERVER_IP on a dummy link of this private namespace: an address a sandbox (whose
+    127.0.0.1 is its own) reaches through the daemon, as the e2e worlds' 198.18.x hosts. Never on the host."""
+    if not in_private_netns():
+        return False
+    for link_type in ("dummy", "ifb", "bridge"):  # kernels without CONFIG_DUMMY: as launcher/selftest/world.py
+        if subprocess.run(["ip", "link", "add", DUMMY, "type", link_type], capture_output=True).returncode == 0:
+            break
+    else:
+        return False
+    for cmd in (
+        ["ip", "addr", "add", f"{c.SANDBOX_SERVER_IP}/32", "dev", DUMMY],
+        ["ip", "link", "set", DUMMY, "up"],
+    ):
+        if subprocess.run(cmd, capture_output=True, check=False).returncode != 0:
+            return False
+    return True
+
+
 @dataclass
 class Proxy2:
     """`sandgate proxy` with an explicit and a transparent listener, from this checkout."""
@@ -112,7 +134,7 @@ def proxy_with_transparent(
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             cwd=tmp,
-            env={**c.clean_env(), "PYTHONPATH": str(c.REPO)},
+            env={**c.clean_env(), "PYTHONPATH": str(c.CHECKOUT)},
             pass_fds=(w,),
         )
         os.close(w)
@@ -122,3 +144,30 @@ def proxy_with_transparent(
         if proc is not None:
             c._stop(proc)
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+class Unavailable(RuntimeError):
+    """This namespace cannot have what the benchmark needs (no nft redirect, no dummy link)."""
+
+
+def enter(script: str) -> bool:
+    """Re-exec in a private network namespace with `lo` up; False (said on stdout) where that or curl is missing."""
+    reexec_in_netns()
+    if not in_private_netns() or shutil.which("curl") is None:
+        print(f"{script} needs unshare (a private network namespace), nft and curl; skipped")
+        return False
+    lo_up()
+    return True
+
+
+@contextlib.contextmanager
+def servers_and_proxy() -> Iterator[tuple[c.Servers, Proxy2]]:
+    """The local servers on 127.0.0.1 and one proxy with every path to them: explicit, transparent (the
+    redirect of CLIENT_IP) and inspected (c.INSPECTED on the HTTPS port). Unavailable without the redirect."""
+    transparent = c.free_port()
+    with c.local_servers() as srv:
+        ports = [srv.http_port, srv.https_port]
+        if not setup_redirect(ports, transparent):
+            raise Unavailable("no nftables redirect in this namespace")
+        with proxy_with_transparent(ports, transparent, (srv.https_port, srv.certs)) as px:
+            yield srv, px

@@ -73,8 +73,8 @@ def start_daemon(base: Path) -> tuple[subprocess.Popen[bytes], Path]:
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=open(base / "daemon.log", "wb"),  # noqa: SIM115  (the child holds it)
-        cwd=c.REPO,
-        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(base), "PYTHONPATH": str(c.REPO)},
+        cwd=c.CHECKOUT,
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(base), "PYTHONPATH": str(c.CHECKOUT)},
     )
     os.close(w)
     ready = os.read(r, 64)

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import http.client
-import shutil
 import ssl
 import statistics
 import subprocess
@@ -234,21 +233,16 @@ def main() -> int:
     ap.add_argument("--concurrency", type=int, default=10000, help="concurrent tunnels (default 10000; 0: skip)")
     ap.add_argument("--timeout", type=float, default=600)
     args = ap.parse_args()
-    ns.reexec_in_netns()
-    if not ns.in_private_netns() or shutil.which("curl") is None:
-        print("datapath.py needs unshare (a private network namespace), nft and curl; skipped")
+    if not ns.enter("datapath.py"):
         return 0
     started = time.perf_counter()
-    ns.lo_up()
-    transparent_port = c.free_port()
-    with c.local_servers() as srv:
-        if not ns.setup_redirect([srv.http_port, srv.https_port], transparent_port):
-            print("datapath.py: no nftables redirect in this namespace; skipped")
-            return 0
-        inspect = (srv.https_port, srv.certs)
-        with ns.proxy_with_transparent([srv.http_port, srv.https_port], transparent_port, inspect) as px:
+    try:
+        with ns.servers_and_proxy() as (srv, px):
             tp = throughput(srv, px, args.mb, args.repeat, args.timeout)
             lt = latency(srv, px, args.n, 10)
+    except ns.Unavailable as e:
+        print(f"datapath.py: {e}; skipped")
+        return 0
     conc = _concurrency(args.concurrency)
     _print(tp, lt, rows(tp, lt, conc), args)
     print(f"\n(MB = 10^6 bytes; total run time {time.perf_counter() - started:.1f} s)")

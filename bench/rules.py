@@ -36,6 +36,7 @@ import statistics
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -143,6 +144,44 @@ def clear_memo() -> None:
         clear()
 
 
+@dataclass(frozen=True)
+class SizeRow:
+    """One policy size's figures: parse and compile seconds, ns per decision cold and warm, the outcomes."""
+
+    rules: int
+    parse_s: float
+    compile_s: float
+    cold_ns: float
+    warm_ns: float
+    outcomes: collections.Counter[nrules.Action]
+
+
+def measure_size(n: int, decisions: int, repeats: int, distinct: int, seed: int) -> SizeRow:
+    """Build, parse and compile a policy of `n` rules, then time `decide` on the cold and the warm mix."""
+    allow, deny = build_entries(n)
+    t0 = time.perf_counter()
+    pol = npolicy.parse_network({"allow": allow, "deny": deny}, "bench")
+    t1 = time.perf_counter()
+    rs = nrules.compile_policy(pol)
+    t2 = time.perf_counter()
+    assert len(pol.allow) + len(pol.deny) == n
+    rng = random.Random(seed)
+    # cold: `decisions` draws from the mix, every host normalised afresh.
+    cold_q = build_queries(allow, decisions, rng)
+    # warm: the same mix restricted to `distinct` destinations, each seen before (memo hits).
+    pool = build_queries(allow, distinct, rng)
+    warm_q = [rng.choice(pool) for _ in range(decisions)]
+    with uncached_normalise():
+        time_decisions(rs, cold_q[:2000], 1)  # warm-up of the interpreter paths
+        cold = time_decisions(rs, cold_q, repeats)
+    clear_memo()
+    time_decisions(rs, pool, 1)  # fills the memo
+    warm = time_decisions(rs, warm_q, repeats)
+    actions = collections.Counter(nrules.decide(rs, h, p).action for h, p in cold_q)
+    clear_memo()
+    return SizeRow(n, t1 - t0, t2 - t1, statistics.median(cold), statistics.median(warm), actions)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--decisions", type=int, default=20_000, help="decisions timed per pass (default 20000)")
@@ -157,32 +196,9 @@ def main() -> int:
     args = ap.parse_args()
     started = time.perf_counter()
     memo = hasattr(getattr(nrules, "normalise", None), "cache_clear")
-    rows: list[tuple[int, float, float, float, float, collections.Counter[nrules.Action]]] = []
-    for n in SIZES:
-        allow, deny = build_entries(n)
-        t0 = time.perf_counter()
-        pol = npolicy.parse_network({"allow": allow, "deny": deny}, "bench")
-        t1 = time.perf_counter()
-        rs = nrules.compile_policy(pol)
-        t2 = time.perf_counter()
-        assert len(pol.allow) + len(pol.deny) == n
-        rng = random.Random(args.seed)
-        # cold: 20,000 draws from the mix, every host normalised afresh.
-        cold_q = build_queries(allow, args.decisions, rng)
-        # warm: the same mix restricted to --distinct destinations, each seen before (memo hits).
-        pool = build_queries(allow, args.distinct, rng)
-        warm_q = [rng.choice(pool) for _ in range(args.decisions)]
-        with uncached_normalise():
-            time_decisions(rs, cold_q[:2000], 1)  # warm-up of the interpreter paths
-            cold = time_decisions(rs, cold_q, args.repeats)
-        clear_memo()
-        time_decisions(rs, pool, 1)  # fills the memo
-        warm = time_decisions(rs, warm_q, args.repeats)
-        actions = collections.Counter(nrules.decide(rs, h, p).action for h, p in cold_q)
-        rows.append((n, t1 - t0, t2 - t1, statistics.median(cold), statistics.median(warm), actions))
-        clear_memo()
+    rows = [measure_size(n, args.decisions, args.repeats, args.distinct, args.seed) for n in SIZES]
 
-    c10, w10 = rows[0][3], rows[0][4]
+    c10, w10 = rows[0].cold_ns, rows[0].warm_ns
     print(f"netguard.rules.decide: {args.decisions} decisions per pass, median of {args.repeats} passes")
     print("  cold: every destination normalised afresh (first sight of a name)")
     print(
@@ -194,11 +210,11 @@ def main() -> int:
         f"{'rules':>8} {'parse ms':>9} {'compile ms':>11} {'cold ns':>8} {'vs 10':>6} {'warm ns':>8} {'vs 10':>6}"
         f"   outcomes (cold mix)"
     )
-    for n, parse_s, comp_s, cold_ns, warm_ns, outcomes in rows:
-        mix = ", ".join(f"{k} {v / args.decisions:.0%}" for k, v in sorted(outcomes.items()))
+    for r in rows:
+        mix = ", ".join(f"{k} {v / args.decisions:.0%}" for k, v in sorted(r.outcomes.items()))
         print(
-            f"{n:>8,} {parse_s * 1000:>9.1f} {comp_s * 1000:>11.1f} {cold_ns:>8.0f} {cold_ns / c10:>5.2f}x "
-            f"{warm_ns:>8.0f} {warm_ns / w10:>5.2f}x   {mix}"
+            f"{r.rules:>8,} {r.parse_s * 1000:>9.1f} {r.compile_s * 1000:>11.1f} {r.cold_ns:>8.0f} "
+            f"{r.cold_ns / c10:>5.2f}x {r.warm_ns:>8.0f} {r.warm_ns / w10:>5.2f}x   {mix}"
         )
     print()
     print(f"total run time {time.perf_counter() - started:.1f} s")
