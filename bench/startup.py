@@ -10,6 +10,27 @@ Rows (median and p90 wall time, interleaved so machine drift hits all alike):
 Targets on a 2-core machine (issue 9): warm <= 50 ms, cold <= 400 ms. No pass/fail: the
 figures are printed with their ratios. Runs as root or as an ordinary user; it creates its
 sandboxes and daemon itself and stops the daemon at the end.
+
+Then where a warm run's time goes (issue 25), each figure the median over the same iterations:
+  interpreter, bare     `python -S -c pass` with the interpreter sandgate runs under (own rows)
+  site                  `python -c pass` minus the above: site-packages and their .pth files
+    editable finder     if the install has a setuptools editable finder (a .pth that imports it at
+                        every start), its share: `python -S -c "<site-packages on sys.path>; import
+                        <finder>"` minus `python -S -c pass` (what the finder's import costs, pathlib
+                        and re included; a plain path .pth costs next to nothing)
+  modules sandgate needs  `python -c "import <list>"`: every module outside sandgate's own packages that
+                        a run's imports load (stdlib and third party, listed by a helper that imports
+                        launcher.cli and launcher.run.launch and reads sys.modules), imported plainly:
+                        what a Python launcher of this design pays before its own code (`dataclasses`
+                        brings `inspect` here; sandgate's run defers it, launcher/dataclasscache.py);
+                        minus `python -c pass`
+  every phase below     a warm run with SANDGATE_TIMINGS=1: the launcher, the holder, init and CMD's
+                        process write CLOCK_MONOTONIC stamps at the end of each phase (launcher/
+                        timings.py); the bench stamps the same clock before it spawns the run and
+                        after the run is reaped. The phases are the differences of consecutive
+                        stamps; a timed run is not counted in the headline rows.
+`--tree DIR` measures another checkout with the same interpreter (PYTHONPATH=DIR): run it with the
+old and the new tree in turn, or give `--tree` twice to interleave both in one run.
 """
 
 from __future__ import annotations
@@ -26,12 +47,52 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 TARGETS = {"warm": 0.050, "cold": 0.400}
+PREFIX = "sandgate-timing"  # launcher/timings.py's line prefix (not imported: --tree may be another checkout)
+
+# (label, first stamp, last stamp): "spawn" is the bench's own stamp before it starts the run, "reaped"
+# the one after; the launcher's stamps are named in launcher/timings.py's callers.
+PHASES = (
+    ("interpreter + site (spawn to first sandgate code)", "spawn", "interpreter"),
+    ("sandgate's imports (launcher.cli)", "interpreter", "cli-imported"),
+    ("argument parsing", "cli-imported", "parsed"),
+    ("sandgate's imports (launcher.run)", "parsed", "imports"),
+    ("daemon handshake: connect (or spawn a cold one)", "imports", "daemon-connect"),
+    ("CLI work: policy, options, workspace checks", "daemon-connect", "policy"),
+    ("run state, lock, confinement plan (gitguard), placeholders", "policy", "prepare"),
+    ("namespaces: fork holder + unshare", "prepare", "unshare"),
+    ("nft table + listeners inside", "unshare", "nft"),
+    ("id maps + listener handover", "nft", "handshake"),
+    ("daemon handshake: bind", "handshake", "bind"),
+    ("go", "bind", "go"),
+    ("init: mounts, /proc, keyring", "go", "mounts"),
+    ("CMD: caps, ids, Landlock, seccomp", "mounts", "confine"),
+    ("exec `true`, exit, reaped by init/holder/launcher", "confine", "cmd-exited"),
+    ("teardown (unbind, run state, placeholders)", "cmd-exited", "teardown"),
+    ("summary, flush", "teardown", "exit"),
+    ("process exit, reaped by the bench", "exit", "reaped"),
+)
 
 
 def timed(cmd: list[str], cwd: Path, env: dict[str, str]) -> float:
     t0 = time.perf_counter()
     subprocess.run(cmd, check=True, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return time.perf_counter() - t0
+
+
+def stamped(cmd: list[str], cwd: Path, env: dict[str, str]) -> dict[str, int]:
+    """One run with SANDGATE_TIMINGS=1: its stamps by phase, plus the bench's spawn and reaped."""
+    spawn = time.monotonic_ns()
+    stamping = {**env, "SANDGATE_TIMINGS": "1"}
+    done = subprocess.run(
+        cmd, check=True, cwd=cwd, env=stamping, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    reaped = time.monotonic_ns()
+    out = {"spawn": spawn, "reaped": reaped}
+    for line in done.stderr.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[0] == PREFIX and parts[2].isdigit():
+            out[parts[1]] = int(parts[2])
+    return out
 
 
 def stop_daemon(sandgate: list[str], cwd: Path, env: dict[str, str]) -> None:
@@ -45,61 +106,161 @@ def stop_daemon(sandgate: list[str], cwd: Path, env: dict[str, str]) -> None:
     )
 
 
+def pct(samples: list[float], q: float) -> float:
+    return sorted(samples)[max(0, int(len(samples) * q) - 1)]
+
+
 def row(name: str, samples: list[float], base: float) -> str:
     med = statistics.median(samples)
-    p90 = sorted(samples)[max(0, int(len(samples) * 0.9) - 1)]
     target = TARGETS.get(name.split()[-1])
     verdict = "" if target is None else f"  target <= {target * 1000:.0f} ms: {'met' if med <= target else 'NOT met'}"
     return (
-        f"{name:<28} median {med * 1000:8.1f} ms  p90 {p90 * 1000:8.1f} ms  ratio to bare {med / base:7.1f}x{verdict}"
+        f"{name:<34} median {med * 1000:8.1f} ms  p90 {pct(samples, 0.9) * 1000:8.1f} ms  "
+        f"ratio to bare {med / base:7.1f}x{verdict}"
     )
+
+
+def editable_finder(python: str) -> str | None:
+    """The setuptools editable finder module `site` imports for this interpreter, if any."""
+    code = (
+        "import sys; print(next((m for m in sys.modules if m.startswith('__editable__') and m.endswith('finder')), ''))"
+    )
+    name = subprocess.run([python, "-c", code], capture_output=True, text=True, check=False).stdout.strip()
+    return name or None
+
+
+def site_packages(python: str) -> str:
+    code = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    return subprocess.run([python, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+
+
+# Prints the modules outside sandgate's packages that the run path loads (a fresh interpreter: sys.modules after).
+FOREIGN = """
+import sys
+before = set(sys.modules)
+import launcher.cli, launcher.run.launch
+ours = ("launcher", "netguard", "fsguard")
+new = [m for m in set(sys.modules) - before if m.split(".")[0] not in ours and not m.startswith("_")]
+print(" ".join(sorted(m for m in new if getattr(sys.modules[m], "__spec__", None) is not None)))  # not a stand-in"""
+
+
+def foreign_modules(python: str, env: dict[str, str]) -> str:
+    return subprocess.run([python, "-c", FOREIGN], capture_output=True, text=True, check=True, env=env).stdout.strip()
+
+
+def sandgate_cmd(python: str) -> list[str]:
+    """The console script next to the interpreter (what users run), else `python -m launcher.cli`."""
+    script = Path(python).parent / "sandgate"
+    return [python, str(script)] if script.is_file() else [python, "-m", "launcher.cli"]
+
+
+class Tree:
+    """One checkout under test: its command lines and its samples."""
+
+    def __init__(self, tree: Path, python: str, env: dict[str, str], work: Path) -> None:
+        self.tree, self.env = tree, {**env, "PYTHONPATH": str(tree)}
+        self.sandgate = sandgate_cmd(python)
+        audit = ["--audit-log", str(work / "audit.jsonl")]
+        self.run = [*self.sandgate, "run", "-q", "--allow", "example.test", *audit, "--", "true"]
+        self.warm: list[float] = []
+        self.cold: list[float] = []
+        self.stamps: list[dict[str, int]] = []
+
+
+def measure(trees: list[Tree], python: str, work: Path, n: int) -> dict[str, list[float]]:
+    """The interleaved loop: baselines and every tree's warm runs, timed and stamped."""
+    env = trees[0].env
+    finder = editable_finder(python)
+    purelib = site_packages(python)
+    unshare = shutil.which("unshare")
+    base: dict[str, list[float]] = {k: [] for k in ("bare `true`", "`unshare -Urn true`", "python -S", "python")}
+    base["finder"], base["foreign"] = [], []
+    foreign = [
+        "-W",
+        "ignore",
+        "-c",
+        "import sys\nfor m in sys.argv[1:]: __import__(m)",
+        *foreign_modules(python, env).split(),
+    ]
+    for t in trees:
+        timed(t.run, work, t.env)  # warm the page cache for the imports (and start the daemon)
+    for _ in range(n):
+        base["bare `true`"].append(timed(["true"], work, env))
+        if unshare:
+            base["`unshare -Urn true`"].append(timed([unshare, "-Urn", "true"], work, env))
+        base["python -S"].append(timed([python, "-S", "-c", "pass"], work, env))
+        base["python"].append(timed([python, "-c", "pass"], work, env))
+        base["foreign"].append(timed([python, *foreign], work, env))
+        if finder:
+            imp = f"import sys; sys.path.append({purelib!r}); import {finder}"
+            base["finder"].append(timed([python, "-S", "-c", imp], work, env))
+        for t in trees:
+            t.warm.append(timed(t.run, work, t.env))
+            t.stamps.append(stamped(t.run, work, t.env))
+    for _ in range(max(1, n // 2)):  # cold: each run finds no daemon and starts one
+        for t in trees:
+            stop_daemon(t.sandgate, work, t.env)
+            t.cold.append(timed(t.run, work, t.env))
+    stop_daemon(trees[0].sandgate, work, env)
+    return base
+
+
+def breakdown(t: Tree, base: dict[str, list[float]]) -> list[str]:
+    """The warm run's phases (ms, medians over the stamped runs) and the interpreter's own rows."""
+    med = statistics.median
+    py_s, py = med(base["python -S"]), med(base["python"])
+    lines = [
+        f"  {'interpreter, bare (python -S -c pass)':<58} {py_s * 1000:7.1f} ms   (own rows)",
+        f"  {'site (python -c pass minus the above)':<58} {(py - py_s) * 1000:7.1f} ms   (own rows)",
+    ]
+    if base["finder"]:
+        finder = med(base["finder"]) - py_s
+        lines.append(f"  {'  of which the setuptools editable finder':<58} {finder * 1000:7.1f} ms   (own rows)")
+    foreign = med(base["foreign"]) - py
+    lines.append(
+        f"  {'(for scale) the stdlib + third-party modules a run loads':<58} {foreign * 1000:7.1f} ms   (own rows)"
+    )
+    total = 0.0
+    for label, a, b in PHASES:
+        spans = [(s[b] - s[a]) / 1e6 for s in t.stamps if a in s and b in s]
+        if not spans:
+            lines.append(f"  {label:<58} {'-':>7}      (no stamps: a tree without launcher/timings.py)")
+            continue
+        total += med(spans)
+        lines.append(f"  {label:<58} {med(spans):7.1f} ms   p90 {pct(spans, 0.9):6.1f}")
+    whole = [(s["reaped"] - s["spawn"]) / 1e6 for s in t.stamps]
+    lines.append(
+        f"  {'sum of the phase medians / median of the stamped runs':<58} {total:7.1f} ms / {med(whole):.1f} ms"
+    )
+    return lines
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--n", type=int, default=20, help="iterations of each (default 20)")
+    ap.add_argument("--python", default=sys.executable, help="the interpreter sandgate runs under (default: this one)")
+    ap.add_argument("--tree", action="append", type=Path, help="a checkout to measure (repeatable; default: this one)")
     args = ap.parse_args()
-    env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
-    env["PYTHONPATH"] = str(REPO)
-    unshare = shutil.which("unshare")
+    # PYTHONDONTWRITEBYTECODE would make every run compile the sources it imports: a user's run reads .pyc files.
+    drop = ("SANDGATE_TIMINGS", "PYTHONDONTWRITEBYTECODE")
+    env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy") and k not in drop}
     with tempfile.TemporaryDirectory(prefix="sandgate-bench-") as tmp:
         work = Path(tmp)
-        sandgate = [sys.executable, "-m", "launcher.cli"]
-        run = [
-            *sandgate,
-            "run",
-            "-q",
-            "--allow",
-            "example.test",
-            "--audit-log",
-            str(work / "audit.jsonl"),
-            "--",
-            "true",
-        ]
-        stop_daemon(sandgate, work, env)
-        timed(run, work, env)  # warm the page cache for the imports (and start the daemon)
-        rows: dict[str, list[float]] = {
-            "bare `true`": [],
-            "`unshare -Urn true`": [],
-            "sandgate run, warm": [],
-            "sandgate run, cold": [],
-        }
-        for _ in range(args.n):
-            rows["bare `true`"].append(timed(["true"], work, env))
-            if unshare:
-                rows["`unshare -Urn true`"].append(timed([unshare, "-Urn", "true"], work, env))
-            rows["sandgate run, warm"].append(timed(run, work, env))
-        for _ in range(max(1, args.n // 2)):  # cold: each run finds no daemon and starts one
-            stop_daemon(sandgate, work, env)
-            rows["sandgate run, cold"].append(timed(run, work, env))
-        stop_daemon(sandgate, work, env)
-    base = statistics.median(rows["bare `true`"])
-    print(f"iterations: {args.n} (cold: {max(1, args.n // 2)}); uid {os.getuid()}")
-    for name, samples in rows.items():
-        if samples:
-            print(row(name, samples, base))
-    warm = statistics.median(rows["sandgate run, warm"])
-    print(f"added by sandgate (warm): {(warm - base) * 1000:.1f} ms")
+        trees = [Tree(d.resolve(), args.python, env, work) for d in (args.tree or [REPO])]
+        stop_daemon(trees[0].sandgate, work, trees[0].env)
+        base = measure(trees, args.python, work, args.n)
+    floor = statistics.median(base["bare `true`"])
+    print(f"iterations: {args.n} (cold: {max(1, args.n // 2)}); uid {os.getuid()}; python {args.python}")
+    for name in ("bare `true`", "`unshare -Urn true`"):
+        if base[name]:
+            print(row(name, base[name], floor))
+    for t in trees:
+        tag = "" if len(trees) == 1 else f" [{t.tree}]"
+        print(row("sandgate run, warm", t.warm, floor) + tag)
+        print(row("sandgate run, cold", t.cold, floor) + tag)
+        print(f"added by sandgate (warm): {(statistics.median(t.warm) - floor) * 1000:.1f} ms{tag}")
+        print(f"where a warm run's time goes{tag}:")
+        print("\n".join(breakdown(t, base)))
     return 0
 
 

@@ -130,6 +130,8 @@ SECRET_VALUES: tuple[str, ...] = (
 
 @dataclass(frozen=True)
 class EnvPolicy:
+    """The `env:` section: names dropped on top of the defaults, names always kept."""
+
     drop: tuple[str, ...] = ()  # in addition to DEFAULT_ENV_DROP
     keep: tuple[str, ...] = ()  # wins over every rule, the defaults' too
 

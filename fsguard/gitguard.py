@@ -35,6 +35,7 @@ import stat
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
+from fsguard import gitscan
 from fsguard.policy import GIT_DIR_PROTECT
 
 #: A missing `commondir` cannot get an empty placeholder: git dies on an empty one ("failed to
@@ -49,9 +50,11 @@ PLACEHOLDER_TEXTS: tuple[str, ...] = (COMMONDIR_SELF,)
 WRITABLE_DIRS = frozenset({"objects", "refs", "logs", "rebase-merge", "rebase-apply", "sequencer", "rr-cache", "lfs"})
 #: Files of everyday state, replaced through a `<name>.lock` created next to them.
 WRITABLE_FILES = frozenset({"index", "HEAD", "packed-refs", "shallow", "gc.pid", "gc.log"})
+# Patterns below are text, compiled by `re` at first use (and cached there): a workspace without
+# a repository never pays for them.
 #: Pseudorefs and per-operation state (ORIG_HEAD, FETCH_HEAD, MERGE_MSG, COMMIT_EDITMSG,
 #: BISECT_LOG, AUTO_MERGE...), lock files and split-index files: data, written by git itself.
-_STATE = re.compile(r"[A-Z][A-Z0-9_]*\Z|.+\.lock\Z|sharedindex\.[0-9a-f]{40,64}\Z")
+_STATE = r"[A-Z][A-Z0-9_]*\Z|.+\.lock\Z|sharedindex\.[0-9a-f]{40,64}\Z"
 #: Entries that hold further git directories: read-only, with the git directories inside reopened.
 CONTAINERS = ("modules", "worktrees")
 #: In a linked worktree's git directory (it has a `commondir`) git takes config, hooks, info,
@@ -59,15 +62,18 @@ CONTAINERS = ("modules", "worktrees")
 PER_WORKTREE = frozenset({"config.worktree"})
 #: A walk of a huge writable root (a home directory) stops here, with a warning.
 MAX_SCAN_DIRS = 100_000
+#: Where fsguard/gitscan.py remembers walks between runs (the launcher sets a directory in the
+#: user's runtime directory, hidden from every sandbox); None: every walk lists every directory.
+SCAN_CACHE: str | None = None
 _MAX_CONFIG = 256 * 1024
 _KNOWN_TOPS = frozenset(rel.rstrip("/").split("/")[0] for rel in GIT_DIR_PROTECT)
 
 #: Config keys whose value is a path git reads config, attributes or hooks from.
 _PATH_KEYS = {"include.path": False, "core.hookspath": True, "core.attributesfile": False}
-_INCLUDE_IF = re.compile(r"includeif\..*\.path\Z")
+_INCLUDE_IF = r"includeif\..*\.path\Z"
 #: Config keys whose value is a command git runs: a program named by path inside a writable
 #: root is as dangerous as a hook.
-_COMMAND_KEYS = re.compile(
+_COMMAND_KEYS = (
     r"(core\.(fsmonitor|sshcommand|editor|pager|askpass)|sequence\.editor|diff\.external|gpg\.(.+\.)?program"
     r"|credential\.(.+\.)?helper|filter\..+\.(clean|smudge|process)|merge\..+\.driver|diff\..+\.(textconv|command)"
     r"|alias\..+|pager\..+|uploadpack\.packobjectshook)\Z"
@@ -81,6 +87,8 @@ class GitGuardError(OSError):
 
 @dataclass
 class GitPlan:
+    """What gitguard found to protect in the repositories below the writable roots."""
+
     protect: list[tuple[str, bool]] = field(default_factory=list)  # (path, is_dir): existing or missing
     reopen: list[str] = field(default_factory=list)  # git directories inside a read-only container
     filled: dict[str, str] = field(default_factory=dict)  # placeholder path -> its text
@@ -164,30 +172,34 @@ def _scan(d: str) -> dict[str, os.DirEntry[str]] | None:
 
 
 def _discover(root: str, notes: list[str]) -> Iterator[tuple[str, str]]:
-    """("dir"|"file"|"link", path) for each git directory, `.git` file and `.git` symlink below root."""
-    stack, count = [root], 0
-    while stack:
-        d = stack.pop()
-        count += 1
-        if count > MAX_SCAN_DIRS:
+    """("dir"|"file"|"link", path) for each git directory, `.git` file and `.git` symlink below root
+    (every directory is visited; gitscan lists again only those changed since the last walk)."""
+    for found in gitscan.walk(root, _listing, SCAN_CACHE, MAX_SCAN_DIRS):
+        if found is None:
             notes.append(
                 f"stopped looking for git repositories in {root} after {MAX_SCAN_DIRS} directories; "
                 "repositories deeper in it are not protected"
             )
             return
-        entries = _scan(d)
-        if entries is None:
-            continue
-        if _looks_like_gitdir(entries):  # a bare repository (or the root is a git directory)
-            yield "dir", d
-            continue
-        for name, e in entries.items():
-            if name == ".git":
-                kind = "link" if e.is_symlink() else "dir" if e.is_dir(follow_symlinks=False) else "file"
-                if kind != "file" or e.is_file(follow_symlinks=False):
-                    yield kind, e.path
-            elif e.is_dir(follow_symlinks=False):
-                stack.append(e.path)
+        yield found
+
+
+def _listing(d: str) -> tuple[bool, list[str], list[tuple[str, str]]] | None:
+    """What the walk needs of one directory: is it a git directory, its subdirectories, its `.git` entries."""
+    entries = _scan(d)
+    if entries is None:
+        return None
+    if _looks_like_gitdir(entries):  # a bare repository (or the root is a git directory)
+        return True, [], []
+    subdirs, found = [], []
+    for name, e in entries.items():
+        if name == ".git":
+            kind = "link" if e.is_symlink() else "dir" if e.is_dir(follow_symlinks=False) else "file"
+            if kind != "file" or e.is_file(follow_symlinks=False):
+                found.append((kind, e.path))
+        elif e.is_dir(follow_symlinks=False):
+            subdirs.append(e.path)
+    return False, subdirs, found
 
 
 def _read_gitfile(path: str) -> str:
@@ -260,7 +272,7 @@ def _read_small(path: str) -> str | None:
 
 
 def _writable(name: str, is_dir: bool) -> bool:
-    return (name in WRITABLE_DIRS) if is_dir else (name in WRITABLE_FILES or bool(_STATE.match(name)))
+    return (name in WRITABLE_DIRS) if is_dir else (name in WRITABLE_FILES or bool(re.match(_STATE, name)))
 
 
 def _nested_gitdirs(container: str, depth: int = 0) -> Iterator[str]:
@@ -300,16 +312,16 @@ def config_paths(gitdir: str, entries: dict[str, os.DirEntry[str]]) -> list[tupl
             target = _config_target(key, value, posixpath.dirname(conf), worktree or gitdir)
             if target is not None:
                 found.append(target)
-                if not target[1] and (key == "include.path" or _INCLUDE_IF.match(key)):
+                if not target[1] and (key == "include.path" or re.match(_INCLUDE_IF, key)):
                     queue.append(target[0])
     return found
 
 
 def _config_target(key: str, value: str, confdir: str, base: str) -> tuple[str, bool] | None:
-    if key in _PATH_KEYS or _INCLUDE_IF.match(key):
+    if key in _PATH_KEYS or re.match(_INCLUDE_IF, key):
         is_dir = _PATH_KEYS.get(key, False)
         relative_to = base if key == "core.hookspath" else confdir
-    elif _COMMAND_KEYS.match(key) and value.lower() not in _BOOL:
+    elif re.match(_COMMAND_KEYS, key) and value.lower() not in _BOOL:
         try:
             words = shlex.split(value.lstrip("!"))
         except ValueError:

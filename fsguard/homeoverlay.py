@@ -84,6 +84,8 @@ class LayersBusy(HomeOverlayError):
 
 @dataclass(frozen=True)
 class HomeOverlay:
+    """This run's overlay of the home: its own upper and work directories over the workspace's layer."""
+
     home: str  # the real home (the bottom layer), where the overlay is mounted
     upper: str  # this run's own upper directory
     work: str  # and work directory: no other mount ever uses either

@@ -76,6 +76,8 @@ class MountError(OSError):
 
 @dataclass(frozen=True)
 class MountPlan:
+    """Every mount init makes for one run, planned by the launcher before the fork."""
+
     private_tmp: bool
     tmp_rebinds: tuple[str, ...]  # writable roots under the host's /tmp, re-exposed in the private one
     pins: tuple[str, ...]
@@ -368,6 +370,12 @@ def _build(p: MountPlan, run_dir: Path, files: dict[str, Path]) -> None:
         bind_readonly(str(empty), f)
     # Directories last: sandgate's own run directory (the source of the binds above) is one of them.
     for d in p.hide_dirs:
-        mount("tmpfs", d, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=0555,size=4k")
+        try:
+            mount("tmpfs", d, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=0555,size=4k")
+        except MountError as e:
+            if e.errno != errno.ENOENT:
+                raise
+            # Removed since the plan (another user's store, a finished run's): nothing left to hide. One
+            # made again later is as visible as one made after this run began (README: what is not covered).
     exposed.bind_back(sockets, p)  # the end of step 7 (closes the handles)
     os.chdir(os.getcwd())  # step 8: the old cwd still names the directory *under* the pins

@@ -117,6 +117,8 @@ ENV_KEYS = ("drop", "keep")
 
 @dataclass(frozen=True)
 class FsPolicy:
+    """The `filesystem:` section as written: what is added to (or opened in) the defaults."""
+
     write: tuple[str, ...] | None = None  # None: no file named any, so DEFAULT_WRITE applies
     read_deny: tuple[str, ...] = ()  # in addition to DEFAULT_READ_DENY
     protect: tuple[str, ...] = ()  # in addition to DEFAULT_PROTECT

@@ -33,6 +33,8 @@ class UsernsError(Exception):
 
 @dataclass(frozen=True)
 class IdMap:
+    """One line of a uid_map or gid_map: `count` ids from `inside` map to ids from `outside`."""
+
     inside: int
     outside: int
     count: int = 1

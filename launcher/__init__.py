@@ -1,0 +1,18 @@
+"""sandgate's launcher: the only package that knows netguard and fsguard."""
+
+from launcher import timings as _timings
+
+_timings.mark("interpreter")  # the first sandgate code a run executes: Python and `site` are up
+
+import sys as _sys  # noqa: E402
+
+from launcher import prestart as _prestart  # noqa: E402
+
+if _prestart.wanted(_prestart.command_args(_sys.argv, _sys.orig_argv)):
+    _prestart.start()  # `sandgate run`, first: a cold daemon starts while everything below is imported
+
+from launcher import dataclasscache as _dataclasscache  # noqa: E402  (after the mark: it is sandgate's own cost)
+from launcher import gcpause as _gcpause  # noqa: E402
+
+_gcpause.pause_in_console_script()  # until launcher.cli has imported the command's modules
+_dataclasscache.install()  # before any record class is made: every run imports ~40 of them

@@ -4,23 +4,27 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
-from collections.abc import Sequence
-from pathlib import Path
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, NoReturn
 
-from launcher import errors
-from launcher.config import load as lpolicy
+from launcher import dataclasscache, errors, gcpause, timings
 from launcher.config.errors import PolicyFileError
 from launcher.errors import UsageError
 from netguard.hosts import split_host_port
 
 
 class _Parser(argparse.ArgumentParser):
+    building = False  # while build_parser runs (class-wide: the subcommands' parsers too)
+    partial = False  # built for one command only: an error's usage line is the full one
+
     def error(self, message: str) -> NoReturn:  # argparse exits 2; a wrapper tool must not collide with CMD's codes
-        self.print_usage(sys.stderr)
+        (build_parser() if self.partial else self).print_usage(sys.stderr)
         errors.fail(message)
+
+    def _get_formatter(self) -> argparse.HelpFormatter:
+        """While building, a fixed width: add_argument formats each option as a check (not the terminal's, via shutil)."""
+        return argparse.HelpFormatter(self.prog, width=80) if _Parser.building else super()._get_formatter()
 
 
 if TYPE_CHECKING:
@@ -47,6 +51,9 @@ def _run(args: argparse.Namespace) -> int:
         return runner.run(args)  # seam.run_in with the Windows backend (docs/windows.md)
     from launcher.run import launch
 
+    timings.mark("imports")
+    dataclasscache.save()  # a no-op unless a record class was compiled (a first run, an edited module)
+    gcpause.resume()
     return launch.main(args)
 
 
@@ -75,36 +82,16 @@ def _audit(args: argparse.Namespace) -> int:
     return command.main(args)
 
 
-def _trust(args: argparse.Namespace) -> int:
+def _config(args: argparse.Namespace) -> int:
     from launcher.config import commands
 
-    return commands.trust(args)
-
-
-def _allowlists(args: argparse.Namespace) -> int:
-    from launcher.config import commands
-
-    return commands.list_bundled(args)
+    return (commands.trust if args.command == "trust" else commands.list_bundled)(args)
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from launcher.selftest import selection, verify
+    from launcher.selftest import command
 
-    try:
-        only = selection.parse_only(args.only)
-    except ValueError as e:
-        raise UsageError(str(e)) from None
-    for p in args.policy:
-        lpolicy.build_policy([Path(p)], [], [])  # a policy error is reported before any namespace exists
-    # An ordinary user's PATH often lacks the sbin directories, where nft (and on some systems ip) live.
-    path = os.environ.get("PATH", "").split(":")
-    os.environ["PATH"] = ":".join([*path, *(d for d in ("/usr/sbin", "/sbin") if d not in path)])
-    if shutil.which("nft") is None:
-        raise UsageError("nft not found; install nftables (apt-get install nftables)")
-    try:
-        return verify.main([Path(p) for p in args.policy], args.json, only)
-    except verify.VerifyError as e:
-        raise UsageError(str(e)) from None
+    return command.main(args)
 
 
 class _Version(argparse.Action):
@@ -121,14 +108,18 @@ class _Version(argparse.Action):
         parser.exit(0)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """Every subcommand's options; each sets `func`, the room that does the work."""
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """Every subcommand's options; each sets `func`, the room that does the work. With `command` (the
+    first word of the command line, if it names one) only its options: `run` need not build all (~2 ms)."""
+    only = _COMMANDS.get(command or "")
+    _Parser.building = True
     p = _Parser(prog="sandgate", description="Run untrusted commands behind a kernel-enforced allowlist.")
+    p.partial = only is not None
     p.add_argument("--version", action=_Version, nargs=0, help="print the version and exit")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
-
-    for add in (_add_proxy, _add_run, _add_verify, _add_audit, _add_housekeeping, _add_trust, _add_setup):
+    for add in [only] if only is not None else dict.fromkeys(_COMMANDS.values()):
         add(sub)
+    _Parser.building = False
     return p
 
 
@@ -336,10 +327,10 @@ def _add_trust(sub: _Subparsers) -> None:
     which = tr.add_mutually_exclusive_group()
     which.add_argument("--revoke", action="store_true", help="forget FILE: it only narrows again")
     which.add_argument("--list", action="store_true", help="every trusted file, and whether it changed since")
-    tr.set_defaults(func=_trust)
+    tr.set_defaults(func=_config)
 
     al = sub.add_parser("allowlists", help="list the bundled allowlists")
-    al.set_defaults(func=_allowlists)
+    al.set_defaults(func=_config)
 
 
 def _add_setup(sub: _Subparsers) -> None:
@@ -366,8 +357,18 @@ def _policy_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+# Each command's first word -> what adds its parser (one adder may add several commands).
+_COMMANDS: dict[str, Callable[[_Subparsers], None]] = {"proxy": _add_proxy, "run": _add_run, "verify": _add_verify}
+_COMMANDS.update(audit=_add_audit, cleanup=_add_housekeeping, cache=_add_housekeeping, daemon=_add_housekeeping)
+_COMMANDS.update(trust=_add_trust, allowlists=_add_trust, setup=_add_setup)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    timings.mark("cli-imported")
+    args = build_parser(next(iter(sys.argv[1:] if argv is None else argv), None)).parse_args(argv)
+    timings.mark("parsed")
+    if args.command != "run":
+        gcpause.resume()  # `sandgate proxy` serves until Ctrl-C; `run` resumes it after its own imports
     try:
         os.getcwd()
     except FileNotFoundError:  # deleted under the shell: every command resolves paths against it
@@ -382,6 +383,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     stream.flush()
                 except OSError:
                     pass  # a closed pipe: nothing more to say
+            timings.mark("exit")
             os._exit(code)
         return code
     except PolicyFileError as e:

@@ -72,6 +72,8 @@ class Canonical:
 
 @dataclass(frozen=True)
 class Refused:
+    """A request target refused before any rule matches, and why."""
+
     reason: str
 
 

@@ -14,6 +14,7 @@ This module is pure: no DNS, no sockets, no I/O.
 
 from __future__ import annotations
 
+import functools
 import re
 from ipaddress import AddressValueError, IPv4Address, IPv6Address
 
@@ -75,6 +76,8 @@ def normalise(host: str) -> str | Address:
     Policy must compare these values, never raw strings, because the network treats every
     spelling that maps to the same value as the same destination.
     """
+    if isinstance(host, str) and _is_canonical_name(host):
+        return host  # already canonical: the answer the full parse below would give, ~10x cheaper
     parsed = _split(host)
     if not isinstance(parsed, list):
         return parsed
@@ -283,6 +286,22 @@ def _check_a_label(label: str, host: str) -> None:
         canonical, stable = "", False
     if not stable or canonical != label:
         raise HostError(f"invalid punycode label {_show(label)} in {_show(host)}")
+
+
+def _is_canonical_name(host: str) -> bool:
+    """True for a name normalise would return unchanged without needing IDNA: lowercase ASCII labels.
+
+    A shortcut for policies of 10^5 names, never a second rule: it accepts only strings the full
+    parse maps to themselves (no "xn--" label to check, a last label that starts with a letter, hence
+    no IPv4 number), so two spellings can never be equated here that the full parse keeps apart.
+    """
+    return len(host) <= _MAX_NAME and "xn--" not in host and _canonical_re().fullmatch(host) is not None
+
+
+@functools.cache
+def _canonical_re() -> re.Pattern[str]:
+    """Compiled on first use: importing this module stays cheap for the launcher's warm start."""
+    return re.compile(r"(?:[a-z0-9_-]{1,63}\.)*[a-z_-][a-z0-9_-]{0,62}")
 
 
 def _is_control(char: str) -> bool:

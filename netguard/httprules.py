@@ -84,6 +84,8 @@ class HttpRule:
 
 @dataclass(frozen=True)
 class RequestDecision:
+    """A request rule's verdict on one HTTP request."""
+
     allowed: bool
     rule: str | None  # origin of the deciding rule ("FILE:LINE"); None when nothing allowed it
     reason: str

@@ -129,6 +129,8 @@ normalise = functools.lru_cache(maxsize=4096)(hosts.normalise)
 
 @dataclass(frozen=True)
 class Decision:
+    """A verdict on one destination: allow or deny, the deciding rule's origin, and why."""
+
     action: Action
     rule: str | None  # origin of the deciding rule ("FILE:LINE"), None for the default
     reason: str
@@ -194,7 +196,13 @@ class Ruleset:
 
 
 def compile_policy(policy: NetworkPolicy) -> Ruleset:
-    return Ruleset(policy, _Index(policy.allow), _Index(policy.deny), _Index(policy.ask))
+    """The policy's index, built once per policy object: the daemon's cache of decoded policies
+    (netguard.proxy.policycache) hands every bind of the same 10^5 names the same object."""
+    found: Ruleset | None = policy.__dict__.get("_compiled")
+    if found is None:
+        found = Ruleset(policy, _Index(policy.allow), _Index(policy.deny), _Index(policy.ask))
+        object.__setattr__(policy, "_compiled", found)  # a memo on an immutable value, like cached_property
+    return found
 
 
 def decide(rs: Ruleset, host: str | Address, port: int | None) -> Decision:

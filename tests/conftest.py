@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from .support.daemonfake import Web
 from .support.runner import Sandgate
 from .support.world import World, cleanup_stale, new_world
 
@@ -117,3 +118,13 @@ def unprivileged(_sandgate_cleanup_stale_users: None) -> Iterator[UnprivilegedUs
         )
     with UnprivilegedUser() as user:
         yield user
+
+
+@pytest.fixture
+def web() -> Iterator[Web]:
+    """A fake upstream HTTP server on 127.0.0.1 that counts requests (tests/support/daemonfake.py)."""
+    w = Web()
+    try:
+        yield w
+    finally:
+        w.close()

@@ -5,7 +5,9 @@ Out of the workspace, owned by whoever ran sandgate.
 v1 wrote `.sandgate/audit-*.jsonl` into every workspace: never rotated, not git-ignored,
 root-owned under --user. Now the default is sandgate's state directory ($XDG_STATE_HOME/sandgate/
 audit, else ~/.local/state/sandgate/audit; root: /var/log/sandgate), which every sandbox is
-denied, pruned at each run by count, age and total size. `--audit-log PATH` still puts one anywhere.
+denied, pruned by count, age and total size: at most once an hour or once every PRUNE_AFTER_RUNS
+new logs, whichever comes first (a stamp file counts them), so a run's start does not scan a
+directory of hundreds of logs. `--audit-log PATH` still puts one anywhere.
 Reading goes through netguard.audit.read, the one reader of the format.
 
 "The last run" is the last run of the workspace you stand in, never the newest file: runs of other
@@ -20,7 +22,6 @@ import json
 import os
 import posixpath
 import time
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -31,6 +32,12 @@ from netguard import audit
 KEEP_FILES = 200
 KEEP_DAYS = 30
 KEEP_BYTES = 256 * 1024 * 1024
+# The prune's stamp: its size is 1 + the logs made since the last prune, its mtime that prune's time.
+# Between two prunes the directory holds at most KEEP_FILES + PRUNE_AFTER_RUNS logs (the bound on
+# disk use it protects, plus a fixed margin) and nothing older than KEEP_DAYS + an hour.
+PRUNE_STAMP = ".pruned"
+PRUNE_EVERY = 3600.0
+PRUNE_AFTER_RUNS = 20
 ROOT_DIR = Path("/var/log/sandgate")
 
 
@@ -47,28 +54,53 @@ def new_path() -> Path:
     """A fresh log file name in the default directory (created 0700 if missing), after pruning it."""
     d = log_dir()
     d.mkdir(mode=0o700, parents=True, exist_ok=True)
-    prune(d)
+    prune_if_due(d)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    return d / f"audit-{stamp}-{uuid.uuid4().hex[:6]}.jsonl"
+    return d / f"audit-{stamp}-{os.urandom(3).hex()}.jsonl"
 
 
 def _logs(d: Path) -> list[tuple[float, int, Path]]:
     """(mtime, size, path) of the audit logs in `d`, newest first; nothing else there is touched."""
     out = []
     try:
-        names = os.listdir(d)
+        with os.scandir(d) as it:
+            for e in it:
+                if not (e.name.startswith("audit-") and e.name.endswith(".jsonl")) or e.is_symlink():
+                    continue  # a symlink named like a log is never followed or removed
+                try:
+                    st = e.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                out.append((st.st_mtime, st.st_size, e.path))
     except OSError:
         return []
-    for name in names:
-        if not (name.startswith("audit-") and name.endswith(".jsonl")):
-            continue
-        try:
-            st = os.lstat(d / name)
-        except OSError:
-            continue
-        if not os.path.islink(d / name):
-            out.append((st.st_mtime, st.st_size, d / name))
-    return sorted(out, reverse=True)
+    return [(m, size, Path(p)) for m, size, p in sorted(out, reverse=True)]
+
+
+def prune_if_due(d: Path, now: float | None = None) -> bool:
+    """Count one more log in d's stamp; prune when PRUNE_EVERY passed or PRUNE_AFTER_RUNS logs were
+    made since the last prune (or there is no stamp, or it cannot be kept: then every time, as before)."""
+    now = time.time() if now is None else now
+    try:
+        fd = os.open(d / PRUNE_STAMP, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError:
+        prune(d, now)
+        return True
+    try:
+        st = os.fstat(fd)
+        if st.st_size == 0 or st.st_size >= PRUNE_AFTER_RUNS or not 0 <= now - st.st_mtime < PRUNE_EVERY:
+            prune(d, now)
+            os.ftruncate(fd, 0)
+            os.write(fd, b"p")
+            os.utime(fd, (now, now))
+            return True
+        os.write(fd, b".")
+        os.utime(fd, ns=(st.st_atime_ns, st.st_mtime_ns))  # the mtime stays the last prune's time
+        return False
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def prune(d: Path, now: float | None = None) -> list[Path]:

@@ -15,7 +15,7 @@ from launcher.config.locs import LocDict
 from netguard import policy as netpolicy
 from netguard.policyerror import line_of
 
-MAX_RULES = 10_000  # network rules in all; the bundled lists have about 100 together
+MAX_RULES = 1_000_000  # network rules in all (netguard.hostsfile.MAX_NAMES); the bundled lists have about 100
 #: Widest prefix one allow/ask cidr may have without --allow-wide-cidr; all of them together may
 #: cover at most four such blocks. A /8 is the largest block any single network holds in IPv4 (and
 #: 10.0.0.0/8 is common); in IPv6 whole registries hold /12s and the largest ISPs /19s, so a /16

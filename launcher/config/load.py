@@ -11,10 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fsguard import policy as fspolicy
 from fsguard.env import EnvPolicy
-from launcher.config import trust, yamlfile
+from launcher.config import hostsfiles, trust, yamlfile
 from launcher.config.bundled import bundled_names, bundled_path, display
 from launcher.config.checks import Checks, check_network, check_writes
 from launcher.config.errors import PolicyFileError
@@ -23,6 +24,9 @@ from launcher.config.locs import LocDict
 from netguard import policy as netpolicy
 from netguard import rules
 from netguard.policyerror import PolicyError, line_of
+
+if TYPE_CHECKING:
+    from netguard.hostsfile import HostsList
 
 MAX_INCLUDE_DEPTH = 16
 MAX_FILES = 64  # distinct files in one policy: includes may fan out, each file is read once
@@ -68,10 +72,10 @@ def _doc(data: bytes, where: str, ref: IncludeRef | None) -> LocDict:
         raise PolicyFileError(ref[0], ref[1], f"include '{ref[2]}' is not a sandgate policy ({e.short}{at})") from None
 
 
-def _sections(doc: LocDict, where: str) -> Sections:
+def _sections(doc: LocDict, where: str, hosts: dict[str, HostsList] | None = None) -> Sections:
     try:
         return Sections(
-            netpolicy.parse_network(doc.get("network"), where),
+            netpolicy.parse_network(doc.get("network"), where, hosts),
             fspolicy.parse_filesystem(doc.get("filesystem")),
             fspolicy.parse_env(doc.get("env")),
         )
@@ -129,7 +133,7 @@ class _Reader:
         out: list[Sections] = []
         for inc, line in _includes(doc, where):
             out.extend(self._include(inc, line, path, where, (*stack, real)))
-        sections = _sections(doc, where)
+        sections = _sections(doc, where, hostsfiles.read_all(doc.get("network"), path, where, self.check, self.read))
         check_writes(doc, sections.filesystem, where, self.checks)
         yamlfile.remember(data, doc)  # only now: the parse cache keeps nothing but validated policies
         return [*out, sections]

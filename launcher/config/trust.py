@@ -38,6 +38,8 @@ class TrustError(Exception):
 
 @dataclass(frozen=True)
 class Record:
+    """One trusted policy file: the content hash it was trusted with, and when."""
+
     sha256: str
     trusted_at: str
 

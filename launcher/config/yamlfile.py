@@ -19,9 +19,9 @@ from netguard import policy as netpolicy
 from netguard.policyerror import line_of
 
 TOP_KEYS = ("version", "description", "include", "network", "filesystem", "env")
-MAX_BYTES = 1 << 20  # a real policy is a few kilobytes
+MAX_BYTES = 16 << 20  # a real policy is a few kilobytes; 100,000 `- host:` entries ~4 MiB (a hosts_file is leaner)
 MAX_DEPTH = 32  # YAML nesting; a policy needs 6 levels
-MAX_VALUES = 100_000  # YAML values in one file, an alias counted each time it is used
+MAX_VALUES = 1_000_000  # YAML values in one file, an alias counted each time it is used (3 per `- host:` entry)
 #: Keys a message may name even before the file shows `version: 1`: sandgate's own words, not the file's.
 VOCABULARY = frozenset(
     (*TOP_KEYS, *netpolicy.SECTION_KEYS, *netpolicy.ENTRY_KEYS, *fspolicy.FS_KEYS, *fspolicy.ENV_KEYS)
@@ -88,7 +88,7 @@ def _loader() -> Any:
                         f"nested deeper than {MAX_DEPTH} levels; a policy needs 6", "nested too deeply", line
                     )
                 if self.nodes > MAX_VALUES:
-                    raise NotPolicy(f"more than {MAX_VALUES} values; a policy has a few hundred", "too large", line)
+                    raise NotPolicy(f"more than {MAX_VALUES} values; use a hosts_file", "too large", line)
                 return super().compose_node(parent, index)
             finally:
                 self.depth -= 1

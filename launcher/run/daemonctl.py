@@ -10,22 +10,17 @@ from __future__ import annotations
 
 import os
 import select
-import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from launcher import prestart
 from launcher.errors import UsageError
 from netguard.proxy import control
 from netguard.proxy.spec import BindingSpec
 
-if TYPE_CHECKING:
-    import subprocess
-
 START_TIMEOUT = 30.0
 CONNECT_RETRY = 5.0  # seconds a launcher keeps knocking on a daemon whose accept queue is full
-#: The daemon sees only what it needs of the launcher's environment (it outlives the launcher).
-DAEMON_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "PYTHONPATH", "XDG_RUNTIME_DIR")
+DAEMON_ENV = prestart.DAEMON_ENV  # what the daemon sees of the launcher's environment
 
 
 class DaemonError(UsageError):
@@ -39,10 +34,15 @@ class Daemon:
         self.path = control.socket_path(runtime_dir)
         self.log = runtime_dir / "daemon.log"
         self.client: control.ControlClient | None = None
-        self.proc: subprocess.Popen[bytes] | None = None
         self.ready_fd: int | None = None
-        self.deadline = 0.0
-        self._connect_or_spawn()
+        self.deadline = time.monotonic() + START_TIMEOUT
+        early = prestart.take(str(self.path))  # what the console script found first (launcher/prestart.py)
+        if early is not None and early.sock is not None:
+            self.client = control.ControlClient(early.sock)  # type: ignore[arg-type]  # a connected socket.socket
+        elif early is not None:
+            self.ready_fd = early.ready_fd
+        else:
+            self._connect_or_spawn()
 
     def _connect_or_spawn(self) -> None:
         try:
@@ -50,25 +50,9 @@ class Daemon:
             return
         except (OSError, control.ControlError):
             pass
-        import subprocess  # only a cold start pays for it
-
-        r, w = os.pipe()
-        env = {k: v for k, v in os.environ.items() if k in DAEMON_ENV}
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "netguard.proxy", "--socket", str(self.path), "--ready-fd", str(w)],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=log,
-                pass_fds=(w,),
-                cwd="/",
-                env=env,
-                start_new_session=True,
-            )  # its own session: the terminal's Ctrl-C is not for it
-        os.close(w)
-        os.set_blocking(r, False)
-        self.ready_fd = r
-        self.deadline = time.monotonic() + START_TIMEOUT
+        self.ready_fd = prestart.spawn(str(self.path))  # its own session: the terminal's Ctrl-C is not for it
+        if self.ready_fd is None:
+            raise DaemonError(f"cannot start the proxy daemon (see {self.log})")
 
     @property
     def pending(self) -> bool:

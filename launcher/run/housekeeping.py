@@ -111,6 +111,9 @@ def daemon(args: argparse.Namespace) -> int:
 
 def _print_status(st: Status, path: Path) -> None:
     bindings = st["bindings"]
-    print(f"sandgate: daemon pid {st['pid']}, up {st['uptime']:.0f} s, {len(bindings)} sandbox(es); socket {path}")
+    loading = "" if st.get("mitmproxy", "ready") == "ready" else f"; mitmproxy: {st.get('mitmproxy')}"
+    print(
+        f"sandgate: daemon pid {st['pid']}, up {st['uptime']:.0f} s, {len(bindings)} sandbox(es){loading}; socket {path}"
+    )
     for b in bindings:
         print(f"  task {b['task']} since {b['since']}")

@@ -22,10 +22,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import uuid
 from pathlib import Path
 
-from fsguard import mounts
+from fsguard import gitguard, mounts
+from launcher import timings
 from launcher.config import parsecache
 from launcher.errors import RunError
 from launcher.platform import seam
@@ -51,13 +51,18 @@ def main(args: argparse.Namespace) -> int:
     _this_platform()  # never run a command unconfined on an OS without a backend (Windows: launcher.cli)
     cmd = options.command(args)  # parse
     rt = runstate.runtime_dir()
+    # First: a cold daemon starts while the policy is read and the sandbox is built (it is what the first
+    # connection waits for). A run that then fails on its policy leaves it to serve the next one; idle, it exits.
+    daemon = daemonctl.Daemon(rt)
+    timings.mark("daemon-connect")
     parsecache.CACHE_DIR = rt / "policy-cache"  # hidden from every sandbox
+    gitguard.SCAN_CACHE = str(rt / "gitscan")  # hidden from every sandbox: what it remembers decides what is protected
     pol = policyargs.policy_from_args(args)  # parsed once, here: the daemon gets the compiled result, never YAML
     opts = options.from_args(args, cmd, pol)
     workspace.check(opts, args.user)  # never `/` or a home writable
     tls = _terminating(opts)
-    daemon = daemonctl.Daemon(rt)  # first: a cold daemon starts while we set up the sandbox
-    paths = runstate.RunPaths(rt, uuid.uuid4().hex[:8])
+    timings.mark("policy")
+    paths = runstate.RunPaths(rt, os.urandom(4).hex())  # not uuid: its import (platform, ctypes) is ~1.5 ms
     audit = _open_audit(opts.audit_path)
     # The environment goes in unfiltered: confinement.plan filters it at make, under the run lock,
     # where the names it drops are recorded in the run's policy record.
@@ -68,6 +73,7 @@ def main(args: argparse.Namespace) -> int:
         raise RunError(str(e)) from None
     except mounts.MountError as e:
         raise RunError(e.strerror or str(e)) from None
+    timings.mark("teardown")
     if not opts.quiet:
         print(summary.summary(opts.audit_path, opts.task), file=sys.stderr)
     return status

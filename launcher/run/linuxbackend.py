@@ -35,6 +35,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from fsguard import mounts, placeholders, userns
+from launcher import timings
 from launcher.errors import RunError
 from launcher.platform.seam import PlatformName, SandboxRequest
 from launcher.run import confinement, daemonctl, options, placeholdershare, runstate, sandbox, supervise
@@ -107,6 +108,7 @@ class LinuxBackend:
         box = LinuxSandbox(request, self.run)
         try:
             conf = _prepare(box)  # 1-3
+            timings.mark("prepare")
             _enter(box, conf)  # 4-5
         except BaseException:  # Ctrl-C included: nothing of a failed make is left behind
             self.teardown(box)
@@ -118,12 +120,15 @@ class LinuxBackend:
         if box.chan is None or box.handover is None:
             raise RunError("internal: start before make finished")  # a seam misuse: never start unconfined
         box.chan.send(b"G")  # 6: init + CMD
+        timings.mark("go")
 
     def wait(self, sandbox: object) -> int:
         box = _box(sandbox)
         if box.holder is None or box.chan is None or box.handover is None:
             raise RunError("internal: wait before make finished")
-        return supervise.supervise(box.holder, box.chan, box.handover, box.run.audit, box.run.opts.task)  # 7
+        status = supervise.supervise(box.holder, box.chan, box.handover, box.run.audit, box.run.opts.task)  # 7
+        timings.mark("cmd-exited")
+        return status
 
     def teardown(self, sandbox: object) -> None:
         box = _box(sandbox)
@@ -188,9 +193,11 @@ def _enter(box: LinuxSandbox, conf: confinement.Confinement) -> None:
     holder, box.chan = sandbox.start_holder(os.getpid(), ins)  # namespaces
     box.holder = holder
     fds = sandbox.handshake(holder, box.chan, ins.ident)  # id maps; the listeners born inside
+    timings.mark("handshake")
     audit_fd = os.open(opts.audit_path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
     box.handover = daemonctl.Handover(run.daemon, _spec(opts, paths, box.broker, run.tls), [audit_fd, *fds])
     box.handover.try_bind()  # the daemon binding: now, or as soon as it is up
+    timings.mark("bind")
     if box.broker is not None:
         box.broker.who = lambda ip, port: _asker(holder, ip, port)
         box.broker.start()  # threads only after the fork

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import os
 import stat
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +30,8 @@ def weakened() -> frozenset[str]:
 
 @dataclass
 class User:
+    """The host account CMD runs as."""
+
     uid: int
     gid: int
     name: str
@@ -40,6 +41,8 @@ class User:
 
 @dataclass
 class RunOptions:
+    """`sandgate run`'s command line, parsed and checked once, for every step after it."""
+
     cmd: list[str]
     audit_path: Path
     user: User | None  # the host user CMD runs as; None: whoever started sandgate
@@ -60,7 +63,7 @@ class RunOptions:
     expose: tuple[str, ...] = ()  # --expose-socket: absolute paths of unix sockets shown inside though hidden
     fresh_home: bool = False  # --fresh-home: ~ is the real home under an empty layer, dropped at exit
     nested_userns: bool = False  # --allow-nested-userns: the command may make user namespaces of its own
-    task: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    task: str = field(default_factory=lambda: os.urandom(6).hex())  # 12 random hex digits, as uuid4's first 12
 
 
 def command(args: argparse.Namespace) -> list[str]:

@@ -42,6 +42,8 @@ def runtime_dir() -> Path:
 
 @dataclass(frozen=True)
 class RunPaths:
+    """One run's directory and state file under the runtime directory."""
+
     root: Path  # the runtime directory
     id: str
 

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from fsguard import caps, kernelfs, landlock, mounts, process, seccomp, userns
+from launcher import timings
 from launcher.errors import EXIT_ERROR, RunError
 from netguard import sandboxnet
 from netguard.nft import Nft, Ports
@@ -135,6 +136,7 @@ def _holder(parent: int, chan: socket.socket, ins: Inside) -> None:
         problem = userns.unprivileged_userns_problem() if os.getuid() != 0 else None
         _report(chan, f"Ecannot create the sandbox's namespaces: {e.strerror}" + (f" ({problem})" if problem else ""))
         os._exit(EXIT_ERROR)
+    timings.mark("unshare")
     chan.send(b"U")
     _expect(chan, b"M")  # the launcher wrote our uid/gid maps (it could not, were we already undumpable)
     if not ins.nested_userns:
@@ -146,6 +148,7 @@ def _holder(parent: int, chan: socket.socket, ins: Inside) -> None:
         listeners, nft = sandboxnet.configure(ins.ports)
     else:
         listeners = sandboxnet.make_listeners(Ports(0, 0, 0))
+    timings.mark("nft")
     ins.env.update(proxy_env(listeners.regular.getsockname()[1]))
     socket.send_fds(chan, [b"L"], listeners.fds())
     listeners.close()  # from here on only the daemon holds them: if it dies, they die (fail closed)
@@ -212,6 +215,7 @@ def _init(ins: Inside, sig_r: int) -> None:
         os.makedirs(d, mode=0o700, exist_ok=True)
         os.chown(d, ins.ident.uid, ins.ident.gid)
     caps.join_session_keyring()  # the threat: the caller's keyring readable from inside
+    timings.mark("mounts")
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
@@ -275,6 +279,7 @@ def _exec_cmd(ins: Inside) -> None:
                 os.write(2, f"sandgate: warning: {warning}\n".encode())
         seccomp.install(nested_userns=ins.nested_userns)
         os.closerange(3, os.sysconf("SC_OPEN_MAX") if os.sysconf("SC_OPEN_MAX") > 0 else 65536)
+        timings.mark("confine")
         os.execvpe(name, list(ins.cmd), ins.env)
     except FileNotFoundError:
         os.write(2, f"sandgate: error: {_not_found(name, ins.env.get('PATH', os.defpath))}\n".encode())

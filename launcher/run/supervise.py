@@ -11,7 +11,6 @@ import select
 import signal
 import socket
 import sys
-import uuid
 
 from launcher.errors import render
 from launcher.run import daemonctl
@@ -111,7 +110,7 @@ def _drops(chan: socket.socket, audit: AuditLog, task: str) -> bool:
         audit.write(
             decision_record(
                 task,
-                uuid.uuid4().hex[:12],
+                os.urandom(6).hex(),
                 "packet",
                 "deny",
                 dst,

@@ -33,6 +33,15 @@ def _skip_addons_init() -> None:
         sys.modules["mitmproxy.addons"] = importlib.util.module_from_spec(spec)
 
 
+def _plain_dns_only() -> None:
+    """dnspython without its optional transports: it would import aioquic and OpenSSL (DNS over QUIC, ~40 ms
+    of a cold start) and look up package metadata, for transports the daemon never uses (UDP and TCP only)."""
+    import dns._features
+
+    for feature in ("doq", "doh", "trio", "dnssec", "wmi"):
+        dns._features.force(feature, False)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m netguard.proxy", description=DESCRIPTION)
     ap.add_argument("--socket", required=True, help="control socket path (see netguard.proxy.control.socket_path)")
@@ -73,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
             format="%(asctime)s %(name)s %(levelname)s: %(message)s",
         )
         _skip_addons_init()
+        _plain_dns_only()
         asyncio.run(Daemon(listener, args.idle_exit).run(args.ready_fd))
     finally:
         if listener.sock is not None:

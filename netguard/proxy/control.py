@@ -3,16 +3,13 @@
 One message is one JSON object (at most MAX_MESSAGE bytes); SEQPACKET keeps message
 boundaries, so no framing is needed and a reply can never be confused with a half-read one.
 Requests and replies:
-  {"op": "bind", "spec": {...}} + fds [audit, regular, transparent, dns_udp, dns_tcp]
-                                   -> {"ok": true} | {"ok": false, "error": "..."}
+  {"op": "bind", "spec": {"memfd": 5}} + fds [audit, regular, transparent, dns_udp, dns_tcp, spec memfd]
+                                   -> {"ok": true} | {"ok": false, "error": "..."}  (netguard.proxy.specfd)
   {"op": "end"}                    -> {"ok": true} once this connection's binding is gone
   {"op": "status"}                 -> {"ok": true, "pid": N, "uptime": S, "bindings": [{"task", "since"}]}
   {"op": "stop"}                   -> {"ok": true}, then the daemon exits
-A binding lives as long as the connection that made it: the daemon drops it on EOF.
-The daemon's half (its socket under a lock, SO_PEERCRED, checking the passed fds) lives here
-too, so the whole contract is in one file.
-Imports only the standard library and netguard.proxy.spec: the launcher loads this on its fast path.
-"""
+A binding lives as long as the connection that made it (EOF drops it). The daemon's half (its socket under
+a lock, SO_PEERCRED, the passed fds) is here too. Only the stdlib and netguard.proxy: on the launcher's fast path."""
 
 from __future__ import annotations
 
@@ -23,24 +20,22 @@ import os
 import socket
 import stat
 import struct
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
-from netguard.proxy.spec import BindingSpec, encode
+from netguard.proxy import daemonpath, specfd
+from netguard.proxy.daemonpath import ControlError as ControlError
+from netguard.proxy.daemonpath import code_id as code_id
+from netguard.proxy.spec import BindingSpec
 from netguard.proxy.status import Status, parse_status
 
 MAX_MESSAGE = 1 << 20
 #: The fds a bind carries, in this order.
 BIND_FDS = ("audit", "regular", "transparent", "dns_udp", "dns_tcp")
 MAX_FDS = 16  # room to notice (and close) a peer that sends too many, instead of truncating silently
-
-
-class ControlError(Exception):
-    """The daemon refused a request, went away, or the runtime directory is unsafe: one sentence."""
 
 
 # ---- messages -------------------------------------------------------------------------------
@@ -74,6 +69,8 @@ def recv_raw(sock: socket.socket, flags: int = 0) -> tuple[bytes, list[int], int
 
 def parse_message(data: bytes, msg_flags: int) -> dict[str, Any]:
     """The JSON object of a received message; ValueError with a reply-worthy text if it is not one."""
+    if isinstance(data, specfd.Expanded):  # a memfd bind, already read (ctlasync.recv)
+        return data.result()
     if msg_flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC) or len(data) > MAX_MESSAGE:
         raise ValueError(f"message larger than {MAX_MESSAGE} bytes or with more than {MAX_FDS} fds")
     try:
@@ -85,12 +82,7 @@ def parse_message(data: bytes, msg_flags: int) -> dict[str, Any]:
     return msg
 
 
-def close_fds(fds: Sequence[int]) -> None:
-    for fd in fds:
-        try:
-            os.close(fd)
-        except OSError:
-            pass
+close_fds = specfd.close_fds
 
 
 # ---- the client -----------------------------------------------------------------------------
@@ -117,7 +109,9 @@ class ControlClient:
         """Hand one sandbox to the daemon; `fds` in BIND_FDS order. The caller may close its copies after."""
         if len(fds) != len(BIND_FDS):
             raise ControlError(f"bind needs {len(BIND_FDS)} fds ({', '.join(BIND_FDS)}), got {len(fds)}")
-        self._request({"op": "bind", "spec": encode(spec)}, fds)
+        msg, spec_fd = specfd.bind_request(spec)  # no size limit of one message: 10^5 names are megabytes
+        with open(spec_fd, "rb", closefd=True):  # closed once sent, whatever the answer
+            self._request(msg, [*fds, spec_fd])
 
     def end(self) -> None:
         self._request({"op": "end"})
@@ -166,85 +160,23 @@ class ControlClient:
 
 
 def socket_path(runtime_dir: Path) -> Path:
-    """The daemon socket for this network namespace and this code: a daemon connects upstream from
-    its own netns, so a launcher must never be served by one that lives in another; and a daemon
-    still running an older sandgate (an upgrade, a checkout that moved on) must not decide for a
-    newer launcher. The old one is left to its idle exit."""
-    return runtime_dir / f"daemon-{os.stat('/proc/self/ns/net').st_ino}-{code_id()}.sock"
-
-
-def code_id() -> str:
-    """A short fingerprint of the daemon's code: the interpreter and every netguard module (size, mtime),
-    sub-packages included (the daemon itself lives in netguard/proxy/).
-
-    ~25 stat calls: cheap enough for every run, and any edit or reinstall changes it.
-    """
-    try:  # CPython's own SHA-256: hashlib would load OpenSSL first (~4 ms on every run)
-        from _sha2 import sha256  # private: no stub (see pyproject)
-    except ImportError:
-        from hashlib import sha256
-
-    netguard = Path(__file__).resolve().parent.parent
-    h = sha256(sys.executable.encode())
-    for f in sorted(netguard.rglob("*.py")):
-        st = f.stat()
-        h.update(f"{f.relative_to(netguard)}:{st.st_size}:{st.st_mtime_ns};".encode())
-    return str(h.hexdigest())[:10]
+    """The daemon socket for this network namespace and this code (netguard.proxy.daemonpath.socket_path)."""
+    return Path(daemonpath.socket_path(str(runtime_dir)))
 
 
 def runtime_base(environ: Mapping[str, str], uid: int) -> Path:
-    """Where the runtime directory should be, before any check of it (pure but for one stat)."""
-    xdg = environ.get("XDG_RUNTIME_DIR")
-    if xdg and os.path.isabs(xdg):
-        try:
-            st = os.stat(xdg)
-        except OSError:
-            st = None
-        if st is not None and stat.S_ISDIR(st.st_mode) and st.st_uid == uid:
-            return Path(xdg) / "sandgate"
-    if uid == 0:
-        return Path("/run/sandgate")
-    return Path(f"/tmp/sandgate-{uid}")
+    """Where the runtime directory should be, before any check of it (daemonpath.runtime_base)."""
+    return Path(daemonpath.runtime_base(environ, uid))
 
 
 def private_dir(path: Path, uid: int | None = None) -> Path:
-    """`path` as a directory only `uid` can use, created 0700 if missing.
-
-    In a shared directory like /tmp another user can create our name first (squatting) and
-    read or replace our socket: an existing entry must be a real directory, ours, 0700-ish.
-    """
-    uid = os.geteuid() if uid is None else uid
-    try:
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        pass
-    except OSError as e:
-        raise ControlError(f"cannot create the sandgate runtime directory {path}: {e.strerror}") from None
-    st = os.lstat(path)
-    if stat.S_ISDIR(st.st_mode) and os.statvfs(path).f_flag & os.ST_RDONLY and st.st_mode & 0o077:
-        # What a sandbox shows in place of every runtime directory: an empty read-only tmpfs.
-        raise ControlError(
-            f"the sandgate runtime directory {path} is hidden here: this looks like the inside of a sandgate "
-            "sandbox, and sandgate does not run nested; run it outside"
-        )
-    if stat.S_ISLNK(st.st_mode):
-        raise ControlError(f"refusing the sandgate runtime directory {path}: it is a symbolic link")
-    if not stat.S_ISDIR(st.st_mode):
-        raise ControlError(f"refusing the sandgate runtime directory {path}: it is not a directory")
-    if st.st_uid != uid:
-        raise ControlError(f"refusing the sandgate runtime directory {path}: it belongs to uid {st.st_uid}, not {uid}")
-    if st.st_mode & 0o077:
-        raise ControlError(
-            f"refusing the sandgate runtime directory {path}: mode {stat.S_IMODE(st.st_mode):04o} "
-            "lets other users in (expected 0700)"
-        )
-    return path
+    """`path` as a directory only `uid` can use, created 0700 if missing (daemonpath.private_dir)."""
+    return Path(daemonpath.private_dir(str(path), uid))
 
 
 def runtime_dir() -> Path:
     """$XDG_RUNTIME_DIR/sandgate, else /run/sandgate for root, else /tmp/sandgate-<uid>; checked, 0700."""
-    uid = os.geteuid()
-    return private_dir(runtime_base(os.environ, uid), uid)
+    return Path(daemonpath.runtime_dir())
 
 
 # ---- the daemon's side: its socket, its peers, the fds it is handed -------------------------

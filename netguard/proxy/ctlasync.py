@@ -11,10 +11,22 @@ import os
 import socket
 from typing import Any
 
+from netguard.proxy import specfd
 from netguard.proxy.control import close_fds, recv_raw, send_message
 
 
 async def recv(sock: socket.socket) -> tuple[bytes, list[int], int]:
+    """One message; a bind whose spec is in a memfd comes back expanded (specfd.expand, off the event loop:
+    a new policy of 10^5 names takes a while to decode, and other sandboxes are served meanwhile)."""
+    data, fds, flags = await recv_unexpanded(sock)
+    if not specfd.names_memfd(data, fds):
+        return data, fds, flags
+    if specfd.small(fds[-1]):
+        return specfd.expand(data, fds, flags)  # a few ms at most: a thread hop would cost more
+    return await asyncio.to_thread(specfd.expand, data, fds, flags)
+
+
+async def recv_unexpanded(sock: socket.socket) -> tuple[bytes, list[int], int]:
     """recvmsg once the socket is readable (asyncio has no recvmsg with ancillary data)."""
     loop = asyncio.get_running_loop()
     while True:
@@ -34,7 +46,7 @@ async def refuse(conn: socket.socket, why: str) -> None:
     """Answer a refused peer's first request with why (within a second), then close: nothing else is read."""
     try:
         async with asyncio.timeout(1.0):
-            _, fds, _ = await recv(conn)
+            _, fds, _ = await recv_unexpanded(conn)  # a refused peer's memfd is never read
         close_fds(fds)
         send_message(conn, err(f"refused: {why}; only a launcher outside every sandbox may use the daemon"))
     except (OSError, ValueError, TimeoutError):

@@ -12,10 +12,18 @@ from dataclasses import dataclass, field
 
 import dns.exception
 
-from netguard import localaddrs, rules, verdict
+from netguard import hosts, localaddrs, rules, verdict
 from netguard.audit import Kind, decision_record, new_id
-from netguard.proxy import flowview, limits, resolver
+from netguard.proxy import limits, resolver
 from netguard.proxy.binding import Binding
+
+
+def norm_key(host: str, port: int) -> tuple[str, int]:
+    """The key a connection's pins use: the normalised name (or the text as given when it is no name)."""
+    try:
+        return str(rules.normalise(host)), port
+    except hosts.HostError:
+        return host, port
 
 
 @dataclass
@@ -54,7 +62,7 @@ class Decider:
         self, st: Conn, kind: Kind, host: str, port: int, *, method: str | None = None, url: str | None = None
     ) -> Decided:
         """Run the verdict pipeline, write exactly one audit record; pin if allowed."""
-        key = flowview.norm_key(host, port)
+        key = norm_key(host, port)
         b = st.binding
 
         async def ask(d: rules.Decision) -> rules.Decision:

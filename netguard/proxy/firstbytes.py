@@ -11,10 +11,8 @@ from __future__ import annotations
 
 from typing import Literal
 
-from mitmproxy.net.tls import starts_like_tls_record
-from mitmproxy.proxy.layers.tls import parse_client_hello
-
 from netguard.proxy.limits import HEAD_MAX
+from netguard.proxy.tlshello import client_hello, starts_like_record
 
 State = Literal["more", "ready", "too-large"]
 
@@ -29,7 +27,7 @@ def state(buf: bytes, limit: int = HEAD_MAX) -> State:
     if buf[0] == 0x16:  # a TLS handshake record, or its first bytes
         if len(buf) < 3:
             return "more"
-        if starts_like_tls_record(buf):
+        if starts_like_record(buf):
             return _hello_state(buf, limit)
         return "ready"
     if looks_like_http(buf):
@@ -53,7 +51,7 @@ def is_connect(buf: bytes) -> bool:
 
 def _hello_state(buf: bytes, limit: int) -> State:
     try:
-        hello = parse_client_hello(buf)
+        hello = client_hello(buf)
     except ValueError:
         return "ready"  # malformed: mitmproxy refuses it as before
     if hello is not None:

@@ -10,6 +10,7 @@ from mitmproxy.proxy.mode_specs import RegularMode
 from mitmproxy.utils import human
 
 from netguard import hosts, rules, verdict
+from netguard.proxy.decide import norm_key as norm_key  # the pins' key: one definition, the decider's
 
 ENC, ESC = "utf-8", "surrogateescape"
 
@@ -32,13 +33,6 @@ def answerable(req: http.Request) -> bool:
         return False
     length = req.headers.get("content-length", "")
     return limit is None or not length.isdigit() or int(length) <= limit
-
-
-def norm_key(host: str, port: int) -> tuple[str, int]:
-    try:
-        return str(rules.normalise(host)), port
-    except hosts.HostError:
-        return host, port
 
 
 def fronted(flow: http.HTTPFlow, host: str) -> str | None:

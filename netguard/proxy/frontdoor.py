@@ -36,18 +36,15 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
 from mitmproxy import platform
-from mitmproxy.net.http.http1 import assemble_response
-from mitmproxy.net.tls import starts_like_tls_record
-from mitmproxy.proxy.layers.tls import parse_client_hello
-from mitmproxy.tls import ClientHello
 
 from netguard import hosts, rules
 from netguard.audit import Kind, Limit, close_record
-from netguard.proxy import connecthead, dial, firstbytes, flowview, handoff, headlimit, limits, peek, splice
+from netguard.proxy import answers, connecthead, dial, firstbytes, handoff, limits, peek, splice
 from netguard.proxy.binding import Binding
 from netguard.proxy.decide import Conn, Decided, Decider
 from netguard.proxy.fdlimit import Budget
 from netguard.proxy.relay import Relay
+from netguard.proxy.tlshello import Hello, client_hello, starts_like_record
 
 Mode = Literal["regular", "transparent"]
 Handover = Literal["mitmproxy"]  # nothing read, nothing decided: mitmproxy takes the connection
@@ -296,7 +293,7 @@ class FrontDoor:
         http = firstbytes.looks_like_http(data) and not firstbytes.is_connect(data)
         self._refused("head", "http" if http else self._kind, f"request head larger than {limits.HEAD_MAX} bytes")
         if http:
-            await self._loop.sock_sendall(conn, headlimit.TOO_LARGE)
+            await self._loop.sock_sendall(conn, answers.TOO_LARGE)
             await peek.linger(conn)
         return None
 
@@ -312,8 +309,7 @@ class FrontDoor:
         st = Conn(b, _peer(conn), "connect")
         d = await self._decider.authorize(st, "connect", head.host, head.port)
         if not d.allowed:  # allowed by the rules, then vetoed (rebinding) or unresolved: mitmproxy's 403
-            refusal = assemble_response(flowview.refusal(d.host, d.port, d.verdict.decision))  # type: ignore[no-untyped-call]
-            await self._loop.sock_sendall(conn, refusal)
+            await self._loop.sock_sendall(conn, answers.forbidden(d.host, d.port, d.verdict.decision))
             return None
         up = dial.start(d)  # the SYN leaves before the 200: the handshake overlaps the client's turn
         if up is None:
@@ -354,19 +350,19 @@ def _peer(conn: socket.socket) -> tuple[str, int] | None:
 
 def _hello_done(buf: bytes) -> bool:
     """Enough bytes to tell: not TLS, a whole ClientHello, or one that cannot be parsed."""
-    if len(buf) < 3 or not starts_like_tls_record(buf):
+    if len(buf) < 3 or not starts_like_record(buf):
         return len(buf) >= 3
     try:
-        return parse_client_hello(buf) is not None
+        return client_hello(buf) is not None
     except ValueError:
         return True
 
 
-def _hello(buf: bytes) -> ClientHello | None:
-    if not buf or not starts_like_tls_record(buf):
+def _hello(buf: bytes) -> Hello | None:
+    if not buf or not starts_like_record(buf):
         return None
     try:
-        return parse_client_hello(buf)
+        return client_hello(buf)
     except ValueError:
         return None
 

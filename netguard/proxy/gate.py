@@ -36,7 +36,7 @@ from mitmproxy.proxy.mode_specs import RegularMode
 
 from netguard import hosts, rules
 from netguard.audit import Kind, Limit, close_record
-from netguard.proxy import bodyrelay, decide, flowview, inspected, layers
+from netguard.proxy import bodyrelay, decide, flowview, inspected, layers, trim
 from netguard.proxy.binding import Binding
 from netguard.proxy.decide import Conn, Decided
 
@@ -67,6 +67,7 @@ class Gate:
         self.decider = decide.Decider()  # the one decision code, shared with the front door (netguard.proxy.frontdoor)
         self._named: dict[str, tuple[str, int]] = {}  # server id -> the name it was judged for (keep-alive)
         self.handlers: Mapping[Any, Any] = {}  # mitmproxy's handlers by client id (make_master): the kernel relay
+        self.trimmer = trim.Trimmer()
 
     # ---- bookkeeping ------------------------------------------------------------------
 
@@ -87,6 +88,7 @@ class Gate:
 
     def client_disconnected(self, client: connection.Client) -> None:
         self._conns.pop(client.id, None)
+        self.trimmer.closed()  # what the connection held goes back to the system, not only to the heap
 
     def head_refused(self, client: connection.Client, limit: Limit, kind: Kind, why: str) -> None:
         """netguard.proxy.headlimit closed this client: its sandbox's log says so."""
@@ -280,13 +282,16 @@ class Gate:
                 return
         assert d.verdict.ip is not None
         data.server.address = (d.verdict.ip, port)  # pin: the checked address, not a second lookup
-        if not data.server.tls:
-            self._named[data.server.id] = (host, port)
+        self._named[data.server.id] = (host, port)
 
     def server_connected(self, data: server_hooks.ServerConnectionHookData) -> None:
-        """A plain connection, once made to the pinned address, is named again by the host it was judged for:
-        mitmproxy reuses one only for a request whose (host, port) is its address (the pinned IP there meant a
-        connection per request). Each request on it is still judged against this client's pin for that name."""
+        """A connection, once made to the pinned address, is named again by the host it was judged for:
+        mitmproxy reuses one only for a request whose (host, port) is its address. With the pinned IP there,
+        every request opened a new upstream connection and the old ones stayed open, and mitmproxy lets one
+        client connection hold at most 5 per address (ConnectionHandler.max_conns, held for a connection's
+        life): the 6th request of a kept-alive inspected connection waited for ever (issue 25: `npm ci`
+        stalled until npm's 5-minute timeout). Plain and inspected TLS alike: a TLS connection is verified
+        for this same name (its SNI), and each request on it is still judged against this client's pin."""
         named = self._named.pop(data.server.id, None)
         if named is not None and data.server.peername is not None:
             # A label only: mitmproxy forbids moving an open connection (it would not reconnect); it stays on the pin.

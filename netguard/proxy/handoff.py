@@ -23,12 +23,13 @@ import asyncio
 import contextlib
 import os
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
-from mitmproxy.connection import Connection
-
-from netguard.proxy import splice, streams
+from netguard.proxy import splice
 from netguard.proxy.relay import Relay
+
+if TYPE_CHECKING:  # mitmproxy's types only: the front door uses this module before mitmproxy is imported
+    from mitmproxy.connection import Connection
 
 
 class Relayed(Protocol):
@@ -84,6 +85,8 @@ class Handoff:
         """The synchronous step; False (nothing changed) if this flow must stay with mitmproxy."""
         if not splice.AVAILABLE:
             return False  # no splice(2) on this OS: mitmproxy relays the flow
+        from netguard.proxy import streams  # mitmproxy's internals: the front door imports this module without them
+
         c, s = streams.streams(self._handler, self._client), streams.streams(self._handler, self._server)
         if c is None or s is None:
             return False

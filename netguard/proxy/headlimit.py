@@ -31,15 +31,10 @@ from mitmproxy.proxy.layers.http import _http1
 
 from netguard.audit import Kind, Limit
 from netguard.proxy import limits
+from netguard.proxy.answers import TOO_LARGE
 from netguard.proxy.limits import HEAD_MAX
 
 PIPELINE_MAX = 1 << 20  # what a client may send ahead while its previous response is pending
-_BODY = f"sandgate: request head larger than {HEAD_MAX} bytes\n".encode()
-TOO_LARGE = (
-    b"HTTP/1.1 431 Request Header Fields Too Large\r\nConnection: close\r\nContent-Type: text/plain\r\n"
-    + f"Content-Length: {len(_BODY)}\r\n\r\n".encode()
-    + _BODY
-)
 
 TIMEOUT = b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
 

@@ -13,7 +13,6 @@ lock file and the audit descriptors it was given.
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import functools
 import os
 import resource
@@ -24,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from netguard.proxy import ctlasync, limits, peercheck
+from netguard.proxy import ctlasync, limits, peercheck, trim
 from netguard.proxy.control import (
     BindError,
     DaemonSocket,
@@ -120,16 +119,18 @@ class Daemon:
         self.namespaces = peercheck.own_namespaces()  # who may talk to us: launchers in these (issue 22)
 
     async def run(self, ready_fd: int | None) -> None:
-        from netguard.proxy import fdlimit, relaypool
+        # What serves a bound sandbox's first connections, none of it mitmproxy: a cold daemon is ready once
+        # these are imported, and mitmproxy loads beside it (netguard.proxy.mitmload). The front door is
+        # imported here, before the load's thread starts, so the two threads never import the same module.
+        from netguard.proxy import decide, dns, fdlimit, frontdoor, mitmload, relaypool  # noqa: F401
 
-        fdlimit.raise_nofile()  # before the workers start: they inherit it
-        relaypool.pool().start()  # spliced flows' fds live in relay workers; they boot while mitmproxy imports
-        from netguard.proxy import dns, master
-
-        self.master, self.proxyserver, self.gate = master.make_master(self.bindings, [])
+        fdlimit.raise_nofile()  # before the relay workers start: they inherit it
         self.budget = fdlimit.Budget(resource.getrlimit(resource.RLIMIT_NOFILE)[0], lambda: relaypool.pool().away)
         self.dnsgate: DnsGate = dns.DnsGate()
-        await self.master.running()
+        # The relay workers boot once mitmproxy is loaded: on a cold start they would take the CPU the first
+        # run needs (until then the front door relays in-process, as when no worker is up).
+        self.mitm = mitmload.Mitm(self.bindings, decide.Decider(), self._stop, relaypool.pool().start)
+        self.mitm.start()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop, signal.Signals(sig).name)
@@ -150,7 +151,7 @@ class Daemon:
             for task in list(self._tasks):
                 task.cancel()
             await asyncio.gather(*self._tasks, return_exceptions=True)
-            await self.master.done()
+            await self.mitm.done()
 
     def _stop(self, why: str) -> None:
         if not self.stopping.is_set():
@@ -247,6 +248,7 @@ class Daemon:
                 "ok": True,
                 "pid": os.getpid(),
                 "uptime": round(time.monotonic() - self.started, 3),
+                "mitmproxy": self.mitm.state(),  # "loading" for the first second of a cold daemon
                 "bindings": [
                     {"task": p.sandbox.task, "since": p.sandbox.since}
                     for p in self.peers.values()
@@ -282,8 +284,6 @@ class Daemon:
         return {"ok": True}
 
     async def _start(self, task: str, spec: BindingSpec, passed: PassedFds) -> Sandbox:
-        from mitmproxy.proxy.mode_servers import ServerInstance
-
         from netguard import rules
         from netguard.asking import Approver
         from netguard.audit import AuditLog, now_rfc3339
@@ -319,10 +319,9 @@ class Daemon:
                 (sb.slots[1], "transparent", passed.transparent),
             )
             for slot, mode, sock in listeners:
-                # The slot is only a key for Gate: the mode spec is never used to bind anything.
-                instance: ServerInstance[Any] = ServerInstance.make(f"{mode}@127.0.0.1:{slot}", self.proxyserver)
-                fallback = sb.tracked(instance.handle_stream, budgeted=False)  # what the front door does not take
-                door = FrontDoor(sock, slot, mode, self.bindings, self.gate.decider, fallback, **self._door_args(sb))
+                # What the front door does not take: mitmproxy's, once it is loaded (netguard.proxy.mitmload).
+                fallback = sb.tracked(self.mitm.handler(mode, slot), budgeted=False)
+                door = FrontDoor(sock, slot, mode, self.bindings, self.mitm.decider, fallback, **self._door_args(sb))
                 sb.doors.append(door)
                 door.start(BACKLOG)
             sb.dns.append(await dns.serve_udp(passed.dns_udp, binding, self.dnsgate))
@@ -335,8 +334,9 @@ class Daemon:
         return sb
 
     def _door_args(self, sb: Sandbox) -> dict[str, Any]:
-        idle = float(self.master.options.tcp_timeout)
-        return {"idle": idle, "budget": self.budget, "share": sb.share, "refusals": sb.binding.refusals, "log": log}
+        from netguard.proxy.mitmload import IDLE
+
+        return {"idle": IDLE, "budget": self.budget, "share": sb.share, "refusals": sb.binding.refusals, "log": log}
 
     def _slot(self, binding: Binding) -> int:
         for _ in range(MAX_SLOT):
@@ -351,7 +351,7 @@ class Daemon:
         if sb is None:
             return
         await self._release(sb)
-        _trim()
+        trim.trim()  # hand back the heap the dropped sandbox freed: other sandboxes must not carry it
         log(f"end task={sb.task} ({why}; {self._count()} bindings)")
 
     async def _release(self, sb: Sandbox) -> None:
@@ -380,12 +380,3 @@ class Daemon:
 
     def _count(self) -> int:
         return sum(1 for p in self.peers.values() if p.sandbox is not None)
-
-
-def _trim() -> None:
-    """Hand the heap a dropped sandbox freed back to the system: its buffers must not stay in the daemon's
-    RSS for the other sandboxes' whole life (glibc keeps freed arenas otherwise)."""
-    try:
-        ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError):
-        pass  # not glibc

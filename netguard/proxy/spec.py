@@ -3,6 +3,11 @@
 The launcher parses YAML and argv once and sends `encode(spec)`; the daemon only ever runs
 `decode`, which is strict (exact keys, exact types, canonical hosts), so a confused or
 hostile peer is refused with one clear message instead of being half-understood. Pure: no I/O.
+
+Long runs of plain name rules (a hosts_file of 10^5 names) travel as groups: one object with the
+names and their origins' line numbers each joined by newlines, ~10x smaller and faster than a
+dict per rule. `to_bytes` puts the policy apart from the rest so the daemon can cache the
+decoded, compiled policy by the hash of exactly those bytes (netguard.proxy.specbytes).
 """
 
 from __future__ import annotations
@@ -15,13 +20,15 @@ from typing import Any
 from netguard import hosts
 from netguard.credentials import Secret
 from netguard.httprules import HttpRule, canonical_path
-from netguard.policy import NetworkPolicy, Rule
+from netguard.policy import NetworkPolicy, Rule, new_rule
 
 SPEC_KEYS = (
     "task", "policy", "learn", "ask_all", "approval_socket", "ask_timeout", "ca", "upstream_ca", "secrets"
 )  # fmt: skip
 POLICY_KEYS = ("allow", "deny", "ask", "resolver", "resolver_origin")
 RULE_KEYS = ("kind", "value", "ports", "origin", "dns", "inspect", "http", "log_query")
+GROUP_KEYS = ("kind", "ports", "origin", "values", "lines")  # `origin` + each line: the rule's origin
+GROUP_MIN = 32  # shorter runs stay one dict per rule: the form every small policy has always had
 HTTP_KEYS = ("methods", "paths", "origin", "websocket")
 CA_KEYS = ("cert", "key")
 SECRET_KEYS = ("host", "header", "value", "real", "sentinel", "variable", "origin")
@@ -41,6 +48,14 @@ class CaPair:
 
     cert: str
     key: str
+
+
+@dataclass(frozen=True)
+class Received:
+    """A spec as read from the launcher's memfd: the rest still to decode, the policy already decoded (cached)."""
+
+    header: dict[str, Any]  # encode(spec) without "policy"
+    policy: NetworkPolicy
 
 
 @dataclass(frozen=True)
@@ -67,9 +82,9 @@ def encode(spec: BindingSpec) -> dict[str, Any]:
     return {
         "task": spec.task,
         "policy": {
-            "allow": [_encode_rule(r) for r in p.allow],
-            "deny": [_encode_rule(r) for r in p.deny],
-            "ask": [_encode_rule(r) for r in p.ask],
+            "allow": _encode_list(p.allow),
+            "deny": _encode_list(p.deny),
+            "ask": _encode_list(p.ask),
             "resolver": [p.resolver[0], p.resolver[1]] if p.resolver is not None else None,
             "resolver_origin": p.resolver_origin,
         },
@@ -81,6 +96,37 @@ def encode(spec: BindingSpec) -> dict[str, Any]:
         "upstream_ca": spec.upstream_ca,
         "secrets": [{k: getattr(x, k) for k in SECRET_KEYS} for x in spec.secrets],
     }
+
+
+def _encode_list(rules: tuple[Rule, ...]) -> list[dict[str, Any]]:
+    """Rule dicts; runs of GROUP_MIN or more plain name rules with one ports set and origin file as groups."""
+    out: list[dict[str, Any]] = []
+    run: list[Rule] = []
+    key: tuple[Any, ...] = ()
+    for r in rules:
+        prefix = r.origin[: r.origin.rfind(":") + 1]
+        plain = r.kind != "cidr" and not (r.dns or r.inspect or r.http is not None or r.log_query)
+        if not plain or "\n" in r.origin[len(prefix) :]:  # a line break in a file name cannot be joined
+            _flush(run, out)
+            out.append(_encode_rule(r))
+            continue
+        if (r.kind, r.ports, prefix) != key:
+            _flush(run, out)
+            key = (r.kind, r.ports, prefix)
+        run.append(r)
+    _flush(run, out)
+    return out
+
+
+def _flush(run: list[Rule], out: list[dict[str, Any]]) -> None:
+    if len(run) < GROUP_MIN:
+        out.extend(_encode_rule(r) for r in run)
+    elif run:
+        n, ports = run[0].origin.rfind(":") + 1, run[0].ports
+        out.append({"kind": run[0].kind, "ports": sorted(ports) if ports is not None else None,
+                    "origin": run[0].origin[:n], "values": "\n".join(str(r.value) for r in run),
+                    "lines": "\n".join(r.origin[n:] for r in run)})  # fmt: skip
+    run.clear()
 
 
 def _encode_rule(r: Rule) -> dict[str, Any]:
@@ -109,8 +155,13 @@ def _encode_http(h: HttpRule) -> dict[str, Any]:
 
 
 def decode(obj: Any) -> BindingSpec:
-    """The spec `obj` describes; SpecError for anything `encode` would not have produced."""
-    d = _mapping(obj, "spec", SPEC_KEYS)
+    """The spec `obj` describes (encode's dict, or a Received); SpecError for anything `encode` would not have produced."""
+    if isinstance(obj, Received):
+        d = _mapping(obj.header, "spec", tuple(k for k in SPEC_KEYS if k != "policy"))
+        policy = obj.policy
+    else:
+        d = _mapping(obj, "spec", SPEC_KEYS)
+        policy = decode_policy(d["policy"])
     task = _text(d["task"], "task", MAX_TASK)
     if not task or not task.isprintable():
         raise SpecError("task must be a non-empty string of printable characters")  # one log line per bind
@@ -130,7 +181,6 @@ def decode(obj: Any) -> BindingSpec:
     if not isinstance(d["secrets"], list):
         raise SpecError("secrets must be a list")
     secrets = tuple(_decode_secret(x, f"secrets[{i}]") for i, x in enumerate(d["secrets"]))
-    policy = _decode_policy(d["policy"])
     if ca is None and (secrets or any(r.inspect for r in policy.allow)):
         raise SpecError("ca is needed: a rule inspects or a credential is bound")  # fail closed, never passthrough
     return BindingSpec(
@@ -160,19 +210,66 @@ def _decode_secret(obj: Any, where: str) -> Secret:
     return Secret(**f)
 
 
-def _decode_policy(obj: Any) -> NetworkPolicy:
+def decode_policy(obj: Any) -> NetworkPolicy:
     d = _mapping(obj, "policy", POLICY_KEYS)
     lists: dict[str, tuple[Rule, ...]] = {}
     for name in ("allow", "deny", "ask"):
         items = d[name]
         if not isinstance(items, list):
             raise SpecError(f"policy.{name} must be a list")
-        lists[name] = tuple(_decode_rule(item, f"policy.{name}[{i}]") for i, item in enumerate(items))
+        found: list[Rule] = []
+        for i, item in enumerate(items):
+            if isinstance(item, dict) and "values" in item:
+                found.extend(_decode_group(item, f"policy.{name}[{i}]"))
+            else:
+                found.append(_decode_rule(item, f"policy.{name}[{i}]"))
+        lists[name] = tuple(found)
     resolver = _decode_resolver(d["resolver"])
     origin = d["resolver_origin"]
     if origin is not None:
         origin = _text(origin, "policy.resolver_origin", MAX_TEXT)
     return NetworkPolicy(lists["allow"], lists["deny"], lists["ask"], resolver, origin)
+
+
+def _decode_group(obj: Any, where: str) -> list[Rule]:
+    """A run of plain name rules (see _flush): every name canonical, every origin bounded like a rule's."""
+    d = _mapping(obj, where, GROUP_KEYS)
+    if d["kind"] not in ("host", "wildcard"):
+        raise SpecError(f"{where}.kind must be host or wildcard")
+    ports = _ports(d["ports"], where)
+    prefix = _text(d["origin"], f"{where}.origin", MAX_TEXT)
+    if not isinstance(d["values"], str) or not isinstance(d["lines"], str):
+        raise SpecError(f"{where}.values and .lines must be strings")
+    values, lines = d["values"].split("\n"), d["lines"].split("\n")
+    if len(values) != len(lines) or len(values) < GROUP_MIN:
+        raise SpecError(f"{where}: values and lines differ in number, or the group is shorter than {GROUP_MIN}")
+    kind, rules = d["kind"], []
+    for value, line in zip(values, lines, strict=True):
+        _canonical(value, where)
+        if len(prefix) + len(line) > MAX_TEXT:
+            raise SpecError(f"{where}.lines: an origin is longer than {MAX_TEXT} characters")
+        rules.append(new_rule(kind, value, ports, prefix + line))
+    return rules
+
+
+def _canonical(value: str, where: str) -> None:
+    # A non-canonical name would silently never match: refuse it so the launcher's bug is seen.
+    try:
+        canonical = hosts.normalise_name(value)
+    except hosts.HostError as e:
+        raise SpecError(f"{where}.value: {e}") from None
+    if canonical != value:
+        raise SpecError(f"{where}.value {value!r} is not in canonical form ({canonical!r})")
+
+
+def _ports(ports: Any, where: str) -> frozenset[int] | None:
+    if ports is None:
+        return None
+    if not isinstance(ports, list) or any(
+        isinstance(p, bool) or not isinstance(p, int) or not 0 < p < 65536 for p in ports
+    ):
+        raise SpecError(f"{where}.ports must be null or a list of port numbers from 1 to 65535")
+    return frozenset(ports)
 
 
 def _decode_rule(obj: Any, where: str) -> Rule:
@@ -181,13 +278,7 @@ def _decode_rule(obj: Any, where: str) -> Rule:
     if kind not in RULE_KINDS:
         raise SpecError(f"{where}.kind must be one of {', '.join(RULE_KINDS)}")
     value = _text(d["value"], f"{where}.value", MAX_TEXT)
-    ports = d["ports"]
-    if ports is not None:
-        if not isinstance(ports, list) or any(
-            isinstance(p, bool) or not isinstance(p, int) or not 0 < p < 65536 for p in ports
-        ):
-            raise SpecError(f"{where}.ports must be null or a list of port numbers from 1 to 65535")
-        ports = frozenset(ports)
+    ports = _ports(d["ports"], where)
     origin = _text(d["origin"], f"{where}.origin", MAX_TEXT)
     dns = d["dns"]
     if dns is not None:
@@ -208,13 +299,7 @@ def _decode_rule(obj: Any, where: str) -> Rule:
         if inspect:
             raise SpecError(f"{where}: a cidr rule cannot inspect")
         return Rule("cidr", _network(value, where), ports, origin)
-    # A non-canonical name would silently never match: refuse it so the launcher's bug is seen.
-    try:
-        canonical = hosts.normalise_name(value)
-    except hosts.HostError as e:
-        raise SpecError(f"{where}.value: {e}") from None
-    if canonical != value:
-        raise SpecError(f"{where}.value {value!r} is not in canonical form ({canonical!r})")
+    _canonical(value, where)
     return Rule("host" if kind == "host" else "wildcard", value, ports, origin, dns, inspect, http, log_query)
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 
 class BindingStatus(TypedDict):
@@ -17,6 +17,7 @@ class Status(TypedDict):
     pid: int
     uptime: float
     bindings: list[BindingStatus]
+    mitmproxy: NotRequired[str]  # "loading" (a cold daemon serves before it is loaded), "ready" or "failed"
 
 
 def parse_status(reply: dict[str, Any]) -> Status:
@@ -32,9 +33,12 @@ def parse_status(reply: dict[str, Any]) -> Status:
     )
     if not ok or not isinstance(bindings, list):
         raise ValueError("the daemon's status reply is malformed")
-    return Status(
+    st = Status(
         ok=True,
         pid=reply["pid"],
         uptime=float(reply["uptime"]),
         bindings=[BindingStatus(task=b["task"], since=b["since"]) for b in bindings],
     )
+    if reply.get("mitmproxy") in ("loading", "ready", "failed"):
+        st["mitmproxy"] = reply["mitmproxy"]
+    return st

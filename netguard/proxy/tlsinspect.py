@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import ipaddress
 import ssl
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import cast
 
 import certifi
@@ -24,7 +24,7 @@ from OpenSSL import SSL, crypto
 
 from netguard import hosts, rules
 from netguard.proxy.binding import Binding
-from netguard.proxy.leafcerts import Issuer, LeafError
+from netguard.proxy.leafcerts import MAX_CACHED, Issuer, Leaf, LeafError
 
 _OPTIONS = SSL.OP_CIPHER_SERVER_PREFERENCE | SSL.OP_NO_COMPRESSION | SSL.OP_NO_RENEGOTIATION
 
@@ -35,8 +35,22 @@ class _Contexts:
 
     binding: Binding  # held so its id() is not reused while this entry lives
     issuer: Issuer
-    client: SSL.Context  # proxy as server, towards the sandbox
     server: SSL.Context  # proxy as client, towards the upstream
+    leaves: dict[str, tuple[Leaf, SSL.Context]] = field(default_factory=dict)  # towards the sandbox, per name
+
+    def client(self, leaf: Leaf) -> SSL.Context:
+        """The context serving `leaf`, made once per leaf: handing pyOpenSSL a leaf's cryptography objects
+        converts them (~0.5 ms of a new inspected connection); a context keeps them converted."""
+        hit = self.leaves.get(leaf.name)
+        if hit is not None and hit[0] is leaf:
+            return hit[1]
+        if len(self.leaves) >= MAX_CACHED:  # the Issuer's own bound: a name it dropped is dropped here
+            self.leaves.pop(next(iter(self.leaves)))
+        ctx = _client_context()
+        ctx.use_certificate(leaf.cert)
+        ctx.use_privatekey(leaf.key)
+        self.leaves[leaf.name] = (leaf, ctx)
+        return ctx
 
 
 def trust_store(ctx: SSL.Context, upstream_ca: str | None) -> None:
@@ -58,19 +72,23 @@ def trust_store(ctx: SSL.Context, upstream_ca: str | None) -> None:
             store.add_cert(crypto.X509.from_cryptography(cert))
 
 
-def _contexts(b: Binding) -> _Contexts:
-    assert b.ca is not None
+def _client_context() -> SSL.Context:
     client = SSL.Context(SSL.TLS_SERVER_METHOD)
     client.set_min_proto_version(SSL.TLS1_2_VERSION)  # no downgrade below TLS 1.2 towards the sandbox
     client.set_options(_OPTIONS)
     client.set_alpn_select_callback(alpn_select_callback)
+    return client
+
+
+def _contexts(b: Binding) -> _Contexts:
+    assert b.ca is not None
     server = SSL.Context(SSL.TLS_CLIENT_METHOD)
     server.set_min_proto_version(SSL.TLS1_2_VERSION)
     server.set_options(_OPTIONS)
     # MITM of the proxy itself: the upstream must prove it is the host; there is no switch to turn this off.
     server.set_verify(SSL.VERIFY_PEER)
     trust_store(server, b.upstream_ca)
-    return _Contexts(b, Issuer(b.ca.cert, b.ca.key), client, server)
+    return _Contexts(b, Issuer(b.ca.cert, b.ca.key), server)
 
 
 def verify_name(conn: SSL.Connection, name: str) -> None:
@@ -135,9 +153,7 @@ class TlsInspect:
         except LeafError as e:
             data.conn.error = f"sandgate: no certificate for {name}: {e}"
             return
-        conn = SSL.Connection(entry.client)
-        conn.use_certificate(leaf.cert)
-        conn.use_privatekey(leaf.key)
+        conn = SSL.Connection(entry.client(leaf))
         # Both h2 and http/1.1 clients: the upstream's protocol is not known yet (lazy), mitmproxy translates.
         conn.set_app_data(AppData(client_alpn=None, server_alpn=None, http2=True))
         conn.set_accept_state()

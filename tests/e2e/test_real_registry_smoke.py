@@ -209,6 +209,24 @@ def test_three_concurrent_npm_ci(home: Path, tmp_path: Path) -> None:
     assert tree_hash(home) == before, "npm ci changed the real home"
 
 
+def test_cold_npm_ci_through_npm_readonly(home: Path, tmp_path: Path) -> None:
+    """Issue 25: a cold `npm ci` of express + chalk (77 packages) through the inspected `npm-readonly` once
+    stalled for ever after ~70 requests (the 6th request of each kept-alive connection never left)."""
+    if shutil.which("npm") is None:
+        pytest.fail("npm is not installed on this machine", pytrace=False)
+    ws = tmp_path / "readonly"
+    ws.mkdir()
+    (ws / "package.json").write_text('{"name": "t", "version": "1.0.0", "dependencies": {"express": "^4.21.0", '
+                                     '"chalk": "^4.1.2"}}')  # fmt: skip
+    r, _ = run(home, ws, "--allow", "npm", "--", "npm", "install", "--package-lock-only", "--no-fund")
+    assert r.returncode == 0, r.stderr[-2000:]
+    cold = ["npm", "ci", "--no-fund", "--cache", str(ws / ".cold-cache")]  # an empty cache: every tarball fetched
+    r, took = run(home, ws, "--allow", "npm-readonly", "--", *cold, timeout=120)
+    assert r.returncode == 0 and " 0 denied" in r.stderr, (r.stdout[-1500:], r.stderr[-1500:])
+    assert (ws / "node_modules" / "express" / "package.json").is_file()
+    print(f"\ncold npm ci (express + chalk) through npm-readonly: {took:.2f} s")
+
+
 def test_corepack_fetches_pnpm_twice(home: Path, tmp_path: Path) -> None:
     if shutil.which("corepack") is None:
         pytest.fail("corepack is not installed on this machine", pytrace=False)

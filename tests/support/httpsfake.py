@@ -164,12 +164,16 @@ class Server:
             resp = self.handler(req)
             self.record(conn, "http/1.1", sni, req, resp)
             close = (req.header("connection") or "").lower() == "close" or version == "HTTP/1.0"
-            out = [f"HTTP/1.1 {resp.status} X", f"Content-Length: {len(resp.body)}", *_lines(resp.headers)]
-            out += ["Connection: close"] if close else []
-            w.write(("\r\n".join(out) + "\r\n\r\n").encode("latin-1") + (b"" if method == "HEAD" else resp.body))
-            await w.drain()
+            await self.answer_h1(w, method, resp, close)
             if close:
                 return
+
+    async def answer_h1(self, w: asyncio.StreamWriter, method: str, resp: Response, close: bool) -> None:
+        """One HTTP/1.1 answer in one write (a subclass may answer the way another server does)."""
+        out = [f"HTTP/1.1 {resp.status} X", f"Content-Length: {len(resp.body)}", *_lines(resp.headers)]
+        out += ["Connection: close"] if close else []
+        w.write(("\r\n".join(out) + "\r\n\r\n").encode("latin-1") + (b"" if method == "HEAD" else resp.body))
+        await w.drain()
 
     async def serve_h2(self, conn: int, sni: str | None, reader: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
         h2c = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False, header_encoding="utf-8"))

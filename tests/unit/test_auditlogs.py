@@ -46,6 +46,45 @@ def test_a_symlink_named_like_a_log_is_never_followed_or_removed(tmp_path: Path)
     assert target.exists() and (tmp_path / "audit-link.jsonl").is_symlink()
 
 
+# ---- pruning at most once an hour or every PRUNE_AFTER_RUNS logs (issue 25: not a scan per run) --------
+
+
+def test_prune_runs_first_then_only_when_due_by_count_or_age(tmp_path: Path) -> None:
+    now = time.time()
+    old = make(tmp_path, "audit-old.jsonl", auditlogs.KEEP_DAYS + 1)
+    assert auditlogs.prune_if_due(tmp_path, now) and not old.exists()  # no stamp yet: prune
+    stamp = tmp_path / auditlogs.PRUNE_STAMP
+    pruned_at = stamp.stat().st_mtime
+    runs = 0
+    while True:
+        late = make(tmp_path, f"audit-late{runs}.jsonl", auditlogs.KEEP_DAYS + 1)
+        due = auditlogs.prune_if_due(tmp_path, now + runs)
+        runs += 1
+        if due:
+            break
+        assert late.exists() and stamp.stat().st_mtime == pruned_at  # counted, the prune's time kept
+    assert runs == auditlogs.PRUNE_AFTER_RUNS  # the bound: at most this many logs between prunes
+    assert not any(tmp_path.glob("audit-late*"))
+    assert not auditlogs.prune_if_due(tmp_path, now + runs)
+    late = make(tmp_path, "audit-hour.jsonl", auditlogs.KEEP_DAYS + 1)
+    assert auditlogs.prune_if_due(tmp_path, now + runs + auditlogs.PRUNE_EVERY) and not late.exists()
+
+
+def test_a_stamp_that_cannot_be_kept_means_a_prune_every_time(tmp_path: Path) -> None:
+    (tmp_path / auditlogs.PRUNE_STAMP).symlink_to(tmp_path / "elsewhere")  # never followed
+    for _ in range(2):
+        old = make(tmp_path, "audit-old.jsonl", auditlogs.KEEP_DAYS + 1)
+        assert auditlogs.prune_if_due(tmp_path) and not old.exists()
+    assert not (tmp_path / "elsewhere").exists()
+
+
+def test_a_stamp_from_the_future_is_a_prune(tmp_path: Path) -> None:
+    now = time.time()
+    auditlogs.prune_if_due(tmp_path, now)
+    os.utime(tmp_path / auditlogs.PRUNE_STAMP, (now + 86400, now + 86400))  # the clock was set back since
+    assert auditlogs.prune_if_due(tmp_path, now + 1)
+
+
 # ---- "the last run" is the last run of this workspace (issue 23) -----------------------------------
 
 

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from netguard.policy import parse_network
-from netguard.proxy import control
+from netguard.proxy import control, specfd
 from netguard.proxy.control import ControlClient, ControlError
 from netguard.proxy.spec import BindingSpec, decode
 
@@ -102,7 +102,7 @@ class Scripted:
         conn, _ = self.srv.accept()
         with conn:
             for reply in self.replies:
-                data, fds, flags = control.recv_raw(conn)
+                data, fds, flags = specfd.expand(*control.recv_raw(conn))  # a bind's spec comes in a memfd
                 self.got.append((control.parse_message(data, flags), len(fds)))
                 control.close_fds(fds)
                 if reply is None:
@@ -216,7 +216,9 @@ def test_control_imports_no_mitmproxy_or_dnspython() -> None:
         "netguard.policyerror",
         "netguard.proxy",
         "netguard.proxy.control",
+        "netguard.proxy.daemonpath",
         "netguard.proxy.spec",
+        "netguard.proxy.specfd",
         "netguard.proxy.status",
     ]
 

@@ -55,15 +55,6 @@ def daemon(base: Path) -> Iterator[Daemon]:
         d.stop()
 
 
-@pytest.fixture
-def web() -> Iterator[Web]:
-    w = Web()
-    try:
-        yield w
-    finally:
-        w.close()
-
-
 def allow_web(web: Web) -> dict[str, Any]:
     # Loopback is vetoed for names (SSRF); an explicit cidr rule for it is what opens it.
     return {"allow": [{"cidr": "127.0.0.0/8", "ports": [web.port]}]}
@@ -153,6 +144,8 @@ def test_end_cuts_open_connections_of_that_sandbox(daemon: Daemon, web: Web) -> 
 
 def test_malformed_binds_are_refused_and_others_keep_working(daemon: Daemon, web: Web, base: Path) -> None:
     b = Box(daemon, "b", allow_web(web))
+    # mitmproxy loads after "ready" (issue 25): count once it and the relay workers are up
+    assert eventually(lambda: raw(b.client, {"op": "status"})["mitmproxy"] == "ready")
     fd_dir = Path(f"/proc/{daemon.proc.pid}/fd")
     before = len(list(fd_dir.iterdir()))
     spec = BindingSpec("x", parse_network({"allow": ["a.test"]}, "x.yaml"))

@@ -1,0 +1,132 @@
+"""`sandgate run` reaches its daemon first, before its own imports: a cold daemon starts ~50 ms sooner.
+
+A cold start's first connection waits for the daemon (issue 25), and the daemon's start is mostly its
+imports; the launcher's own imports and checks used to come before the spawn. So the console script,
+on `sandgate run`, finds the daemon's socket with nothing but `os` (netguard.proxy.daemonpath: the
+same runtime-directory checks as ever) and connects, or spawns the daemon exactly as
+launcher/run/daemonctl.py did (its own session, `/` as its directory, only DAEMON_ENV of the
+environment, stdin from /dev/null, output to daemon.log, every other descriptor closed). daemonctl
+takes what was found (`take`); if anything here fails, nothing is left half-done and daemonctl
+does it all again the usual way, with its usual errors.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+#: The daemon sees only what it needs of the launcher's environment (it outlives the launcher).
+DAEMON_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "PYTHONPATH", "XDG_RUNTIME_DIR")
+
+
+class Early:
+    """What the start of a run found: a connected control socket, or a daemon spawned and its ready pipe."""
+
+    def __init__(self, path: str, sock: object | None = None, ready_fd: int | None = None) -> None:
+        self.path, self.sock, self.ready_fd = path, sock, ready_fd
+
+
+_found: list[Early] = []
+
+
+def command_args(argv: list[str], orig_argv: list[str]) -> list[str] | None:
+    """The command line after the program when this process is sandgate's CLI (the console script, or
+    `python -m launcher.cli` as the tests run it); None for anything else (a library user, a test run)."""
+    if argv and argv[0].endswith("/sandgate"):
+        return argv[1:]
+    if argv[:1] == ["-m"] and "-m" in orig_argv:  # argv[0] is "-m" while -m's packages are imported
+        at = orig_argv.index("-m")
+        if orig_argv[at + 1 : at + 2] == ["launcher.cli"]:
+            return orig_argv[at + 2 :]
+    return None
+
+
+def wanted(args: list[str] | None) -> bool:
+    """`sandgate run ...` on Linux, not asking for help (anything else finds its daemon later, if at all)."""
+    if args is None or not sys.platform.startswith("linux") or args[:1] != ["run"]:
+        return False
+    opts = args[1 : args.index("--")] if "--" in args else args[1:]
+    return "-h" not in opts and "--help" not in opts
+
+
+def start() -> None:
+    """Connect to this user's daemon or spawn one; on any trouble, leave it all to daemonctl."""
+    from netguard.proxy import daemonpath
+
+    try:
+        path = daemonpath.socket_path(daemonpath.runtime_dir())
+    except (OSError, daemonpath.ControlError):
+        return  # reported by the launcher, in its own words, once it gets there
+    import socket
+
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+    try:
+        s.settimeout(5.0)
+        s.connect(path)
+        _found.append(Early(path, sock=s))
+        return
+    except OSError:
+        s.close()
+    ready = spawn(path)
+    if ready is not None:
+        _found.append(Early(path, ready_fd=ready))
+
+
+def spawn(path: str) -> int | None:
+    """`python -m netguard.proxy` for `path`; the read end of its ready pipe, or None if it could not start."""
+    runtime = os.path.dirname(path)
+    r, w = os.pipe()
+    if min(r, w) < 3:  # a standard stream was closed: the child's dup2 onto 0-2 would take the pipe
+        os.close(r)
+        os.close(w)
+        return None
+    argv = [sys.executable, "-m", "netguard.proxy", "--socket", path, "--ready-fd", str(w)]
+    env = {k: v for k, v in os.environ.items() if k in DAEMON_ENV}
+    try:
+        log = os.open(os.path.join(runtime, "daemon.log"), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError:
+        os.close(r)
+        os.close(w)
+        return None
+    try:
+        pid = os.fork()
+    except OSError:
+        for fd in (r, w, log):
+            os.close(fd)
+        return None  # this process has no thread yet: fork and exec as subprocess would, without its import
+    if pid == 0:
+        _exec_daemon(argv, env, log, w)
+    os.close(log)
+    os.close(w)
+    os.set_blocking(r, False)
+    return r
+
+
+def _exec_daemon(argv: list[str], env: dict[str, str], log: int, ready: int) -> None:
+    """In the child: a session of its own (the terminal's Ctrl-C is not for it), only its descriptors, exec."""
+    try:
+        os.setsid()
+        null = os.open("/dev/null", os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.dup2(ready, 3)
+        os.closerange(4, 1 << 20)  # nothing of the launcher's caller (a pipe, a terminal) may live on in the daemon
+        argv[argv.index("--ready-fd") + 1] = "3"
+        os.chdir("/")  # hold no directory of the launcher's busy
+        os.execve(argv[0], argv, env)
+    except BaseException:
+        pass
+    os._exit(127)
+
+
+def take(path: str) -> Early | None:
+    """What `start` found for the socket `path` (once); None if nothing, or if it was for another socket."""
+    early = _found.pop() if _found else None
+    if early is not None and early.path != path:
+        if early.ready_fd is not None:
+            os.close(early.ready_fd)
+        if early.sock is not None:
+            early.sock.close()  # type: ignore[attr-defined]
+        return None
+    return early
