@@ -250,9 +250,9 @@ def _lines(headers: Sequence[tuple[str, str]]) -> list[str]:
     return [f"{k}: {v}" for k, v in headers if k.lower() not in ("content-length", "connection")]
 
 
-def serve_forever(handler: Handler, args: argparse.Namespace) -> None:
-    """Listen, print "ready" (the parent waits for it), serve until killed."""
-    server = Server(handler, Path(args.log))
+def serve_forever(handler: Handler, args: argparse.Namespace, kind: type[Server] | None = None) -> None:
+    """Listen, print "ready" (the parent waits for it), serve until killed; `kind`: a Server subclass."""
+    server = (kind or Server)(handler, Path(args.log))
     ctx = None if args.plain else server.tls_context(args.cert, args.key)
 
     async def main() -> None:

@@ -11,9 +11,7 @@ number (httpsfake.Seen.conn): how many upstream connections the proxy opened is 
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-from pathlib import Path
 
 from . import httpsfake
 
@@ -33,18 +31,6 @@ class RegistryServer(httpsfake.Server):
                 await w.drain()
 
 
-def serve_forever(args: argparse.Namespace) -> None:
-    server = RegistryServer(httpsfake.hello(args.name), Path(args.log))
-    ctx = None if args.plain else server.tls_context(args.cert, args.key)
-
-    async def main() -> None:
-        srv = await asyncio.start_server(server.connection, args.ip, args.port, ssl=ctx)
-        print("ready", flush=True)
-        async with srv:
-            await srv.serve_forever()
-
-    asyncio.run(main())
-
-
 if __name__ == "__main__":
-    serve_forever(httpsfake.parser().parse_args())
+    _args = httpsfake.parser().parse_args()
+    httpsfake.serve_forever(httpsfake.hello(_args.name), _args, RegistryServer)
