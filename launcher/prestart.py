@@ -74,32 +74,40 @@ def start() -> None:
 
 def spawn(path: str) -> int | None:
     """`python -m netguard.proxy` for `path`; the read end of its ready pipe, or None if it could not start."""
-    runtime = os.path.dirname(path)
-    r, w = os.pipe()
-    if min(r, w) < 3:  # a standard stream was closed: the child's dup2 onto 0-2 would take the pipe
-        os.close(r)
-        os.close(w)
-        return None
-    argv = [sys.executable, "-m", "netguard.proxy", "--socket", path, "--ready-fd", str(w)]
+    try:
+        r, w = (_high(fd) for fd in os.pipe())
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
+        log = _high(os.open(os.path.join(os.path.dirname(path), "daemon.log"), flags, 0o600))
+    except OSError:
+        return None  # (what was opened is close-on-exec and goes with this process) daemonctl says it
+    argv = [sys.executable, "-m", "netguard.proxy", "--socket", path, "--ready-fd", "3"]
     env = {k: v for k, v in os.environ.items() if k in DAEMON_ENV}
     try:
-        log = os.open(os.path.join(runtime, "daemon.log"), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        pid = os.fork()  # no thread runs here yet (daemonctl: before the sandbox): fork, then only os calls
     except OSError:
-        os.close(r)
-        os.close(w)
-        return None
-    try:
-        pid = os.fork()
-    except OSError:
-        for fd in (r, w, log):
-            os.close(fd)
-        return None  # this process has no thread yet: fork and exec as subprocess would, without its import
+        pid = -1
     if pid == 0:
         _exec_daemon(argv, env, log, w)
     os.close(log)
     os.close(w)
+    if pid < 0:
+        os.close(r)
+        return None
     os.set_blocking(r, False)
     return r
+
+
+def _high(fd: int) -> int:
+    """`fd` moved above the standard streams: when one was closed, a new descriptor takes its number, and
+    the child's dup2 onto 0-2 would overwrite it."""
+    if fd >= 3:
+        return fd
+    import fcntl
+
+    try:
+        return fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3)
+    finally:
+        os.close(fd)
 
 
 def _exec_daemon(argv: list[str], env: dict[str, str], log: int, ready: int) -> None:
@@ -111,8 +119,8 @@ def _exec_daemon(argv: list[str], env: dict[str, str], log: int, ready: int) -> 
         os.dup2(log, 1)
         os.dup2(log, 2)
         os.dup2(ready, 3)
+        os.set_inheritable(3, True)  # dup2 onto itself (ready was 3) leaves close-on-exec set
         os.closerange(4, 1 << 20)  # nothing of the launcher's caller (a pipe, a terminal) may live on in the daemon
-        argv[argv.index("--ready-fd") + 1] = "3"
         os.chdir("/")  # hold no directory of the launcher's busy
         os.execve(argv[0], argv, env)
     except BaseException:

@@ -124,3 +124,28 @@ def _zombie(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("Z")
     except OSError:
         return True
+
+
+CLOSED_STREAMS = """
+import json, os, select, sys
+os.close(1)                                    # `sandgate run ... >&-`: the pipe would take fd 1
+from launcher import prestart
+from netguard.proxy import daemonpath
+path = daemonpath.socket_path(daemonpath.runtime_dir())
+r = prestart.spawn(path)
+select.select([r], [], [], 30)
+os.write(2, json.dumps({"path": path, "ready": os.read(r, 64).decode()}).encode())
+"""
+
+
+def test_a_daemon_spawned_with_a_standard_stream_closed_still_reports_ready(runtime: Path) -> None:
+    env = {"PATH": "/usr/bin:/bin", "XDG_RUNTIME_DIR": str(runtime)}
+    code = [sys.executable, "-c", CLOSED_STREAMS]
+    r = subprocess.run(code, capture_output=True, text=True, timeout=60, cwd=REPO, env=env)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stderr)
+    assert got["ready"] == "ready\n"
+    with ControlClient.connect(str(got["path"])) as client:
+        pid = client.status()["pid"]
+        client.stop()
+    assert eventually(lambda: not Path(f"/proc/{pid}").exists() or _zombie(pid), timeout=10)
