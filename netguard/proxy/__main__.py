@@ -9,16 +9,14 @@ for the same socket exits at once (after telling its starter "ready": one is ser
 from __future__ import annotations
 
 import argparse
-import asyncio
-import importlib.util
 import os
 import re
 import signal
 import sys
 
-from netguard.proxy.control import DaemonSocket
-from netguard.proxy.ctlasync import report_ready
-from netguard.proxy.serve import Daemon, log
+# Only these before the claim: a `sandgate daemon stop` just after a cold run must find the daemon it
+# started, so the socket is bound before the imports that serving needs (the rest of main's).
+from netguard.proxy.daemonpath import DaemonSocket, report_ready
 
 DESCRIPTION = "sandgated: one long-lived proxy per user and network namespace, serving many sandboxes."
 
@@ -26,6 +24,8 @@ DESCRIPTION = "sandgated: one long-lived proxy per user and network namespace, s
 def _skip_addons_init() -> None:
     """Register mitmproxy.addons without running its __init__, which imports every addon (flask, ldap3,
     ...: ~150 ms of a cold start); we load only proxyserver, and mitmproxy.master only termlog."""
+    import importlib.util
+
     if "mitmproxy.addons" in sys.modules:
         return
     spec = importlib.util.find_spec("mitmproxy.addons")
@@ -40,6 +40,12 @@ def _plain_dns_only() -> None:
 
     for feature in ("doq", "doh", "trio", "dnssec", "wmi"):
         dns._features.force(feature, False)
+
+
+def _log(line: str) -> None:
+    from netguard.proxy.serve import log  # the daemon's one log line (a rare path: the import is paid here)
+
+    log(line)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     named = re.fullmatch(r"daemon-(\d+)(?:-[0-9a-f]+)?\.sock", os.path.basename(path))
     if named and int(named.group(1)) != os.stat("/proc/self/ns/net").st_ino:
         # It would connect upstream from the wrong namespace (e.g. started from inside a sandbox).
-        log(f"{path} names another network namespace than this process's; not serving it")
+        _log(f"{path} names another network namespace than this process's; not serving it")
         return 1
     # SIGTERM while mitmproxy is still being imported must still remove the socket.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
@@ -66,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         listener = DaemonSocket(path)
         claimed = listener.claim()
     except OSError as e:
-        log(f"cannot listen on {path}: {e}")
+        _log(f"cannot listen on {path}: {e}")
         return 1
     if not claimed:
         os.close(listener.lock_fd)
@@ -74,7 +80,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         os.chdir("/")  # hold no directory of the launcher's busy
+        import asyncio
         import logging
+
+        from netguard.proxy.serve import Daemon
 
         logging.basicConfig(
             stream=sys.stderr,

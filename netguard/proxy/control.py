@@ -28,6 +28,8 @@ from typing import Any, Self
 
 from netguard.proxy import daemonpath, specfd
 from netguard.proxy.daemonpath import ControlError as ControlError
+from netguard.proxy.daemonpath import DaemonSocket as DaemonSocket
+from netguard.proxy.daemonpath import answers as answers
 from netguard.proxy.daemonpath import code_id as code_id
 from netguard.proxy.spec import BindingSpec
 from netguard.proxy.status import Status, parse_status
@@ -180,79 +182,6 @@ def runtime_dir() -> Path:
 
 
 # ---- the daemon's side: its socket, its peers, the fds it is handed -------------------------
-
-
-class DaemonSocket:
-    """The control socket at PATH, created under a flock on daemon.lock beside it so two starting daemons
-    never both bind, and removed at exit only if PATH is still ours (a successor may own it)."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        # One lock file for every daemon socket in the directory: the critical sections are short,
-        # and a lock file per socket (per network namespace and code version) would pile up.
-        self.lock_fd = os.open(
-            os.path.join(os.path.dirname(path), "daemon.lock"),
-            os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW,
-            0o600,
-        )
-        self.sock: socket.socket | None = None
-        self._ino: tuple[int, int] | None = None
-
-    def claim(self) -> bool:
-        """Bind PATH; False if a live daemon already answers there."""
-        fcntl.flock(self.lock_fd, fcntl.LOCK_EX)
-        try:
-            if answers(self.path):
-                return False
-            try:
-                st = os.lstat(self.path)
-            except FileNotFoundError:
-                pass
-            else:
-                if not stat.S_ISSOCK(st.st_mode):  # never delete something that is not a stale socket
-                    raise OSError(f"{self.path} exists and is not a socket; not touching it")
-                os.unlink(self.path)
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
-            old = os.umask(0o177)  # 0600 from the start: no window in which others may connect
-            try:
-                sock.bind(self.path)
-            finally:
-                os.umask(old)
-            sock.listen(64)
-            st = os.stat(self.path)
-            self.sock, self._ino = sock, (st.st_dev, st.st_ino)
-            return True
-        finally:
-            fcntl.flock(self.lock_fd, fcntl.LOCK_UN)
-
-    def release(self) -> None:
-        fcntl.flock(self.lock_fd, fcntl.LOCK_EX)
-        try:
-            try:
-                st = os.stat(self.path)
-                if (st.st_dev, st.st_ino) == self._ino:
-                    os.unlink(self.path)
-            except FileNotFoundError:
-                pass
-            if self.sock is not None:
-                self.sock.close()
-                self.sock = None
-        finally:
-            fcntl.flock(self.lock_fd, fcntl.LOCK_UN)
-            os.close(self.lock_fd)
-
-
-def answers(path: str) -> bool:
-    """True if something accepts connections on `path` (a live daemon)."""
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
-    s.settimeout(2)
-    try:
-        s.connect(path)
-        return True
-    except (FileNotFoundError, ConnectionRefusedError):
-        return False
-    finally:
-        s.close()
 
 
 def peer_uid(sock: socket.socket) -> int:

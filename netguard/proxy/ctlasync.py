@@ -7,12 +7,12 @@ MSG_DONTWAIT once the socket is readable.
 from __future__ import annotations
 
 import asyncio
-import os
 import socket
 from typing import Any
 
 from netguard.proxy import specfd
 from netguard.proxy.control import close_fds, recv_raw, send_message
+from netguard.proxy.daemonpath import report_ready as report_ready
 
 
 async def recv(sock: socket.socket) -> tuple[bytes, list[int], int]:
@@ -62,13 +62,3 @@ def _wake(fut: asyncio.Future[None]) -> None:
 
 def err(text: str) -> dict[str, Any]:
     return {"ok": False, "error": text}
-
-
-def report_ready(fd: int | None) -> None:
-    if fd is not None:
-        try:
-            os.write(fd, b"ready\n")
-        except BrokenPipeError:
-            pass  # the launcher that started us already finished (a short command): others will connect
-        finally:
-            os.close(fd)

@@ -1,13 +1,18 @@
-"""Where a user's daemon socket lives: the runtime directory, its checks, the socket's name.
+"""Where a user's daemon socket lives, and who holds it: the runtime directory, its checks, the socket's
+name, the daemon's claim on it and its "ready".
 
-Nothing but `os` and `stat`: `sandgate run` finds (or spawns) its daemon before it imports anything
-else (launcher/prestart.py; a cold daemon's start is what the first connection waits for, issue 25).
-netguard.proxy.control wraps these for everyone else, with Path objects.
+Only the standard library's smallest modules: `sandgate run` finds (or spawns) its daemon before it
+imports anything else (launcher/prestart.py), and a new daemon claims its socket before its own
+imports (netguard.proxy.__main__): a cold daemon's start is what the first connection waits for
+(issue 25), and a `sandgate daemon stop` right after a cold run must find the daemon it started.
+netguard.proxy.control wraps the paths for everyone else, with Path objects.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
+import socket
 import stat
 import sys
 from typing import TYPE_CHECKING
@@ -109,3 +114,87 @@ def code_id() -> str:
         h.update(f"{os.path.relpath(f, netguard)}:{st.st_size}:{st.st_mtime_ns};".encode())
     _CODE_IDS[sys.executable] = out = str(h.hexdigest())[:10]
     return out
+
+
+class DaemonSocket:
+    """The control socket at PATH, created under a flock on daemon.lock beside it so two starting daemons
+    never both bind, and removed at exit only if PATH is still ours (a successor may own it)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        # One lock file for every daemon socket in the directory: the critical sections are short,
+        # and a lock file per socket (per network namespace and code version) would pile up.
+        self.lock_fd = os.open(
+            os.path.join(os.path.dirname(path), "daemon.lock"),
+            os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW,
+            0o600,
+        )
+        self.sock: socket.socket | None = None
+        self._ino: tuple[int, int] | None = None
+
+    def claim(self) -> bool:
+        """Bind PATH; False if a live daemon already answers there."""
+        fcntl.flock(self.lock_fd, fcntl.LOCK_EX)
+        try:
+            if answers(self.path):
+                return False
+            try:
+                st = os.lstat(self.path)
+            except FileNotFoundError:
+                pass
+            else:
+                if not stat.S_ISSOCK(st.st_mode):  # never delete something that is not a stale socket
+                    raise OSError(f"{self.path} exists and is not a socket; not touching it")
+                os.unlink(self.path)
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+            old = os.umask(0o177)  # 0600 from the start: no window in which others may connect
+            try:
+                sock.bind(self.path)
+            finally:
+                os.umask(old)
+            sock.listen(64)
+            st = os.stat(self.path)
+            self.sock, self._ino = sock, (st.st_dev, st.st_ino)
+            return True
+        finally:
+            fcntl.flock(self.lock_fd, fcntl.LOCK_UN)
+
+    def release(self) -> None:
+        fcntl.flock(self.lock_fd, fcntl.LOCK_EX)
+        try:
+            try:
+                st = os.stat(self.path)
+                if (st.st_dev, st.st_ino) == self._ino:
+                    os.unlink(self.path)
+            except FileNotFoundError:
+                pass
+            if self.sock is not None:
+                self.sock.close()
+                self.sock = None
+        finally:
+            fcntl.flock(self.lock_fd, fcntl.LOCK_UN)
+            os.close(self.lock_fd)
+
+
+def answers(path: str) -> bool:
+    """True if something accepts connections on `path` (a live daemon)."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+    s.settimeout(2)
+    try:
+        s.connect(path)
+        return True
+    except (FileNotFoundError, ConnectionRefusedError):
+        return False
+    finally:
+        s.close()
+
+
+def report_ready(fd: int | None) -> None:
+    """Tell the starter (launcher/prestart.py) the socket is served: b"ready\\n" on its pipe, then close it."""
+    if fd is not None:
+        try:
+            os.write(fd, b"ready\n")
+        except BrokenPipeError:
+            pass  # the launcher that started us already finished (a short command): others will connect
+        finally:
+            os.close(fd)

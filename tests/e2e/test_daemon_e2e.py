@@ -141,3 +141,15 @@ def test_cleanup_removes_a_dead_daemons_socket(w: World) -> None:
     r = w.run([*SANDGATE, "cleanup"], cwd=w.tmp, env=env())
     assert r.returncode == 0 and f"removed dead daemon socket {sock}" in r.stderr, r.stderr
     assert not sock.exists()
+
+
+def test_a_stop_right_after_a_cold_run_finds_the_daemon_that_run_started(w: World) -> None:
+    """A cold run does not wait for its daemon (it spawns it first thing, launcher/prestart.py): a `daemon
+    stop` at once after it must still find that daemon, never leave it running unseen for its idle time."""
+    assert w.run([*SANDGATE, "daemon", "stop"], cwd=w.tmp, env=env()).returncode == 0
+    assert bindings(w) == -1  # cold
+    r = Sandgate(w, audit=w.tmp / "cold-true.jsonl", quiet=True, cwd=w.tmp).run(cmd=["true"])
+    assert r.returncode == 0, r.stderr
+    r = w.run([*SANDGATE, "daemon", "stop"], cwd=w.tmp, env=env())
+    assert r.returncode == 0 and "daemon stopped" in r.stderr, r.stderr  # not "no daemon running"
+    wait_for(lambda: bindings(w) == -1)
