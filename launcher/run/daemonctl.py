@@ -36,6 +36,7 @@ class Daemon:
         self.client: control.ControlClient | None = None
         self.ready_fd: int | None = None
         self.deadline = time.monotonic() + START_TIMEOUT
+        self.bound = False
         early = prestart.take(str(self.path))  # what the console script found first (launcher/prestart.py)
         if early is not None and early.sock is not None:
             self.client = control.ControlClient(early.sock)  # type: ignore[arg-type]  # a connected socket.socket
@@ -102,6 +103,22 @@ class Daemon:
             self.client.bind(spec, fds)
         except (OSError, control.ControlError) as e:
             raise DaemonError(f"the proxy daemon refused the sandbox: {e}") from None
+        self.bound = True
+
+    def abandon(self) -> None:
+        """A run that failed before its bind (a policy error, a refused workspace): the daemon it spawned first
+        thing (launcher/prestart.py) must not serve nobody for its idle time. Stopped only if no other launcher
+        is connected to it (a concurrent cold run may use it); on any trouble it idles out as before."""
+        spawned = self.ready_fd is not None
+        try:
+            if spawned and not self.bound:
+                self.wait_ready(2.0)
+                assert self.client is not None
+                self.client.stop(if_idle=True)
+        except (OSError, control.ControlError, DaemonError):
+            pass
+        finally:
+            self.close()
 
     def end(self) -> None:
         """Tell the daemon this sandbox is gone, so its records are complete before the summary."""

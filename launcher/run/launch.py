@@ -52,9 +52,17 @@ def main(args: argparse.Namespace) -> int:
     cmd = options.command(args)  # parse
     rt = runstate.runtime_dir()
     # First: a cold daemon starts while the policy is read and the sandbox is built (it is what the first
-    # connection waits for). A run that then fails on its policy leaves it to serve the next one; idle, it exits.
+    # connection waits for; launcher/prestart.py spawned it even earlier).
     daemon = daemonctl.Daemon(rt)
     timings.mark("daemon-connect")
+    try:
+        return _run(args, cmd, rt, daemon)
+    except BaseException:
+        daemon.abandon()  # failed before its bind: a daemon this run spawned must not idle on for nobody
+        raise
+
+
+def _run(args: argparse.Namespace, cmd: list[str], rt: Path, daemon: daemonctl.Daemon) -> int:
     parsecache.CACHE_DIR = rt / "policy-cache"  # hidden from every sandbox
     gitguard.SCAN_CACHE = str(rt / "gitscan")  # hidden from every sandbox: what it remembers decides what is protected
     pol = policyargs.policy_from_args(args)  # parsed once, here: the daemon gets the compiled result, never YAML

@@ -7,7 +7,8 @@ Requests and replies:
                                    -> {"ok": true} | {"ok": false, "error": "..."}  (netguard.proxy.specfd)
   {"op": "end"}                    -> {"ok": true} once this connection's binding is gone
   {"op": "status"}                 -> {"ok": true, "pid": N, "uptime": S, "bindings": [{"task", "since"}]}
-  {"op": "stop"}                   -> {"ok": true}, then the daemon exits
+  {"op": "stop"[, "if_idle": true]} -> {"ok": true, "stopped": B}, then the daemon exits (if_idle: unless
+                                      another launcher is connected)
 A binding lives as long as the connection that made it (EOF drops it). The daemon's half (its socket under
 a lock, SO_PEERCRED, the passed fds) is here too. Only the stdlib and netguard.proxy: on the launcher's fast path."""
 
@@ -124,8 +125,11 @@ class ControlClient:
         except ValueError as e:
             raise ControlError(str(e)) from None
 
-    def stop(self) -> None:
-        self._request({"op": "stop"})
+    def stop(self, if_idle: bool = False) -> bool:
+        """Stop the daemon; with `if_idle`, only if no other launcher is connected. True if it stops."""
+        return (
+            self._request({"op": "stop", "if_idle": True} if if_idle else {"op": "stop"}).get("stopped", True) is True
+        )
 
     def fileno(self) -> int:
         """Readable with no request outstanding means the daemon closed the connection (it died)."""

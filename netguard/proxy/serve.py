@@ -238,8 +238,9 @@ class Daemon:
         close_fds(fds)  # only a bind carries fds; stray ones must not pile up in a long-lived daemon
         if op not in ("end", "status", "stop"):
             return ctlasync.err(f"unknown op {op!r} (expected bind, end, status or stop)"), False
-        if set(msg) != {"op"}:
-            return ctlasync.err(f"unexpected keys in {op!r}: {', '.join(sorted(set(msg) - {'op'}))}"), False
+        allowed = {"op", "if_idle"} if op == "stop" else {"op"}
+        if not set(msg) <= allowed:
+            return ctlasync.err(f"unexpected keys in {op!r}: {', '.join(sorted(set(msg) - allowed))}"), False
         if op == "end":
             await self.drop(peer, "end")
             return {"ok": True}, False
@@ -255,7 +256,9 @@ class Daemon:
                     if p.sandbox is not None
                 ],
             }, False
-        return {"ok": True}, True
+        if msg.get("if_idle") is True and any(p is not peer for p in self.peers.values()):
+            return {"ok": True, "stopped": False}, False  # another launcher uses it (or is about to bind)
+        return {"ok": True, "stopped": True}, True
 
     # ---- bindings -----------------------------------------------------------------------
 

@@ -153,3 +153,19 @@ def test_a_stop_right_after_a_cold_run_finds_the_daemon_that_run_started(w: Worl
     r = w.run([*SANDGATE, "daemon", "stop"], cwd=w.tmp, env=env())
     assert r.returncode == 0 and "daemon stopped" in r.stderr, r.stderr  # not "no daemon running"
     wait_for(lambda: bindings(w) == -1)
+
+
+def test_a_run_that_fails_on_its_policy_leaves_no_daemon_behind(w: World) -> None:
+    """`sandgate run` spawns a cold daemon first thing (launcher/prestart.py); a run refused before its
+    sandbox exists stops that daemon again instead of leaving it to serve nobody for its idle time."""
+    assert w.run([*SANDGATE, "daemon", "stop"], cwd=w.tmp, env=env()).returncode == 0
+    bad = write_policy(w, 'version: 1\nnetwork:\n  allow: ["*"]\n', "bad")
+    r = Sandgate(w, policy=bad, quiet=True, cwd=w.tmp).run(cmd=["true"])
+    assert r.returncode == 125 and "sandgate: error:" in r.stderr, r.stderr
+    deadline = time.monotonic() + 1.5  # a daemon left behind would be up within ~0.2 s: none answers for 1.5 s
+    while time.monotonic() < deadline:
+        assert bindings(w) == -1
+        time.sleep(0.1)
+    good = write_policy(w, f"version: 1\nnetwork:\n  allow: [{A_HOST}]\n", "good")
+    r = Sandgate(w, policy=good, quiet=True, cwd=w.tmp).run(cmd=["sh", "-c", curl(A_HOST)])
+    assert r.stdout.split() == [f"{A_HOST}=200"], r.stderr  # and the next run starts one as ever

@@ -425,3 +425,17 @@ def test_no_process_in_another_namespace_uses_the_control_protocol(daemon: Daemo
     with daemon.client() as c:  # the launcher beside it is still served: same daemon, nothing bound
         st = c.status()
         assert st["ok"] and st["bindings"] == []
+
+
+def test_stop_if_idle_leaves_a_daemon_that_another_launcher_uses(daemon: Daemon, web: Web) -> None:
+    """What a run that failed before its bind sends (launcher/run/daemonctl.py abandon): never stops a
+    daemon another sandbox depends on, stops one nobody else is connected to."""
+    b = Box(daemon, "busy", allow_web(web))
+    with daemon.client() as c:
+        assert c.stop(if_idle=True) is False
+    assert b.get(f"http://127.0.0.1:{web.port}/")[0] == 200  # still serving its sandbox
+    b.client.close()
+    with daemon.client() as c:
+        assert eventually(lambda: c.status()["bindings"] == [])  # the closed connection's binding is gone
+        assert c.stop(if_idle=True) is True
+    daemon.proc.wait(10)
