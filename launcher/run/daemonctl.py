@@ -19,6 +19,7 @@ from netguard.proxy import control
 from netguard.proxy.spec import BindingSpec
 
 START_TIMEOUT = 30.0
+ABANDON_WAIT = 10.0  # seconds a failed run waits for the daemon it spawned, to stop it (~0.2 s unless loaded)
 CONNECT_RETRY = 5.0  # seconds a launcher keeps knocking on a daemon whose accept queue is full
 DAEMON_ENV = prestart.DAEMON_ENV  # what the daemon sees of the launcher's environment
 
@@ -112,7 +113,7 @@ class Daemon:
         spawned = self.ready_fd is not None
         try:
             if spawned and not self.bound:
-                self.wait_ready(2.0)
+                self.wait_ready(ABANDON_WAIT)
                 assert self.client is not None
                 self.client.stop(if_idle=True)
         except (OSError, control.ControlError, DaemonError):

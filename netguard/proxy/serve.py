@@ -16,6 +16,7 @@ import asyncio
 import functools
 import os
 import resource
+import select
 import signal
 import socket
 import sys
@@ -256,9 +257,19 @@ class Daemon:
                     if p.sandbox is not None
                 ],
             }, False
-        if msg.get("if_idle") is True and any(p is not peer for p in self.peers.values()):
+        if msg.get("if_idle") is True and self._used_by_another(peer):
             return {"ok": True, "stopped": False}, False  # another launcher uses it (or is about to bind)
         return {"ok": True, "stopped": True}, True
+
+    def _used_by_another(self, peer: Peer) -> bool:
+        """Is another launcher connected? Those still in the listen queue count: they are taken first."""
+        assert self.listener.sock is not None
+        while select.select([self.listener.sock], [], [], 0)[0] and len(self.peers) < MAX_SLOT:
+            before = len(self.peers)
+            self._accept()
+            if len(self.peers) == before:
+                break  # refused (another namespace) or failed: nothing more to take now
+        return any(p is not peer for p in self.peers.values())
 
     # ---- bindings -----------------------------------------------------------------------
 
