@@ -17,6 +17,7 @@ import sys
 
 #: The daemon sees only what it needs of the launcher's environment (it outlives the launcher).
 DAEMON_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "PYTHONPATH", "XDG_RUNTIME_DIR")
+ABANDON_WAIT = 10.0  # seconds a failed run waits for the daemon it spawned, to stop it (~0.2 s unless loaded)
 
 
 class Early:
@@ -70,6 +71,9 @@ def start() -> None:
     ready = spawn(path)
     if ready is not None:
         _found.append(Early(path, ready_fd=ready))
+        import atexit
+
+        atexit.register(_untaken)  # a usage error exits before daemonctl takes it (a run exits by os._exit)
 
 
 def spawn(path: str) -> int | None:
@@ -138,3 +142,31 @@ def take(path: str) -> Early | None:
             early.sock.close()  # type: ignore[attr-defined]
         return None
     return early
+
+
+def stop_if_idle(path: str, ready_fd: int | None, wait: float = ABANDON_WAIT) -> None:
+    """Stop the daemon this run spawned for `path` (once it is up), unless another launcher is connected to it
+    (a concurrent cold run may be about to bind): a run that failed before its bind must not leave it serving
+    nobody for its idle time. On any trouble it idles out as before."""
+    import select
+
+    from netguard.proxy.control import ControlClient, ControlError
+
+    try:
+        if ready_fd is not None:
+            select.select([ready_fd], [], [], wait)
+            os.close(ready_fd)
+        with ControlClient.connect(path, timeout=wait) as client:
+            client.stop(if_idle=True)
+    except (OSError, ControlError):
+        pass
+
+
+def _untaken() -> None:
+    """At exit: what `start` spawned and nothing took (the command line or the directory was refused first)."""
+    while _found:
+        early = _found.pop()
+        if early.sock is not None:
+            early.sock.close()  # type: ignore[attr-defined]
+        else:
+            stop_if_idle(early.path, early.ready_fd)

@@ -19,7 +19,6 @@ from netguard.proxy import control
 from netguard.proxy.spec import BindingSpec
 
 START_TIMEOUT = 30.0
-ABANDON_WAIT = 10.0  # seconds a failed run waits for the daemon it spawned, to stop it (~0.2 s unless loaded)
 CONNECT_RETRY = 5.0  # seconds a launcher keeps knocking on a daemon whose accept queue is full
 DAEMON_ENV = prestart.DAEMON_ENV  # what the daemon sees of the launcher's environment
 
@@ -45,6 +44,7 @@ class Daemon:
             self.ready_fd = early.ready_fd
         else:
             self._connect_or_spawn()
+        self.spawned = self.ready_fd is not None  # by this run: abandon() stops it if the run fails first
 
     def _connect_or_spawn(self) -> None:
         try:
@@ -108,18 +108,17 @@ class Daemon:
 
     def abandon(self) -> None:
         """A run that failed before its bind (a policy error, a refused workspace): the daemon it spawned first
-        thing (launcher/prestart.py) must not serve nobody for its idle time. Stopped only if no other launcher
-        is connected to it (a concurrent cold run may use it); on any trouble it idles out as before."""
-        spawned = self.ready_fd is not None
-        try:
-            if spawned and not self.bound:
-                self.wait_ready(ABANDON_WAIT)
-                assert self.client is not None
-                self.client.stop(if_idle=True)
-        except (OSError, control.ControlError, DaemonError):
-            pass
-        finally:
-            self.close()
+        thing must not serve nobody for its idle time (launcher/prestart.py stop_if_idle)."""
+        fd, self.ready_fd = self.ready_fd, None
+        client, self.client = self.client, None
+        if self.spawned and not self.bound:
+            if client is not None:
+                client.close()
+            prestart.stop_if_idle(str(self.path), fd)
+        elif fd is not None:
+            os.close(fd)
+        elif client is not None:
+            client.close()
 
     def end(self) -> None:
         """Tell the daemon this sandbox is gone, so its records are complete before the summary."""

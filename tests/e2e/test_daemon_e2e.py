@@ -162,10 +162,18 @@ def test_a_run_that_fails_on_its_policy_leaves_no_daemon_behind(w: World) -> Non
     bad = write_policy(w, 'version: 1\nnetwork:\n  allow: ["*"]\n', "bad")
     r = Sandgate(w, policy=bad, quiet=True, cwd=w.tmp).run(cmd=["true"])
     assert r.returncode == 125 and "sandgate: error:" in r.stderr, r.stderr
-    deadline = time.monotonic() + 1.5  # a daemon left behind would be up within ~0.2 s: none answers for 1.5 s
-    while time.monotonic() < deadline:
-        assert bindings(w) == -1
-        time.sleep(0.1)
+    no_daemon_for_a_while(w)
+    r = w.run([*SANDGATE, "run", "--no-such-option", "--", "true"], cwd=w.tmp, env=env())  # refused by the CLI
+    assert r.returncode == 125 and "unrecognized arguments" in r.stderr, r.stderr
+    no_daemon_for_a_while(w)
     good = write_policy(w, f"version: 1\nnetwork:\n  allow: [{A_HOST}]\n", "good")
     r = Sandgate(w, policy=good, quiet=True, cwd=w.tmp).run(cmd=["sh", "-c", curl(A_HOST)])
     assert r.stdout.split() == [f"{A_HOST}=200"], r.stderr  # and the next run starts one as ever
+
+
+def no_daemon_for_a_while(w: World) -> None:
+    """A daemon left behind would be up within ~0.2 s: none answers for 1.5 s."""
+    deadline = time.monotonic() + 1.5
+    while time.monotonic() < deadline:
+        assert bindings(w) == -1
+        time.sleep(0.1)
