@@ -14,6 +14,10 @@ server -> pipe -> client, and not one more. What stays with mitmproxy, so nothin
     with the spliced bytes counted) and closes the client connection as after any upstream end.
 Anything unexpected (another transport type, a side closing meanwhile, asyncio internals that
 changed, out of fds) leaves the body with mitmproxy: slower, never wrong.
+
+An inspected HTTP/1 response (TLS on both sides) takes the same path with the same checks, but its
+bytes must be decrypted and encrypted again: tlsbody.TlsCopy does that with mitmproxy's own TLS
+sessions instead of the splice.
 """
 
 from __future__ import annotations
@@ -26,9 +30,13 @@ from collections.abc import Callable, Mapping
 from typing import Any, cast
 
 from mitmproxy import ctx, http
+from OpenSSL import SSL
 
-from netguard.proxy import splice, streams
+from netguard.proxy import splice, streams, tlsbody
 from netguard.proxy.layers import Counter
+
+#: An inspected connection's two TLS sessions, (upstream, client): the objects mitmproxy's TLS layers use.
+Sessions = tuple[SSL.Connection, SSL.Connection]
 
 THRESHOLD = 256 * 1024  # smaller bodies are cheaper through mitmproxy than a takeover
 _BURST = 8  # pipes moved per wakeup at most: one download must not starve other connections
@@ -40,7 +48,8 @@ def length(flow: http.HTTPFlow) -> int | None:
     Only plain HTTP/1 with a known, large Content-Length after a request without a body: a
     streamed request body or a chunked/close-delimited response has no byte count to stop at."""
     req, resp = flow.request, flow.response
-    if resp is None or req.scheme != "http" or flow.client_conn.tls or flow.server_conn.tls:
+    plain = req.scheme == "http" and not flow.client_conn.tls and not flow.server_conn.tls
+    if resp is None or not (plain or tlsbody.eligible(flow)):
         return None
     if not (req.http_version.startswith("HTTP/1") and resp.http_version.startswith("HTTP/1")):
         return None
@@ -52,35 +61,41 @@ def length(flow: http.HTTPFlow) -> int | None:
     if "transfer-encoding" in resp.headers or len(values) != 1 or not values[0].isdigit():
         return None
     n = int(values[0])
-    return n if n > THRESHOLD else None
+    return n if n > (tlsbody.THRESHOLD if flow.server_conn.tls else THRESHOLD) else None
 
 
 class BodyRelay:
     """One response body: mitmproxy's queued bytes first, then a counted splice; `counter` counts every byte."""
 
-    def __init__(self, handler: Any, total: int, counter: Counter) -> None:
-        self._handler, self._total, self._counter = handler, total, counter
+    def __init__(self, handler: Any, total: int, counter: Counter, tls: Sessions | None) -> None:
+        self._handler, self._total, self._counter, self._tls = handler, total, counter, tls
         self._server: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
         self._client: asyncio.StreamWriter | None = None
         self._task: asyncio.Task[None] | None = None
-        self._copy: _Copy | None = None
+        self._copy: _Copy | tlsbody.TlsCopy | None = None
         self._disarmed: contextlib.AbstractContextManager[None] | None = None
         self.over = False
         self.moved = 0  # bytes the splice delivered (mitmproxy relayed the rest)
+        self.complete = False  # every byte of the body reached the client (then the upstream's abort is no failure)
 
     @classmethod
-    def take(cls, handlers: Mapping[Any, Any], flow: http.HTTPFlow, counter: Counter) -> BodyRelay | None:
+    def take(
+        cls, handlers: Mapping[Any, Any], flow: http.HTTPFlow, counter: Counter, tls: Sessions | None = None
+    ) -> BodyRelay | None:
         """At `responseheaders`: stop reading the upstream and take the body over; None if it must stay.
 
-        `counter` is the body's stream callback: what mitmproxy relayed so far, and where the rest is added."""
-        total = length(flow) if splice.AVAILABLE else None  # no splice(2) on this OS: mitmproxy relays it
+        `counter` is the body's stream callback: what mitmproxy relayed so far, and where the rest is added.
+        `tls`: an inspected connection's (upstream, client) SSL sessions, mitmproxy's own."""
+        total = length(flow) if splice.AVAILABLE or tls else None  # no splice(2) on this OS: mitmproxy relays it
+        if (tls is None) == tlsbody.eligible(flow):
+            total = None  # an inspected body needs its sessions; a plain one never gets any
         handler = handlers.get(flow.client_conn.id) if total is not None else None
         if total is None or handler is None or flow.response is None:
             return None
         server, client = streams.streams(handler, flow.server_conn), streams.streams(handler, flow.client_conn)
         if server is None or client is None:
             return None
-        relay = cls(handler, total, counter)
+        relay = cls(handler, total, counter, tls)
         relay._server, relay._client = server, client[1]
         cast(asyncio.Transport, server[1].transport).pause_reading()  # no upstream byte enters mitmproxy now
         server[0]._paused = False  # type: ignore[attr-defined]  # its own flow control must not resume it
@@ -119,7 +134,11 @@ class BodyRelay:
             self._disarmed = watchdog.disarm()
             self._disarmed.__enter__()
         idle = float(ctx.options.tcp_timeout) if "tcp_timeout" in ctx.options else 600.0
-        self._copy = _Copy(fds[1], fds[0], left, self._ended, idle)
+        if self._tls is not None:
+            os.close(fds[0])  # the client is written through its transport, in order with mitmproxy's writes
+            self._copy = tlsbody.TlsCopy(fds[1], self._tls, (writer, self._server[1]), left, self._ended, idle)
+        else:
+            self._copy = _Copy(fds[1], fds[0], left, self._ended, idle)
         self._copy.start()
 
     def cut(self) -> None:
@@ -133,6 +152,7 @@ class BodyRelay:
     def _ended(self, moved: int, why: str | None) -> None:
         self.over = True
         self.moved = moved
+        self.complete = why is None
         self._counter.n += moved
         if self._disarmed is not None:
             self._disarmed.__exit__(None, None, None)

@@ -28,7 +28,9 @@ def make_master(bindings: dict[int, Binding], modes: list[str]) -> tuple[Master,
     gate = Gate(bindings)
     gate.handlers = proxyserver.connections  # decided flows leave mitmproxy for the kernel relay
     headlimit.install(gate.head_refused)  # no request head grows the shared daemon without bound
-    master.addons.add(proxyserver, TlsInspect(bindings), gate)  # type: ignore[no-untyped-call]
+    tlsinspect = TlsInspect(bindings)
+    gate.sessions = tlsinspect.sessions  # an inspected body's takeover reuses mitmproxy's own TLS sessions
+    master.addons.add(proxyserver, tlsinspect, gate)  # type: ignore[no-untyped-call]
     opts.update(  # type: ignore[no-untyped-call]
         connection_strategy="lazy",  # decide on the name (SNI/Host) before any upstream connection exists
         # Allowed bodies are streamed by Gate from the first byte; this bounds what a *refused* request's

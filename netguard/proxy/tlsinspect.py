@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ipaddress
 import ssl
+import weakref
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -19,6 +20,7 @@ import certifi
 from cryptography import x509
 from mitmproxy import connection, http, tls
 from mitmproxy.addons.tlsconfig import DEFAULT_HOSTFLAGS, AppData, alpn_select_callback
+from mitmproxy.proxy.context import Context
 from mitmproxy.proxy.layers.tls import HTTP_ALPNS
 from OpenSSL import SSL, crypto
 
@@ -37,6 +39,14 @@ class _Contexts:
     issuer: Issuer
     server: SSL.Context  # proxy as client, towards the upstream
     leaves: dict[str, tuple[Leaf, SSL.Context]] = field(default_factory=dict)  # towards the sandbox, per name
+    # (name, port) -> the protocol its upstream chose last time; this sandbox's own, at most MAX_CACHED.
+    upstream_alpn: dict[tuple[str, int], bytes] = field(default_factory=dict)
+
+    def remember_alpn(self, key: tuple[str, int], alpn: bytes) -> None:
+        self.upstream_alpn.pop(key, None)
+        if len(self.upstream_alpn) >= MAX_CACHED:
+            self.upstream_alpn.pop(next(iter(self.upstream_alpn)))
+        self.upstream_alpn[key] = alpn
 
     def client(self, leaf: Leaf) -> SSL.Context:
         """The context serving `leaf`, made once per leaf: handing pyOpenSSL a leaf's cryptography objects
@@ -107,6 +117,12 @@ def verify_name(conn: SSL.Connection, name: str) -> None:
         raise SSL.Error(f"cannot verify upstream name {name!r}")
 
 
+def _port(context: Context) -> int:
+    """The upstream port of an inspected connection (its CONNECT or redirected destination)."""
+    address = context.server.address
+    return address[1] if address else 0
+
+
 def _name(host: str) -> str:
     try:
         return str(rules.normalise(host))
@@ -125,6 +141,9 @@ class TlsInspect:
         self.bindings = bindings
         self._ctx: dict[int, _Contexts] = {}
         self._failed: dict[tuple[str, str], str] = {}  # (client id, host) -> why its upstream was refused
+        # Each connection's TLS session by connection id, for the Gate's body takeover (netguard.proxy.tlsbody);
+        # weak: a session lives exactly as long as mitmproxy's TLS layer holds it.
+        self.sessions: weakref.WeakValueDictionary[str, SSL.Connection] = weakref.WeakValueDictionary()
 
     def _for(self, client: connection.Client) -> _Contexts | None:
         slot = client.proxy_mode.listen_port()
@@ -155,9 +174,13 @@ class TlsInspect:
             return
         conn = SSL.Connection(entry.client(leaf))
         # Both h2 and http/1.1 clients: the upstream's protocol is not known yet (lazy), mitmproxy translates.
-        conn.set_app_data(AppData(client_alpn=None, server_alpn=None, http2=True))
+        # Except where this upstream answered HTTP/1.1 before: a client offering it gets it too, so a large
+        # body can leave mitmproxy's layers (netguard.proxy.tlsbody; h2 frames cannot), and h2 translated
+        # to HTTP/1.1 would multiplex nothing upstream anyway. An h2-only client (gRPC) still gets h2.
+        known = entry.upstream_alpn.get((name, _port(data.context)))
+        conn.set_app_data(AppData(client_alpn=None, server_alpn=known if known == b"http/1.1" else None, http2=True))
         conn.set_accept_state()
-        data.ssl_conn = conn
+        data.ssl_conn = self.sessions[data.conn.id] = conn
 
     def tls_start_server(self, data: tls.TlsData) -> None:
         """Towards the upstream: SNI and verification for the name the connection was made for."""
@@ -174,7 +197,15 @@ class TlsInspect:
         verify_name(conn, name)
         conn.set_alpn_protos(offers)
         conn.set_connect_state()
-        data.ssl_conn = conn
+        data.ssl_conn = self.sessions[server.id] = conn
+
+    def tls_established_server(self, data: tls.TlsData) -> None:
+        """Remember what the upstream chose (see tls_start_client)."""
+        entry, server = self._for(data.context.client), data.conn
+        assert isinstance(server, connection.Server)
+        if entry is not None and server.sni:  # no ALPN at all: an HTTP/1.1 server (RFC 7301 predates h2 in TLS)
+            alpn = server.alpn or b"http/1.1"
+            entry.remember_alpn((server.sni, _port(data.context)), alpn if alpn in HTTP_ALPNS else b"")
 
     def tls_failed_server(self, data: tls.TlsData) -> None:
         """Name the refused upstream in the error the flow (and its audit record) will carry."""

@@ -272,14 +272,15 @@ def get_h2(s: ssl.SSLSocket, host: str, path: str) -> tuple[int, bytes]:
 
 def test_an_inspected_host_is_served_by_the_run_ca_over_http1_and_http2(world: World) -> None:
     w = world
-    with w.trusting(w.ca.cert).wrap_socket(w.proxy.tunnel("in.test", w.good.port), server_hostname="in.test") as s:
-        leaf = x509.load_der_x509_certificate(s.getpeercert(binary_form=True) or b"")
-        assert leaf.issuer.rfc4514_string() == "CN=sandgate run CA (test)"
-        assert get_http1(s, "in.test", "/one").endswith(b"upstream")
+    # h2 first: once this upstream answered HTTP/1.1, a client offering both gets HTTP/1.1 (test_tlsbody.py)
     ctx = w.trusting(w.ca.cert, ["h2", "http/1.1"])
     with ctx.wrap_socket(w.proxy.tunnel("in.test", w.good.port), server_hostname="in.test") as s:
         assert s.selected_alpn_protocol() == "h2"  # the client speaks h2 to the proxy ...
-        assert get_h2(s, "in.test", "/two") == (200, b"upstream")
+        assert get_h2(s, "in.test", "/one") == (200, b"upstream")
+    with w.trusting(w.ca.cert).wrap_socket(w.proxy.tunnel("in.test", w.good.port), server_hostname="in.test") as s:
+        leaf = x509.load_der_x509_certificate(s.getpeercert(binary_form=True) or b"")
+        assert leaf.issuer.rfc4514_string() == "CN=sandgate run CA (test)"
+        assert get_http1(s, "in.test", "/two").endswith(b"upstream")
     heads = [h.split(b"\r\n", 1)[0] for h in w.good.requests]
     assert heads == [b"GET /one HTTP/1.1", b"GET /two HTTP/1.1"]  # ... and the http/1.1-only upstream got both
     assert all(b"\r\nhost: in.test" in h.lower() for h in w.good.requests)
