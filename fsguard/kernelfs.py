@@ -25,8 +25,9 @@ from fsguard.mounts import (
 )
 
 
-def fresh_proc_sys() -> None:
-    """Step 2 of fsguard/mounts.py: the new pid namespace's /proc, the new network namespace's /sys, a minimal /dev."""
+def fresh_proc_sys(dev_files: tuple[str, ...] = ()) -> None:
+    """Step 2 of fsguard/mounts.py: the new pid namespace's /proc, the new network namespace's /sys, a
+    minimal /dev (with empty files at `dev_files`, mount points for binds step 6 makes there)."""
     # Detach the host's first where we may (in our own user namespace the inherited mounts are
     # locked and stay underneath, unreachable: the new ones cover the whole path).
     detach("/proc")
@@ -39,7 +40,7 @@ def fresh_proc_sys() -> None:
         # bind the host's read-only instead; /sys/class/net then shows the host's links'
         # names but no way to reach them from this network namespace.
         bind_readonly("/sys", "/sys")
-    minimal_dev()
+    minimal_dev(dev_files)
 
 
 #: The only host device nodes the sandbox sees (bubblewrap's --dev set). The threat: a root
@@ -49,8 +50,9 @@ def fresh_proc_sys() -> None:
 DEV_NODES = ("null", "zero", "full", "random", "urandom", "tty")
 
 
-def minimal_dev() -> None:
-    """A fresh /dev: a few nodes bound from the host's, a private devpts and /dev/shm, the usual links."""
+def minimal_dev(dev_files: tuple[str, ...] = ()) -> None:
+    """A fresh /dev: a few nodes bound from the host's, a private devpts and /dev/shm, the usual links,
+    and empty read-only files at `dev_files` (`/dev/NAME` only) for files bound there later (notices)."""
     host = os.open("/dev", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         mount("tmpfs", "/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=0755,size=64k")
@@ -73,4 +75,8 @@ def minimal_dev() -> None:
         ("stderr", "/proc/self/fd/2"),
     ):
         os.symlink(target, f"/dev/{name}")
+    for path in dev_files:  # made before the remount below: /dev takes no new names after it
+        if os.path.dirname(path) != "/dev" or not os.path.basename(path):
+            raise MountError(22, f"not a file directly in /dev: {path}")
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o444))
     mount(None, "/dev", None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NOEXEC)  # nothing new appears in /dev

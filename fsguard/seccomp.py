@@ -7,7 +7,9 @@ the errno it gets and the threat it defends:
 
 * keystroke injection: ioctl(TIOCSTI) pushes bytes into the input queue of a terminal the command
   can reach, so they are read, and run, by the user's shell after the command exits; TIOCLINUX can
-  paste the console selection the same way (and dump the screen);
+  paste the console selection the same way (and dump the screen). On a terminal the command's
+  stdin/stdout are a pty of the sandbox's own (fsguard/sandboxpty.py), but the user's terminal is
+  still inside as a stderr that is the only terminal, and the filter costs nothing;
 * io_uring: its operations are performed by kernel workers, not as syscalls, so seccomp filters
   (ours or anyone's stacked later) never see them. Refused with ENOSYS so programs fall back to
   ordinary read/write instead of failing;

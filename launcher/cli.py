@@ -19,6 +19,11 @@ class _Parser(argparse.ArgumentParser):
     partial = False  # built for one command only: an error's usage line is the full one
 
     def error(self, message: str) -> NoReturn:  # argparse exits 2; a wrapper tool must not collide with CMD's codes
+        if "invalid choice" in message:  # a typo of a subcommand: one line with the closest name
+            from launcher import didyoumean
+
+            if (guessed := didyoumean.invalid_choice(message)) is not None:
+                errors.fail(guessed)
         (build_parser() if self.partial else self).print_usage(sys.stderr)
         errors.fail(message)
 
@@ -45,6 +50,10 @@ def parse_addr(text: str, default_host: str = "127.0.0.1") -> tuple[str, int]:
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.dry_run:  # the boundary only: nothing is started, on any platform
+        from launcher import explain
+
+        return explain.main(args)
     if sys.platform == "win32":  # before the Linux room, whose modules import pwd, fcntl, termios
         from launcher.platform.windows import runner
 
@@ -61,37 +70,6 @@ def _proxy(args: argparse.Namespace) -> int:
     from launcher.run import proxy
 
     return proxy.main(args, parse_addr)
-
-
-def _housekeeping(args: argparse.Namespace) -> int:
-    from launcher.run import housekeeping
-
-    body = {"cleanup": housekeeping.cleanup, "cache": housekeeping.cache_clear, "daemon": housekeeping.daemon}
-    return body[args.command](args)
-
-
-def _setup(args: argparse.Namespace) -> int:
-    from launcher.platform.windows import runner
-
-    return runner.setup(args)
-
-
-def _audit(args: argparse.Namespace) -> int:
-    from launcher.audit import command
-
-    return command.main(args)
-
-
-def _config(args: argparse.Namespace) -> int:
-    from launcher.config import commands
-
-    return (commands.trust if args.command == "trust" else commands.list_bundled)(args)
-
-
-def cmd_verify(args: argparse.Namespace) -> int:
-    from launcher.selftest import command
-
-    return command.main(args)
 
 
 class _Version(argparse.Action):
@@ -111,13 +89,13 @@ class _Version(argparse.Action):
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """Every subcommand's options; each sets `func`, the room that does the work. With `command` (the
     first word of the command line, if it names one) only its options: `run` need not build all (~2 ms)."""
-    only = _COMMANDS.get(command or "")
+    only = _adder(_COMMANDS[command]) if command in _COMMANDS else None
     _Parser.building = True
     p = _Parser(prog="sandgate", description="Run untrusted commands behind a kernel-enforced allowlist.")
     p.partial = only is not None
     p.add_argument("--version", action=_Version, nargs=0, help="print the version and exit")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    for add in [only] if only is not None else dict.fromkeys(_COMMANDS.values()):
+    for add in [only] if only is not None else [_adder(n) for n in dict.fromkeys(_COMMANDS.values())]:
         add(sub)
     _Parser.building = False
     return p
@@ -126,7 +104,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 def _add_proxy(sub: _Subparsers) -> None:
     """`sandgate proxy`: explicit mode on TCP listeners."""
     px = sub.add_parser("proxy", help="run the allowlisting egress proxy alone (explicit mode) until Ctrl-C")
-    _policy_args(px)
+    policy_args(px)
     px.add_argument(
         "--listen",
         default="127.0.0.1:3128",
@@ -158,6 +136,7 @@ def _add_proxy(sub: _Subparsers) -> None:
         metavar="FILE",
         help="PEM roots to trust for inspected upstreams besides the host's store (a private registry's CA)",
     )
+    upstream_proxy_args(px)
     px.add_argument(
         "--ca-cert",
         metavar="FILE",
@@ -170,6 +149,21 @@ def _add_proxy(sub: _Subparsers) -> None:
     px.set_defaults(func=_proxy)
 
 
+def upstream_proxy_args(p: argparse.ArgumentParser) -> None:
+    """`run` and `proxy`: the corporate proxy the daemon tunnels allowed connections through (docs/upstream-proxy.md)."""
+    p.add_argument(
+        "--upstream-proxy",
+        metavar="URL|none",
+        help="tunnel allowed connections through this corporate HTTP proxy (http://[user:pass@]host:port); "
+        "default: HTTPS_PROXY/HTTP_PROXY/NO_PROXY of this environment; none: go direct",
+    )
+    p.add_argument(
+        "--upstream-proxy-by-name",
+        action="store_true",
+        help="ask the upstream proxy for host:port by name (it resolves; the checked-address pin no longer holds)",
+    )
+
+
 def _add_run(sub: _Subparsers) -> None:
     """`sandgate run [options] -- CMD`."""
     rn = sub.add_parser(
@@ -177,7 +171,17 @@ def _add_run(sub: _Subparsers) -> None:
         help="run CMD in a sandbox whose only way out is the allowlisting proxy",
         usage="sandgate run [options] -- CMD [ARGS...]",
     )
-    _policy_args(rn)
+    run_options(rn)
+    rn.add_argument(
+        "--dry-run", action="store_true", help="print the effective boundary (as 'sandgate explain') and run nothing"
+    )
+    rn.add_argument("cmd", nargs=argparse.REMAINDER, metavar="CMD")
+    rn.set_defaults(func=_run)
+
+
+def run_options(rn: argparse.ArgumentParser) -> None:
+    """Every option of `run` but CMD: `sandgate explain` takes the same, so it explains what run would do."""
+    policy_args(rn)
     rn.add_argument(
         "--audit-log",
         metavar="PATH",
@@ -189,8 +193,8 @@ def _add_run(sub: _Subparsers) -> None:
         help="run CMD as USER (root only; default: the sudo caller, else you); "
         "--user 0 or root: uid 0 inside the sandbox's own user namespace, no host privilege",
     )
-    _boundary_args(rn)
-    rn.add_argument("-v", "--verbose", action="store_true", help="print the effective boundary at start")
+    boundary_args(rn)
+    rn.add_argument("-v", "--verbose", action="store_true", help="print the effective boundary (network too) at start")
     rn.add_argument(
         "--learn",
         action="store_true",
@@ -215,18 +219,26 @@ def _add_run(sub: _Subparsers) -> None:
         metavar="FILE",
         help="PEM roots to trust for inspected upstreams besides the host's store (a private registry's CA)",
     )
+    upstream_proxy_args(rn)
     rn.add_argument(
         "--fresh-home",
         action="store_true",
         help="start ~ from the real home alone, without this workspace's layer; drop what the run writes there",
     )
     rn.add_argument("--allow-nested-userns", action="store_true", help="let CMD make user namespaces of its own")
+    rn.add_argument(
+        "--notices",
+        action="store_true",
+        help="tell CMD what was denied: one JSON line per denial in the read-only file $SANDGATE_NOTICES",
+    )
     rn.add_argument("-q", "--quiet", action="store_true", help="no summary line at exit")
-    rn.add_argument("cmd", nargs=argparse.REMAINDER, metavar="CMD")
-    rn.set_defaults(func=_run)
+    if sys.platform == "win32":  # Windows-only flags (launcher/cliparsers.py); off Windows, not imported
+        from launcher.cliparsers import windows_run_args
+
+        windows_run_args(rn)
 
 
-def _boundary_args(p: argparse.ArgumentParser) -> None:
+def boundary_args(p: argparse.ArgumentParser) -> None:
     """What `run` may write and must not read, beyond the policy."""
     p.add_argument(
         "--write",
@@ -257,90 +269,7 @@ def _boundary_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_verify(sub: _Subparsers) -> None:
-    """`sandgate verify`: the self-test."""
-    vf = sub.add_parser("verify", help="prove the boundary on this machine: permitted and blocked actions")
-    vf.add_argument(
-        "--policy",
-        action="append",
-        default=[],
-        metavar="FILE",
-        help="also apply this policy (its filesystem/env sections; repeatable)",
-    )
-    vf.add_argument("--json", action="store_true", help="one JSON document with every row")
-    vf.add_argument(
-        "--only",
-        metavar="NAMES",
-        help="only these groups (network, filesystem, process) or probes, comma-separated",
-    )
-    vf.set_defaults(func=cmd_verify)
-
-
-def _add_audit(sub: _Subparsers) -> None:
-    """`sandgate audit [summary|suggest]`."""
-    au = sub.add_parser(
-        "audit",
-        help="read audit logs: what a task reached, and the policy it needed (alone: list the recent runs' logs)",
-    )
-    au.set_defaults(func=_audit)
-    au_sub = au.add_subparsers(dest="audit_command", parser_class=_Parser)
-    su = au_sub.add_parser("summary", help="one row per destination, riskiest first (default: the last run)")
-    su.add_argument("logs", nargs="*", metavar="LOG")
-    su.add_argument("--json", action="store_true")
-    su.set_defaults(func=_audit)
-    sg = au_sub.add_parser(
-        "suggest", help="print a policy that allows exactly what the runs needed (default: the last run)"
-    )
-    sg.add_argument("logs", nargs="*", metavar="LOG")
-    sg.add_argument("--name", help="description for the suggested policy")
-    sg.set_defaults(func=_audit)
-
-
-def _add_housekeeping(sub: _Subparsers) -> None:
-    """`sandgate cleanup`, `cache clear`, `daemon status|stop|start`."""
-    cl = sub.add_parser("cleanup", help="remove what killed runs left: placeholders, state, a dead daemon's socket")
-    cl.set_defaults(func=_housekeeping)
-
-    ca = sub.add_parser("cache", help="the sandbox's home (caches): writes under ~ kept apart from the real home")
-    ca_sub = ca.add_subparsers(dest="cache_command", required=True, parser_class=_Parser)
-    cc = ca_sub.add_parser("clear", help="forget everything sandboxed runs wrote under ~")
-    cc.add_argument("--user", metavar="USER", help="the home of USER's sandboxed runs (root only)")
-    cc.add_argument("--wait", action="store_true", help="wait for running sandboxes to end (default: refuse)")
-    cc.set_defaults(func=_housekeeping)
-
-    dm = sub.add_parser("daemon", help="the proxy daemon that serves every sandbox (started on demand)")
-    dm_sub = dm.add_subparsers(dest="daemon_command", required=True, parser_class=_Parser)
-    for name, text in (
-        ("status", "is it running, and for which sandboxes"),
-        ("stop", "stop it (running sandboxes lose their network: fail closed)"),
-        ("start", "start it now instead of on demand"),
-    ):
-        d = dm_sub.add_parser(name, help=text)
-        d.add_argument("--json", action="store_true", help=argparse.SUPPRESS if name != "status" else "as JSON")
-        d.set_defaults(func=_housekeeping)
-
-
-def _add_trust(sub: _Subparsers) -> None:
-    """`sandgate trust` and `sandgate allowlists`."""
-    tr = sub.add_parser("trust", help="let ./.sandgate.yaml (or FILE) widen the defaults, until its content changes")
-    tr.add_argument("file", nargs="?", metavar="FILE", help="the policy file (default ./.sandgate.yaml)")
-    which = tr.add_mutually_exclusive_group()
-    which.add_argument("--revoke", action="store_true", help="forget FILE: it only narrows again")
-    which.add_argument("--list", action="store_true", help="every trusted file, and whether it changed since")
-    tr.set_defaults(func=_config)
-
-    al = sub.add_parser("allowlists", help="list the bundled allowlists")
-    al.set_defaults(func=_config)
-
-
-def _add_setup(sub: _Subparsers) -> None:
-    """`sandgate setup [--remove]`: Windows' one-time, elevated setup (Linux needs none)."""
-    st = sub.add_parser("setup", help="Windows only, as administrator: the sandbox user and its WFP filters")
-    st.add_argument("--remove", action="store_true", help="remove the firewall rules, WFP filters and sandbox user")
-    st.set_defaults(func=_setup)
-
-
-def _policy_args(p: argparse.ArgumentParser) -> None:
+def policy_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", action="append", default=[], metavar="FILE", help="policy file (repeatable)")
     p.add_argument(
         "--allow",
@@ -357,10 +286,22 @@ def _policy_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-# Each command's first word -> what adds its parser (one adder may add several commands).
-_COMMANDS: dict[str, Callable[[_Subparsers], None]] = {"proxy": _add_proxy, "run": _add_run, "verify": _add_verify}
-_COMMANDS.update(audit=_add_audit, cleanup=_add_housekeeping, cache=_add_housekeeping, daemon=_add_housekeeping)
-_COMMANDS.update(trust=_add_trust, allowlists=_add_trust, setup=_add_setup)
+# Each command's first word -> the name of what adds its parser (one adder may add several commands).
+# `run` and `proxy` are here; the others in launcher/cliparsers.py, imported only when one of them runs.
+_COMMANDS = {"proxy": "_add_proxy", "run": "_add_run", "explain": "add_explain", "verify": "_add_verify"}
+_COMMANDS.update(audit="_add_audit", cleanup="_add_housekeeping", cache="_add_housekeeping")
+_COMMANDS.update(daemon="_add_housekeeping", trust="_add_trust", allowlists="_add_trust", setup="_add_setup")
+_COMMANDS.update(completion="add_completion", export="add_export")
+
+
+def _adder(name: str) -> Callable[[_Subparsers], None]:
+    if name in globals():
+        found: Callable[[_Subparsers], None] = globals()[name]
+        return found
+    from launcher import cliparsers
+
+    found = getattr(cliparsers, name)
+    return found
 
 
 def main(argv: Sequence[str] | None = None) -> int:

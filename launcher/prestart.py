@@ -43,11 +43,11 @@ def command_args(argv: list[str], orig_argv: list[str]) -> list[str] | None:
 
 
 def wanted(args: list[str] | None) -> bool:
-    """`sandgate run ...` on Linux, not asking for help (anything else finds its daemon later, if at all)."""
+    """`sandgate run ...` on Linux, not asking for help or a dry run (anything else finds its daemon later, if at all)."""
     if args is None or not sys.platform.startswith("linux") or args[:1] != ["run"]:
         return False
     opts = args[1 : args.index("--")] if "--" in args else args[1:]
-    return "-h" not in opts and "--help" not in opts
+    return not {"-h", "--help", "--dry-run"} & set(opts)  # a dry run starts nothing, no daemon either
 
 
 def start() -> None:

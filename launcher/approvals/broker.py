@@ -57,6 +57,10 @@ class Broker:
         if self._clients is not None:
             self._clients.start()
 
+    def prompting(self) -> bool:
+        """Whether a prompt holds the terminal now: the pty relay leaves its answer to it."""
+        return self._prompt.busy()
+
     def stop(self) -> None:
         self._stop.set()
         self._daemon.close()

@@ -61,6 +61,10 @@ class TerminalPrompt:
             finally:
                 os.close(fd)
 
+    def busy(self) -> bool:
+        """A prompt is on the terminal (launcher/run/ptyrelay.py then leaves the keys to it)."""
+        return self._human.locked()
+
     def question(self, req: Request) -> str:
         who = f" asked by {shown(req.asked_by)}" if req.asked_by else ""
         return (

@@ -38,6 +38,10 @@ def main(args: argparse.Namespace) -> int:
         rows = summary.summarize(records)
         if args.json:
             print(json.dumps(summary.as_json(rows, bundled), indent=1))
+        elif getattr(args, "markdown", False):  # for a CI job's summary page (action.yml)
+            from launcher.audit import markdown
+
+            print(markdown.format_markdown(rows, bundled), end="")
         else:
             print(summary.format_table(rows, bundled))
         if summary.fetched_nothing(records):  # stderr under --json: stdout stays the rows

@@ -59,6 +59,7 @@ class _Seen:
     denied_web: defaultdict[str, set[int]] = field(default_factory=lambda: defaultdict(set))  # seen only denied
     denied_pairs: set[tuple[str, int | None]] = field(default_factory=set)  # (host, port; None = the lookup)
     resolved: dict[str, Destination] = field(default_factory=dict)  # looked up, never connected to
+    inspected: set[str] = field(default_factory=set)  # names whose connections the runs inspected (request records)
     notes: list[str] = field(default_factory=list)
 
 
@@ -74,7 +75,8 @@ def suggest(
     """
     seen = _collect(summarize(records))
     lists = dict(bundled or {})
-    includes, covered = _cover(seen, lists)
+    why, covered = _cover(seen, lists)
+    includes = set(why)
     listed = {
         h: u
         for h, u in seen.names.items()
@@ -86,7 +88,7 @@ def suggest(
     tail = _not_suggested(seen, {n: lists[n] for n in includes})
     if fetched_nothing(records):
         tail.append(f"note: {NOTHING_FETCHED}")
-    return _render(records, name, includes, entries, tail)
+    return _render(records, name, why, entries, tail)
 
 
 # ---- collect --------------------------------------------------------------------------------------
@@ -117,6 +119,8 @@ def _collect(rows: Sequence[Destination]) -> _Seen:
             seen.notes.append(f"not a valid destination, not suggested: {comment(d.label)} ({times(d.count)})")
         elif isinstance(dest, str):
             seen.names[dest].add(d)
+            if d.requests:  # request records exist only for an inspected connection
+                seen.inspected.add(dest)
         elif d.port is None:
             seen.notes.append(f"no port to allow, not suggested: {comment(d.label)} ({times(d.count)})")
         else:
@@ -132,16 +136,40 @@ def _collect(rows: Sequence[Destination]) -> _Seen:
 # ---- cover: bundled lists -----------------------------------------------------------------------
 
 
-def _cover(seen: _Seen, lists: Mapping[str, rules.Ruleset]) -> tuple[set[str], set[str]]:
-    """(lists to include, hosts they allow): a list is included when it allows a host the runs used."""
-    includes: set[str] = set()
+def _cover(seen: _Seen, lists: Mapping[str, rules.Ruleset]) -> tuple[dict[str, str], set[str]]:
+    """(each list to include -> why, hosts they allow): a list is included when it allows a host the runs used.
+
+    Of the lists that allow a host, a passthrough one is preferred (`npm` over `npm-readonly`): an
+    inspecting list opts the user into TLS interception, which the run never tried. Only when the
+    runs inspected that host are the inspecting lists preferred, as the run was.
+    """
+    chosen: defaultdict[str, list[str]] = defaultdict(list)
+    over: defaultdict[str, set[str]] = defaultdict(set)
     covered: set[str] = set()
     for host in seen.names:
-        for list_name, rs in lists.items():
-            if rules.decide(rs, host, None).allowed:  # port None: the list allows the name at all
-                includes.add(list_name)
-                covered.add(host)
-    return includes, covered
+        by = {n: _inspects(rs, host) for n, rs in lists.items() if rules.decide(rs, host, None).allowed}
+        want = host in seen.inspected
+        preferred = [n for n, inspects in by.items() if inspects == want] or list(by)
+        for n in preferred:
+            chosen[n].append(host)
+            over[n] |= set(by) - set(preferred)
+        covered |= {host} if by else set()
+    why = {}
+    for n, hosts_ in chosen.items():
+        kind = "inspected, as the runs were" if _inspects_any(lists[n]) else "passthrough, not inspected"
+        passed = f"; chosen over {', '.join(sorted(over[n]))}" if over[n] else ""
+        why[n] = f"allows {', '.join(sorted(hosts_, key=name_key))} ({kind}){passed}"
+    return why, covered
+
+
+def _inspects(rs: rules.Ruleset, host: str) -> bool:
+    """Whether the rule of this list that allows `host` terminates its TLS."""
+    origin = rules.decide(rs, host, None).rule
+    return any(r.inspect for r in rs.policy.allow if r.origin == origin)
+
+
+def _inspects_any(rs: rules.Ruleset) -> bool:
+    return any(r.inspect for r in rs.policy.allow)
 
 
 # ---- propose ------------------------------------------------------------------------------------
@@ -192,7 +220,12 @@ def _hosts(seen: _Seen, listed: Mapping[str, _Use], wild: set[str]) -> list[Entr
         if host in wild:
             continue
         web_only = use.ports <= DEFAULT_ALLOW_PORTS and not seen.denied_web.get(host)
-        entries.append(((0, name_key(host), 0), _host_entry(host, None if web_only else use.ports), _use_text(use)))
+        why = (
+            "no bundled list allows it" if web_only else "its ports are listed: beyond 80,443, or a web port was denied"
+        )
+        entries.append(
+            ((0, name_key(host), 0), _host_entry(host, None if web_only else use.ports), f"{why}: {_use_text(use)}")
+        )
     return entries
 
 
@@ -233,7 +266,7 @@ def _bundled_note(d: Destination, included: Mapping[str, rules.Ruleset]) -> str:
 
 
 def _render(
-    records: Sequence[Record], name: str | None, includes: set[str], entries: list[Entry], tail: list[str]
+    records: Sequence[Record], name: str | None, includes: Mapping[str, str], entries: list[Entry], tail: list[str]
 ) -> str:
     tasks = sorted({r["task"] for r in records})
     shown = ", ".join(comment(t) for t in tasks[:_MAX_TASKS_SHOWN])
@@ -246,8 +279,9 @@ def _render(
     ]
     if name is not None:
         out.append(f"description: {quoted(name)}")
-    if includes:
-        out.append(f"include: [{', '.join(scalar(n) for n in sorted(includes))}]")
+    if includes:  # one line each, with why it was chosen
+        out.append("include:")
+        out.extend(f"  - {scalar(n)}  # {comment(includes[n])}" for n in sorted(includes))
     out.append("network:")
     if entries:
         out.append("  allow:")

@@ -6,6 +6,7 @@ from typing import Any
 
 from launcher.config.bundled import bundled_names
 from launcher.config.errors import PolicyFileError
+from launcher.errors import UsageError
 from netguard import policy as netpolicy
 from netguard.hosts import split_host_port
 from netguard.policyerror import PolicyError
@@ -32,6 +33,16 @@ def _url_host_port(url: str, where: str) -> str:
     return f"{host}:{port}"
 
 
+def unknown_list(name: str) -> str:
+    """The one line for a name that is no bundled list: the closest one, else every one."""
+    from launcher import didyoumean
+
+    names = bundled_names()
+    if guess := didyoumean.guess(name, names):
+        return f"no bundled list '{name}'; did you mean '{guess}'? ('sandgate allowlists' lists them)"
+    return f"no bundled list '{name}' ({', '.join(names)}), and not a host name with a dot"
+
+
 def flag_entry(ref: str, which: str) -> netpolicy.NetworkPolicy:
     """`--allow HOST[:PORT]` / `--deny HOST[:PORT]` as a one-entry network section."""
     where = f"--{which} {ref}"
@@ -46,11 +57,7 @@ def flag_entry(ref: str, which: str) -> netpolicy.NetworkPolicy:
     if "/" in host:
         entry = {"cidr": host, **({"ports": entry["ports"]} if "ports" in entry else {})}
     if which == "allow" and "." not in host and ":" not in host and "/" not in host:
-        raise PolicyFileError(
-            where,
-            None,
-            f"'{ref}' is neither a bundled allowlist ({', '.join(bundled_names())}) nor a host name with a dot",
-        )
+        raise UsageError(unknown_list(ref))
     try:
         return netpolicy.parse_network({which: [entry]}, "command line")
     except PolicyError as e:

@@ -145,11 +145,10 @@ class _Reader:
         elif (bundled := bundled_path(ref)) is not None:
             return self.load(bundled, None, stack)
         else:
-            raise PolicyFileError(
-                where,
-                line,
-                f"unknown allowlist '{ref}' (bundled: {', '.join(bundled_names())}); a file path needs a '/' or '.yaml'",
-            )
+            from launcher import didyoumean
+
+            hint = didyoumean.phrase(ref, bundled_names()) or f" (bundled: {', '.join(bundled_names())})"
+            raise PolicyFileError(where, line, f"unknown allowlist '{ref}'{hint} (a file path needs a '/' or '.yaml')")
         try:
             data = trust.read_file(target, yamlfile.MAX_BYTES)
         except trust.Unreadable as e:
@@ -216,9 +215,11 @@ def build_policy(
     workspace: Path | None = None,
     store: trust.Store | None = None,
     checks: Checks | None = None,
+    user: Path | None = None,
 ) -> Policy:
     """The effective policy from --policy files (trusted: the user named them), an implicit workspace
-    file (narrowed unless `store` trusts it) and --allow/--deny entries (each NAME, HOST or HOST:PORT)."""
+    file (narrowed unless `store` trusts it), --allow/--deny entries (each NAME, HOST or HOST:PORT)
+    and the user's own defaults file (launcher/config/userconfig.py: below all of them)."""
     checks = checks if checks is not None else Checks.current()
     reader = _Reader(checks)
     parts: list[Sections] = []
@@ -244,6 +245,9 @@ def build_policy(
     parts.extend(Sections(flag_entry(ref, "deny")) for ref in deny)
     if allow or deny:
         sources.append("command line")
+    mine = _user_config(user, reader, parts) if user is not None else []  # last: a file both name is theirs
+    sources.extend([f"user config {display(user)}"] if user is not None else [])
+    parts.extend(mine)
     try:
         network = netpolicy.merge([p.network for p in parts])
     except PolicyError as e:
@@ -258,6 +262,19 @@ def build_policy(
         narrowed,
         tuple(dict.fromkeys((*reader.read, *read))),
     )
+
+
+def _user_config(path: Path, reader: _Reader, higher: list[Sections]) -> list[Sections]:
+    """The user's defaults file and its includes, its single values yielding to every `higher` source."""
+    from launcher.config import userconfig
+
+    mine = reader.load(path, userconfig.read(path))
+    try:
+        net = netpolicy.merge([s.network for s in mine])
+    except PolicyError as e:
+        raise PolicyFileError.of(display(path), e) from None
+    under = userconfig.below(net, [s.network for s in higher])
+    return [Sections(under, fspolicy.merge_fs([s.filesystem for s in mine]), fspolicy.merge_env([s.env for s in mine]))]
 
 
 def bundled_rulesets() -> dict[str, rules.Ruleset]:

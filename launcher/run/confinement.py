@@ -18,7 +18,7 @@ from fsguard import env as fsenv
 from fsguard import exposed, homeoverlay, landlock, mounts, userns
 from fsguard import policy as fspolicy
 from launcher.errors import RunError
-from launcher.run import configfiles, runtimedirs
+from launcher.run import configfiles, pathwarn, runtimedirs
 from launcher.run.options import WEAKEN_ENV, RunOptions, weakened
 from netguard.audit import AuditLog, policy_record
 
@@ -39,24 +39,55 @@ class Confinement:
     nested_userns: bool = False  # --allow-nested-userns: the command may make user namespaces of its own
 
 
-def plan(opts: RunOptions, audit: AuditLog, rt: Path, brokered: Brokered | None = None) -> Confinement:
-    """Plan the filesystem and process boundary; refuse what cannot be enforced as asked."""
-    home = opts.user.home if opts.user else os.environ.get("HOME") or pwd.getpwuid(os.getuid()).pw_dir
-    eff = _effective(opts, home, rt, brokered.files if brokered else ())
+@dataclass(frozen=True)
+class Layout:
+    """The mounts, the sockets shown and the environment of a run: computed by `layout` alone, for
+    `plan` and for `sandgate explain` (which may then never disagree with what a run applies)."""
+
+    mounts: mounts.MountPlan
+    shown: tuple[runtimedirs.Exposed, ...]
+    env: dict[str, str]
+    env_dropped: list[str]
+    home: str
+    warnings: list[str]
+
+
+def run_home(opts: RunOptions) -> str:
+    return opts.user.home if opts.user else os.environ.get("HOME") or pwd.getpwuid(os.getuid()).pw_dir
+
+
+def layout(opts: RunOptions, rt: Path, secret_files: tuple[str, ...] = (), *, overlay: bool = True) -> Layout:
+    """The boundary's layout in its order of steps; `overlay=False` leaves out the home layer (whose
+    planning prepares its store on disk: a dry run changes nothing)."""
+    home = run_home(opts)
+    eff = _effective(opts, home, rt, secret_files)
     rdirs = _runtime_dirs(opts, eff)
     eff = dataclasses.replace(eff, read_deny=tuple(dict.fromkeys((*eff.read_deny, *rdirs.hide))))
     try:
         mplan = mounts.plan(eff)
     except mounts.MountError as e:
         raise RunError(e.strerror or str(e)) from None
-    uid = opts.user.uid if opts.user else os.getuid()
-    try:
-        overlay = homeoverlay.plan(home, mplan.write_roots, uid=uid, owner=os.geteuid(), fresh=opts.fresh_home)
-    except homeoverlay.HomeOverlayError as e:
-        raise RunError(e.strerror or str(e)) from None
-    mplan = _with_home(mplan, overlay, uid)
+    if overlay:
+        uid = opts.user.uid if opts.user else os.getuid()
+        try:
+            home_layer = homeoverlay.plan(home, mplan.write_roots, uid=uid, owner=os.geteuid(), fresh=opts.fresh_home)
+        except homeoverlay.HomeOverlayError as e:
+            raise RunError(e.strerror or str(e)) from None
+        mplan = _with_home(mplan, home_layer, uid)
     mplan, shown = _expose(opts, mplan, rdirs, rt)  # last: against every directory hidden
-    warnings = [*mplan.notes, *rdirs.notes]
+    env, dropped = fsenv.filter_env({k: v for k, v in os.environ.items() if k != WEAKEN_ENV}, opts.policy.env)
+    _runtime_env(env, shown)
+    if opts.user is not None:
+        # The command runs as the sudo caller or --user: its home (where the overlay is) and its
+        # names, as `sudo -i` would give them; sudo leaves HOME pointing at root's home.
+        env.update(HOME=opts.user.home, USER=opts.user.name, LOGNAME=opts.user.name)
+    return Layout(mplan, shown, env, dropped, home, [*mplan.notes, *rdirs.notes])
+
+
+def plan(opts: RunOptions, audit: AuditLog, rt: Path, brokered: Brokered | None = None) -> Confinement:
+    """Plan the filesystem and process boundary; refuse what cannot be enforced as asked."""
+    lay = layout(opts, rt, brokered.files if brokered else ())
+    mplan, shown, env, dropped, home, warnings = lay.mounts, lay.shown, lay.env, lay.env_dropped, lay.home, lay.warnings
     abi = landlock.abi_version()
     lplan: landlock.Plan | None = None
     if abi == 0:
@@ -64,18 +95,13 @@ def plan(opts: RunOptions, audit: AuditLog, rt: Path, brokered: Brokered | None 
             raise RunError("this kernel has no Landlock (disabled or too old), and --require-landlock was given")
         warnings.append("Landlock is not available on this kernel: writes are NOT restricted to the writable paths")
     else:
-        lplan = landlock.plan((*mplan.write_roots, *((overlay.home,) if overlay else ())), abi=abi)
-    env, dropped = fsenv.filter_env({k: v for k, v in os.environ.items() if k != WEAKEN_ENV}, opts.policy.env)
-    _runtime_env(env, shown)
-    if opts.user is not None:
-        # The command runs as the sudo caller or --user: its home (where the overlay is) and its
-        # names, as `sudo -i` would give them; sudo leaves HOME pointing at root's home.
-        env.update(HOME=opts.user.home, USER=opts.user.name, LOGNAME=opts.user.name)
+        lplan = landlock.plan((*mplan.write_roots, *((mplan.home.home,) if mplan.home else ())), abi=abi)
     if brokered is not None:  # sentinels in, and no variable carrying a real secret
         from launcher.run.brokered import apply_env
 
         env, dropped = apply_env(env, dropped, brokered)
     conf = Confinement(mplan, lplan, env, dropped, home, tuple(e.path for e in shown), opts.nested_userns)
+    warnings += pathwarn.warnings(env.get("PATH"), mplan)  # "command not found" inside, said before it happens
     # An exposed socket is a hole the user asked for: the record names it among what the run warned about.
     _record(
         audit,

@@ -23,16 +23,20 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fsguard import gitguard, mounts
 from launcher import timings
 from launcher.config import parsecache
 from launcher.errors import RunError
 from launcher.platform import seam
-from launcher.run import daemonctl, options, policyargs, runstate, summary, workspace
+from launcher.run import daemonctl, livedenials, options, otlpenv, policyargs, runstate, summary, workspace
 from launcher.run.linuxbackend import LinuxBackend, LinuxRun, Terminating
 from netguard import nft, sandboxnet
 from netguard.audit import AuditLog
+
+if TYPE_CHECKING:  # imported at exit: a fast start matters
+    from launcher.audit import bydesign
 
 
 def _terminating(opts: options.RunOptions) -> Terminating | None:
@@ -68,6 +72,11 @@ def _run(args: argparse.Namespace, cmd: list[str], rt: Path, daemon: daemonctl.D
     pol = policyargs.policy_from_args(args)  # parsed once, here: the daemon gets the compiled result, never YAML
     opts = options.from_args(args, cmd, pol)
     workspace.check(opts, args.user)  # never `/` or a home writable
+    otlpenv.settings()  # OTEL_* read once, here: a setting sandgate cannot honour fails before any sandbox
+    if opts.verbose:  # the network part of the boundary (confinement prints the filesystem part)
+        from launcher import explain
+
+        explain.verbose(opts.policy, opts.learn, opts.ask, opts.approvals)
     tls = _terminating(opts)
     timings.mark("policy")
     paths = runstate.RunPaths(rt, os.urandom(4).hex())  # not uuid: its import (platform, ctypes) is ~1.5 ms
@@ -75,16 +84,29 @@ def _run(args: argparse.Namespace, cmd: list[str], rt: Path, daemon: daemonctl.D
     # The environment goes in unfiltered: confinement.plan filters it at make, under the run lock,
     # where the names it drops are recorded in the run's policy record.
     request = seam.SandboxRequest(tuple(opts.cmd), os.getcwd(), os.environ, opts.policy, opts.task)
+    notices = paths.dir if opts.notices else None  # --notices: launcher/run/notices.py
+    live = livedenials.follower(opts.audit_path, opts.task, opts.quiet, notices)  # denials as they happen
     try:
-        status = seam.run_in(LinuxBackend(LinuxRun(opts, paths, daemon, audit, tls)), request)
+        status = seam.run_in(
+            livedenials.Following(LinuxBackend(LinuxRun(opts, paths, daemon, audit, tls)), live), request
+        )
     except (nft.NftError, sandboxnet.SandboxNetError) as e:
         raise RunError(str(e)) from None
     except mounts.MountError as e:
         raise RunError(e.strerror or str(e)) from None
     timings.mark("teardown")
     if not opts.quiet:
-        print(summary.summary(opts.audit_path, opts.task), file=sys.stderr)
+        print(summary.exit_report(opts.audit_path, opts.task, _facts(opts, status)), file=sys.stderr)
     return status
+
+
+def _facts(opts: options.RunOptions, status: int) -> bydesign.Facts:
+    """What the exit's hints about refusals by design may go on (launcher.audit.bydesign)."""
+    from launcher.audit import bydesign
+
+    home = opts.user.home if opts.user else os.environ.get("HOME", "/")
+    root_inside = opts.root_inside or (os.geteuid() == 0 and opts.user is None)
+    return bydesign.Facts(tuple(opts.cmd), os.getcwd(), home, status, root_inside)
 
 
 def _this_platform() -> seam.PlatformName:

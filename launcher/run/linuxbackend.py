@@ -38,14 +38,18 @@ from fsguard import mounts, placeholders, userns
 from launcher import timings
 from launcher.errors import RunError
 from launcher.platform.seam import PlatformName, SandboxRequest
-from launcher.run import confinement, daemonctl, options, placeholdershare, runstate, sandbox, supervise
+from launcher.run import confinement, daemonctl, options, otlpenv, placeholdershare, runstate, sandbox, supervise
 from netguard import nft
 from netguard.audit import AuditLog
 from netguard.proxy.spec import BindingSpec, CaPair
 
 if TYPE_CHECKING:  # imported when used: most runs never ask a human, nor inspect (a fast start matters)
+    from pathlib import Path
+
+    from fsguard.sandboxpty import PtyPlan
     from launcher.approvals import broker as approvals
     from launcher.run import brokered, inspection
+    from launcher.run.ptyrelay import Relay
 
 PORTS = nft.Ports()
 PLAN_TRIES = 3  # plans made again when another user's run changes the workspace's placeholders meanwhile
@@ -88,6 +92,7 @@ class LinuxSandbox:
         self.holder: int | None = None
         self.chan: socket.socket | None = None  # set once the holder is forked: then the binding is ended too
         self.handover: daemonctl.Handover | None = None
+        self.relay: Relay | None = None  # on a terminal: the command's pty, relayed (launcher/run/ptyrelay.py)
         self.open = True  # the daemon connection, until teardown closes it
 
 
@@ -126,13 +131,18 @@ class LinuxBackend:
         box = _box(sandbox)
         if box.holder is None or box.chan is None or box.handover is None:
             raise RunError("internal: wait before make finished")
-        status = supervise.supervise(box.holder, box.chan, box.handover, box.run.audit, box.run.opts.task)  # 7
+        status = supervise.supervise(
+            box.holder, box.chan, box.handover, box.run.audit, box.run.opts.task, box.relay
+        )  # 7
         timings.mark("cmd-exited")
         return status
 
     def teardown(self, sandbox: object) -> None:
         box = _box(sandbox)
         run = box.run
+        if box.relay is not None:
+            relay, box.relay = box.relay, None
+            relay.close()  # the user's terminal modes back, whatever happened
         if box.chan is not None:
             chan, box.chan = box.chan, None
             chan.close()
@@ -188,9 +198,15 @@ def _enter(box: LinuxSandbox, conf: confinement.Confinement) -> None:
     run = box.run
     opts, paths = run.opts, run.paths
     ins = _inside(opts, conf, paths, run.tls)
+    if os.isatty(0) or os.isatty(1):  # the command gets a terminal of the sandbox's own devpts
+        ins = dataclasses.replace(ins, tty=_terminal(box))
     if box.broker is not None:
         _tell_terminal(box.broker.banner())
-    holder, box.chan = sandbox.start_holder(os.getpid(), ins)  # namespaces
+    try:
+        holder, box.chan = sandbox.start_holder(os.getpid(), ins)  # namespaces
+    finally:
+        if ins.tty is not None:
+            os.close(ins.tty.sock)  # init's end: only init may hold it (its death reads as EOF here)
     box.holder = holder
     fds = sandbox.handshake(holder, box.chan, ins.ident)  # id maps; the listeners born inside
     timings.mark("handshake")
@@ -201,6 +217,18 @@ def _enter(box: LinuxSandbox, conf: confinement.Confinement) -> None:
     if box.broker is not None:
         box.broker.who = lambda ip, port: _asker(holder, ip, port)
         box.broker.start()  # threads only after the fork
+
+
+def _terminal(box: LinuxSandbox) -> PtyPlan | None:
+    """The pty's plan and the relay that will carry it, when stdin or stdout is the user's terminal."""
+    from launcher.run import ptyrelay
+
+    outer = ptyrelay.probe()
+    if outer is None:
+        return None
+    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    box.relay = ptyrelay.Relay(outer, mine, box.broker.prompting if box.broker else None)
+    return ptyrelay.plan(outer, theirs.detach(), mine.fileno())
 
 
 def _broker(opts: options.RunOptions, paths: runstate.RunPaths, audit: AuditLog) -> approvals.Broker | None:
@@ -233,6 +261,8 @@ def _spec(
         ca=tls.ca if tls else None,
         upstream_ca=opts.upstream_ca,
         secrets=tls.brokered.secrets if tls else (),
+        upstream_proxy=opts.upstream_proxy,
+        otlp=otlpenv.settings(),  # read and checked at the run's start (launch.py)
     )
 
 
@@ -254,9 +284,11 @@ def _inside(
     (paths.dir / "empty").touch(0o444)
     (paths.dir / "hosttmp").mkdir(0o700, exist_ok=True)
     trust = _trust(opts, paths, tls) if tls else None
+    env = {**conf.env, **trust.env} if trust else dict(conf.env)
+    files = _notices(opts, paths, env, trust.binds if trust else ())
     return sandbox.Inside(
         tuple(opts.cmd),
-        {**conf.env, **trust.env} if trust else conf.env,
+        env,
         ident,
         conf.mounts,
         conf.landlock,
@@ -265,9 +297,22 @@ def _inside(
         own_netns=own_netns,
         keep_net_admin="netadmin" in weak,
         make_dirs=_hidden_home(conf),
-        files=trust.binds if trust else (),
+        files=files,
         nested_userns=opts.nested_userns or "nested-userns" in weak,  # the weakening: verify's own control
     )
+
+
+def _notices(
+    opts: options.RunOptions, paths: runstate.RunPaths, env: dict[str, str], files: tuple[tuple[str, Path], ...]
+) -> tuple[tuple[str, Path], ...]:
+    """--notices: the run's notices file, bound read-only inside and named in `env` (launcher/run/notices.py).
+    Without it no SANDGATE_NOTICES reaches the command, whatever the caller's environment held."""
+    env.pop("SANDGATE_NOTICES", None)
+    if not opts.notices:
+        return files
+    from launcher.run import notices
+
+    return (*files, notices.share(paths.dir, env))
 
 
 def _trust(opts: options.RunOptions, paths: runstate.RunPaths, tls: Terminating) -> inspection.Trust:

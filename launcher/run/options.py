@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import stat
 from collections.abc import Sequence
@@ -13,6 +14,7 @@ from launcher.audit import logs as auditlogs
 from launcher.config import load as lpolicy
 from launcher.errors import RunError, UsageError
 from netguard.policy import NetworkPolicy
+from netguard.upstreamproxy import Upstream
 
 #: Test-only: sandgate verify's self-test sets this to weaken ONE mechanism and prove that the
 #: matching probes then fail. Not a command-line option; announced loudly; never passed inside.
@@ -63,6 +65,8 @@ class RunOptions:
     expose: tuple[str, ...] = ()  # --expose-socket: absolute paths of unix sockets shown inside though hidden
     fresh_home: bool = False  # --fresh-home: ~ is the real home under an empty layer, dropped at exit
     nested_userns: bool = False  # --allow-nested-userns: the command may make user namespaces of its own
+    upstream_proxy: Upstream | None = None  # --upstream-proxy or HTTPS_PROXY...: the daemon's corporate proxy
+    notices: bool = False  # --notices: the run's denials as JSON lines the command reads (run/notices.py)
     task: str = field(default_factory=lambda: os.urandom(6).hex())  # 12 random hex digits, as uuid4's first 12
 
 
@@ -99,7 +103,24 @@ def from_args(args: argparse.Namespace, cmd: list[str], pol: lpolicy.Policy) -> 
         expose=_expose_sockets(getattr(args, "expose_socket", None) or ()),
         fresh_home=bool(getattr(args, "fresh_home", False)),
         nested_userns=bool(getattr(args, "allow_nested_userns", False)),
+        upstream_proxy=upstream_proxy(
+            getattr(args, "upstream_proxy", None), getattr(args, "upstream_proxy_by_name", False)
+        ),
+        notices=bool(getattr(args, "notices", False)),
     )
+
+
+def upstream_proxy(option: str | None, by_name: bool = False) -> Upstream | None:
+    """The corporate proxy the daemon tunnels this run's allowed flows through: `--upstream-proxy URL|none`,
+    else HTTPS_PROXY / HTTP_PROXY / NO_PROXY of sandgate's own environment (netguard.upstreamproxy).
+    `by_name` (--upstream-proxy-by-name): the CONNECT names the host, for proxies that must resolve it."""
+    from netguard import upstreamproxy
+
+    try:
+        up = upstreamproxy.choose(option, os.environ)
+    except upstreamproxy.UpstreamError as e:
+        raise UsageError(f"{e} (or --upstream-proxy none to go direct)") from None
+    return dataclasses.replace(up, by_name=True) if up is not None and by_name else up
 
 
 def _expose_sockets(paths: Sequence[str]) -> tuple[str, ...]:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from launcher.config import checks as policychecks
 from launcher.config import load as lpolicy
+from launcher.config import userconfig
 from launcher.errors import UsageError
 
 
@@ -21,7 +22,8 @@ def policy_from_args(args: argparse.Namespace) -> lpolicy.Policy:
     implicit = (
         not files and not args.allow and os.path.lexists(".sandgate.yaml") and not os.path.isdir(".sandgate.yaml")
     )
-    if not files and not args.allow and not implicit:
+    user = userconfig.find()  # the user's own defaults, trusted: below everything else
+    if not files and not args.allow and not implicit and user is None:
         _no_policy(args)
     checks = policychecks.Checks.current(
         allow_wide_cidr=getattr(args, "allow_wide_cidr", False), user=getattr(args, "user", None)
@@ -34,6 +36,7 @@ def policy_from_args(args: argparse.Namespace) -> lpolicy.Policy:
         workspace=Path(".sandgate.yaml") if implicit else None,
         store=trust.Store.default(writable) if implicit else None,
         checks=checks,
+        user=user,
     )
     if pol.narrowed is not None and pol.narrowed.ignored:
         print(pol.narrowed.notice(), file=sys.stderr)
@@ -42,7 +45,7 @@ def policy_from_args(args: argparse.Namespace) -> lpolicy.Policy:
 
 def _no_policy(args: argparse.Namespace) -> None:
     """No policy at all: a proxy would reach nothing (refused); a run gets no network (said once)."""
-    if args.command != "run":
+    if args.command not in ("run", "explain"):  # explain: what a run with these options would get
         raise UsageError(
             "no policy: give --policy FILE or --allow NAME (see 'sandgate allowlists'); nothing would be reachable"
         )

@@ -6,10 +6,12 @@
                 launcher and closes; then forks init and, while the sandbox lives, reports the
                 packets the table dropped. It is outside the sandbox's pid namespace: nothing
                 inside can signal, trace or even name it.
-        └─ init (pid 1)  mounts (fsguard.mounts), a fresh session keyring, forwards signals,
+        └─ init (pid 1)  mounts (fsguard.mounts), a fresh session keyring, on a terminal the
+                command's pty (fsguard.sandboxpty: the master goes out to the launcher), forwards signals,
                 reaps orphans; when it exits the kernel kills every process left in the pid
                 namespace, and with the last one the network namespace and its listeners vanish
-            └─ CMD  bounding set cut, ids taken, no_new_privs, Landlock, seccomp, exec
+            └─ CMD  (on a terminal: a session of its own, the pty its terminal) bounding set cut,
+                    ids taken, no_new_privs, Landlock, seccomp, exec
 No process of the sandbox ever held a dropped environment variable: the holder scrubs the
 environment block it inherited (what /proc/<pid>/environ shows) before anything else, and
 init and the holder are not dumpable.
@@ -24,13 +26,16 @@ import signal
 import socket
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from fsguard import caps, kernelfs, landlock, mounts, process, seccomp, userns
 from launcher import timings
 from launcher.errors import EXIT_ERROR, RunError
 from netguard import sandboxnet
 from netguard.nft import Nft, Ports
+
+if TYPE_CHECKING:  # imported only when sandgate runs on a terminal
+    from fsguard.sandboxpty import PtyPlan
 
 HOSTNAME = "sandgate"
 DROP_POLL = 1.0  # seconds between reports of dropped packets while the sandbox lives
@@ -55,6 +60,7 @@ class Inside:
     make_dirs: tuple[str, ...] = ()  # empty directories the command's user gets inside (a home under /tmp)
     files: tuple[tuple[str, Path], ...] = ()  # (host file, run-dir file bound read-only over it): the CA bundle
     nested_userns: bool = False  # --allow-nested-userns: the command may make user namespaces of its own
+    tty: PtyPlan | None = None  # on a terminal: the command gets a pty of the sandbox's devpts (fsguard/sandboxpty.py)
 
 
 def start_holder(parent: int, ins: Inside) -> tuple[int, socket.socket]:
@@ -127,6 +133,8 @@ def scrub_environment() -> None:
 
 def _holder(parent: int, chan: socket.socket, ins: Inside) -> None:
     process.die_with_parent(parent)
+    if ins.tty is not None:
+        os.close(ins.tty.peer)  # the launcher's end of the pty socket stays the launcher's
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for CMD; reset before exec
     signal.signal(signal.SIGQUIT, signal.SIG_IGN)
     scrub_environment()
@@ -164,6 +172,8 @@ def _holder(parent: int, chan: socket.socket, ins: Inside) -> None:
             os.write(2, f"sandgate: error: sandbox setup: {e}\n".encode())
         os._exit(EXIT_ERROR)
     os.close(sig_r)
+    if ins.tty is not None:
+        os.close(ins.tty.sock)  # init holds the only other copy: its death reads as EOF in the launcher
     status = _watch(init, chan, sig_w, nft)
     os._exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else EXIT_ERROR)
 
@@ -208,13 +218,17 @@ def _init(ins: Inside, sig_r: int) -> None:
     """pid 1 of the sandbox: set up inside, start CMD, forward signals, reap, exit with CMD's status."""
     process.die_with_parent(None)  # our parent (the holder) is outside this pid namespace: getppid() is 0
     mounts.make_private()
-    kernelfs.fresh_proc_sys()
+    kernelfs.fresh_proc_sys(tuple(t for t, _ in ins.files if t.startswith("/dev/")))  # mount points: notices
     files = {"/etc/resolv.conf": ins.run_dir / "resolv.conf"} if ins.own_netns else {}
     mounts.build(ins.mounts, ins.run_dir, {**files, **dict(ins.files)})
     for d in ins.make_dirs:  # in the private /tmp only: nothing here reaches the host
         os.makedirs(d, mode=0o700, exist_ok=True)
         os.chown(d, ins.ident.uid, ins.ident.gid)
     caps.join_session_keyring()  # the threat: the caller's keyring readable from inside
+    if ins.tty is not None:  # the host's terminal out, the sandbox's own pty in
+        from fsguard import sandboxpty
+
+        sandboxpty.setup_in_init(ins.tty, ins.ident.uid, ins.ident.gid)
     timings.mark("mounts")
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.set_wakeup_fd(wake_w)
@@ -266,6 +280,10 @@ def _not_found(name: str, path: str) -> str:
 def _exec_cmd(ins: Inside) -> None:
     name = ins.cmd[0]
     try:
+        if ins.tty is not None:
+            from fsguard import sandboxpty
+
+            sandboxpty.become_controlling(ins.tty.fds[0])
         process.reset_signals()
         keep = caps.KEEP | ({caps.CAP_NET_ADMIN} if ins.keep_net_admin else set())
         caps.drop_bounding(frozenset(keep))  # before giving up root: dropping needs CAP_SETPCAP

@@ -45,6 +45,6 @@ def parse_only(text: str | None) -> Selection:
     if unknown := names - set(GROUPS) - REGISTRY.keys() - HOST_ROWS.keys():
         raise ValueError(
             f"--only: unknown probe or group {', '.join(sorted(unknown))}; the groups are "
-            f"{', '.join(GROUPS)}, the probes are the README's 'What the boundary covers' table"
+            f"{', '.join(GROUPS)}, the probes are the table of docs/verify.md"
         )
     return Selection(names)

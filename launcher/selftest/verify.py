@@ -79,7 +79,7 @@ def _in_world(
 
 
 def coverage_markdown() -> str:
-    """The README's "What the boundary covers" table, generated from the probe list."""
+    """The table of docs/verify.md (what the boundary covers), generated from the probe list."""
     lines = ["| group | probe | expected | what it tries |", "|---|---|---|---|"]
     for p in ordered():
         where = "" if p.contexts == frozenset(CONTEXTS) else f" ({', '.join(sorted(p.contexts))} only)"

@@ -213,8 +213,8 @@ def test_widening_the_http_rules_makes_exactly_the_refusal_rows_fail_with_upstre
     assert {r["probe"] for r in rows if r["ok"]} == probes - refused
 
 
-def test_readme_coverage_table_is_generated_from_the_probe_list() -> None:
-    assert verify.coverage_markdown() in (REPO / "README.md").read_text()
+def test_docs_coverage_table_is_generated_from_the_probe_list() -> None:
+    assert verify.coverage_markdown() in (REPO / "docs" / "verify.md").read_text()
 
 
 def test_verify_refuses_an_unknown_probe_name_before_building_anything() -> None:

@@ -16,6 +16,7 @@ from launcher.config.bundled import bundled_names, describe_bundled
 from launcher.config.checks import Checks
 from launcher.config.errors import PolicyFileError
 from launcher.config.load import Policy, build_policy
+from launcher.errors import UsageError
 from netguard.policy import DEFAULT_ALLOW_PORTS
 
 REPO = Path(__file__).resolve().parent.parent.parent
@@ -166,7 +167,7 @@ def test_command_line_entries() -> None:
     assert ("host", "mirror.test", (8443,)) in kinds
     assert ("cidr", str(ipaddress.ip_network("203.0.113.0/24")), (8080,)) in kinds
     assert pol.deny[0].value == "files.pythonhosted.org" and pol.deny[0].ports is None
-    with pytest.raises(PolicyFileError, match="neither a bundled allowlist"):
+    with pytest.raises(UsageError, match="no bundled list 'pypy'; did you mean 'pypi'"):
         build_policy([], ["pypy"], [])
     with pytest.raises(PolicyFileError, match="invalid port"):
         build_policy([], ["a.test:https"], [])
@@ -190,6 +191,8 @@ def test_every_bundled_allowlist_loads_with_commented_hosts() -> None:
         "github-readonly",
         "npm-readonly",
         "pypi-readonly",
+        "anthropic",
+        "openai",
     ):
         assert required in names
     for name, desc, count in describe_bundled():

@@ -40,6 +40,8 @@ def test_command_args_know_the_console_script_and_python_m() -> None:
         (["run", "--allow", "pypi", "--", "pip", "--help"], True),  # CMD's own --help is CMD's
         (["run", "--help"], False),
         (["run", "-h", "--", "true"], False),
+        (["run", "--dry-run", "--", "true"], False),  # starts nothing
+        (["run", "--", "sh", "--dry-run"], True),
         (["audit", "summary"], False),
         (["--version"], False),
         ([], False),
