@@ -73,6 +73,7 @@ DEFAULT_ENV_DROP: tuple[str, ...] = (
     "*_DSN",
     "*CONNECTION_STRING*",
     "*WEBHOOK*",
+    "OTEL_EXPORTER_OTLP_*HEADERS",  # a collector's API key: sandgate's daemon sends it, the command never sees it
     # providers whose credentials have names no family catches (AWS_ACCESS_KEY_ID is caught,
     # AZURE_DEVOPS_EXT_PAT too; AZURE_USERNAME/AZURE_CLIENT_CERTIFICATE_PATH are not)
     "AWS_*",

@@ -1,7 +1,7 @@
 """The egress audit log: one JSON object per line, appended and flushed as it happens.
 
 The schema lives here and nowhere else: the record types (netguard.auditrecords, re-exported
-here) are the format (README's table is checked against them). Six events:
+here) are the format (docs/audit.md's table is checked against them). Six events:
   decision  one per allow/deny decision (exactly one; tests count them)
   close     when an allowed connection or request ends: bytes and duration
   request   one per request to an inspected destination (and per attempted credential leak)

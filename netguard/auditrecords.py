@@ -1,6 +1,6 @@
 """The audit log's format: one TypedDict per event. netguard.audit writes and reads them.
 
-Kept apart from the writer and reader so the format can be read in one place (README's table
+Kept apart from the writer and reader so the format can be read in one place (docs/audit.md's table
 is checked against these types, field by field).
 """
 
@@ -16,7 +16,7 @@ Kind = Literal["connect", "http", "tls", "tcp", "dns", "packet", "policy", "appr
 Event = Literal["decision", "close", "request", "approval", "policy", "limit"]
 #: Which per-sandbox limit refused something (netguard.proxy.limits): the daemon is shared by every
 #: sandbox of a user, so one sandbox's excess is refused, and said, in that sandbox's log only.
-Limit = Literal["connections", "deadline", "head", "questions", "queries", "lookups", "records"]
+Limit = Literal["connections", "deadline", "head", "questions", "queries", "lookups", "records", "export"]
 
 
 class DecisionRecord(TypedDict):

@@ -19,6 +19,7 @@ _WHAT: dict[Limit, tuple[str, str]] = {
     "queries": ("DNS query dropped", "DNS queries dropped"),
     "lookups": ("lookup refused", "lookups refused"),
     "records": ("denial counted, not written", "denials counted, not written"),
+    "export": ("audit record not exported over OTLP", "audit records not exported over OTLP"),
 }
 
 

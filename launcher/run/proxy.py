@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, NotRequired, TypedDict
 from launcher.audit import logs as auditlogs
 from launcher.config import load as lpolicy
 from launcher.errors import UsageError
-from launcher.run import inspection, policyargs
+from launcher.run import inspection, options, policyargs
 
 if TYPE_CHECKING:
     from netguard.audit import AuditLog
@@ -126,6 +126,7 @@ def _binding(
         ca=ca,
         upstream_ca=upstream_ca,
         secrets=secrets,
+        upstream_proxy=options.upstream_proxy(args.upstream_proxy, args.upstream_proxy_by_name),
     )
     return binding, ca_path
 

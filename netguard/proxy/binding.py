@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from netguard import rules, verdict
+from netguard import rules, upstreamproxy, verdict
 from netguard.asking import Approver
 from netguard.audit import AuditLog, DecisionRecord
 from netguard.credentials import Secret
@@ -28,6 +28,7 @@ class Binding:
     upstream_ca: str | None = None  # PEM roots trusted for inspected upstreams besides the host's store
     secrets: tuple[Secret, ...] = ()  # brokered credentials: their hosts are inspected
     refusals: limits.Refusals | None = None  # what its limits of the shared daemon refused (netguard.proxy.limits)
+    upstream_proxy: upstreamproxy.Upstream | None = None  # its run's corporate proxy; None: dialled directly
     lookups: int = field(default=0, init=False)  # its connect-path lookups in flight (limits.LOOKUPS)
     denials: int = field(default=0, init=False)  # denial records written so far (limits.DENIALS_LOGGED)
 
@@ -60,6 +61,12 @@ class Binding:
             ask=ask if self.approver is not None else None,
             resolve=resolve,
         )
+
+    def via(self, host: str, plain_http: bool = False) -> upstreamproxy.Proxy | None:
+        """The corporate proxy an allowed connection to `host` is tunnelled through (its run's, NO_PROXY
+        applied), or None: dialled directly. `plain_http`: a plain HTTP request (http_proxy)."""
+        up = self.upstream_proxy
+        return up.route(host, plain_http) if up is not None else None
 
     def upstream(self) -> tuple[str, int] | None:
         """Who answers this sandbox's lookups (netguard.proxy.resolver): the policy's `resolver:`, or None

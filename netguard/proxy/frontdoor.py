@@ -39,7 +39,7 @@ from mitmproxy import platform
 
 from netguard import hosts, rules
 from netguard.audit import Kind, Limit, close_record
-from netguard.proxy import answers, connecthead, dial, firstbytes, handoff, limits, peek, splice
+from netguard.proxy import answers, connecthead, dial, firstbytes, handoff, limits, peek, splice, viaproxy
 from netguard.proxy.binding import Binding
 from netguard.proxy.decide import Conn, Decided, Decider
 from netguard.proxy.fdlimit import Budget
@@ -265,7 +265,10 @@ class FrontDoor:
         d = await self._decider.authorize(Conn(b, _peer(conn), kind), kind, host, port)
         if not d.allowed:
             return None  # refused: recorded, closed (mitmproxy closes it too)
-        up = await dial.connect(d)
+        if (proxy := b.via(d.host)) is not None:  # the run's corporate proxy, asked for the checked address
+            up, _ = await viaproxy.dial_via(b, d, proxy, kind)
+        else:
+            up = await dial.connect(d)
         if up is None:
             return None
         flow = _Flow(b, d, kind, self.slot, self._give)
@@ -311,6 +314,12 @@ class FrontDoor:
         if not d.allowed:  # allowed by the rules, then vetoed (rebinding) or unresolved: mitmproxy's 403
             await self._loop.sock_sendall(conn, answers.forbidden(d.host, d.port, d.verdict.decision))
             return None
+        if (proxy := b.via(d.host)) is not None:  # the tunnel first: a refusal is the client's 502, not a 200
+            up, why = await viaproxy.dial_via(b, d, proxy, "connect")
+            if up is None:
+                await self._loop.sock_sendall(conn, viaproxy.bad_gateway(why or "no tunnel"))
+                return None
+            return await self._established(conn, b, d, up, head.version)
         up = dial.start(d)  # the SYN leaves before the 200: the handshake overlaps the client's turn
         if up is None:
             return None
@@ -318,6 +327,17 @@ class FrontDoor:
             await self._loop.sock_sendall(conn, f"{head.version} 200 Connection established\r\n\r\n".encode())
             if not await dial.connected(up):
                 return None
+        except BaseException:
+            up.close()
+            raise
+        flow = _Flow(b, d, "connect", self.slot, self._give)
+        flow.start(conn, up, self._idle)
+        return flow
+
+    async def _established(self, conn: socket.socket, b: Binding, d: Decided, up: socket.socket, version: str) -> _Flow:
+        """A CONNECT whose upstream tunnel is open (through the corporate proxy): its 200, then the relay."""
+        try:
+            await self._loop.sock_sendall(conn, f"{version} 200 Connection established\r\n\r\n".encode())
         except BaseException:
             up.close()
             raise

@@ -33,10 +33,11 @@ from mitmproxy import connection, http
 from mitmproxy.proxy import layer, server_hooks
 from mitmproxy.proxy.context import Context
 from mitmproxy.proxy.mode_specs import RegularMode
+from OpenSSL import SSL
 
-from netguard import hosts, rules
+from netguard import hosts, rules, upstreamproxy
 from netguard.audit import Kind, Limit, close_record
-from netguard.proxy import bodyrelay, decide, flowview, inspected, layers, trim
+from netguard.proxy import bodyrelay, decide, flowview, inspected, layers, trim, viamitm
 from netguard.proxy.binding import Binding
 from netguard.proxy.decide import Conn, Decided
 
@@ -68,6 +69,8 @@ class Gate:
         self._named: dict[str, tuple[str, int]] = {}  # server id -> the name it was judged for (keep-alive)
         self.handlers: Mapping[Any, Any] = {}  # mitmproxy's handlers by client id (make_master): the kernel relay
         self.trimmer = trim.Trimmer()
+        self.sessions: Mapping[str, SSL.Connection] = {}  # TlsInspect's TLS sessions by connection id (make_master)
+        viamitm.install()  # tunnels to a run's corporate proxy are judged like any connection (netguard.proxy.viamitm)
 
     # ---- bookkeeping ------------------------------------------------------------------
 
@@ -108,6 +111,15 @@ class Gate:
         kind = layers.choose(nextlayer, st.binding.rules, self._relay, st.binding.inspection)
         if kind is not None:
             st.kind = kind
+        self._via_relay(nextlayer, st.binding)
+
+    def _via_relay(self, nextlayer: layer.NextLayer, b: Binding) -> None:
+        """A raw relay of a run with a corporate proxy goes through it (NO_PROXY aside): viamitm.tunnelled."""
+        relay, server = nextlayer.layer, nextlayer.context.server
+        if isinstance(relay, layers.Relay) and server.address is not None:
+            proxy = b.via(flowview.norm_key(server.address[0], server.address[1])[0])
+            if proxy is not None:
+                nextlayer.layer = viamitm.tunnelled(nextlayer.context, relay, proxy)
 
     # ---- explicit proxy and plain HTTP --------------------------------------------------
 
@@ -174,11 +186,18 @@ class Gate:
                 req.headers = http.Headers(
                     [(n.encode(flowview.ENC, flowview.ESC), v.encode(flowview.ENC, flowview.ESC)) for n, v in brokered]
                 )
-        flow.metadata["sandgate"] = ex
+        self._goes_on(flow, ex, b.via(host, plain_http=not https))
         if b.secrets and not (https and any(s.host == host for s in b.secrets)):
             ex.scan = True  # a body to anywhere but a credential's own host: held and scanned in `request`
             return
         req.stream = ex.up
+
+    @staticmethod
+    def _goes_on(flow: http.HTTPFlow, ex: _Exchange, proxy: upstreamproxy.Proxy | None) -> None:
+        """An allowed request goes on: its exchange kept for the hooks after it, its upstream through the
+        run's corporate proxy (None: direct; netguard.proxy.viamitm)."""
+        viamitm.route(flow, proxy)
+        flow.metadata["sandgate"] = ex
 
     def request(self, flow: http.HTTPFlow) -> None:
         """A held body (ex.scan) carrying a sentinel or real value is an attempted leak: 403 before it leaves.
@@ -230,8 +249,13 @@ class Gate:
                 fields = flow.response.headers.fields
                 flow.response.headers = http.Headers([(n, inspected.unsecret(v, bound)) for n, v in fields])
                 flow.response.stream = inspected.Scrub(ex.down, bound)
-            elif r is None and not ex.scan:  # not judged: nobody inspects the host, no credential is in play
-                ex.body = bodyrelay.BodyRelay.take(self.handlers, flow, ex.down)
+            elif not ex.scan:  # no credential is in play: a large body may leave mitmproxy's layers
+                ex.body = bodyrelay.BodyRelay.take(self.handlers, flow, ex.down, self._sessions(flow))
+
+    def _sessions(self, flow: http.HTTPFlow) -> bodyrelay.Sessions | None:
+        """An inspected flow's (upstream, client) TLS sessions, as TlsInspect made them for mitmproxy."""
+        up, down = self.sessions.get(flow.server_conn.id), self.sessions.get(flow.client_conn.id)
+        return (up, down) if up is not None and down is not None else None
 
     def response(self, flow: http.HTTPFlow) -> None:
         self._http_closed(flow)
@@ -250,9 +274,10 @@ class Gate:
         d = ex.decided
         ms = int((time.monotonic() - ex.t0) * 1000)
         if ex.request is not None:
-            failed = flow.error is not None or flow.response is None
+            whole = ex.body is not None and ex.body.complete  # the takeover's end aborts the upstream: no failure
+            failed = (flow.error is not None and not whole) or flow.response is None
             status = None if failed or flow.response is None else flow.response.status_code
-            if flow.error is not None:
+            if flow.error is not None and not whole:
                 why = inspected.redact(flow.error.msg, st.binding.secrets)
                 ex.request.judged = inspected.Judged(True, ex.request.judged.rule, f"failed: {why}")
             self._write_request(st, ex, status, ex.up.n, ex.down.n, ms)
@@ -269,10 +294,12 @@ class Gate:
 
     async def server_connect(self, data: server_hooks.ServerConnectionHookData) -> None:
         st = self._conn(data.client)
-        if st is None or data.server.address is None:
+        inner = viamitm.inner(data.server)  # a connection to the run's corporate proxy: judged by where it leads
+        target = inner if inner is not None else data.server
+        if st is None or target.address is None:
             data.server.error = "sandgate: no policy"
             return
-        host, port = data.server.address[0], data.server.address[1]
+        host, port = target.address[0], target.address[1]
         d = st.pins.get(flowview.norm_key(host, port))
         if d is None:
             # Nothing decided this destination yet (transparent TLS/raw TCP): decide now.
@@ -281,6 +308,10 @@ class Gate:
                 data.server.error = f"sandgate: {d.verdict.decision.reason}"
                 return
         assert d.verdict.ip is not None
+        if inner is not None:  # the proxy is dialled, the CONNECT names d's checked address (connect_upstream)
+            if (why := viamitm.opened(st.binding, d, st.kind, data.server)) is not None:
+                data.server.error = why
+            return
         data.server.address = (d.verdict.ip, port)  # pin: the checked address, not a second lookup
         self._named[data.server.id] = (host, port)
 
@@ -299,6 +330,11 @@ class Gate:
 
     def server_connect_error(self, data: server_hooks.ServerConnectionHookData) -> None:
         self._named.pop(data.server.id, None)
+        viamitm.failed(data.server, data.server.error or "cannot connect")  # a corporate proxy out of reach
+
+    def http_connect_upstream(self, flow: http.HTTPFlow) -> None:
+        """The CONNECT to a run's corporate proxy: to the checked address, with its credentials (viamitm)."""
+        viamitm.connect_upstream(flow)
 
     # ---- raw TCP relays ----------------------------------------------------------------
 

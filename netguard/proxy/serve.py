@@ -300,12 +300,12 @@ class Daemon:
     async def _start(self, task: str, spec: BindingSpec, passed: PassedFds) -> Sandbox:
         from netguard import rules
         from netguard.asking import Approver
-        from netguard.audit import AuditLog, now_rfc3339
-        from netguard.proxy import dns
+        from netguard.audit import now_rfc3339
+        from netguard.proxy import dns, otlpexport
         from netguard.proxy.binding import Binding
         from netguard.proxy.frontdoor import FrontDoor, Mode
 
-        audit = AuditLog.from_fd(passed.audit)
+        audit = otlpexport.audit_log(passed.audit, spec.otlp, task)  # + the run's OTLP collector, if it set one
         refusals = limits.Refusals(task, audit.write)  # this sandbox's limits, in this sandbox's log
         approver = None
         if spec.approval_socket:
@@ -322,6 +322,7 @@ class Daemon:
             upstream_ca=spec.upstream_ca,
             secrets=spec.secrets,
             refusals=refusals,
+            upstream_proxy=spec.upstream_proxy,
         )
         sb = Sandbox(task, binding, (0, 0), since=now_rfc3339(), budget=self.budget)
         self.budget.sandboxes += 1  # the fair share divides the budget among the bound sandboxes

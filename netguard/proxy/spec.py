@@ -1,13 +1,11 @@
 """What the launcher tells the daemon about one sandbox: a typed spec and its plain-JSON form.
 
-The launcher parses YAML and argv once and sends `encode(spec)`; the daemon only ever runs
-`decode`, which is strict (exact keys, exact types, canonical hosts), so a confused or
-hostile peer is refused with one clear message instead of being half-understood. Pure: no I/O.
-
-Long runs of plain name rules (a hosts_file of 10^5 names) travel as groups: one object with the
-names and their origins' line numbers each joined by newlines, ~10x smaller and faster than a
-dict per rule. `to_bytes` puts the policy apart from the rest so the daemon can cache the
-decoded, compiled policy by the hash of exactly those bytes (netguard.proxy.specbytes).
+The launcher parses YAML and argv once and sends `encode(spec)`; the daemon only ever runs `decode`, which is strict
+(exact keys, exact types, canonical hosts), so a confused or hostile peer is refused with one clear message instead
+of being half-understood. Pure: no I/O. Long runs of plain name rules (a hosts_file of 10^5 names) travel as groups:
+one object with the names and their origins' line numbers each joined by newlines, ~10x smaller and faster than a
+dict per rule. `to_bytes` puts the policy apart from the rest so the daemon can cache the decoded, compiled policy
+by the hash of exactly those bytes (netguard.proxy.specbytes).
 """
 
 from __future__ import annotations
@@ -17,13 +15,14 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from netguard import hosts
+from netguard import hosts, otlp, upstreamproxy
 from netguard.credentials import Secret
 from netguard.httprules import HttpRule, canonical_path
 from netguard.policy import NetworkPolicy, Rule, new_rule
 
 SPEC_KEYS = (
-    "task", "policy", "learn", "ask_all", "approval_socket", "ask_timeout", "ca", "upstream_ca", "secrets"
+    "task", "policy", "learn", "ask_all", "approval_socket", "ask_timeout", "ca", "upstream_ca", "secrets",
+    "upstream_proxy", "otlp",
 )  # fmt: skip
 POLICY_KEYS = ("allow", "deny", "ask", "resolver", "resolver_origin")
 RULE_KEYS = ("kind", "value", "ports", "origin", "dns", "inspect", "http", "log_query")
@@ -71,6 +70,8 @@ class BindingSpec:
     ca: CaPair | None = None  # needed when any rule inspects or a credential is bound
     upstream_ca: str | None = None  # PEM: extra roots for inspected upstreams (default: the host's store)
     secrets: tuple[Secret, ...] = ()
+    upstream_proxy: upstreamproxy.Upstream | None = None  # the run's corporate proxy (netguard.upstreamproxy)
+    otlp: otlp.OtlpConfig | None = None  # the run's OTEL_* settings: its records go there too (netguard.otlp)
 
 
 # ---- encode ---------------------------------------------------------------------------------
@@ -95,6 +96,8 @@ def encode(spec: BindingSpec) -> dict[str, Any]:
         "ca": {"cert": spec.ca.cert, "key": spec.ca.key} if spec.ca is not None else None,
         "upstream_ca": spec.upstream_ca,
         "secrets": [{k: getattr(x, k) for k in SECRET_KEYS} for x in spec.secrets],
+        "upstream_proxy": upstreamproxy.encode(spec.upstream_proxy),
+        "otlp": otlp.encode(spec.otlp),
     }
 
 
@@ -193,6 +196,8 @@ def decode(obj: Any) -> BindingSpec:
         ca,
         upstream,
         secrets,
+        upstreamproxy.decode(d["upstream_proxy"], SpecError),
+        otlp.decode(d["otlp"], SpecError),
     )
 
 

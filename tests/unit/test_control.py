@@ -212,6 +212,7 @@ def test_control_imports_no_mitmproxy_or_dnspython() -> None:
         "netguard.credentials",
         "netguard.hosts",
         "netguard.httprules",
+        "netguard.otlp",  # the run's export settings travel in the spec (issue 27); small, stdlib only
         "netguard.policy",
         "netguard.policyerror",
         "netguard.proxy",
@@ -220,6 +221,7 @@ def test_control_imports_no_mitmproxy_or_dnspython() -> None:
         "netguard.proxy.spec",
         "netguard.proxy.specfd",
         "netguard.proxy.status",
+        "netguard.upstreamproxy",  # the run's upstream proxy travels in the spec (issue 27); small, stdlib only
     ]
 
 
