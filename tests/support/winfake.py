@@ -9,17 +9,22 @@ from __future__ import annotations
 
 import copy
 import ntpath
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from launcher.platform.windows import sddl, wfp
 from launcher.platform.windows.api import Proc, WinApiError
+from launcher.platform.windows.desktop import DesktopPlan
 from launcher.platform.windows.firewall import FirewallRule
 from launcher.platform.windows.job import JobLimits
+from launcher.platform.windows.launch import Launch
 from launcher.platform.windows.wfp import WfpPlan
+from tests.support import ntfsmodel, winkernel
+from tests.support.windivertfake import DivertFake
 
 REAL_SID = "S-1-5-21-1111111111-2222222222-3333333333-1000"
 WS, HOME, APPDATA = r"C:\src\proj", r"C:\Users\me", r"C:\Users\me\AppData\Local"
+TOOL = r"C:\Tools\tool.exe"
 BASE_DACL = "D:AI(A;OICIID;FA;;;SY)(A;OICIID;FA;;;BA)(A;OICIID;FA;;;" + REAL_SID + ")"
 
 
@@ -32,11 +37,15 @@ class Machine:
     dirs: set[str] = field(default_factory=set)
     dacls: dict[str, str] = field(default_factory=dict)  # every existing path has one
     filters: set[str] = field(default_factory=set)  # installed WFP filter keys
+    filter_readers: dict[str, str | None] = field(default_factory=dict)  # key -> SID granted FWPM_ACTRL_READ
     rules: dict[str, FirewallRule] = field(default_factory=dict)
     jobs: set[int] = field(default_factory=set)
     procs: dict[int, str] = field(default_factory=dict)  # pid -> suspended/running/exited/killed/terminated
     in_job: dict[int, int] = field(default_factory=dict)  # pid -> job
     proxies: set[int] = field(default_factory=set)
+    profiles: set[str] = field(default_factory=set)  # SIDs with a profile (made at their first logon)
+    denied_rights: dict[str, set[str]] = field(default_factory=dict)  # SID -> LSA deny rights held
+    desktops: dict[int, str] = field(default_factory=dict)  # open private desktops: handle -> "station\\desktop"
 
 
 def workspace() -> Machine:
@@ -46,6 +55,7 @@ def workspace() -> Machine:
         WS,
         WS + r"\.git",
         WS + r"\.git\config",
+        WS + r"\.git\HEAD",  # what makes .git a git directory (acl._is_gitdir), not a `gitdir:` file
         WS + r"\.git\hooks",
         WS + r"\.vscode",
         HOME,
@@ -53,22 +63,33 @@ def workspace() -> Machine:
         APPDATA,
     ):
         m.dacls[path] = BASE_DACL
+    m.files[TOOL] = b"MZ"  # the command the tests run, on the user's PATH (not the service's)
     m.dirs |= {WS, WS + r"\.git", WS + r"\.git\hooks", WS + r"\.vscode", HOME, HOME + r"\.ssh", APPDATA}
     return m
 
 
-class FakeWinApi:
-    """WinApi over a Machine. `fail = ("set_dacl", 2)`: the second set_dacl raises."""
+class FakeWinApi(DivertFake):
+    """WinApi over a Machine. `fail = ("set_dacl", 2)`: the second set_dacl raises. The transparent
+    path's effects (WinDivert, the dynamic WFP session) are DivertFake's (windivertfake.py)."""
 
     def __init__(self, machine: Machine | None = None, *, admin: bool = True, exit_code: int = 7) -> None:
+        super().__init__()
         self.m = machine or workspace()
         self.admin, self.exit_code = admin, exit_code
         self.calls: list[tuple[str, tuple[object, ...]]] = []
         self.fail: tuple[str, int] | None = None
         self.alive: set[int] = {4242}  # our own pid, and any other live run
-        self.env: dict[str, str] = {"PATH": r"C:\Windows", "AWS_SECRET_ACCESS_KEY": "x" * 40, "LANG": "C"}
+        self.env: dict[str, str] = {"PATH": r"C:\Windows;C:\Tools", "AWS_SECRET_ACCESS_KEY": "x" * 40, "LANG": "C"}
         self._next = 1000
         self.violations: list[str] = []  # things the backend must never do
+        self.session_sid: str | None = REAL_SID  # the terminal session's user (WTSQuerySessionInformationW)
+        self.desktop_sddl: dict[str, str] = {}
+        self.job_limits: dict[int, JobLimits] = {}
+        self.nested: set[int] = set()  # pids already in another job (the Secondary Logon service's)
+        self.launches: dict[int, tuple[Launch, str]] = {}  # pid -> its start, the desktop it runs on
+        self.output, self.stdout, self.lost_output = b"fake output\n", list[bytes](), list[bytes]()
+        #: What the command does when waited for (verify's probes): returns its exit code.
+        self.program: Callable[[FakeWinApi, Launch, str], int] | None = None
 
     def _hit(self, name: str, *args: object) -> None:
         self.calls.append((name, args))
@@ -93,6 +114,10 @@ class FakeWinApi:
     def current_user_sid(self) -> str:
         self._hit("current_user_sid")
         return REAL_SID
+
+    def session_user_sid(self) -> str | None:  # the desktop's owner; another one: elevated as someone else
+        self._hit("session_user_sid")
+        return self.session_sid
 
     def local_appdata(self) -> str:
         self._hit("local_appdata")
@@ -127,7 +152,31 @@ class FakeWinApi:
 
     def delete_user(self, name: str) -> None:
         self._hit("delete_user", name)
-        self.m.users.pop(name, None)
+        self.m.users.pop(name, None)  # NetUserDel leaves the profile: only DeleteProfileW removes it
+
+    def delete_profile(self, sid: str) -> None:
+        # https://learn.microsoft.com/en-us/windows/win32/api/userenv/nf-userenv-deleteprofilew:
+        # "The caller must have administrative privileges to delete a user's profile."
+        self._hit("delete_profile", sid)
+        if not self.admin:
+            raise WinApiError("DeleteProfileW: access denied")
+        self.m.profiles.discard(sid)
+
+    # LsaAddAccountRights/LsaRemoveAccountRights: "A system administrator can use the LSA functions"
+    # https://learn.microsoft.com/en-us/windows/win32/secauthz/account-rights-constants
+    def deny_logon_rights(self, sid: str, rights: tuple[str, ...]) -> None:
+        self._hit("deny_logon_rights", sid, rights)
+        if not self.admin:
+            raise WinApiError("LsaAddAccountRights: access denied")
+        self.m.denied_rights.setdefault(sid, set()).update(rights)
+
+    def undeny_logon_rights(self, sid: str, rights: tuple[str, ...]) -> None:
+        self._hit("undeny_logon_rights", sid, rights)
+        if not self.admin:
+            raise WinApiError("LsaRemoveAccountRights: access denied")
+        left = self.m.denied_rights.pop(sid, set()) - set(rights)
+        if left:
+            self.m.denied_rights[sid] = left
 
     def protect(self, data: bytes) -> bytes:
         self._hit("protect")
@@ -142,18 +191,36 @@ class FakeWinApi:
     # WFP and firewall
     def wfp_installed(self, plan: WfpPlan) -> bool:
         self._hit("wfp_installed")
-        return all(str(f.key) in self.m.filters for f in plan.filters)
+        for f in plan.filters:
+            if str(f.key) not in self.m.filters:
+                return False
+            # FwpmFilterGetByKey0 needs FWPM_ACTRL_READ on the filter; BFE's default security gives
+            # Everyone only FWPM_ACTRL_OPEN and FWPM_ACTRL_CLASSIFY, administrators GENERIC_ALL:
+            # https://learn.microsoft.com/en-us/windows/win32/api/fwpmu/nf-fwpmu-fwpmfiltergetbykey0
+            # https://learn.microsoft.com/en-us/windows/win32/fwp/access-control
+            if not self.admin and self.m.filter_readers.get(str(f.key)) != REAL_SID:
+                raise WinApiError("WFP: this user may not read sandgate's WFP filters (FWPM_ACTRL_READ)")
+            if plan.reader_sid is not None and self.m.filter_readers.get(str(f.key)) != plan.reader_sid:
+                return False  # win32wfp.installed reads each filter's SD back: an older setup's is not enough
+        return True
 
     def wfp_install(self, plan: WfpPlan) -> None:
         self._hit("wfp_install")
+        if not self.admin:  # FWPM_ACTRL_ADD on the containers: administrators only (access-control page above)
+            raise WinApiError("WFP install: access denied")
         keys = {str(f.key) for f in plan.filters}
         if keys & self.m.filters:
             raise WinApiError("FWP_E_ALREADY_EXISTS")  # as the real transaction would
         self.m.filters |= keys
+        self.m.filter_readers.update((k, plan.reader_sid) for k in keys)  # FwpmFilterAdd0's sd
 
     def wfp_remove(self, plan: WfpPlan) -> None:
         self._hit("wfp_remove")
+        if not self.admin:  # DELETE on each filter: administrators only (filter_sddl grants nothing more)
+            raise WinApiError("WFP remove: access denied")
         self.m.filters -= {str(f.key) for f in plan.filters}
+        for f in plan.filters:
+            self.m.filter_readers.pop(str(f.key), None)
 
     def firewall_has(self, name: str) -> bool:
         self._hit("firewall_has", name)
@@ -179,6 +246,8 @@ class FakeWinApi:
         self._hit("write_file", path)
         self._parent(path)
         self.m.files[path] = data
+        self.m.dacls.setdefault(path, BASE_DACL)  # a new file gets its folder's inherited DACL
+        self.violations += ntfsmodel.git_layout_errors(self.m.files, self.m.dirs)  # W8: kinds kept
 
     def append_line(self, path: str, line: str) -> None:
         self._hit("append_line", path, line)
@@ -187,7 +256,8 @@ class FakeWinApi:
 
     def remove_file(self, path: str) -> None:
         self._hit("remove_file", path)
-        self.m.files.pop(path, None)
+        if self.m.files.pop(path, None) is not None:
+            self.m.dacls.pop(path, None)
 
     def list_dir(self, path: str) -> list[str]:
         self._hit("list_dir", path)
@@ -199,6 +269,7 @@ class FakeWinApi:
         if path not in self.m.dirs:
             self.m.dirs.add(path)
             self.m.dacls[path] = BASE_DACL
+            self.violations += ntfsmodel.git_layout_errors(self.m.files, self.m.dirs)  # W8: kinds kept
 
     def remove_empty_dir(self, path: str) -> bool:
         self._hit("remove_empty_dir", path)
@@ -219,7 +290,7 @@ class FakeWinApi:
     def set_dacl(self, path: str, text: str) -> None:
         self._hit("set_dacl", path, text)
         sddl.split_dacl(text)  # a malformed DACL would be refused by Windows too
-        self.m.dacls[path] = text
+        self.m.dacls[path] = ntfsmodel.windows_spelling(text)  # M4: read back in Windows' own SDDL
 
     # processes
     def pid_alive(self, pid: int) -> bool:
@@ -232,6 +303,7 @@ class FakeWinApi:
     def create_job(self, limits: JobLimits) -> int:
         self._hit("create_job")
         job = self._id()
+        self.job_limits[job] = limits
         self.m.jobs.add(job)
         return job
 
@@ -244,18 +316,39 @@ class FakeWinApi:
                 if self.m.procs.get(pid) in ("suspended", "running"):
                     self.m.procs[pid] = "killed"
 
-    def start_suspended(
-        self, user: str, password: str, argv: tuple[str, ...], cwd: str, env: Mapping[str, str]
-    ) -> Proc:
-        self._hit("start_suspended", user, argv, cwd, dict(env))
-        if self.m.users.get(user, ("", ""))[1] != password:
+    def create_desktop(self, plan: DesktopPlan) -> int:
+        self._hit("create_desktop", plan.lp_desktop)
+        handle = self._id()
+        self.m.desktops[handle] = plan.lp_desktop
+        self.desktop_sddl[plan.lp_desktop] = plan.sddl
+        return handle
+
+    def close_desktop(self, handle: int) -> None:
+        self._hit("close_desktop", handle)
+        self.m.desktops.pop(handle, None)
+
+    def start_suspended(self, launch: Launch) -> Proc:
+        self._hit("start_suspended", launch.user, launch.argv, launch.cwd, dict(launch.env))
+        if self.m.users.get(launch.user, ("", ""))[1] != launch.password:
             raise WinApiError("ERROR_LOGON_FAILURE")
+        if "SeDenyInteractiveLogonRight" in self.m.denied_rights.get(self.m.users[launch.user][0], set()):
+            raise WinApiError("ERROR_LOGON_TYPE_NOT_GRANTED")  # CreateProcessWithLogonW: an interactive logon
+        winkernel.check_environment(launch.env, HOME)
+        winkernel.check_application(launch, self.exists, self.m.files)
+        desk = winkernel.check_desktop(launch, set(self.m.desktops.values()), self.desktop_sddl, self.m.users)
         pid = self._id()
         self.m.procs[pid] = "suspended"
+        self.m.profiles.add(self.m.users[launch.user][0])  # LOGON_WITH_PROFILE loads (first: creates) it
+        self.launches[pid] = (launch, desk)
+        self.nested.add(pid)  # the Secondary Logon service's own job holds it already (job.py, W4)
         return Proc(pid, pid + 1, pid + 2)
 
     def assign(self, job: int, proc: Proc) -> None:
         self._hit("assign", job)
+        if proc.pid in self.nested and self.job_limits[job].ui_restrictions:
+            # AssignProcessToJobObject: a process already in a job only joins one without UI limits:
+            # https://learn.microsoft.com/windows/win32/api/jobapi2/nf-jobapi2-assignprocesstojobobject
+            raise WinApiError("AssignProcessToJobObject: access denied (error 5)")
         self.m.in_job[proc.pid] = job
 
     def resume(self, proc: Proc) -> None:
@@ -271,7 +364,12 @@ class FakeWinApi:
     def wait(self, proc: Proc) -> int:
         self._hit("wait")
         self.m.procs[proc.pid] = "exited"
-        return self.exit_code
+        launch, desk = self.launches[proc.pid]
+        code = self.program(self, launch, desk) if self.program else self.exit_code
+        # Without STARTF_USESTDHANDLES the command wrote to a console of its own (W6):
+        # https://learn.microsoft.com/windows/win32/api/winbase/nf-winbase-createprocesswithlogonw
+        (self.stdout if launch.stdio else self.lost_output).append(self.output)
+        return code
 
     def close_process(self, proc: Proc) -> None:
         self._hit("close_process")
@@ -297,6 +395,8 @@ def set_up(api: FakeWinApi) -> None:
     from launcher.platform.windows import setup
 
     setup.setup(api, lambda _: None)
+    # as after its first run: the sandbox user's profile, made at its first logon, outlives every run
+    api.m.profiles |= {sid for sid, _ in api.m.users.values()}
     api.calls.clear()
 
 
@@ -306,4 +406,4 @@ def sandbox_sid(api: FakeWinApi) -> str:
 
 
 def filter_count(sid: str) -> int:
-    return len(wfp.plan_filters(sid, (3128,)).filters)
+    return len(wfp.plan_filters(sid, (3128,), owner=REAL_SID).filters)

@@ -48,7 +48,7 @@ def test_denies_come_before_grants() -> None:
 
 
 def test_protected_names_are_fsguards_and_missing_ones_get_placeholders() -> None:
-    plan = _plan(fspolicy.FsPolicy(), WS + r"\.git", WS + r"\.git\config", WS + r"\.vscode")
+    plan = _plan(fspolicy.FsPolicy(), WS + r"\.git", WS + r"\.git\HEAD", WS + r"\.git\config", WS + r"\.vscode")
     protect = {s.path: s for s in plan.steps if s.why == "protect"}
     for name in (".vscode", ".idea", ".claude", ".sandgate", ".sandgate.yaml", ".envrc", ".mcp.json"):
         assert WS + "\\" + name in protect, name
@@ -161,3 +161,69 @@ def test_a_journal_entry_records_before_and_after_and_restores_exactly() -> None
     assert e.after_sddl == "D:AI" + step.ace.sddl() + "(A;OICIID;FA;;;SY)"
     assert acljournal.restore_action(e, e.after_sddl) == "set_before"
     assert sddl.without_sid(e.after_sddl, SID) == before
+
+
+# issue 28 M4: restore decisions by meaning, not by SDDL text
+
+
+def test_a_dacl_windows_respelled_is_still_the_one_we_set() -> None:
+    from tests.support import ntfsmodel
+
+    before = "D:(A;OICI;0x1f01ff;;;S-1-5-18)(A;OICI;0x1200a9;;;s-1-5-21-9-9-9-500)"
+    e = acljournal.entry_for(WS, acl.Ace("deny", 0x10000, SID, "").sddl(), before, SID)
+    current = ntfsmodel.windows_spelling(e.after_sddl)  # what the fake (and Windows) reads back
+    assert current != e.after_sddl and current.startswith("D:AI(D;;SD;;;" + SID + ")(A;OICI;FA;;;SY)")
+    assert acljournal.restore_action(e, current) == "set_before"
+    parent_changed = current + "(A;OICIID;FR;;;BU)"  # inherited ACEs follow the parent: not a change here
+    assert acljournal.restore_action(e, parent_changed) == "set_before"
+    user_changed = current.replace("(A;OICI;FA;;;SY)", "(A;OICI;FA;;;SY)(A;;FR;;;BU)")
+    assert acljournal.restore_action(e, user_changed) == "remove_sid_aces"
+    assert acljournal.restore_action(e, current.replace("D:AI", "D:PAI")) == "remove_sid_aces"  # now protected
+    assert sddl.with_ace(current, e.after_sddl[len("D:") : e.after_sddl.index(")") + 1]) == current  # no twin
+
+
+def test_restore_keeps_the_sandbox_users_own_earlier_ace_after_windows_respells() -> None:
+    """With a text compare the respelled DACL looked changed, and the fallback stripped every ACE of
+    the SID, a read grant somebody gave it before the run included."""
+    from launcher.platform.windows import aclapply
+    from tests.support.winfake import FakeWinApi
+
+    api = FakeWinApi()
+    own = f"D:(A;OICI;0x1200a9;;;{SID})(A;OICI;0x1f01ff;;;S-1-5-18)"
+    api.m.dacls[WS] = own
+    plan = acl.AclPlan((acl.AclStep(WS, acl.Ace("deny", acl.GUARD_SELF, SID, ""), "guard"),), ())
+    applied = aclapply.Applied(r"C:\Users\me\AppData\Local\j.jsonl")
+    aclapply.apply(api, plan, SID, applied)
+    aclapply.finish(api, applied, pytest.fail)
+    assert sddl.same_dacl(api.m.dacls[WS], own) and f"(A;OICI;0x1200a9;;;{SID})" in api.m.dacls[WS]
+
+
+def test_sddl_spellings_parse_to_one_meaning() -> None:
+    assert sddl.same_ace("(A;CIOI;0x1F01FF;;;sy)", "(A;OICI;FA;;;S-1-5-18)")
+    assert sddl.parse_ace("(D;;SDWDWO;;;BU)").mask == 0xD0000
+    assert not sddl.same_ace("(A;OICI;FA;;;SY)", "(A;OICIID;FA;;;SY)")
+    for bad in ("(A;;QQ;;;SY)", "(A;XX;FA;;;SY)", "(A;;;;;SY)"):
+        with pytest.raises(sddl.SddlError):
+            sddl.parse_ace(bad)
+
+
+def test_journal_lines_carry_the_placeholder_kind_and_old_lines_still_read() -> None:
+    e = acljournal.JournalEntry(WS + r"\.git\commondir", "", "", SID, placeholder=True, kind="file", text=".\n")
+    assert acljournal.decode(acljournal.encode(e)) == e
+    assert acljournal.restore_action(e, "D:AI") == "remove_placeholder_file"
+    old = '{"after": "", "before": "", "path": "C:\\\\x", "placeholder": true, "sid": "S-1-5-21-1"}'
+    assert acljournal.decode(old).kind == "dir"
+    with pytest.raises(acljournal.JournalError):
+        acljournal.decode(old.replace("}", ', "kind": "socket"}'))
+
+
+def test_guards_sit_on_git_its_parent_and_the_roots_only() -> None:
+    plan = _plan(fspolicy.FsPolicy(), WS + r"\.git", WS + r"\.git\HEAD", WS + r"\.git\config")
+    guards = {s.path: s.ace for s in plan.steps if s.why == "guard"}
+    assert guards[WS] == acl.Ace("deny", acl.GUARD_SELF, SID, "")  # root: no rename, no delete-child
+    assert guards[WS + r"\.git"] == acl.Ace("deny", acl.GUARD_SELF, SID, "")  # not inherited: index stays writable
+    assert guards[WS + r"\.git\objects\info"].mask == acl.GUARD_PARENT
+    assert not acl.GUARD_SELF & 0x2 and acl.GUARD_SELF & 0x10000 and acl.GUARD_SELF & 0x40
+    assert HOME not in guards  # outside the writable roots: no re-ACL of the profile
+    kinds = [s.ace.kind for s in plan.steps]
+    assert kinds == sorted(kinds, key=lambda k: k != "deny")

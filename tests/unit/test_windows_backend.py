@@ -64,7 +64,7 @@ def test_a_run_goes_through_every_step_in_order(api: FakeWinApi, capsys: pytest.
     user, argv, cwd, env = start
     assert user == state.sandbox_user_name(winfake.REAL_SID) and argv == ("tool.exe", "--flag", "a b") and cwd == WS
     assert isinstance(env, dict) and env["HTTPS_PROXY"] == "http://127.0.0.1:3128" and env["NO_PROXY"] == ""
-    assert "AWS_SECRET_ACCESS_KEY" not in env and env["PATH"] == r"C:\Windows"  # fsguard's env filter
+    assert "AWS_SECRET_ACCESS_KEY" not in env and env["PATH"] == r"C:\Windows;C:\Tools"  # fsguard's env filter
     proxy_argv = next(args[0] for name, args in api.calls if name == "start_proxy")
     assert isinstance(proxy_argv, tuple)
     assert proxy_argv[1:4] == ("-m", "launcher.cli", "proxy") and proxy_argv[-2:] == ("--listen", "127.0.0.1:3128")
@@ -116,6 +116,7 @@ STEPS = [
     ("set_dacl", 4),
     ("make_dir", 1),
     ("create_job", 1),
+    ("create_desktop", 1),
     ("start_suspended", 1),
     ("assign", 1),
     ("resume", 1),
@@ -241,7 +242,7 @@ def test_teardown_is_idempotent(api: FakeWinApi) -> None:
     from launcher.platform.seam import SandboxRequest
     from netguard.policy import NetworkPolicy
 
-    box = be.make(SandboxRequest(("x",), WS, {}, Policy(NetworkPolicy(), ()), "t1"))
+    box = be.make(SandboxRequest((winfake.TOOL,), WS, {}, Policy(NetworkPolicy(), ()), "t1"))
     be.start(box)
     be.teardown(box)
     after = api.snapshot()

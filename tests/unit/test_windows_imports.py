@@ -24,6 +24,11 @@ WINDOWS_PATH = (
     "launcher.platform.windows.backend",
     "launcher.platform.windows.setup",
     "launcher.platform.windows.win32api",
+    "launcher.platform.windows.verifyrun",  # `sandgate verify` on win32 (issue 28, W3)
+    "launcher.platform.windows.probeacl",  # its ACL rows, loaded by probebody.bodies() (issue 28, H2)
+    "launcher.platform.windows.probenet",  # its H3/H4 rows, loaded by probebody.bodies()
+    "launcher.platform.windows.win32divert",  # the transparent path (issue 28, item 2)
+    "launcher.cliparsers",  # `run --transparent`, `setup --transparent`: Windows-only flags
     "launcher.run.options",
     "launcher.run.policyargs",
     "launcher.run.summary",

@@ -28,7 +28,8 @@ def test_explicit_proxy_is_the_default() -> None:
     p = plan.plan(_policy(), HOST)
     assert p.divert is None and p.dynamic == ()
     env = dict(p.env)
-    assert env["HTTPS_PROXY"] == env["http_proxy"] == "http://127.0.0.1:3128" and env["NO_PROXY"] == ""
+    assert env["HTTPS_PROXY"] == env["HTTP_PROXY"] == "http://127.0.0.1:3128" and env["NO_PROXY"] == ""
+    assert len({n.casefold() for n in env}) == len(env)  # one spelling per name (issue 28, W1)
     permits = {
         c.value for f in p.filters.filters if f.action == "permit" for c in f.conditions if c.field == "remote_port"
     }
@@ -55,7 +56,7 @@ def test_job_kills_the_tree_and_never_lets_it_break_away() -> None:
     limits = job.plan_job()
     assert limits.limit_flags & job.JOB_OBJECT_LIMIT_KILL_ON_JOB_CLOSE
     assert not limits.limit_flags & job.BREAKAWAY_FLAGS
-    assert limits.ui_restrictions & job.JOB_OBJECT_UILIMIT_READCLIPBOARD
+    assert limits.ui_restrictions == 0  # UI limits cannot nest (issue 28, W4): the private desktop instead
     assert job.plan_job(64).limit_flags & job.JOB_OBJECT_LIMIT_ACTIVE_PROCESS
     for bad in (
         job.JobLimits(job.JOB_OBJECT_LIMIT_KILL_ON_JOB_CLOSE | job.JOB_OBJECT_LIMIT_BREAKAWAY_OK, 0, 0),
@@ -143,7 +144,7 @@ def test_environment_block_is_sorted_terminated_and_cannot_be_smuggled_into() ->
     assert envblock.build({"b": "2", "A": "1", "HTTPS_PROXY": "http://127.0.0.1:3128"}) == (
         "A=1\0b=2\0HTTPS_PROXY=http://127.0.0.1:3128\0\0"
     )
-    assert envblock.build({}) == "\0"
+    assert envblock.build({}) == "\0\0"  # an empty block is still two NULs (issue 28, M2)
     for bad in ({"A=B": "x"}, {"A": "x\0SECRET=1"}, {"": "x"}, {"Path": "a", "PATH": "b"}):
         with pytest.raises(envblock.EnvBlockError):
             envblock.build(bad)

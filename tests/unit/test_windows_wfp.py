@@ -100,3 +100,43 @@ def test_firewall_rules_in_order_all_block_and_scoped_to_the_sid() -> None:
     assert loop_tcp.protocol == "tcp" and loop_tcp.remote_ports == ("1-3127", "3129-65535")
     assert loop_udp.protocol == "udp" and loop_udp.remote_ports == ("*",)
     assert len({r.name for r in rules}) == len(rules)
+
+
+REAL = "S-1-5-21-1111111111-2222222222-3333333333-1000"
+
+
+def test_nothing_listens_or_is_accepted_as_the_sandbox_user() -> None:
+    """H5: hard blocks at ALE_AUTH_LISTEN and ALE_AUTH_RECV_ACCEPT, v4 and v6, for the sandbox SID only."""
+    f = _by_name(wfp.plan_filters(SID, (3128,)))
+    for layer in ("LISTEN_V4", "LISTEN_V6", "RECV_ACCEPT_V4", "RECV_ACCEPT_V6"):
+        block = f[f"sandgate block inbound {layer}"]
+        assert block.layer == f"ALE_AUTH_{layer}" and block.action == "block" and block.hard
+        assert block.conditions == (wfp.Condition("user", f"O:LSD:(A;;CC;;;{SID})"),)
+    keys = {  # fwpmu.h
+        "ALE_AUTH_LISTEN_V4": "88bb5dad-76d7-4227-9c71-df0a3ed7be7e",
+        "ALE_AUTH_LISTEN_V6": "7ac9de24-17dd-4814-b4bd-a9fbc95a321b",
+        "ALE_AUTH_RECV_ACCEPT_V4": "e1cd9fe7-f4b5-4273-96c0-592e487b8650",
+        "ALE_AUTH_RECV_ACCEPT_V6": "a3b42c97-9f04-4672-b87e-cee9c483257f",
+    }
+    assert {k: str(v) for k, v in wfp.LAYERS.items() if k in keys} == keys
+    assert str(wfp.FIELDS["local_port"]) == "0c1ba1af-5765-453f-af22-a8f791ac775b"
+
+
+def test_only_the_real_users_listener_accepts_on_the_proxy_port() -> None:
+    """H6: another user's listener on 127.0.0.1:3128 must not accept the sandbox's connections
+    (no policy = no proxy = the port is free for anyone): a hard block at RECV_ACCEPT whose user
+    condition is true for every listener but the real user's."""
+    plan = wfp.plan_filters(SID, (3128,), owner=REAL)
+    guards = [f for f in plan.filters if f.name.startswith("sandgate guard proxy")]
+    assert {f.layer for f in guards} == {"ALE_AUTH_RECV_ACCEPT_V4", "ALE_AUTH_RECV_ACCEPT_V6"}
+    for g in guards:
+        assert g.action == "block" and g.hard and g.persistent and g.weight == wfp.W_DNS
+        user, addr, port = g.conditions
+        assert user.value == f"O:LSD:(D;;CC;;;{REAL})(A;;CC;;;WD)"  # deny before allow: all but REAL
+        assert addr.value in ("127.0.0.1", "::1") and port == wfp.Condition("local_port", 3128)
+    assert plan.reader_sid == REAL
+    assert wfp.filter_sddl(REAL) == f"O:BAD:(A;;GA;;;BA)(A;;GA;;;SY)(A;;0x20080;;;{REAL})"
+    with pytest.raises(wfp.WfpPlanError):
+        wfp.plan_filters(SID, (3128,), owner="S-1-1-0")  # Everyone as the owner would guard nothing
+    # the guard's keys are the sandbox user's too: setup --remove finds them by derivation
+    assert len({f.key for f in plan.filters}) == len(plan.filters)

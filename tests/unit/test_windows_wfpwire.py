@@ -71,3 +71,15 @@ def test_structure_sizes_follow_the_headers_field_order() -> None:
     assert win32wfp.FWPM_FILTER0.context.offset == 152  # after the 20-byte action, padded to 8
     assert win32wfp.FWPM_FILTER0.filterId.offset == 176
     assert ctypes.sizeof(win32wfp.FWPM_SESSION0) == 72
+
+
+def test_persistent_filters_carry_the_read_grant_and_local_ports_are_uint16() -> None:
+    real = "S-1-5-21-1111111111-2222222222-3333333333-1000"
+    plan = wfp.plan_filters(SID, (3128,), owner=real)
+    for f in plan.filters:
+        assert wfpwire.wire(f, plan.reader_sid).sddl == wfp.filter_sddl(real)  # W2
+    dyn = wfpwire.wire(wfp.transparent_permits(SID)[0], real)
+    assert dyn.sddl is None  # a dynamic filter keeps its session's default
+    guard = next(f for f in plan.filters if f.name == "sandgate guard proxy 3128 V4")
+    local = [c for c in wfpwire.wire(guard).conditions if c.field_key == str(wfp.FIELDS["local_port"])]
+    assert local == [wfpwire.WireCondition(str(wfp.FIELDS["local_port"]), wfpwire.FWP_UINT16, 3128)]

@@ -1,10 +1,10 @@
 """Applying an ACL plan under the write-ahead journal, undoing it, and replaying what a crash left.
 
-Order for each step (acl.plan_acls puts denies first): [placeholder: journal it, create the
-directory] -> read the DACL -> journal the entry (before and after) -> set the DACL. The journal
-line is durable before the change it records, so a killed sandgate leaves a record for every ACE
-it set (threat: a sandbox user keeping rights, or a protected path staying unwritable for the real
-user). Undo walks the entries newest first with acljournal.restore_action; a step that fails is
+Order for each step (acl.plan_acls puts denies first): [placeholder: journal it, create it as
+the kind the plan names, a directory or a file] -> read the DACL -> journal the entry (before
+and after) -> set the DACL. The journal line is durable before the change it records, so a
+killed sandgate leaves a record for every ACE it set (threat: a sandbox user keeping rights, or a
+protected path staying unwritable for the real user). Undo walks the entries newest first with acljournal.restore_action; a step that fails is
 reported and the journal is kept, so `sandgate cleanup` can finish the job later.
 """
 
@@ -13,6 +13,7 @@ from __future__ import annotations
 import ntpath
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
 from launcher.platform.windows import acljournal, sddl, state
 from launcher.platform.windows.acl import AclPlan, AclStep
@@ -34,20 +35,29 @@ def apply(api: WinApi, plan: AclPlan, sid: str, applied: Applied) -> None:
     teardown undoes exactly what was done when a step fails half-way)."""
     for step in plan.steps:
         if step.placeholder:
-            _placeholder(api, step.path, sid, applied)
+            _placeholder(api, step, sid, applied)
         _apply_step(api, step, sid, applied)
 
 
-def _placeholder(api: WinApi, path: str, sid: str, applied: Applied) -> None:
-    r"""The directory and any missing parent (`.git\objects\info` in a fresh repository), each
-    journalled before it is made: a crash right after a mkdir still removes it, child first."""
+def _placeholder(api: WinApi, step: AclStep, sid: str, applied: Applied) -> None:
+    r"""The placeholder as the kind its definition names (issue 28 W8: `.git\commondir` made as a
+    directory broke every git command, the real user's too), and any missing parent directory
+    (`.git\objects\info` in a fresh repository), each journalled before it is made: a crash right
+    after the mkdir still removes it, child first."""
     missing: list[str] = []
+    path = step.path
     while not api.exists(path) and ntpath.dirname(path) != path:
         missing.append(path)
         path = ntpath.dirname(path)
-    for folder in reversed(missing):
-        _journal(api, applied, JournalEntry(folder, "", "", sid, placeholder=True))
-        api.make_dir(folder)
+    for made in reversed(missing):
+        leaf = made == step.path and step.kind == "file"
+        kind: Literal["dir", "file"] = "file" if leaf else "dir"
+        text = step.text if leaf else ""
+        _journal(api, applied, JournalEntry(made, "", "", sid, placeholder=True, kind=kind, text=text))
+        if leaf:
+            api.write_file(made, text.encode())
+        else:
+            api.make_dir(made)
 
 
 def _apply_step(api: WinApi, step: AclStep, sid: str, applied: Applied) -> None:
@@ -90,6 +100,8 @@ def _restore(api: WinApi, entry: JournalEntry) -> None:
         api.set_dacl(entry.path, sddl.without_sid(current, entry.sid))
     elif action == "remove_placeholder":
         api.remove_empty_dir(entry.path)  # not empty: the real user put something there; kept
+    elif action == "remove_placeholder_file" and api.read_file(entry.path) == entry.text.encode():
+        api.remove_file(entry.path)  # still exactly what sandgate wrote; anything else is the real user's
 
 
 def finish(api: WinApi, applied: Applied, on_error: Callable[[str], None]) -> None:

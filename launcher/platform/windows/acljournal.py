@@ -15,7 +15,7 @@ from typing import Literal
 
 from launcher.platform.windows import sddl
 
-RestoreAction = Literal["set_before", "remove_sid_aces", "remove_placeholder", "nothing"]
+RestoreAction = Literal["set_before", "remove_sid_aces", "remove_placeholder", "remove_placeholder_file", "nothing"]
 
 
 class JournalError(ValueError):
@@ -29,6 +29,10 @@ class JournalEntry:
     after_sddl: str  # the DACL sandgate set
     sid: str  # the sandbox user's SID: the ACEs that are ours
     placeholder: bool = False
+    #: a placeholder's kind (issue 28 W8: `.git\commondir` must stay a file) and, for a file, the
+    #: text sandgate wrote: removed at teardown only while it still holds exactly that
+    kind: Literal["dir", "file"] = "dir"
+    text: str = ""
 
 
 def encode(entry: JournalEntry) -> str:
@@ -39,6 +43,8 @@ def encode(entry: JournalEntry) -> str:
             "after": entry.after_sddl,
             "sid": entry.sid,
             "placeholder": entry.placeholder,
+            "kind": entry.kind,
+            "text": entry.text,
         },
         sort_keys=True,
     )
@@ -47,13 +53,16 @@ def encode(entry: JournalEntry) -> str:
 def decode(line: str) -> JournalEntry:
     try:
         raw = json.loads(line)
-        entry = JournalEntry(raw["path"], raw["before"], raw["after"], raw["sid"], raw["placeholder"])
-    except (ValueError, KeyError, TypeError) as e:
+        kind, text = raw.get("kind", "dir"), raw.get("text", "")  # journals before issue 28: directories
+        entry = JournalEntry(raw["path"], raw["before"], raw["after"], raw["sid"], raw["placeholder"], kind, text)
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise JournalError(f"unreadable ACL journal line ({type(e).__name__})") from None
     if not all(isinstance(v, str) for v in (entry.path, entry.before_sddl, entry.after_sddl, entry.sid)):
         raise JournalError("ACL journal line with a non-text field")
     if not isinstance(entry.placeholder, bool):
         raise JournalError("ACL journal line with a non-boolean placeholder")
+    if entry.kind not in ("dir", "file") or not isinstance(entry.text, str):
+        raise JournalError("ACL journal line with an unknown placeholder kind")
     return entry
 
 
@@ -70,10 +79,10 @@ def restore_action(entry: JournalEntry, current_sddl: str | None) -> RestoreActi
     if current_sddl is None:
         return "nothing"
     if entry.placeholder:
-        return "remove_placeholder"
-    if current_sddl == entry.after_sddl:
-        return "set_before"
-    try:
+        return "remove_placeholder_file" if entry.kind == "file" else "remove_placeholder"
+    try:  # by meaning, not text: Windows respells what it stores (issue 28 M4)
+        if sddl.same_dacl(current_sddl, entry.after_sddl):
+            return "set_before"
         ours = sddl.without_sid(current_sddl, entry.sid) != current_sddl
     except sddl.SddlError:
         return "nothing"  # not a DACL we can read: leave it to a human rather than guess

@@ -5,6 +5,7 @@ sublayer outweighed) must not open the network. Rules are scoped with LocalUserA
 (an SDDL naming the SID), are all BLOCK (in the firewall a block always beats an allow, so no
 other rule can reopen them), and leave exactly one hole: loopback TCP to the proxy's ports.
 Applied in the order listed, removed in reverse; names are fixed so re-running setup replaces them.
+The one ALLOW rule, for the real user's proxy in transparent mode only, is transparent_allow.
 """
 
 from __future__ import annotations
@@ -26,8 +27,10 @@ class FirewallRule:
     remote_addresses: tuple[str, ...]  # ("*",) = any
     remote_ports: tuple[str, ...]  # ("*",) = any; only with tcp/udp
     local_user_sddl: str  # INetFwRule3.LocalUserAuthorizedList
-    action: Literal["block"] = "block"
+    action: Literal["block", "allow"] = "block"  # allow: only transparent_allow (the proxy's own port)
     profiles: Literal["all"] = "all"  # NET_FW_PROFILE2_ALL: domain, private and public alike
+    local_ports: tuple[str, ...] = ("*",)
+    program: str | None = None  # INetFwRule.ApplicationName
 
 
 def port_complement(ports: tuple[int, ...]) -> tuple[str, ...]:
@@ -63,6 +66,29 @@ def plan_rules(sid: str, proxy_ports: tuple[int, ...]) -> tuple[FirewallRule, ..
     )
 
 
+def transparent_allow(owner_sid: str, program: str, port: int) -> FirewallRule:
+    """The one ALLOW rule (transparent mode only): a reflected SYN arrives as an unsolicited inbound
+    connection from the original destination's address, which the firewall's default inbound
+    policy blocks. Scoped to the proxy's program, its transparent port, TCP and the real user (an
+    inbound rule's LocalUser is the listener's); the sandbox user's own listeners stay blocked by
+    WFP (hard, our sublayer) and by its `in-all` rule (a block beats an allow). Anyone on the network
+    may reach that port while the proxy listens: the proxy serves only peers the redirect loop
+    reflected (win32divert.TransparentPath.original_addr), and nobody listens outside transparent runs."""
+    if not 0 < port < 65536:
+        raise ValueError(f"port {port} is out of range")
+    return FirewallRule(
+        f"sandgate-{owner_sid}-in-transparent-{port}",
+        "in",
+        "tcp",
+        ("*",),
+        ("*",),
+        f"O:LSD:(A;;CC;;;{owner_sid})",
+        action="allow",
+        local_ports=(str(port),),
+        program=program,
+    )
+
+
 def _ps(text: str) -> str:
     """A PowerShell single-quoted literal: nothing inside is expanded ('' is the one escape)."""
     return "'" + text.replace("'", "''") + "'"
@@ -80,7 +106,7 @@ def ps_add(rule: FirewallRule) -> str:
         f"-Name {_ps(rule.name)}",
         f"-DisplayName {_ps(rule.name)}",
         f"-Direction {'Outbound' if rule.direction == 'out' else 'Inbound'}",
-        "-Action Block",
+        f"-Action {rule.action.capitalize()}",
         f"-Protocol {rule.protocol.upper() if rule.protocol != 'any' else 'Any'}",
         "-Profile Any",
         f"-LocalUser {_ps(rule.local_user_sddl)}",
@@ -89,6 +115,10 @@ def ps_add(rule: FirewallRule) -> str:
         parts.append(f"-RemoteAddress {_ps_list(rule.remote_addresses)}")
     if rule.remote_ports != ("*",) and rule.protocol != "any":
         parts.append(f"-RemotePort {_ps_list(rule.remote_ports)}")
+    if rule.local_ports != ("*",) and rule.protocol != "any":
+        parts.append(f"-LocalPort {_ps_list(rule.local_ports)}")
+    if rule.program is not None:
+        parts.append(f"-Program {_ps(rule.program)}")
     return " ".join(parts) + " | Out-Null"
 
 

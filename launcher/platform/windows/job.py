@@ -20,7 +20,11 @@ JOB_OBJECT_LIMIT_KILL_ON_JOB_CLOSE = 0x00002000
 #: the redirect loop trusts).
 BREAKAWAY_FLAGS = JOB_OBJECT_LIMIT_BREAKAWAY_OK | JOB_OBJECT_LIMIT_SILENT_BREAKAWAY_OK
 
-# JOBOBJECT_BASIC_UI_RESTRICTIONS: the desktop is shared with the real user's session.
+# JOBOBJECT_BASIC_UI_RESTRICTIONS: never set (issue 28, W4). A job with UI limits cannot take a
+# process that is already in a job (AssignProcessToJobObject; "Nested Jobs"), and
+# CreateProcessWithLogonW's processes are (the Secondary Logon service's job), as are sandgate's
+# own under CI agents and IDE terminals. What the limits were for (clipboard, other windows,
+# SendInput, hooks, atoms) is answered by the private window station and desktop (desktop.py).
 JOB_OBJECT_UILIMIT_HANDLES = 0x00000001  # no USER handles of processes outside the job
 JOB_OBJECT_UILIMIT_READCLIPBOARD = 0x00000002  # the clipboard may hold the user's secrets
 JOB_OBJECT_UILIMIT_WRITECLIPBOARD = 0x00000004  # ... or a command the user pastes into a shell
@@ -36,6 +40,9 @@ CREATE_NEW_PROCESS_GROUP = 0x00000200  # Ctrl+Break is forwarded to CMD's group,
 CREATE_UNICODE_ENVIRONMENT = 0x00000400
 CREATE_BREAKAWAY_FROM_JOB = 0x01000000  # never set (and refused by the job anyway)
 LOGON_WITH_PROFILE = 0x00000001  # the sandbox user's own profile: its caches, not the real user's
+# STARTUPINFOW.dwFlags: without it CreateProcessWithLogonW gives CMD a new console and its output
+# never reaches the caller (W6); with it, CMD's std handles are sandgate's pipes.
+STARTF_USESTDHANDLES = 0x00000100
 
 
 @dataclass(frozen=True)
@@ -59,17 +66,7 @@ def plan_job(max_processes: int = 0) -> JobLimits:
     flags = JOB_OBJECT_LIMIT_KILL_ON_JOB_CLOSE | JOB_OBJECT_LIMIT_DIE_ON_UNHANDLED_EXCEPTION
     if max_processes:
         flags |= JOB_OBJECT_LIMIT_ACTIVE_PROCESS  # fork bombs; 0 leaves builds their parallelism
-    ui = (
-        JOB_OBJECT_UILIMIT_HANDLES
-        | JOB_OBJECT_UILIMIT_READCLIPBOARD
-        | JOB_OBJECT_UILIMIT_WRITECLIPBOARD
-        | JOB_OBJECT_UILIMIT_SYSTEMPARAMETERS
-        | JOB_OBJECT_UILIMIT_DISPLAYSETTINGS
-        | JOB_OBJECT_UILIMIT_GLOBALATOMS
-        | JOB_OBJECT_UILIMIT_DESKTOP
-        | JOB_OBJECT_UILIMIT_EXITWINDOWS
-    )
-    return check_job(JobLimits(flags, ui, max_processes))
+    return check_job(JobLimits(flags, 0, max_processes))
 
 
 def check_job(limits: JobLimits) -> JobLimits:
@@ -78,6 +75,8 @@ def check_job(limits: JobLimits) -> JobLimits:
         raise JobPlanError("a breakaway flag would let descendants leave the job")
     if not limits.limit_flags & JOB_OBJECT_LIMIT_KILL_ON_JOB_CLOSE:
         raise JobPlanError("without KILL_ON_JOB_CLOSE the tree outlives sandgate")
+    if limits.ui_restrictions:
+        raise JobPlanError("a job with UI limits cannot take CMD, which is already in a job (nested jobs)")
     return limits
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from launcher.platform.windows import acl, divertfilter, firewall, job, wfp
+from launcher.platform.windows import acl, divertfilter, firewall, job, profileenv, wfp
 from launcher.platform.windows.acl import AclPlan
 from launcher.platform.windows.divertfilter import DivertFilters
 from launcher.platform.windows.firewall import FirewallRule
@@ -35,6 +35,7 @@ class Host:
     transparent: bool = False  # optional pydivert reflect capture (docs/windows.md)
     read_grants: tuple[str, ...] = ()  # directories the task must read (its toolchain)
     extra_protect: tuple[str, ...] = ()  # e.g. the run's audit log when it lies in a writable root
+    user: str = ""  # the sandbox user's account name: its own profile variables (W7)
 
 
 @dataclass(frozen=True)
@@ -51,10 +52,17 @@ class WindowsPlan:
 
 def proxy_env(port: int) -> tuple[tuple[str, str], ...]:
     """Explicit proxy for every client that reads the usual variables; NO_PROXY empty, so no host
-    is sent around it (those that ignore the variables get nothing: WFP blocks them)."""
+    is sent around it (those that ignore the variables get nothing: WFP blocks them). One spelling
+    each: Windows names are case-insensitive, `http_proxy` IS `HTTP_PROXY` there, and a block with
+    both is refused (issue 28, W1); getenv("http_proxy") finds it either way."""
     url = f"http://127.0.0.1:{port}"
-    names = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
-    return (*((n, url) for n in names), ("NO_PROXY", ""), ("no_proxy", ""))
+    return (*((n, url) for n in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")), ("NO_PROXY", ""))
+
+
+def _profile(host: Host) -> tuple[tuple[str, str], ...]:
+    if not host.user:
+        return ()
+    return profileenv.profile_env(profileenv.profile_dir(host.home, host.user), host.user)
 
 
 def plan(policy: Policy, host: Host) -> WindowsPlan:
@@ -74,6 +82,6 @@ def plan(policy: Policy, host: Host) -> WindowsPlan:
         ),
         limits=job.plan_job(),
         create=job.plan_create(),
-        env=proxy_env(host.explicit_port),
+        env=(*proxy_env(host.explicit_port), *_profile(host)),
         divert=divertfilter.plan_filters(host.transparent_port) if host.transparent else None,
     )

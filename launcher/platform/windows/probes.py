@@ -78,7 +78,11 @@ PROBES: dict[str, tuple[Coverage, str]] = {
     "audit_log_forge": ("same", "the log lies in the real user's profile, or is protected by extra_protect"),
     "config_files": ("same", "policy, includes and --upstream-ca in a writable root: extra_protect, as the log"),
     # process
-    "tiocsti": ("variant", "no TIOCSTI; the job's UI limits stop clipboard writes and SendInput to others' windows"),
+    "tiocsti": (
+        "variant",
+        "no TIOCSTI; CMD's private window station and desktop keep SendInput, hooks and the clipboard from the "
+        "user's windows (job UI limits cannot: they do not nest and never stopped SendInput): private_desktop",
+    ),
     "ptrace_outside": ("variant", "OpenProcess(PROCESS_VM_WRITE) of the real user's process: another user, refused"),
     "process_vm_readv": ("variant", "ReadProcessMemory of the real user's process: another user, refused"),
     "signal_outside": ("variant", "TerminateProcess of the real user's process: another user, refused"),
@@ -105,12 +109,16 @@ PROBES: dict[str, tuple[Coverage, str]] = {
     "endless_head": ("same", "the same daemon's head limit"),
 }
 
-#: Windows-only probes still to write (Codex's smoke suite found each one).
+#: Windows-only probes (Codex's smoke suite found most): bodies in probebody.bodies(); the rest to write.
 WINDOWS_ONLY: tuple[str, ...] = (
-    "alternate_data_stream",  # write protected:stream
-    "case_variant",  # .GiT\\hooks
-    "short_name",  # GIT~1 8.3 alias
+    "private_desktop",  # SendInput / hooks / WinSta0 from the run (probedesktop.py)
+    "git_rename",  # .git renamed away, a new one planted (issue 28 H2; probeacl.py)
+    "alternate_data_stream",  # write protected:stream, .git::$INDEX_ALLOCATION (probeacl.py)
+    "case_variant",  # .GiT\\hooks (probeacl.py)
+    "short_name",  # GIT~1 8.3 alias (probeacl.py)
     "shell_handoff",  # Start-Process https://... through the real user's Explorer
     "path_stub",  # a planted git.exe earlier in PATH for the real user
-    "scheduled_task",  # schtasks /create as the sandbox user
+    "scheduled_task",  # schtasks /create as the sandbox user (probenet.py)
+    "wmi_process",  # Win32_Process.Create: a process outside the job (probenet.py)
+    "smb_webdav",  # \\host\share, \\host@port\DavWWWRoot: the redirector/WebClient connect (probenet.py)
 )

@@ -60,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
         env, _dropped = fsenv.filter_env(api.environ(), pol.env)
         request = seam.SandboxRequest(tuple(cmd), api.cwd(), env, dataclasses.replace(pol, filesystem=fs), task)
         argv = _proxy_argv(api, args, task, audit) if pol.sources else None
-        status = seam.run_in(WindowsBackend(api, argv, _say), request)
+        transparent = bool(getattr(args, "transparent", False))  # the flag exists on Windows only
+        status = seam.run_in(WindowsBackend(api, argv, _say, transparent=transparent), request)
     except WinApiError as e:
         raise RunError(str(e)) from None
     if not args.quiet and argv is not None:
@@ -87,7 +88,7 @@ def _proxy_argv(api: WinApi, args: argparse.Namespace, task: str, audit: str) ->
 
 
 def setup(args: argparse.Namespace, platform: str | None = None) -> int:
-    """`sandgate setup [--remove]`: Windows only; elsewhere one line and exit 2."""
+    """`sandgate setup [--remove] [--transparent]`: Windows only; elsewhere one line and exit 2."""
     if (platform or sys.platform) != "win32":
         print(
             "sandgate: error: 'sandgate setup' is for Windows only; Linux needs no setup (run 'sandgate run' directly)",
@@ -96,7 +97,10 @@ def setup(args: argparse.Namespace, platform: str | None = None) -> int:
         return EXIT_NOT_HERE
     api = make_api()
     try:
-        (winsetup.remove if args.remove else winsetup.setup)(api, _say)
+        if args.remove:
+            winsetup.remove(api, _say)
+        else:
+            winsetup.setup(api, _say, transparent=bool(getattr(args, "transparent", False)))
     except WinApiError as e:
         raise UsageError(str(e)) from None
     return 0

@@ -1,8 +1,9 @@
 """`sandgate setup` (elevated, once) and `setup --remove` on Windows, and the check every run makes.
 
 Setup, in order: elevation checked -> the sandbox user (a random password from `secrets`, sealed
-with DPAPI under the real user's profile) -> the setup record (name, SID, port: written before
-any filter, so a crashed setup can still be removed) -> the persistent WFP filters (wfp plan, one
+with DPAPI under the real user's profile) -> its logon rights denied (logonrights.py: no batch,
+service, network or RDP logon) -> the setup record (name, SID, port: written before any filter,
+so a crashed setup can still be removed) -> the persistent WFP filters (wfp plan, one
 transaction) -> the firewall rules (firewall.py, in their order). Every step first looks whether
 its piece is already there, so a second setup changes nothing (uuid5 keys, fixed rule names).
 Remove is the reverse, and a missing piece is not an error. Threats: see docs/windows.md (a
@@ -15,10 +16,12 @@ import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from launcher.platform.windows import firewall, state, wfp
+from launcher.platform.windows import firewall, logonrights, state, wfp
 from launcher.platform.windows.api import WinApi, WinApiError
 
 SETUP_HINT = "run 'sandgate setup' as administrator"
+#: The proxy's transparent listener (plan.Host.transparent_port), the one inbound port allowed.
+TRANSPARENT_PORT = 3129
 
 
 class NotSetUp(WinApiError):
@@ -38,18 +41,34 @@ def _need_admin(api: WinApi, what: str) -> None:
         raise WinApiError(f"{what} changes users and WFP filters: run it from an elevated (administrator) terminal")
 
 
-def setup(api: WinApi, say: Callable[[str], None]) -> None:
-    """Install every piece that is missing; say one line for each piece made or found."""
+def _same_account(api: WinApi, what: str) -> None:
+    """M13: setup binds the sandbox user, its DPAPI-sealed password, the filters' read grant and
+    the proxy-port guard to the account running it. Elevated with another administrator's
+    credentials, that is not the person at this desktop, whose runs would then never find a setup;
+    refused in one line. A session without a user (a service, a CI agent) is not compared."""
+    session = api.session_user_sid()
+    if session is not None and session != api.current_user_sid():
+        raise WinApiError(
+            f"{what} is elevated as another account than this session's user; run it as administrator "
+            "from your own account (UAC 'Run as administrator'), so that it is set up for you"
+        )
+
+
+def setup(api: WinApi, say: Callable[[str], None], *, transparent: bool = False) -> None:
+    """Install every piece that is missing; say one line for each piece made or found.
+    `transparent`: also the inbound allow the transparent path needs (firewall.transparent_allow)."""
     _need_admin(api, "sandgate setup")
+    _same_account(api, "sandgate setup")
     appdata = api.local_appdata()
     name = state.sandbox_user_name(api.current_user_sid())
     for folder in (state.root(appdata), state.journal_dir(appdata), state.audit_dir(appdata)):
         api.make_dir(folder)
     sid = _user(api, appdata, name, say)
+    api.deny_logon_rights(sid, logonrights.DENIED)  # H3: no batch (tasks), service, network, RDP logon
     record = state.SetupRecord(name, sid, state.PROXY_PORT)
     if api.read_file(state.setup_record(appdata)) != state.encode(record):
         api.write_file(state.setup_record(appdata), state.encode(record))  # before any filter: removable
-    plan = wfp.plan_filters(sid, (record.port,))
+    plan = wfp.plan_filters(sid, (record.port,), owner=api.current_user_sid())
     if api.wfp_installed(plan):
         say(f"WFP filters for {name}: present ({len(plan.filters)})")
     else:
@@ -61,6 +80,11 @@ def setup(api: WinApi, say: Callable[[str], None]) -> None:
     for rule in missing:  # in plan order: off-host first, the dangerous direction
         api.firewall_add(rule)
     say(f"firewall rules for {name}: {len(missing)} added, {len(rules) - len(missing)} present")
+    if transparent:
+        allow = firewall.transparent_allow(api.current_user_sid(), api.python(), TRANSPARENT_PORT)
+        if not api.firewall_has(allow.name):
+            api.firewall_add(allow)
+        say(f"transparent mode: inbound TCP {TRANSPARENT_PORT} allowed for {api.python()} (this user only)")
 
 
 def _user(api: WinApi, appdata: str, name: str, say: Callable[[str], None]) -> str:
@@ -111,10 +135,16 @@ def remove(api: WinApi, say: Callable[[str], None]) -> None:
         for rule in reversed(firewall.plan_rules(record.sid, (record.port,))):
             if api.firewall_has(rule.name):
                 api.firewall_remove(rule.name)
-        api.wfp_remove(wfp.plan_filters(record.sid, (record.port,)))  # by derived key; missing is fine
+        # by derived key; missing is fine, any other failure stops here with the record kept (M7)
+        api.wfp_remove(wfp.plan_filters(record.sid, (record.port,), owner=api.current_user_sid()))
+        allow = firewall.transparent_allow(api.current_user_sid(), api.python(), TRANSPARENT_PORT)
+        if api.firewall_has(allow.name):
+            api.firewall_remove(allow.name)
+        api.undeny_logon_rights(record.sid, logonrights.DENIED)  # LSA keeps rights by SID: no orphans
+        api.delete_profile(record.sid)  # NetUserDel would leave C:\Users\<name> and its hive (M10)
         if api.user_sid(record.name) is not None:
             api.delete_user(record.name)
-        say(f"removed the sandbox user {record.name}, its WFP filters and firewall rules")
+        say(f"removed the sandbox user {record.name}, its profile, WFP filters and firewall rules")
     else:
         say("nothing to remove: no sandbox user and no setup record")
     api.remove_file(state.sealed_password(appdata))
@@ -144,8 +174,12 @@ def check(api: WinApi) -> Ready:
         raise NotSetUp(f"sandgate run on Windows needs its one-time setup (no sandbox user yet); {SETUP_HINT}")
     if api.user_sid(record.name) != record.sid:
         raise NotSetUp(f"the sandbox user {record.name} is missing or was re-created; {SETUP_HINT}")
-    if not api.wfp_installed(wfp.plan_filters(record.sid, (record.port,))):
-        raise NotSetUp(f"the persistent WFP filters for {record.name} are missing; {SETUP_HINT}")
+    try:  # unelevated: needs the FWPM_ACTRL_READ that setup grants this user on each filter (W2)
+        present = api.wfp_installed(wfp.plan_filters(record.sid, (record.port,), owner=api.current_user_sid()))
+    except WinApiError as e:
+        raise NotSetUp(f"{e}; {SETUP_HINT} again") from None  # e names the missing read right
+    if not present:
+        raise NotSetUp(f"the persistent WFP filters for {record.name} are missing or outdated; {SETUP_HINT}")
     try:
         password = api.unprotect(sealed).decode()
     except (WinApiError, UnicodeDecodeError):

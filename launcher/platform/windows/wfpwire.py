@@ -47,6 +47,7 @@ class WireFilter:
     action: int
     weight: int  # FWP_UINT8 weight range (0-15)
     conditions: tuple[WireCondition, ...]
+    sddl: str | None = None  # FwpmFilterAdd0's sd: who may read/delete the filter (None: inherited)
 
 
 def condition(c: wfp.Condition) -> WireCondition:
@@ -55,7 +56,7 @@ def condition(c: wfp.Condition) -> WireCondition:
         return WireCondition(key, FWP_SECURITY_DESCRIPTOR_TYPE, str(c.value))
     if c.field == "protocol":
         return WireCondition(key, FWP_UINT8, int(c.value))
-    if c.field == "remote_port":
+    if c.field in ("remote_port", "local_port"):
         return WireCondition(key, FWP_UINT16, int(c.value))
     ip = ipaddress.ip_address(str(c.value))
     if ip.version == 4:  # FWP_UINT32 in host order: the integer value of the address
@@ -63,13 +64,16 @@ def condition(c: wfp.Condition) -> WireCondition:
     return WireCondition(key, FWP_BYTE_ARRAY16_TYPE, ip.packed)
 
 
-def wire(f: wfp.WfpFilter) -> WireFilter:
+def wire(f: wfp.WfpFilter, reader_sid: str | None = None) -> WireFilter:
+    """One filter in the API's numbers; a persistent one carries the plan's security descriptor
+    (wfp.filter_sddl: the real user may read it, W2), a dynamic one its session's default."""
     flags = (FWPM_FILTER_FLAG_PERSISTENT if f.persistent else 0) | (
         FWPM_FILTER_FLAG_CLEAR_ACTION_RIGHT if f.hard else 0
     )
     if not 0 <= f.weight <= 15:
         raise wfp.WfpPlanError(f"{f.name}: weight {f.weight} is outside the FWP_UINT8 range 0-15")
     action = FWP_ACTION_BLOCK if f.action == "block" else FWP_ACTION_PERMIT
+    sddl = wfp.filter_sddl(reader_sid) if reader_sid is not None and f.persistent else None
     return WireFilter(
-        str(f.key), f.name, str(f.layer_key), flags, action, f.weight, tuple(condition(c) for c in f.conditions)
+        str(f.key), f.name, str(f.layer_key), flags, action, f.weight, tuple(condition(c) for c in f.conditions), sddl
     )

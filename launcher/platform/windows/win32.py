@@ -4,7 +4,8 @@ Nothing here runs at import (it imports on Linux, where the unit tests check the
 is loaded on the first call. Every plan it applies was computed and checked by the pure modules
 (job.check_job, wfp.plan_filters, acl.plan_acls), so this file holds no decision, only calls.
 Each binding names the Microsoft documentation page it follows; .github/workflows/windows.yml is
-where they run. Status: the job, process, DPAPI and security-descriptor wrappers are written
+where they run. CMD's own start, wait and desktop are in win32proc.py. Status: the job, process,
+DPAPI and security-descriptor wrappers are written
 (never run); the WFP structures are laid out in win32wfp.py (apart only for the size limit),
 also never run.
 """
@@ -12,11 +13,10 @@ also never run.
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Mapping
 from ctypes import POINTER, Structure, c_int32, c_size_t, c_uint16, c_uint32, c_uint64, c_void_p, c_wchar_p
 from typing import Any
 
-from launcher.platform.windows import envblock, job
+from launcher.platform.windows import job
 from launcher.platform.windows.win32calls import BY_NAME as BY_NAME
 from launcher.platform.windows.win32calls import CALLS as CALLS
 from launcher.platform.windows.win32calls import DOCS as DOCS
@@ -24,9 +24,8 @@ from launcher.platform.windows.win32calls import DOCS as DOCS
 HANDLE, DWORD, BOOL, LPVOID = c_void_p, c_uint32, c_int32, c_void_p
 
 
-JobObjectBasicUIRestrictions, JobObjectExtendedLimitInformation = 4, 9  # JOBOBJECTINFOCLASS
+JobObjectExtendedLimitInformation = 9  # JOBOBJECTINFOCLASS
 SE_FILE_OBJECT, DACL_SECURITY_INFORMATION, SDDL_REVISION_1 = 1, 0x4, 1
-INFINITE = 0xFFFFFFFF
 CRYPTPROTECT_UI_FORBIDDEN = 0x1
 
 
@@ -113,7 +112,7 @@ class PROCESS_INFORMATION(Structure):
 
 
 def make_job(limits: job.JobLimits) -> int:
-    """A job with the checked limits (kill on close, no breakaway) and UI restrictions set."""
+    """A job with the checked limits (kill on close, no breakaway, no UI limits)."""
     limits = job.check_job(limits)
     h = fn("CreateJobObjectW")(None, None)
     _check("CreateJobObjectW", h)
@@ -122,26 +121,9 @@ def make_job(limits: job.JobLimits) -> int:
     info.BasicLimitInformation.ActiveProcessLimit = limits.active_process_limit
     ok = fn("SetInformationJobObject")(h, JobObjectExtendedLimitInformation, ctypes.byref(info), ctypes.sizeof(info))
     _check("SetInformationJobObject", ok)
-    ui = DWORD(limits.ui_restrictions)
-    _check(
-        "SetInformationJobObject", fn("SetInformationJobObject")(h, JobObjectBasicUIRestrictions, ctypes.byref(ui), 4)
-    )
+    # No JobObjectBasicUIRestrictions (W4): a job with UI limits cannot take CMD, which the
+    # Secondary Logon service already put in a job; the private desktop answers those threats.
     return int(h)
-
-
-def create_suspended(user: str, password: str, cmdline: str, cwd: str, env: Mapping[str, str]) -> PROCESS_INFORMATION:
-    """CMD as the sandbox user, suspended (CREATE_SUSPENDED): not one instruction runs until the
-    backend has put it in the job and resumes it (backend.py: assign, or terminate, then resume)."""
-    plan, env_block = job.plan_create(), envblock.build(env)
-    si, pi = STARTUPINFOW(), PROCESS_INFORMATION()
-    si.cb = ctypes.sizeof(si)
-    # lpCommandLine is [in, out] (the call may write to it): a buffer, never an immutable str;
-    # the block holds NULs, so it goes as a buffer of its full length too.
-    line = ctypes.create_unicode_buffer(cmdline)
-    block = ctypes.create_unicode_buffer(env_block, len(env_block))
-    args = (user, ".", password, plan.logon_flags, None, line, plan.creation_flags, block, cwd)
-    _check("CreateProcessWithLogonW", fn("CreateProcessWithLogonW")(*args, ctypes.byref(si), ctypes.byref(pi)))
-    return pi
 
 
 def assign(job_handle: int, process: int) -> None:
@@ -163,14 +145,6 @@ def close_job(job_handle: int) -> None:
         _check("TerminateJobObject", fn("TerminateJobObject")(job_handle, 1))
     finally:
         fn("CloseHandle")(job_handle)
-
-
-def wait_exit(process: int) -> int:
-    if fn("WaitForSingleObject")(process, INFINITE) != 0:  # WAIT_OBJECT_0
-        _check("WaitForSingleObject", False)
-    code = DWORD()
-    _check("GetExitCodeProcess", fn("GetExitCodeProcess")(process, ctypes.byref(code)))
-    return int(code.value)
 
 
 def close(handle: int) -> None:

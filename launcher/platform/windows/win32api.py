@@ -14,13 +14,26 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import IO, Any
 
-from launcher.platform.windows import firewall, win32, win32wfp
+from launcher.platform.windows import (
+    firewall,
+    win32,
+    win32divert,
+    win32lsa,
+    win32proc,
+    win32profile,
+    win32session,
+    win32stdio,
+    win32wfp,
+)
 from launcher.platform.windows.api import Proc, WinApiError
+from launcher.platform.windows.desktop import DesktopPlan
+from launcher.platform.windows.divertfilter import DivertFilters
 from launcher.platform.windows.firewall import FirewallRule
 from launcher.platform.windows.job import JobLimits
-from launcher.platform.windows.wfp import WfpPlan
+from launcher.platform.windows.launch import Launch
+from launcher.platform.windows.wfp import WfpFilter, WfpPlan
 
 CREATE_NO_WINDOW = 0x08000000
 
@@ -31,6 +44,20 @@ def _call(what: str, f: Callable[..., Any], *args: object) -> Any:
         return f(*args)
     except OSError as e:
         raise WinApiError(f"{what}: {e.strerror or e}") from None
+    except ValueError as e:  # a refused plan (envblock, job.check_job): one line, never a traceback (W1)
+        raise WinApiError(f"{what}: {e}") from None
+
+
+def _ready_then_drain(stream: IO[bytes] | None, got: list[bytes], line: threading.Event) -> None:
+    """The ready line, then every later byte read and dropped until the proxy exits (M9): a pipe
+    nobody reads fills up and the proxy blocks on its next write, mid-run."""
+    if stream is None:
+        line.set()
+        return
+    got.append(stream.readline())
+    line.set()
+    while stream.read(65536):
+        pass
 
 
 class RealWinApi:
@@ -38,6 +65,8 @@ class RealWinApi:
 
     def __init__(self) -> None:
         self._children: dict[int, subprocess.Popen[bytes]] = {}
+        self._relays: dict[int, win32stdio.Relay] = {}  # CMD's pid -> its std streams' relay (W6)
+        self._desktops: dict[int, tuple[int, int]] = {}  # desktop handle -> (station, desktop)
 
     # who and where
     def is_admin(self) -> bool:
@@ -47,6 +76,13 @@ class RealWinApi:
         sid: str | None = _call("LookupAccountNameW", win32.account_sid, getpass.getuser())
         if sid is None:
             raise WinApiError("cannot find your own account's SID")
+        return sid
+
+    def session_user_sid(self) -> str | None:
+        who: str | None = _call("WTSQuerySessionInformationW", win32session.session_user)
+        if who is None:
+            return None
+        sid: str | None = _call("LookupAccountNameW", win32.account_sid, who)
         return sid
 
     def local_appdata(self) -> str:
@@ -84,6 +120,15 @@ class RealWinApi:
 
     def delete_user(self, name: str) -> None:
         _call("NetUserDel", win32.delete_user, name)
+
+    def delete_profile(self, sid: str) -> None:
+        _call("DeleteProfileW", win32profile.delete_profile, sid)
+
+    def deny_logon_rights(self, sid: str, rights: tuple[str, ...]) -> None:
+        _call("LsaAddAccountRights", win32lsa.deny, sid, rights)
+
+    def undeny_logon_rights(self, sid: str, rights: tuple[str, ...]) -> None:
+        _call("LsaRemoveAccountRights", win32lsa.undeny, sid, rights)
 
     def protect(self, data: bytes) -> bytes:
         out: bytes = _call("CryptProtectData", win32.protect, data)
@@ -193,12 +238,24 @@ class RealWinApi:
     def close_job(self, job: int) -> None:
         _call("TerminateJobObject", win32.close_job, job)
 
-    def start_suspended(
-        self, user: str, password: str, argv: tuple[str, ...], cwd: str, env: Mapping[str, str]
-    ) -> Proc:
-        pi = _call(
-            "CreateProcessWithLogonW", win32.create_suspended, user, password, subprocess.list2cmdline(argv), cwd, env
-        )
+    def create_desktop(self, plan: DesktopPlan) -> int:
+        station, desk = _call("CreateDesktopW", win32proc.create_desktop, plan)
+        self._desktops[desk] = (station, desk)
+        return int(desk)
+
+    def close_desktop(self, handle: int) -> None:
+        station, desk = self._desktops.pop(handle, (0, 0))
+        if desk:
+            _call("CloseDesktop", win32proc.close_desktop, station, desk)
+
+    def start_suspended(self, launch: Launch) -> Proc:
+        import msvcrt  # Windows only: the pipes' handles as file descriptors for the relay
+
+        got = _call("CreateProcessWithLogonW", win32proc.create_suspended, launch)
+        pi = got.info
+        if got.stdout:
+            fds = (msvcrt.open_osfhandle(h, 0) for h in (got.stdin, got.stdout, got.stderr))  # type: ignore[attr-defined,unused-ignore]
+            self._relays[int(pi.dwProcessId)] = win32stdio.Relay(*fds)
         return Proc(int(pi.dwProcessId), int(pi.hProcess or 0), int(pi.hThread or 0))
 
     def assign(self, job: int, proc: Proc) -> None:
@@ -211,7 +268,10 @@ class RealWinApi:
         _call("TerminateProcess", win32.terminate, proc.handle)
 
     def wait(self, proc: Proc) -> int:
-        code: int = _call("WaitForSingleObject", win32.wait_exit, proc.handle)
+        code: int = _call("WaitForSingleObject", win32proc.wait_exit, proc.handle)
+        relay = self._relays.pop(proc.pid, None)
+        if relay is not None:
+            relay.finish()  # CMD's last output before sandgate's own lines
         return code
 
     def close_process(self, proc: Proc) -> None:
@@ -233,9 +293,10 @@ class RealWinApi:
         cannot be select()ed."""
         child = self._children[proc.pid]
         got: list[bytes] = []
-        reader = threading.Thread(target=lambda: got.append(child.stdout.readline() if child.stdout else b""))
+        line = threading.Event()
+        reader = threading.Thread(target=_ready_then_drain, args=(child.stdout, got, line), daemon=True)
         reader.start()
-        reader.join(timeout)
+        line.wait(timeout)
         try:
             ready = bool(got) and json.loads(got[0]).get("ready") is True
         except ValueError:
@@ -252,3 +313,28 @@ class RealWinApi:
             child.wait(10)
         except subprocess.TimeoutExpired:
             child.kill()
+
+    # the optional transparent path (win32divert.py): pydivert, the dynamic WFP session, the resolver
+    def divert_open(self, filters: DivertFilters) -> tuple[win32divert.Handle, win32divert.Handle]:
+        handles: tuple[win32divert.Handle, win32divert.Handle] = _call(
+            "WinDivertOpen", win32divert.open_handles, filters
+        )
+        return handles
+
+    def wfp_open_dynamic(self, plan: WfpPlan, filters: tuple[WfpFilter, ...]) -> int:
+        session: int = _call("WFP dynamic session", win32wfp.open_dynamic, plan, filters)
+        return session
+
+    def wfp_close_dynamic(self, session: int) -> None:
+        _call("FwpmEngineClose0", win32wfp.close_dynamic, session)
+
+    def in_job(self, job: int, pid: int) -> bool:
+        return win32divert.job_member(job)(pid)  # never raises: an unopenable pid counts as the job's
+
+    def serve_resolver(self, path: win32divert.TransparentPath) -> win32divert.ResolverServer:
+        server: win32divert.ResolverServer = _call(
+            "the transparent resolver on 127.0.0.1:8085 (another run or mitmproxy holds it?)",
+            win32divert.ResolverServer,
+            path,
+        )
+        return server

@@ -7,7 +7,7 @@ Windows CI resolves every entry in its DLL. Nothing here calls anything.
 
 from __future__ import annotations
 
-from ctypes import POINTER, c_int32, c_uint32, c_uint64, c_void_p, c_wchar_p
+from ctypes import POINTER, c_int32, c_uint8, c_uint32, c_uint64, c_void_p, c_wchar_p
 from dataclasses import dataclass
 from typing import Any
 
@@ -179,6 +179,54 @@ CALLS: tuple[Call, ...] = (
         DWORD,
     ),
     Call("netapi32", "NetUserDel", DOCS + "lmaccess/nf-lmaccess-netuserdel", (c_wchar_p, c_wchar_p), DWORD),
+    # the sandbox user's logon rights: no batch/service/network/RDP logon (H3: scheduled tasks)
+    Call(
+        "advapi32",
+        "LsaOpenPolicy",
+        DOCS + "ntsecapi/nf-ntsecapi-lsaopenpolicy",
+        (LPVOID, LPVOID, DWORD, POINTER(HANDLE)),
+        DWORD,
+    ),
+    Call(
+        "advapi32",
+        "LsaAddAccountRights",
+        DOCS + "ntsecapi/nf-ntsecapi-lsaaddaccountrights",
+        (HANDLE, LPVOID, LPVOID, DWORD),
+        DWORD,
+    ),
+    Call(
+        "advapi32",
+        "LsaRemoveAccountRights",
+        DOCS + "ntsecapi/nf-ntsecapi-lsaremoveaccountrights",
+        (HANDLE, LPVOID, c_uint8, LPVOID, DWORD),
+        DWORD,
+    ),
+    Call("advapi32", "LsaClose", DOCS + "ntsecapi/nf-ntsecapi-lsaclose", (HANDLE,), DWORD),
+    Call("advapi32", "LsaNtStatusToWinError", DOCS + "ntsecapi/nf-ntsecapi-lsantstatustowinerror", (DWORD,), DWORD),
+    Call(
+        "advapi32",
+        "ConvertStringSidToSidW",
+        DOCS + "sddl/nf-sddl-convertstringsidtosidw",
+        (c_wchar_p, POINTER(LPVOID)),
+        BOOL,
+    ),
+    # this terminal session's user (setup's check that it is not elevated as someone else, M13)
+    Call(
+        "wtsapi32",
+        "WTSQuerySessionInformationW",
+        DOCS + "wtsapi32/nf-wtsapi32-wtsquerysessioninformationw",
+        (HANDLE, DWORD, c_int32, POINTER(c_wchar_p), POINTER(DWORD)),
+        BOOL,
+    ),
+    Call("wtsapi32", "WTSFreeMemory", DOCS + "wtsapi32/nf-wtsapi32-wtsfreememory", (LPVOID,), None),
+    # the sandbox user's profile, which NetUserDel leaves behind (M10)
+    Call(
+        "userenv",
+        "DeleteProfileW",
+        DOCS + "userenv/nf-userenv-deleteprofilew",
+        (c_wchar_p, c_wchar_p, c_wchar_p),
+        BOOL,
+    ),
     Call(
         "netapi32",
         "NetUserSetInfo",
@@ -209,6 +257,48 @@ CALLS: tuple[Call, ...] = (
         (HANDLE, LPVOID, POINTER(LPVOID)),
         DWORD,
     ),
-    Call("fwpuclnt", "FwpmFreeMemory0", DOCS + "fwpmu/nf-fwpmu-fwpmfreememory0", (POINTER(LPVOID),), DWORD),
+    # void FwpmFreeMemory0(void **p): no result to read (M1)
+    Call("fwpuclnt", "FwpmFreeMemory0", DOCS + "fwpmu/nf-fwpmu-fwpmfreememory0", (POINTER(LPVOID),), None),
+    # WFP: does an installed filter carry the read grant (an older setup's did not: W2)
+    Call(
+        "fwpuclnt",
+        "FwpmFilterGetSecurityInfoByKey0",
+        DOCS + "fwpmu/nf-fwpmu-fwpmfiltergetsecurityinfobykey0",
+        (HANDLE, LPVOID, DWORD, POINTER(LPVOID), POINTER(LPVOID), POINTER(LPVOID), POINTER(LPVOID), POINTER(LPVOID)),
+        DWORD,
+    ),
+    # CMD's std handles (W6) and its private window station and desktop (H1): win32proc.py
+    Call(
+        "kernel32",
+        "CreatePipe",
+        DOCS + "namedpipeapi/nf-namedpipeapi-createpipe",
+        (LPVOID, LPVOID, LPVOID, DWORD),
+        BOOL,
+    ),
+    Call(
+        "kernel32",
+        "SetHandleInformation",
+        DOCS + "handleapi/nf-handleapi-sethandleinformation",
+        (HANDLE, DWORD, DWORD),
+        BOOL,
+    ),
+    Call(
+        "user32",
+        "CreateWindowStationW",
+        DOCS + "winuser/nf-winuser-createwindowstationw",
+        (c_wchar_p, DWORD, DWORD, LPVOID),
+        HANDLE,
+    ),
+    Call("user32", "GetProcessWindowStation", DOCS + "winuser/nf-winuser-getprocesswindowstation", (), HANDLE),
+    Call("user32", "SetProcessWindowStation", DOCS + "winuser/nf-winuser-setprocesswindowstation", (HANDLE,), BOOL),
+    Call(
+        "user32",
+        "CreateDesktopW",
+        DOCS + "winuser/nf-winuser-createdesktopw",
+        (c_wchar_p, c_wchar_p, LPVOID, DWORD, DWORD, LPVOID),
+        HANDLE,
+    ),
+    Call("user32", "CloseDesktop", DOCS + "winuser/nf-winuser-closedesktop", (HANDLE,), BOOL),
+    Call("user32", "CloseWindowStation", DOCS + "winuser/nf-winuser-closewindowstation", (HANDLE,), BOOL),
 )
 BY_NAME = {c.name: c for c in CALLS}

@@ -109,9 +109,35 @@ class FWPM_SESSION0(Structure):
     ]
 
 
+# WFP error codes (winerror.h, https://learn.microsoft.com/en-us/windows/win32/fwp/wfp-error-codes)
+FWP_E_FILTER_NOT_FOUND, FWP_E_PROVIDER_NOT_FOUND, FWP_E_SUBLAYER_NOT_FOUND = 0x80320003, 0x80320005, 0x80320007
+FWP_E_ALREADY_EXISTS, FWP_E_IN_USE = 0x80320009, 0x8032000A
+ERROR_ACCESS_DENIED = 5
+DACL_SECURITY_INFORMATION = 0x4
+NOT_FOUND = {
+    "FwpmFilterDeleteByKey0": FWP_E_FILTER_NOT_FOUND,
+    "FwpmSubLayerDeleteByKey0": FWP_E_SUBLAYER_NOT_FOUND,
+    "FwpmProviderDeleteByKey0": FWP_E_PROVIDER_NOT_FOUND,
+}
+
+
 def _ok(name: str, err: int) -> None:
     if err:
         raise Win32Error(err, f"{name} failed (0x{err & 0xFFFFFFFF:08x})")
+
+
+def denied(err: int) -> bool:
+    """ERROR_ACCESS_DENIED, as a Win32 code or as the HRESULT BFE's RPC layer may return."""
+    return err & 0xFFFFFFFF in (ERROR_ACCESS_DENIED, 0x80070005)
+
+
+def _sd(sddl: str, keep: list[Any]) -> c_void_p:
+    """A self-relative security descriptor from SDDL (LocalAlloc'd: `keep` gets it, the caller frees)."""
+    sd, size = c_void_p(), c_uint32()
+    if not fn("ConvertStringSecurityDescriptorToSecurityDescriptorW")(sddl, 1, ctypes.byref(sd), ctypes.byref(size)):
+        raise Win32Error(ctypes.get_last_error() if hasattr(ctypes, "get_last_error") else 0, "bad SD")
+    keep += [sd, size]
+    return sd
 
 
 def open_engine(*, dynamic: bool) -> int:
@@ -131,14 +157,9 @@ def _condition(c: wfpwire.WireCondition, keep: list[Any]) -> FWPM_FILTER_CONDITI
     out = FWPM_FILTER_CONDITION0(GUID.of(c.field_key), wfpwire.FWP_MATCH_EQUAL)
     out.conditionValue.type = c.data_type
     if c.data_type == wfpwire.FWP_SECURITY_DESCRIPTOR_TYPE:
-        sd, size = c_void_p(), c_uint32()
-        ok = fn("ConvertStringSecurityDescriptorToSecurityDescriptorW")(
-            str(c.value), 1, ctypes.byref(sd), ctypes.byref(size)
-        )
-        if not ok:
-            raise Win32Error(ctypes.get_last_error() if hasattr(ctypes, "get_last_error") else 0, "bad SD")
-        blob = FWP_BYTE_BLOB(size.value, ctypes.cast(sd, POINTER(c_uint8)))
-        keep += [sd, blob]
+        sd = _sd(str(c.value), keep)
+        blob = FWP_BYTE_BLOB(keep[-1].value, ctypes.cast(sd, POINTER(c_uint8)))
+        keep.append(blob)
         out.conditionValue.u.pointer = ctypes.cast(ctypes.pointer(blob), c_void_p)
     elif c.data_type == wfpwire.FWP_BYTE_ARRAY16_TYPE:
         arr = (c_uint8 * 16).from_buffer_copy(bytes(c.value))  # type: ignore[arg-type]
@@ -154,19 +175,24 @@ def _condition(c: wfpwire.WireCondition, keep: list[Any]) -> FWPM_FILTER_CONDITI
 
 
 def add_filter(engine: int, f: wfpwire.WireFilter, provider: uuid.UUID, sublayer: uuid.UUID) -> None:
+    """One FwpmFilterAdd0, with the filter's own security descriptor (wfpwire: the real user may read
+    it, W2). Every descriptor made for it is freed whether the add succeeds or not (M8)."""
     keep: list[Any] = []
-    conds = (FWPM_FILTER_CONDITION0 * len(f.conditions))(*(_condition(c, keep) for c in f.conditions))
-    flt = FWPM_FILTER0()
-    flt.filterKey, flt.layerKey, flt.subLayerKey = GUID.of(f.key), GUID.of(f.layer_key), GUID.of(sublayer)
-    flt.displayData = FWPM_DISPLAY_DATA0(f.name, "sandgate sandbox user boundary (issue 14)")
-    flt.flags, flt.providerKey = f.flags, ctypes.pointer(GUID.of(provider))
-    flt.weight.type, flt.weight.u.uint8 = wfpwire.FWP_UINT8, f.weight
-    flt.numFilterConditions, flt.filterCondition = len(f.conditions), conds
-    flt.action.type = f.action
-    _ok("FwpmFilterAdd0", fn("FwpmFilterAdd0")(engine, ctypes.byref(flt), None, None))
-    for item in keep:
-        if isinstance(item, c_void_p):
-            fn("LocalFree")(item)
+    try:
+        conds = (FWPM_FILTER_CONDITION0 * len(f.conditions))(*(_condition(c, keep) for c in f.conditions))
+        flt = FWPM_FILTER0()
+        flt.filterKey, flt.layerKey, flt.subLayerKey = GUID.of(f.key), GUID.of(f.layer_key), GUID.of(sublayer)
+        flt.displayData = FWPM_DISPLAY_DATA0(f.name, "sandgate sandbox user boundary (issue 14)")
+        flt.flags, flt.providerKey = f.flags, ctypes.pointer(GUID.of(provider))
+        flt.weight.type, flt.weight.u.uint8 = wfpwire.FWP_UINT8, f.weight
+        flt.numFilterConditions, flt.filterCondition = len(f.conditions), conds
+        flt.action.type = f.action
+        own = _sd(f.sddl, keep) if f.sddl is not None else None
+        _ok("FwpmFilterAdd0", fn("FwpmFilterAdd0")(engine, ctypes.byref(flt), own, None))
+    finally:
+        for item in keep:
+            if isinstance(item, c_void_p):
+                fn("LocalFree")(item)
 
 
 def install(plan: wfp.WfpPlan) -> None:
@@ -185,7 +211,7 @@ def install(plan: wfp.WfpPlan) -> None:
             sub.providerKey, sub.weight = ctypes.pointer(GUID.of(plan.provider_key)), plan.sublayer_weight
             _ok("FwpmSubLayerAdd0", fn("FwpmSubLayerAdd0")(engine, ctypes.byref(sub), None))
             for f in plan.filters:
-                add_filter(engine, wfpwire.wire(f), plan.provider_key, plan.sublayer_key)
+                add_filter(engine, wfpwire.wire(f, plan.reader_sid), plan.provider_key, plan.sublayer_key)
             _ok("FwpmTransactionCommit0", fn("FwpmTransactionCommit0")(engine))
         except BaseException:
             fn("FwpmTransactionAbort0")(engine)
@@ -194,14 +220,23 @@ def install(plan: wfp.WfpPlan) -> None:
         fn("FwpmEngineClose0")(engine)
 
 
+def _delete(name: str, engine: int, key: uuid.UUID) -> None:
+    """One delete by key: gone or never there is fine; anything else (access denied, in use) is an
+    error, so that setup never reports a removal that left filters behind (M7: the next setup's
+    transaction would fail with FWP_E_ALREADY_EXISTS)."""
+    err = int(fn(name)(engine, ctypes.byref(GUID.of(key)))) & 0xFFFFFFFF
+    if err and err != NOT_FOUND[name]:
+        _ok(name, err)
+
+
 def remove(plan: wfp.WfpPlan) -> None:
     """`sandgate setup --remove`: the derived keys find exactly what install added (missing is fine)."""
     engine = open_engine(dynamic=False)
     try:
         for f in plan.filters:
-            fn("FwpmFilterDeleteByKey0")(engine, ctypes.byref(GUID.of(f.key)))
-        fn("FwpmSubLayerDeleteByKey0")(engine, ctypes.byref(GUID.of(plan.sublayer_key)))
-        fn("FwpmProviderDeleteByKey0")(engine, ctypes.byref(GUID.of(plan.provider_key)))
+            _delete("FwpmFilterDeleteByKey0", engine, f.key)
+        _delete("FwpmSubLayerDeleteByKey0", engine, plan.sublayer_key)
+        _delete("FwpmProviderDeleteByKey0", engine, plan.provider_key)
     finally:
         fn("FwpmEngineClose0")(engine)
 
@@ -222,15 +257,58 @@ def open_dynamic(plan: wfp.WfpPlan, filters: tuple[wfp.WfpFilter, ...]) -> int:
     return engine
 
 
+class ReadDenied(Win32Error):
+    """FwpmFilterGetByKey0 refused for want of FWPM_ACTRL_READ: the filters may well be there."""
+
+
 def installed(plan: wfp.WfpPlan) -> bool:
-    """Every persistent filter of the plan is in the engine (FwpmFilterGetByKey0 finds its key)."""
+    """Every persistent filter of the plan is in the engine (FwpmFilterGetByKey0 finds its key).
+    Only FWP_E_FILTER_NOT_FOUND means missing; access denied (a setup that did not grant this user
+    FWPM_ACTRL_READ, W2) and any other error raise, never pass for "not installed"."""
     engine = open_engine(dynamic=False)
     try:
         for f in plan.filters:
             found = c_void_p()
-            if fn("FwpmFilterGetByKey0")(engine, ctypes.byref(GUID.of(f.key)), ctypes.byref(found)):
+            err = int(fn("FwpmFilterGetByKey0")(engine, ctypes.byref(GUID.of(f.key)), ctypes.byref(found)))
+            err &= 0xFFFFFFFF
+            if err == FWP_E_FILTER_NOT_FOUND:
                 return False
-            fn("FwpmFreeMemory0")(ctypes.byref(found))
+            if denied(err):
+                raise ReadDenied(err, "this user may not read sandgate's WFP filters (FWPM_ACTRL_READ)")
+            _ok("FwpmFilterGetByKey0", err)
+            fn("FwpmFreeMemory0")(ctypes.byref(found))  # void (M1): nothing to check
+            if plan.reader_sid is not None and not wfp.grants_read(_sddl_of(engine, f.key), plan.reader_sid):
+                return False  # an older setup's filter, unreadable unelevated: setup re-installs it
         return True
+
     finally:
         fn("FwpmEngineClose0")(engine)
+
+
+def _sddl_of(engine: int, key: uuid.UUID) -> str:
+    """A filter's DACL as SDDL (READ_CONTROL on it: setup's grant gives the real user that too)."""
+    sd, text, size = c_void_p(), c_wchar_p(), c_uint32()
+    nothing = [c_void_p() for _ in range(4)]
+    err = int(
+        fn("FwpmFilterGetSecurityInfoByKey0")(
+            engine, ctypes.byref(GUID.of(key)), DACL_SECURITY_INFORMATION, *map(ctypes.byref, nothing), ctypes.byref(sd)
+        )
+    )
+    if denied(err):
+        raise ReadDenied(err, "this user may not read sandgate's WFP filters (READ_CONTROL)")
+    _ok("FwpmFilterGetSecurityInfoByKey0", err)
+    try:
+        conv = fn("ConvertSecurityDescriptorToStringSecurityDescriptorW")
+        if not conv(sd, 1, DACL_SECURITY_INFORMATION, ctypes.byref(text), ctypes.byref(size)):
+            raise Win32Error(getattr(ctypes, "get_last_error", lambda: 0)(), "cannot read a filter's security")
+        try:
+            return text.value or ""
+        finally:
+            fn("LocalFree")(ctypes.cast(text, c_void_p))
+    finally:
+        fn("FwpmFreeMemory0")(ctypes.byref(sd))
+
+
+def close_dynamic(engine: int) -> None:
+    """End the redirect loop's session: BFE deletes every filter it added (the transparent permits)."""
+    _ok("FwpmEngineClose0", fn("FwpmEngineClose0")(engine))

@@ -1,0 +1,203 @@
+"""A fake WinDivert (pydivert's handle) and the transparent path's part of the fake WinApi.
+
+FakeWinDivert keeps WinDivert 2.2's documented contract (https://reqrypt.org/windivert-doc.html):
+opening needs Administrator; the SOCKET layer reports connect events with the process id and
+cannot inject (send fails); recv on a closed handle fails (ERROR_INVALID_HANDLE); a closed NETWORK
+handle no longer diverts, so packets leave unchanged (WinDivert fails open).
+
+DivertFake (a base of tests.support.winfake.FakeWinApi) adds what the machine does with one TCP
+connect (`tcp_connect`): the sandbox user's connect is refused by the persistent hard block unless
+a live dynamic WFP session permits it (FWPM_SESSION_FLAG_DYNAMIC: its filters die with the session,
+https://learn.microsoft.com/en-us/windows/win32/api/fwpmtypes/ns-fwpmtypes-fwpm_session0); a
+permitted SYN goes to the NETWORK handle if one is open, else out unchanged, which is a violation
+for the sandbox user (the fail-open window the design forbids).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any
+
+from launcher.platform.windows import wfp
+from launcher.platform.windows.api import WinApiError
+from launcher.platform.windows.divertfilter import DivertFilters
+from launcher.platform.windows.win32divert import ResolverServer, TransparentPath
+
+if TYPE_CHECKING:
+    from launcher.platform.windows.launch import Launch
+    from tests.support.winfake import Machine
+
+ERROR_INVALID_HANDLE, ERROR_INVALID_PARAMETER = 6, 87
+SOCKET, NETWORK, SNIFF, RECV_ONLY = 3, 0, 1, 4
+HOST_ADDR = "10.0.0.5"  # the host's own address: a sandbox SYN's source, where the reflected SYN goes
+
+
+class FakeWinDivert:
+    def __init__(self, filter: str, layer: int = NETWORK, priority: int = 0, flags: int = 0) -> None:
+        self.filter, self.layer, self.flags = filter, int(layer), int(flags)
+        self.opened = self.closed = False
+        self.inbox: list[Any] = []
+        self.sent: list[Any] = []
+        self.cv = threading.Condition()
+        self.elevated = True
+
+    def open(self) -> FakeWinDivert:
+        if not self.elevated:  # "a program using WinDivert must have Administrator access rights"
+            raise PermissionError(5, "Access is denied")
+        if self.layer == SOCKET and not self.flags & RECV_ONLY and not self.flags & SNIFF:
+            raise OSError(ERROR_INVALID_PARAMETER, "socket events cannot be injected")
+        self.opened = True
+        return self
+
+    def close(self) -> None:
+        with self.cv:
+            self.closed = True
+            self.cv.notify_all()
+
+    def push(self, item: Any) -> None:
+        with self.cv:
+            self.inbox.append(item)
+            self.cv.notify_all()
+
+    def recv(self, bufsize: int = 0, timeout: float | None = None) -> Any:
+        with self.cv:
+            self.cv.wait_for(lambda: self.inbox or self.closed, timeout)
+            if self.closed:
+                raise OSError(ERROR_INVALID_HANDLE, "The handle is invalid")
+            if not self.inbox:
+                raise TimeoutError
+            return self.inbox.pop(0)
+
+    def send(self, packet: Any, recalculate_checksum: bool = True) -> int:
+        if self.closed:
+            raise OSError(ERROR_INVALID_HANDLE, "The handle is invalid")
+        if self.layer == SOCKET or self.flags & RECV_ONLY:  # socket events cannot be injected
+            raise OSError(ERROR_INVALID_PARAMETER, "The parameter is incorrect")
+        with self.cv:
+            self.sent.append(packet)
+            self.cv.notify_all()
+        return 1
+
+
+def connect_event(pid: int, addr: str, port: int, local: int) -> Any:
+    words = [int.from_bytes(bytes(int(x) for x in addr.split(".")), "big"), 0xFFFF, 0, 0]
+    sock = SimpleNamespace(ProcessId=pid, RemoteAddr=words, RemotePort=port, LocalPort=local)
+    return SimpleNamespace(socket=sock, event=3)  # WINDIVERT_EVENT_SOCKET_CONNECT
+
+
+def syn(src: str, sport: int, dst: str, dport: int) -> Any:
+    tcp = SimpleNamespace(syn=True, ack=False, fin=False, rst=False)
+    return SimpleNamespace(src_addr=src, src_port=sport, dst_addr=dst, dst_port=dport, direction=0, tcp=tcp)
+
+
+class DivertFake:
+    """The transparent path's effects on the fake machine (mixed into FakeWinApi)."""
+
+    admin: bool
+    violations: list[str]
+    launches: dict[int, tuple[Launch, str]]
+    m: Machine
+    alive: set[int]
+
+    def _hit(self, name: str, *args: object) -> None: ...  # FakeWinApi's
+
+    def __init__(self) -> None:
+        self.divert_handles: list[FakeWinDivert] = []  # (network, socket) pairs, in open order
+        self.dynamic: dict[int, tuple[wfp.WfpFilter, ...]] = {}  # live dynamic sessions
+        self.resolvers: list[ResolverServer] = []
+        self.divert_driver = True  # False: WinDivert64.sys missing
+        self._session = 90_000
+
+    def divert_open(self, filters: DivertFilters) -> tuple[FakeWinDivert, FakeWinDivert]:
+        self._hit("divert_open")
+        if not self.divert_driver:
+            raise WinApiError("WinDivertOpen: The system cannot find the file specified (WinDivert64.sys)")
+        net = FakeWinDivert(filters.network, NETWORK)
+        ev = FakeWinDivert(filters.socket, SOCKET, flags=SNIFF | RECV_ONLY)
+        try:
+            for h in (ev, net):
+                h.elevated = self.admin
+                h.open()
+        except OSError as e:
+            ev.close()
+            raise WinApiError(f"WinDivertOpen: {e.strerror}") from None
+        self.divert_handles += [net, ev]
+        return net, ev
+
+    def wfp_open_dynamic(self, plan: wfp.WfpPlan, filters: tuple[wfp.WfpFilter, ...]) -> int:
+        # FwpmFilterAdd0 needs FWPM_ACTRL_ADD on the filter container and sublayer: administrators
+        # only (https://learn.microsoft.com/en-us/windows/win32/fwp/access-control)
+        self._hit("wfp_open_dynamic")
+        if not self.admin:
+            raise WinApiError("FwpmFilterAdd0: access denied")
+        if any(f.persistent for f in filters):
+            raise WinApiError("a persistent filter added in a dynamic session outlives it")
+        self._session += 1
+        self.dynamic[self._session] = filters
+        return self._session
+
+    def wfp_close_dynamic(self, session: int) -> None:
+        self._hit("wfp_close_dynamic", session)
+        if self.dynamic.pop(session, None) is None:  # FwpmEngineClose0 on a closed handle
+            raise WinApiError("FwpmEngineClose0: The handle is invalid")
+
+    def in_job(self, job: int, pid: int) -> bool:
+        if pid not in self.m.procs and pid not in self.alive:
+            return True  # OpenProcess fails for a process that is gone: counted as the job's
+        return self.m.in_job.get(pid) == job
+
+    def serve_resolver(self, path: TransparentPath) -> ResolverServer:
+        self._hit("serve_resolver")
+        server = ResolverServer(path, ("127.0.0.1", 0))  # port 0: tests run side by side, never 8085
+        self.resolvers.append(server)
+        return server
+
+    def _permitted(self, sid: str) -> bool:
+        me = wfp.user_condition(sid)
+        return any(
+            f.action == "permit" and f.layer.startswith("ALE_AUTH_CONNECT") and me in f.conditions
+            for filters in self.dynamic.values()
+            for f in filters
+        )
+
+    def tcp_connect(self, pid: int, dst: str, dport: int, sport: int) -> str:
+        """One TCP connect by `pid`: 'refused' (WFP, WSAEACCES), 'proxy' (reflected into the
+        transparent port), 'direct' (left unchanged), or 'dropped' (by the loop)."""
+        sandboxed = pid in self.launches
+        if sandboxed:
+            user = self.launches[pid][0].user
+            sid = self.m.users[user][0]
+            if not self._permitted(sid):
+                return "refused"  # the persistent hard block at ALE_AUTH_CONNECT
+        live = [h for h in self.divert_handles if h.layer == NETWORK and not h.closed]
+        if not live:
+            if sandboxed:
+                self.violations.append(
+                    f"a sandbox connect to {dst}:{dport} left unchanged: no divert handle, permits live"
+                )
+            return "direct"
+        net, ev = live[-1], self.divert_handles[self.divert_handles.index(live[-1]) + 1]
+        before = len(net.sent)
+        ev.push(connect_event(pid, dst, dport, sport))
+        net.push(syn(HOST_ADDR, sport, dst, dport))
+        with net.cv:
+            net.cv.wait_for(lambda: len(net.sent) > before, 2.0)  # a drop sends nothing (slow under load)
+        if len(net.sent) == before:
+            return "dropped"
+        pkt = net.sent[before]
+        return "proxy" if (pkt.direction, pkt.dst_addr) == (1, HOST_ADDR) else "direct"
+
+    def divert_crash(self) -> None:
+        """WinDivert's driver unloaded under the loop: every handle is invalid from now on."""
+        for h in self.divert_handles:
+            h.close()
+
+    def wait_until(self, cond: Any, timeout: float = 3.0) -> bool:
+        deadline = time.monotonic() + timeout
+        while not cond():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
+        return True

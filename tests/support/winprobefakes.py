@@ -1,0 +1,63 @@
+"""What each Windows probe body would see on the fake machine: one simulation per probe name.
+
+The end-to-end test (tests/unit/test_windows_e2e_fake.py) runs `sandgate verify` with every body
+that has a simulation here; a body without one is listed by `unsimulated()`. Each part of issue
+28 adds its bodies' simulations (win-acl: probeacl.py's, win-net: probenet.py's), modelled on
+the contract the fake enforces, never on what the judge wants to read.
+"""
+
+from __future__ import annotations
+
+import json
+import ntpath
+from collections.abc import Callable
+from typing import Any
+
+from launcher.platform.windows import probebody
+from launcher.platform.windows.launch import Launch
+from tests.support import winkernel
+
+Simulation = Callable[[Any, Launch, str], dict[str, Any] | None]  # (FakeWinApi, launch, desktop) -> RESULT
+
+
+def private_desktop(api: Any, launch: Launch, desk: str) -> dict[str, Any]:
+    """The desktop CMD was put on (winkernel.check_desktop): the user's, or a private one."""
+    shared = desk == winkernel.USER_DESKTOP
+    return {
+        "station": desk.split("\\")[0],
+        "desktop": desk.split("\\")[-1],
+        "winsta0": shared,  # the user's window station is open to a process started on it
+        "own_window": True,
+        "sendinput": 2 if shared else 0,
+    }
+
+
+SIMULATIONS: dict[str, Simulation] = {"private_desktop": private_desktop}
+
+
+def acl_probe(api: Any, launch: Launch, desk: str) -> dict[str, Any] | None:
+    """probeacl.py's rows (win-acl): aclprobes' own bodies over the NTFS model of the machine,
+    as the sandbox user, against the DACLs the run applied (tests/support/ntfsmodel.py)."""
+    from tests.support import ntfsmodel
+
+    return ntfsmodel.acl_probe_result(api.m, api.m.users[launch.user][0], launch.argv, launch.cwd)
+
+
+SIMULATIONS |= dict.fromkeys(("git_rename", "alternate_data_stream", "case_variant", "short_name"), acl_probe)
+
+
+def program(api: Any, launch: Launch, desk: str) -> int:
+    """FakeWinApi.program: run the simulation of the probe named last in argv; write its RESULT."""
+    sim = SIMULATIONS.get(launch.argv[-1])
+    got = sim(api, launch, desk) if sim else None
+    if got is not None:
+        api.m.files[ntpath.join(launch.cwd, probebody.RESULT)] = json.dumps(got).encode()
+    return 0
+
+
+def simulated() -> list[str]:
+    return [b.name for b in probebody.bodies() if b.name in SIMULATIONS]
+
+
+def unsimulated() -> list[str]:
+    return [b.name for b in probebody.bodies() if b.name not in SIMULATIONS]

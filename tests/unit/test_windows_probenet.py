@@ -1,0 +1,48 @@
+"""The H3/H4 probe bodies (probenet.py): the scripts compile, every row is registered, and each
+judge fails the escape, fails a probe that could not run, and passes only the refusal with its
+permitted control (scripts run only on Windows)."""
+
+from __future__ import annotations
+
+import pytest
+
+from launcher.platform.windows import probebody, probenet, probes
+
+
+def test_scripts_compile_and_rows_are_registered() -> None:
+    for body in probenet.BODIES:
+        compile(body.script, body.name, "exec")
+        assert body.name in probes.WINDOWS_ONLY
+        assert body in probebody.bodies()
+        assert probebody.RESULT in body.script
+
+
+@pytest.mark.parametrize("body", probenet.BODIES, ids=lambda b: b.name)
+def test_a_probe_that_did_not_run_fails(body: probebody.ProbeBody) -> None:
+    assert not body.judge(1, None).ok
+
+
+def test_scheduled_task() -> None:
+    j = probenet.judge_task
+    assert not j(0, {"control": 0, "create": [0, ""], "escaped": True}).ok
+    assert not j(0, {"control": 1, "create": [1, "denied"], "escaped": False}).ok  # no control
+    assert j(0, {"control": 0, "create": [1, "Access is denied"], "escaped": False}).ok
+    v = j(0, {"control": 0, "create": [0, ""], "escaped": False})
+    assert v.ok and "never ran" in v.detail
+
+
+def test_wmi_process() -> None:
+    j = probenet.judge_wmi
+    assert not j(0, {"control_in_job": True, "pid": 77, "outside_job": True}).ok
+    assert not j(0, {"control_in_job": True, "pid": 77, "outside_job": None}).ok  # made, not inspected
+    assert not j(0, {"control_in_job": False, "pid": 0, "outside_job": None}).ok
+    assert j(0, {"control_in_job": True, "pid": 0, "outside_job": None}).ok
+    assert j(0, {"control_in_job": True, "pid": 77, "outside_job": False}).ok  # stayed in the job
+
+
+def test_smb_webdav_is_a_known_gap_unless_refused() -> None:
+    j = probenet.judge_smb
+    gap = j(0, {"control": True, "smb": [53, "bad netpath"], "webdav": [67, ""], "webclient_running": True})
+    assert not gap.ok and "known gap" in gap.detail
+    assert not j(0, {"control": False, "smb": [5, ""], "webdav": [5, ""], "webclient_running": False}).ok
+    assert j(0, {"control": True, "smb": [5, ""], "webdav": [5, ""], "webclient_running": False}).ok

@@ -1,0 +1,173 @@
+"""`sandgate run --transparent` on Windows (transparent.py, backend.py) against the fake WinApi and
+its fake WinDivert (tests/support/windivertfake.py), through launcher.cli with sys.platform =
+"win32": refused in one line when it could not work, torn down on every exit path, and fail
+closed when the loop dies mid-run. Fake evidence only: Windows itself has not run this."""
+
+from __future__ import annotations
+
+import pytest
+
+from launcher import cli
+from launcher.platform.windows import runner, win32divert
+from launcher.platform.windows.launch import Launch
+from tests.support.winfake import FakeWinApi
+
+RUN = ["run", "--transparent", "--allow", "example.test", "--", "tool"]
+
+
+@pytest.fixture
+def machine(monkeypatch: pytest.MonkeyPatch) -> FakeWinApi:
+    fake = FakeWinApi()
+    monkeypatch.setattr("sys.platform", "win32")
+    monkeypatch.setattr(runner, "make_api", lambda: fake)
+    return fake
+
+
+@pytest.fixture
+def ready(machine: FakeWinApi, capsys: pytest.CaptureFixture[str]) -> FakeWinApi:
+    assert cli.main(["setup", "--transparent"]) == 0
+    capsys.readouterr()
+    machine.calls.clear()
+    return machine
+
+
+def _pid(api: FakeWinApi, launch: Launch) -> int:
+    (pid,) = [p for p, (run, _) in api.launches.items() if run is launch]
+    return pid
+
+
+def _refused(capsys: pytest.CaptureFixture[str], *words: str) -> str:
+    """The run failed with exactly one `sandgate: error:` line naming `words`, and no traceback."""
+    with pytest.raises(SystemExit) as e:
+        cli.main(RUN)
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("sandgate: error:")]
+    assert e.value.code == 125 and len(errors) == 1 and "Traceback" not in err, err
+    assert all(w in errors[0] for w in words), errors[0]
+    return errors[0]
+
+
+def _nothing_left(api: FakeWinApi) -> None:
+    assert api.dynamic == {} and all(h.closed for h in api.divert_handles)
+    assert all(r._sock.fileno() == -1 for r in api.resolvers)
+    assert (api.m.proxies, api.m.jobs, api.m.desktops) == (set(), set(), {})
+    assert not api.violations
+
+
+def test_a_divert_handle_that_cannot_open_refuses_the_run(
+    ready: FakeWinApi, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ready.divert_driver = False  # WinDivert64.sys missing (or blocked by policy)
+    _refused(capsys, "transparent capture", "WinDivert64.sys")
+    assert "start_suspended" not in ready.names() and "wfp_open_dynamic" not in ready.names()
+    _nothing_left(ready)
+
+
+def test_permits_that_cannot_be_added_refuse_the_run_and_close_the_handles(
+    ready: FakeWinApi, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ready.fail = ("wfp_open_dynamic", 1)
+    _refused(capsys, "wfp_open_dynamic")
+    assert ready.divert_handles and "start_suspended" not in ready.names()
+    _nothing_left(ready)
+
+
+@pytest.mark.parametrize("step", ["start_suspended", "assign", "wait"])
+def test_a_failure_after_the_loop_started_removes_the_permits(
+    ready: FakeWinApi, capsys: pytest.CaptureFixture[str], step: str
+) -> None:
+    ready.fail = (step, 1)
+    _refused(capsys, step)
+    assert ready.names().index("wfp_close_dynamic") < ready.names().index("close_job")
+    _nothing_left(ready)
+
+
+def test_the_loop_dying_mid_run_blocks_the_commands_traffic_and_the_run_says_so(
+    ready: FakeWinApi, capsys: pytest.CaptureFixture[str]
+) -> None:
+    seen: list[str] = []
+
+    def program(api: FakeWinApi, launch: Launch, desk: str) -> int:
+        pid = _pid(api, launch)
+        seen.append(api.tcp_connect(pid, "198.18.0.7", 443, 50000))  # captured while the loop runs
+        api.divert_crash()  # WinDivert's driver unloaded under the loop: its handles now fail open
+        assert api.wait_until(lambda: not api.dynamic)  # the loop took its permits with it
+        seen.append(api.tcp_connect(pid, "198.18.0.9", 443, 50001))
+        return 3
+
+    ready.program = program
+    assert cli.main(RUN) == 3  # CMD's own status
+    assert seen == ["proxy", "refused"]  # after the loop died: WFP's persistent block, not a leak
+    err = capsys.readouterr().err
+    said = [line for line in err.splitlines() if "redirect loop stopped" in line]
+    assert len(said) == 1 and said[0].startswith("sandgate: error:") and "blocked from now on" in said[0]
+    assert "handle is invalid" in said[0]
+    _nothing_left(ready)
+
+
+def test_the_fake_catches_a_loop_that_dies_and_leaves_its_permits(
+    ready: FakeWinApi, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check behind the test above: a loop that dies without removing its permits lets CMD's
+    next connect out unchanged (WinDivert fails open), and the fake records it."""
+
+    def silent(self: win32divert.TransparentPath) -> None:
+        try:
+            assert self.redirector is not None
+            self.redirector.serve(self._stop)
+        except OSError:
+            pass  # the bug: no _close(), the permits outlive the handles
+
+    monkeypatch.setattr(win32divert.TransparentPath, "_run", silent)
+    seen: list[str] = []
+
+    def program(api: FakeWinApi, launch: Launch, desk: str) -> int:
+        api.divert_crash()
+        seen.append(api.tcp_connect(_pid(api, launch), "198.18.0.9", 443, 50001))
+        return 0
+
+    ready.program = program
+    assert cli.main(RUN) == 0
+    assert seen == ["direct"] and ready.violations and "left unchanged" in ready.violations[0]
+
+
+def test_unelevated_is_refused_before_anything_is_touched(
+    ready: FakeWinApi, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ready.admin = False
+    _refused(capsys, "--transparent needs an elevated")
+    assert not {"serve_resolver", "start_proxy", "create_job", "divert_open"} & set(ready.names())
+    _nothing_left(ready)
+
+
+def test_without_setup_transparent_the_run_says_what_to_do(
+    machine: FakeWinApi, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["setup"]) == 0
+    capsys.readouterr()
+    _refused(capsys, "sandgate setup --transparent")
+    assert "divert_open" not in machine.names()
+
+
+def test_without_a_policy_there_is_nothing_to_capture_into(
+    ready: FakeWinApi, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        cli.main(["run", "--transparent", "--", "tool"])
+    assert "--transparent needs a policy" in capsys.readouterr().err
+    assert "divert_open" not in ready.names()
+
+
+def test_a_run_without_the_flag_never_opens_windivert(ready: FakeWinApi) -> None:
+    assert cli.main(["run", "--allow", "example.test", "--", "tool"]) == 7
+    assert not {"serve_resolver", "divert_open", "wfp_open_dynamic"} & set(ready.names())
+    (argv,) = [args[0] for name, args in ready.calls if name == "start_proxy"]
+    assert "--transparent" not in argv  # type: ignore[operator]
+
+
+def test_the_flag_is_windows_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("sys.platform", "linux")  # Linux captures transparently always (nftables)
+    with pytest.raises(SystemExit):
+        cli.build_parser("run").parse_args(RUN)
+    monkeypatch.setattr("sys.platform", "win32")
+    assert cli.build_parser("run").parse_args(RUN).transparent is True
