@@ -26,13 +26,14 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, cast
 
 from mitmproxy import ctx, http
 from OpenSSL import SSL
 
 from netguard.proxy import splice, streams, tlsbody
+from netguard.proxy.bodycopy import BodyCopy, OnDone
 from netguard.proxy.layers import Counter
 
 #: An inspected connection's two TLS sessions, (upstream, client): the objects mitmproxy's TLS layers use.
@@ -161,21 +162,13 @@ class BodyRelay:
             self._server[1].transport.abort()  # mitmproxy sees the upstream end: the flow ends, the client closes
 
 
-class _Copy:
+class _Copy(BodyCopy):
     """Exactly `limit` bytes from `src` to `dst` through one pooled pipe; closes both fds when done."""
 
-    def __init__(self, src: int, dst: int, limit: int, on_done: Callable[[int, str | None], None], idle: float) -> None:
-        self._loop = asyncio.get_running_loop()
-        self.src, self.dst, self.left = src, dst, limit
-        self.moved = self.held = 0
+    def __init__(self, src: int, dst: int, limit: int, on_done: OnDone, idle: float) -> None:
+        super().__init__(src, limit, on_done, idle)
+        self.dst, self.held = dst, 0
         self.pipe: splice.Pipe | None = None
-        self._on_done: Callable[[int, str | None], None] | None = on_done
-        self._idle, self._last = idle, time.monotonic()
-        self._timer: asyncio.TimerHandle | None = None
-
-    def start(self) -> None:
-        self._loop.add_reader(self.src, self._readable)
-        self._timer = self._loop.call_later(self._idle, self._check_idle)
 
     def _readable(self) -> None:
         for _ in range(_BURST):
@@ -228,24 +221,9 @@ class _Copy:
         if self._flush():
             self._loop.add_reader(self.src, self._readable)
 
-    def _check_idle(self) -> None:
-        left = self._last + self._idle - time.monotonic()
-        if left <= 0:
-            self.finish("idle timeout")
-        elif self._on_done is not None:
-            self._timer = self._loop.call_later(left, self._check_idle)
-
-    def finish(self, why: str | None) -> None:
-        on_done, self._on_done = self._on_done, None
-        if on_done is None:
-            return
-        if self._timer is not None:
-            self._timer.cancel()
-        self._loop.remove_reader(self.src)
+    def _release(self) -> None:
         self._loop.remove_writer(self.dst)
         if self.pipe is not None:
             splice.POOL.give(self.pipe, empty=self.held == 0)  # a cut body's bytes never reach another connection
             self.pipe = None
-        os.close(self.src)
         os.close(self.dst)
-        on_done(self.moved, why)

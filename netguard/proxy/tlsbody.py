@@ -25,10 +25,11 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Callable
 
 from mitmproxy import http
 from OpenSSL import SSL
+
+from netguard.proxy.bodycopy import BodyCopy, OnDone
 
 # A takeover ends the connection (no later request on it may pass unjudged), and the client's next
 # request then pays a new inspected connection (two TLS handshakes, ~5 ms): below a few MiB that costs
@@ -55,7 +56,7 @@ def _drain(conn: SSL.Connection) -> bytes:
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-class TlsCopy:
+class TlsCopy(BodyCopy):
     """Exactly `limit` plaintext bytes upstream -> client through both TLS sessions; closes `src` when done.
 
     `src` is our own fd of the upstream socket (its asyncio transport is paused); writes go through
@@ -67,21 +68,16 @@ class TlsCopy:
         tls: tuple[SSL.Connection, SSL.Connection],
         writers: tuple[asyncio.StreamWriter, asyncio.StreamWriter],
         limit: int,
-        on_done: Callable[[int, str | None], None],
+        on_done: OnDone,
         idle: float,
     ) -> None:
-        self._loop = asyncio.get_running_loop()
-        self.src, self.left, self.moved = src, limit, 0
+        super().__init__(src, limit, on_done, idle)
         (self._up, self._down), (self._writer, upstream) = tls, writers
         self._client, self._server = self._writer.transport, upstream.transport
-        self._on_done: Callable[[int, str | None], None] | None = on_done
-        self._idle, self._last = idle, time.monotonic()
-        self._timer: asyncio.TimerHandle | None = None
 
     def start(self) -> None:
         self._client.set_write_buffer_limits(_HIGH)  # bodyrelay drained it to 0; drain() waits for _HIGH // 4
-        self._loop.add_reader(self.src, self._readable)
-        self._timer = self._loop.call_later(self._idle, self._check_idle)
+        super().start()
 
     def _readable(self) -> None:
         try:
@@ -143,21 +139,3 @@ class TlsCopy:
             return
         if self._on_done is not None:
             self._loop.add_reader(self.src, self._readable)
-
-    def _check_idle(self) -> None:
-        """One clock for an upstream that sends nothing and a client that reads nothing (no reads then)."""
-        left = self._last + self._idle - time.monotonic()
-        if left <= 0:
-            self.finish("idle timeout")
-        elif self._on_done is not None:
-            self._timer = self._loop.call_later(left, self._check_idle)
-
-    def finish(self, why: str | None) -> None:
-        on_done, self._on_done = self._on_done, None
-        if on_done is None:
-            return
-        if self._timer is not None:
-            self._timer.cancel()
-        self._loop.remove_reader(self.src)
-        os.close(self.src)
-        on_done(self.moved, why)
