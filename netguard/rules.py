@@ -238,13 +238,6 @@ def decide(rs: Ruleset, host: str | Address, port: int | None) -> Decision:
     return Decision("deny", None, "no allow rule matches")
 
 
-def special_range(ip: Address) -> str | None:
-    """Why `ip` is off-limits for names (loopback, private, metadata...), or None for ordinary public addresses."""
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    return SPECIAL.lookup(ip)
-
-
 def own_table(addresses: Iterable[Network]) -> PrefixTable:
     """The host's own addresses (and local routes) as a veto table; OWN_EXEMPT ranges left out."""
     return PrefixTable(
