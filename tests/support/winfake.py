@@ -20,6 +20,7 @@ from launcher.platform.windows.job import JobLimits
 from launcher.platform.windows.launch import Launch
 from launcher.platform.windows.wfp import WfpPlan
 from tests.support import ntfsmodel, winkernel
+from tests.support.servicesdfake import ServiceSdFake, default_sds
 from tests.support.windivertfake import DivertFake
 
 REAL_SID = "S-1-5-21-1111111111-2222222222-3333333333-1000"
@@ -46,6 +47,7 @@ class Machine:
     profiles: set[str] = field(default_factory=set)  # SIDs with a profile (made at their first logon)
     denied_rights: dict[str, set[str]] = field(default_factory=dict)  # SID -> LSA deny rights held
     desktops: dict[int, str] = field(default_factory=dict)  # open private desktops: handle -> "station\\desktop"
+    sds: dict[str, str] = field(default_factory=default_sds)  # WMI namespaces, DCOM limits (H3)
 
 
 def workspace() -> Machine:
@@ -68,7 +70,7 @@ def workspace() -> Machine:
     return m
 
 
-class FakeWinApi(DivertFake):
+class FakeWinApi(DivertFake, ServiceSdFake):
     """WinApi over a Machine. `fail = ("set_dacl", 2)`: the second set_dacl raises. The transparent
     path's effects (WinDivert, the dynamic WFP session) are DivertFake's (windivertfake.py)."""
 

@@ -36,8 +36,9 @@ def test_wmi_process() -> None:
     assert not j(0, {"control_in_job": True, "pid": 77, "outside_job": True}).ok
     assert not j(0, {"control_in_job": True, "pid": 77, "outside_job": None}).ok  # made, not inspected
     assert not j(0, {"control_in_job": False, "pid": 0, "outside_job": None}).ok
-    assert j(0, {"control_in_job": True, "pid": 0, "outside_job": None}).ok
-    assert j(0, {"control_in_job": True, "pid": 77, "outside_job": False}).ok  # stayed in the job
+    denied, com = [1, "Invoke-CimMethod : Access denied (0x80041003)"], [1, "80070005 Access is denied."]
+    assert j(0, {"control_in_job": True, "pid": 0, "outside_job": None, "created": denied, "com": com}).ok
+    assert j(0, {"control_in_job": True, "pid": 77, "outside_job": False, "com": com}).ok  # stayed in the job
 
 
 def test_smb_webdav_is_a_known_gap_unless_refused() -> None:

@@ -58,6 +58,10 @@ class WinApi(Protocol):
     def delete_profile(self, sid: str) -> None: ...  # DeleteProfileW (M10); no profile is fine
     def deny_logon_rights(self, sid: str, rights: tuple[str, ...]) -> None: ...  # LsaAddAccountRights (H3)
     def undeny_logon_rights(self, sid: str, rights: tuple[str, ...]) -> None: ...  # LsaRemoveAccountRights
+    def wmi_namespace_sd(self, namespace: str) -> str: ...  # __SystemSecurity GetSD as SDDL (H3, servicedeny)
+    def set_wmi_namespace_sd(self, namespace: str, sd: str) -> None: ...  # SetSD: needs WRITE_DAC (admin)
+    def com_restriction_sd(self, value: str) -> str | None: ...  # HKLM\...\Ole Machine*Restriction; None: absent
+    def set_com_restriction_sd(self, value: str, sd: str) -> None: ...
     def protect(self, data: bytes) -> bytes: ...
     def unprotect(self, sealed: bytes) -> bytes: ...
 

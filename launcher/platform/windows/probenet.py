@@ -6,8 +6,11 @@ through a service (issue 28, H3 and H4). Bodies only; each runs inside a real sa
   batch logon right that S4U and stored-password tasks need; interactive-only tasks need a
   session it has not got). Permitted, in the same run: a child process of its own.
 - wmi_process: Win32_Process.Create hands the command to WmiPrvSE, which starts it as the caller
-  but outside the caller's job. Blocked: a process outside the job (the probe kills any it made).
-  Permitted: its own child, which IS in the job (so the in-job check itself is shown to work).
+  but outside the caller's job; an out-of-process COM server (ShellWindows: Explorer, as the real
+  user) likewise. Blocked: both refused with access denied (setup's deny ACEs, servicedeny.py);
+  a process outside the job fails the row (the probe kills any it made), and so does a refusal
+  for another reason (it says nothing about the denies). Permitted: its own child, which IS in
+  the job (so the in-job check itself is shown to work).
 - smb_webdav: the SMB redirector (kernel, SYSTEM) and the WebClient service (LOCAL SERVICE) open
   the TCP connections for `\\host\share` and `\\host@port\DavWWWRoot`, so the sandbox user's WFP
   filters and firewall rules never see them (a known gap, docs/windows.md). The body reports what
@@ -82,7 +85,12 @@ if made[0] == 0 and len(parts) >= 2 and parts[-2] == "0" and parts[-1].isdigit()
     if seen:
         outside = not seen[1]
         k.TerminateProcess(ctypes.c_void_p(seen[0]), 1)  # never leave it behind
-done({"control_in_job": bool(control and control[1]), "created": made, "pid": pid, "outside_job": outside})
+# ShellWindows: served by Explorer, "RunAs Interactive User": the real user, outside every boundary
+com = run("powershell", "-NoProfile", "-NonInteractive", "-Command",
+          "$ErrorActionPreference='Stop'; $t = [type]::GetTypeFromCLSID('9BA05972-F6A8-11CF-A442-00A0C90A8F39'); "
+          "$o = [Activator]::CreateInstance($t); 'SANDGATE-COM-MADE'")
+done({"control_in_job": bool(control and control[1]), "created": made, "pid": pid, "outside_job": outside,
+      "com": com})
 """
 )
 
@@ -128,7 +136,19 @@ def judge_task(code: int, got: dict[str, Any] | None) -> Verdict:
     return Verdict(True, f"scheduled task {how}; own child ran")
 
 
+#: How WMI and COM say "denied": WBEM_E_ACCESS_DENIED, E_ACCESSDENIED, their texts (setup's H3 denies).
+DENIED_MARKS = ("0x80041003", "80070005", "access denied", "access is denied")
+
+
+def _denied(result: object) -> bool:
+    text = str(result[1] if isinstance(result, list) and len(result) > 1 else "").lower()
+    return any(mark in text for mark in DENIED_MARKS)
+
+
 def judge_wmi(code: int, got: dict[str, Any] | None) -> Verdict:
+    """Passes only when Win32_Process.Create and the out-of-process COM server were refused with
+    access denied (setup's namespace and DCOM denies, servicedeny.py), or what WMI made stayed in
+    the job; any other failure proves nothing about the denies."""
     if got is None:
         return Verdict(False, f"the probe wrote no result (exit {code}): it did not run")
     if not got.get("control_in_job"):
@@ -137,7 +157,14 @@ def judge_wmi(code: int, got: dict[str, Any] | None) -> Verdict:
         return Verdict(False, f"Win32_Process.Create started pid {got.get('pid')} outside the job (killed)")
     if got.get("pid") and got.get("outside_job") is None:
         return Verdict(False, f"Win32_Process.Create started pid {got.get('pid')}, which could not be inspected")
-    return Verdict(True, "Win32_Process.Create refused; own child in the job")
+    if not got.get("pid") and not _denied(got.get("created")):
+        return Verdict(False, f"Win32_Process.Create failed, but not with access denied: {got.get('created')}")
+    com = got.get("com")
+    if "SANDGATE-COM-MADE" in str(com):
+        return Verdict(False, "an out-of-process COM server (ShellWindows, the real user's Explorer) answered")
+    if not _denied(com):
+        return Verdict(False, f"the COM activation failed, but not with access denied: {com}")
+    return Verdict(True, "Win32_Process.Create and out-of-process COM refused (access denied); own child in the job")
 
 
 def judge_smb(code: int, got: dict[str, Any] | None) -> Verdict:

@@ -2,7 +2,9 @@
 
 Setup, in order: elevation checked -> the sandbox user (a random password from `secrets`, sealed
 with DPAPI under the real user's profile) -> its logon rights denied (logonrights.py: no batch,
-service, network or RDP logon) -> the setup record (name, SID, port: written before any filter,
+service, network or RDP logon) -> its deny ACEs on WMI's root and root\\cimv2 and in DCOM's
+machine-wide launch/access limits (servicedeny.py: no Win32_Process.Create, no out-of-process COM
+server) -> the setup record (name, SID, port: written before any filter,
 so a crashed setup can still be removed) -> the persistent WFP filters (wfp plan, one
 transaction) -> the firewall rules (firewall.py, in their order). Every step first looks whether
 its piece is already there, so a second setup changes nothing (uuid5 keys, fixed rule names).
@@ -16,7 +18,7 @@ import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from launcher.platform.windows import firewall, logonrights, state, wfp
+from launcher.platform.windows import firewall, logonrights, servicedeny, state, wfp
 from launcher.platform.windows.api import WinApi, WinApiError
 
 SETUP_HINT = "run 'sandgate setup' as administrator"
@@ -65,6 +67,7 @@ def setup(api: WinApi, say: Callable[[str], None], *, transparent: bool = False)
         api.make_dir(folder)
     sid = _user(api, appdata, name, say)
     api.deny_logon_rights(sid, logonrights.DENIED)  # H3: no batch (tasks), service, network, RDP logon
+    _deny_services(api, sid, say)  # H3: no Win32_Process.Create, no out-of-process COM server
     record = state.SetupRecord(name, sid, state.PROXY_PORT)
     if api.read_file(state.setup_record(appdata)) != state.encode(record):
         api.write_file(state.setup_record(appdata), state.encode(record))  # before any filter: removable
@@ -85,6 +88,44 @@ def setup(api: WinApi, say: Callable[[str], None], *, transparent: bool = False)
         if not api.firewall_has(allow.name):
             api.firewall_add(allow)
         say(f"transparent mode: inbound TCP {TRANSPARENT_PORT} allowed for {api.python()} (this user only)")
+
+
+def _sd(api: WinApi, edit: servicedeny.SdEdit) -> str | None:
+    if edit.kind == "wmi":
+        return api.wmi_namespace_sd(edit.target)
+    return api.com_restriction_sd(edit.target)
+
+
+def _set_sd(api: WinApi, edit: servicedeny.SdEdit, sd: str) -> None:
+    if edit.kind == "wmi":
+        api.set_wmi_namespace_sd(edit.target, sd)
+    else:
+        api.set_com_restriction_sd(edit.target, sd)
+
+
+def _deny_services(api: WinApi, sid: str, say: Callable[[str], None]) -> None:
+    """H3: the sandbox SID's deny ACE on WMI's root and root\\cimv2 and in DCOM's machine-wide
+    launch/access limits (servicedeny.py), each only where it is missing."""
+    added = 0
+    for edit in servicedeny.plan(sid):
+        sd = _sd(api, edit)
+        if sd is None:  # no value: DCOM's built-in limits apply, and a value of ours alone would deny all
+            raise WinApiError(
+                f"{servicedeny.OLE_KEY}\\{edit.target} is missing; set the COM security limits once "
+                "(dcomcnfg: My Computer > Properties > COM Security > Edit Limits > OK) and run setup again"
+            )
+        if not servicedeny.has(sd, edit):
+            _set_sd(api, edit, servicedeny.applied(sd, edit))
+            added += 1
+    say(f"WMI and DCOM denies for the sandbox user: {added} added, {len(servicedeny.plan(sid)) - added} present")
+
+
+def _undeny_services(api: WinApi, sid: str) -> None:
+    """Exactly our deny ACEs out again (reverse order); anything else in those descriptors kept."""
+    for edit in reversed(servicedeny.plan(sid)):
+        sd = _sd(api, edit)
+        if sd is not None and servicedeny.has(sd, edit):
+            _set_sd(api, edit, servicedeny.undone(sd, edit))
 
 
 def _user(api: WinApi, appdata: str, name: str, say: Callable[[str], None]) -> str:
@@ -141,6 +182,7 @@ def remove(api: WinApi, say: Callable[[str], None]) -> None:
         if api.firewall_has(allow.name):
             api.firewall_remove(allow.name)
         api.undeny_logon_rights(record.sid, logonrights.DENIED)  # LSA keeps rights by SID: no orphans
+        _undeny_services(api, record.sid)
         api.delete_profile(record.sid)  # NetUserDel would leave C:\Users\<name> and its hive (M10)
         if api.user_sid(record.name) is not None:
             api.delete_user(record.name)

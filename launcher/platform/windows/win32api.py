@@ -19,6 +19,7 @@ from typing import IO, Any
 from launcher.platform.windows import (
     firewall,
     win32,
+    win32dcom,
     win32divert,
     win32lsa,
     win32proc,
@@ -26,6 +27,7 @@ from launcher.platform.windows import (
     win32session,
     win32stdio,
     win32wfp,
+    win32wmi,
 )
 from launcher.platform.windows.api import Proc, WinApiError
 from launcher.platform.windows.desktop import DesktopPlan
@@ -129,6 +131,20 @@ class RealWinApi:
 
     def undeny_logon_rights(self, sid: str, rights: tuple[str, ...]) -> None:
         _call("LsaRemoveAccountRights", win32lsa.undeny, sid, rights)
+
+    def wmi_namespace_sd(self, namespace: str) -> str:
+        out: str = _call(f"WMI GetSD on {namespace}", win32wmi.get_sd, namespace)
+        return out
+
+    def set_wmi_namespace_sd(self, namespace: str, sd: str) -> None:
+        _call(f"WMI SetSD on {namespace}", win32wmi.set_sd, namespace, sd)
+
+    def com_restriction_sd(self, value: str) -> str | None:
+        out: str | None = _call(f"reading DCOM's {value}", win32dcom.get_sd, value)
+        return out
+
+    def set_com_restriction_sd(self, value: str, sd: str) -> None:
+        _call(f"writing DCOM's {value}", win32dcom.set_sd, value, sd)
 
     def protect(self, data: bytes) -> bytes:
         out: bytes = _call("CryptProtectData", win32.protect, data)
