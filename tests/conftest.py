@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from collections.abc import Iterator
 
 import pytest
 
+from .support import suitelock
 from .support.daemonfake import Web
 from .support.runner import Sandgate
 from .support.world import World, cleanup_stale, new_world
@@ -35,6 +37,32 @@ def machine_wide(nodeid: str) -> bool:
     beside no other of them, else two could judge each other's leftovers."""
     path = nodeid.split("::", 1)[0]
     return path.startswith("tests/e2e/") or path in _MACHINE_MODULES
+
+
+# ---- one suite at a time on this machine (tests/support/suitelock.py)
+
+_SUITE_LOCK = pytest.StashKey[int]()
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own sessionstart starts the workers
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """The controller waits for any other suite on the machine, then holds the lock to the end.
+
+    Not xdist workers or a pytest this suite starts (test_rootless_support): they are this suite."""
+    config = session.config
+    if hasattr(config, "workerinput") or os.environ.get(suitelock.HELD):
+        return
+    tr = config.pluginmanager.get_plugin("terminalreporter")  # stderr is captured here; the terminal is not
+    say = tr.write_line if tr is not None else (lambda line: print(line, file=sys.__stderr__, flush=True))
+    config.stash[_SUITE_LOCK] = suitelock.hold(say)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Release after everything, workers included, is done (a killed run: the kernel releases it)."""
+    fd = config.stash.get(_SUITE_LOCK, None)
+    if fd is not None:
+        del config.stash[_SUITE_LOCK]
+        suitelock.release(fd)
 
 
 @pytest.hookimpl(optionalhook=True)  # known only while xdist is loaded (`-p no:xdist` runs serially)

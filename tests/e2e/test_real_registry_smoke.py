@@ -25,10 +25,10 @@ from pathlib import Path
 
 import pytest
 
+from ..support.runner import REPO, VIEW
 from ..support.trees import tree_hash
 
-REPO = Path(__file__).resolve().parent.parent.parent
-SANDGATE = [sys.executable, "-m", "launcher.cli", "run"]
+SANDGATE = [sys.executable, "-m", "launcher.cli", "run", *VIEW]  # VIEW: this interpreter, under a /tmp checkout
 SYSTEM_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 
 
