@@ -226,11 +226,16 @@ def main(args: argparse.Namespace) -> int:
         doc = {
             "command": opts.cmd,
             "network": network_json(opts.policy, opts.learn, opts.ask, opts.approvals),
+            "egress": egress_lines(opts),
             "filesystem": dataclasses.asdict(files),
         }
         print(json.dumps(doc, indent=1))
         return 0
-    _print(opts.cmd, network_lines(opts.policy, opts.learn, opts.ask, opts.approvals), file_lines(files))
+    _print(
+        opts.cmd,
+        [*network_lines(opts.policy, opts.learn, opts.ask, opts.approvals), *egress_lines(opts)],
+        file_lines(files),
+    )
     return 0
 
 
@@ -242,7 +247,30 @@ def _print(cmd: Sequence[str], net: list[str], files: list[str]) -> None:
     sys.stdout.write("\n".join(out) + "\n")
 
 
-def verbose(pol: lpolicy.Policy, learn: bool, ask: bool, approvals: str | None) -> None:
+def verbose(opts: RunOptions) -> None:
     """`run -v`: the network part on stderr, before the run (the filesystem part is confinement's)."""
-    for line in network_lines(pol, learn, ask, approvals):
+    for line in (*network_lines(opts.policy, opts.learn, opts.ask, opts.approvals), *egress_lines(opts)):
         print(f"sandgate: {line}", file=sys.stderr)
+
+
+def egress_lines(opts: RunOptions) -> list[str]:
+    """Where allowed connections and the run's decisions leave this machine: the corporate proxy and
+    the OTLP collector, by address only (their credentials and headers are secrets: never shown)."""
+    from launcher.run import otlpenv
+
+    up = opts.upstream_proxy
+    if up is None or (up.https is None and up.http is None):
+        out = ["corporate proxy: none (allowed connections go direct)"]
+    else:
+        how = "by name (the proxy resolves)" if up.by_name else "to the address sandgate checked"
+        out = [
+            f"corporate proxy: tunnels via {up.https.shown if up.https else 'direct'}, plain HTTP via "
+            f"{up.http.shown if up.http else 'direct'}, {how}; NO_PROXY: {up.no_proxy or '-'}"
+        ]
+    otlp = otlpenv.settings()
+    out.append(
+        f"decisions exported to: {otlp.endpoint} ({otlp.protocol}; headers: {', '.join(n for n, _ in otlp.headers) or '-'})"
+        if otlp is not None
+        else "decisions exported to: the audit log only (no OTEL_EXPORTER_OTLP_* endpoint)"
+    )
+    return out

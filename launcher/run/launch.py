@@ -76,7 +76,7 @@ def _run(args: argparse.Namespace, cmd: list[str], rt: Path, daemon: daemonctl.D
     if opts.verbose:  # the network part of the boundary (confinement prints the filesystem part)
         from launcher import explain
 
-        explain.verbose(opts.policy, opts.learn, opts.ask, opts.approvals)
+        explain.verbose(opts)
     tls = _terminating(opts)
     timings.mark("policy")
     paths = runstate.RunPaths(rt, os.urandom(4).hex())  # not uuid: its import (platform, ctypes) is ~1.5 ms

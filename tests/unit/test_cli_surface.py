@@ -207,6 +207,31 @@ def test_explain_json_names_every_host_of_the_lists_given(tmp_path: Path) -> Non
     assert doc["filesystem"]["writable"][0] == str(tmp_path) and doc["command"] == []
 
 
+def test_explain_names_the_corporate_proxy_and_the_collector_but_none_of_their_secrets(tmp_path: Path) -> None:
+    def explain(env: dict[str, str]) -> str:
+        base = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "HOME": str(tmp_path)}
+        r = subprocess.run(
+            [sys.executable, "-m", "launcher.cli", "explain", "--allow", "pypi"],
+            capture_output=True, text=True, cwd=tmp_path, env={**base, **env}, check=False,
+        )  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+
+    out = explain(
+        {
+            "HTTPS_PROXY": "http://alice:proxy-pw-1@proxy.sandgate.test:3128",
+            "NO_PROXY": "intranet.test",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": "https://otel.sandgate.test",
+            "OTEL_EXPORTER_OTLP_HEADERS": "api-key=collector-key-2",
+        }
+    )
+    assert "corporate proxy: tunnels via http://proxy.sandgate.test:3128" in out and "NO_PROXY: intranet.test" in out
+    assert "decisions exported to: https://otel.sandgate.test/v1/logs (http/protobuf; headers: api-key)" in out
+    assert "proxy-pw-1" not in out and "alice" not in out and "collector-key-2" not in out
+    plain = explain({})
+    assert "corporate proxy: none" in plain and "decisions exported to: the audit log only" in plain
+
+
 def test_completion_bash_is_a_script_bash_accepts_that_completes_list_names(tmp_path: Path) -> None:
     r = _sandgate(tmp_path, "completion", "bash")
     assert r.returncode == 0, r.stderr
