@@ -323,21 +323,23 @@ class FrontDoor:
         up = dial.start(d)  # the SYN leaves before the 200: the handshake overlaps the client's turn
         if up is None:
             return None
-        try:
-            await self._loop.sock_sendall(conn, f"{head.version} 200 Connection established\r\n\r\n".encode())
-            if not await dial.connected(up):
-                return None
-        except BaseException:
-            up.close()
-            raise
-        flow = _Flow(b, d, "connect", self.slot, self._give)
-        flow.start(conn, up, self._idle)
-        return flow
+        return await self._established(conn, b, d, up, head.version, dial.connected)
 
-    async def _established(self, conn: socket.socket, b: Binding, d: Decided, up: socket.socket, version: str) -> _Flow:
-        """A CONNECT whose upstream tunnel is open (through the corporate proxy): its 200, then the relay."""
+    async def _established(
+        self,
+        conn: socket.socket,
+        b: Binding,
+        d: Decided,
+        up: socket.socket,
+        version: str,
+        pending: Callable[[socket.socket], Awaitable[bool]] | None = None,
+    ) -> _Flow | None:
+        """A CONNECT's 200, then the relay. `pending`: the upstream's connect is still under way, awaited
+        after the 200 (None: the tunnel is open already, e.g. through the corporate proxy)."""
         try:
             await self._loop.sock_sendall(conn, f"{version} 200 Connection established\r\n\r\n".encode())
+            if pending is not None and not await pending(up):
+                return None
         except BaseException:
             up.close()
             raise
