@@ -239,12 +239,15 @@ def test_ask_flag_asks_for_every_non_allowed_destination(net: Net) -> None:
 
 
 def test_the_approvals_socket_is_absent_from_the_sandbox(net: Net) -> None:
+    # The run lasts a second after its probe: the control client (outside) polls for the socket every
+    # 50 ms, and a run shorter than that could end before it ever connected (a flaky control).
     probe = (
-        'python3 -c "import socket, sys, os; '
+        'python3 -c "import socket, sys, os, time; '
         "s = socket.socket(socket.AF_UNIX)\n"
         "try:\n    s.connect(sys.argv[1]); print('reached')\n"
         "except OSError as e:\n    print('refused', e.strerror)\n"
-        "print(sorted(os.listdir('/run/sandgate')))\" "
+        "print(sorted(os.listdir('/run/sandgate')), flush=True)\n"
+        "time.sleep(1)\" "
     )
     sock = net.world.tmp / f"approvals-{time.monotonic_ns()}.sock"
     client = Approver(sock, lambda req: "once")
