@@ -247,7 +247,7 @@ def test_the_approvals_socket_is_absent_from_the_sandbox(net: Net) -> None:
         "try:\n    s.connect(sys.argv[1]); print('reached')\n"
         "except OSError as e:\n    print('refused', e.strerror)\n"
         "print(sorted(os.listdir('/run/sandgate')), flush=True)\n"
-        "time.sleep(1)\" "
+        'time.sleep(1)" '
     )
     sock = net.world.tmp / f"approvals-{time.monotonic_ns()}.sock"
     client = Approver(sock, lambda req: "once")
