@@ -51,7 +51,7 @@ def _check(name: str, ok: object) -> None:
 
 
 class IO_COUNTERS(Structure):
-    _fields_ = [(n, c_uint64) for n in ("r", "w", "o", "rb", "wb", "ob")]
+    _fields_ = [(n + c, c_uint64) for c in ("OperationCount", "TransferCount") for n in ("Read", "Write", "Other")]
 
 
 class JOBOBJECT_BASIC_LIMIT_INFORMATION(Structure):
