@@ -11,8 +11,8 @@ from launcher import prestart as _prestart  # noqa: E402
 if _prestart.wanted(_prestart.command_args(_sys.argv, _sys.orig_argv)):
     _prestart.start()  # `sandgate run`, first: a cold daemon starts while everything below is imported
 
-from launcher import dataclasscache as _dataclasscache  # noqa: E402  (after the mark: it is sandgate's own cost)
 from launcher import gcpause as _gcpause  # noqa: E402
+from sgbase import dataclasscache as _dataclasscache  # noqa: E402  (after the mark: it is sandgate's own cost)
 
 _gcpause.pause_in_console_script()  # until launcher.cli has imported the command's modules
 _dataclasscache.install()  # before any record class is made: every run imports ~40 of them

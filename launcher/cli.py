@@ -8,10 +8,11 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, NoReturn
 
-from launcher import dataclasscache, errors, gcpause, timings
+from launcher import errors, gcpause, timings
 from launcher.config.errors import PolicyFileError
 from launcher.errors import UsageError
 from netguard.hosts import split_host_port
+from sgbase import dataclasscache
 
 
 class _Parser(argparse.ArgumentParser):

@@ -14,9 +14,13 @@ import re
 import signal
 import sys
 
+from sgbase import dataclasscache
+
+dataclasscache.install()  # before any record class is made: ~45 of them before a cold daemon is ready
+
 # Only these before the claim: a `sandgate daemon stop` just after a cold run must find the daemon it
 # started, so the socket is bound before the imports that serving needs (the rest of main's).
-from netguard.proxy.daemonpath import DaemonSocket, report_ready
+from netguard.proxy.daemonpath import DaemonSocket, report_ready  # noqa: E402
 
 DESCRIPTION = "sandgated: one long-lived proxy per user and network namespace, serving many sandboxes."
 
@@ -35,11 +39,42 @@ def _skip_addons_init() -> None:
 
 def _plain_dns_only() -> None:
     """dnspython without its optional transports: it would import aioquic and OpenSSL (DNS over QUIC, ~40 ms
-    of a cold start) and look up package metadata, for transports the daemon never uses (UDP and TCP only)."""
-    import dns._features
+    of a cold start) and look up package metadata, for transports the daemon never uses (UDP and TCP only).
 
-    for feature in ("doq", "doh", "trio", "dnssec", "wmi"):
-        dns._features.force(feature, False)
+    dns._features imports importlib.metadata (zipfile, email, csv...: ~10 ms of a cold start) only to
+    read package versions in `have`. Every feature is decided here first, so `have` never reads one:
+    the import meets a placeholder, removed again at once. idna's answer is the one `have` would give
+    (the installed idna against dnspython's own minimum), read from the package instead of its metadata."""
+    import types
+
+    placeholder = "importlib.metadata" not in sys.modules
+    if placeholder:
+        sys.modules["importlib.metadata"] = types.ModuleType("importlib.metadata")
+    try:
+        import dns._features as features
+    finally:
+        if placeholder:
+            del sys.modules["importlib.metadata"]
+    requirements = getattr(features, "_requirements", None)
+    if not isinstance(requirements, dict):  # another dnspython: let `have` read versions as it does
+        import importlib.metadata  # noqa: F401  (binds the attribute `have` reads)
+
+        requirements = {key: [] for key in ("doq", "doh", "trio", "dnssec", "wmi")}
+    for feature, needs in requirements.items():
+        features.force(feature, feature == "idna" and _idna_as_required(needs))
+
+
+def _idna_as_required(requirements: list[str]) -> bool:
+    """`have("idna")`: the installed idna meets dnspython's minimum (`idna>=X.Y`)."""
+    try:
+        from idna.package_data import __version__ as version
+    except ImportError:
+        return False
+
+    def parts(text: str) -> tuple[int, ...]:
+        return tuple(int(p) for p in re.findall(r"\d+", text)[:3])
+
+    return all(r.startswith("idna>=") and parts(version) >= parts(r[len("idna>=") :]) for r in requirements)
 
 
 def _log(line: str) -> None:

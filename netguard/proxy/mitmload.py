@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from netguard.proxy.binding import Binding
 from netguard.proxy.decide import Decider
+from sgbase import dataclasscache
 
 if TYPE_CHECKING:
     from mitmproxy.addons.proxyserver import Proxyserver
@@ -78,6 +79,7 @@ class Mitm:
             self.gate.decider = self.decider  # one decider for both paths: one resolver, one set of local addresses
             await self.master.running()
             self._on_loaded()
+            dataclasscache.save()  # every record class the daemon makes exists now: the next start reads them
         except Exception as e:
             self.failed = f"{type(e).__name__}: {e}"
             self._stop(f"cannot load mitmproxy: {self.failed}")

@@ -1,4 +1,4 @@
-"""launcher.dataclasscache: record classes made from the table behave as the stdlib makes them; a
+"""sgbase.dataclasscache: record classes made from the table behave as the stdlib makes them; a
 damaged or foreign table is ignored; nothing is written where bytecode is not."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[2]
 # Made in a fresh interpreter with the table at argv[1]: what the class does, and whether compiling was needed.
 PROBE = """
 import json, sys, dataclasses
-from launcher import dataclasscache as c
+from sgbase import dataclasscache as c
 c.install(sys.argv[1])
 c._missed = False  # classes the launcher package made while importing do not count
 
