@@ -17,7 +17,7 @@ from collections.abc import Callable
 from netguard.relay import relaypool, splice
 
 MOVE_AFTER = 1 << 20  # bytes both ways: a package download moves, a handshake and an API call do not
-IN_PROCESS_MAX = 512  # in-process flows (1,024 fds, under fdlimit.RESERVE's headroom of a 20,000 limit)
+IN_PROCESS_MAX = 512  # in-process flows (1,024 fds, under the daemon's fdlimit.RESERVE headroom of a 20,000 limit)
 
 OnDone = Callable[[str | None], None]
 

@@ -135,7 +135,7 @@ class Pool:
 
     def __init__(self) -> None:
         self.workers: list[_Worker] = []
-        self.away = 0  # flows in workers: fds this process does not hold (fdlimit.Budget)
+        self.away = 0  # flows in workers: fds this process does not hold (the daemon's netguard.daemon.fdlimit.Budget)
         self._next = 1
         self._after = 0.0  # no start before this (monotonic)
 
