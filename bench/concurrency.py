@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
 """Many concurrent tunnels through one daemon: --n CONNECT tunnels across --sandboxes sandboxes, all open at once.
 
-What: one `python -m netguard.proxy` daemon (this checkout), --sandboxes bindings made as the
+What: one `python -m netguard.daemon` daemon (this checkout), --sandboxes bindings made as the
 launcher makes them (listeners on 127.0.0.1 passed over the control socket), an asyncio upstream
 on 127.0.0.1, and an asyncio client that opens --n tunnels spread evenly over the sandboxes'
 explicit listeners; each tunnel sends a line, and only when every tunnel has its greeting (all
 --n are open at once, spliced) does each read --kib KiB and close. An error is any tunnel that
 did not deliver every byte. Prints the RSS of the daemon and of its relay workers (the processes
-holding spliced flows' sockets: netguard.proxy.relaypool) after start, after the binds and with
+holding spliced flows' sockets: netguard.relay.relaypool) after start, after the binds and with
 every tunnel open, their fds, and from those the cost per sandbox and per connection; the last line
 is `RESULT <n> <errors>` for bench/datapath.py. Runs in a private network namespace (bench/_netns.py).
 """
@@ -30,9 +30,9 @@ import _common as c
 import _netns as ns
 
 sys.path.insert(0, str(c.REPO))
+from netguard.daemon.control import ControlClient
 from netguard.policy import parse_network  # after the path: this checkout's netguard
-from netguard.proxy.control import ControlClient
-from netguard.proxy.spec import BindingSpec
+from netguard.spec import BindingSpec
 
 GREETING = b"ready\n"
 
@@ -68,7 +68,7 @@ def start_daemon(base: Path) -> tuple[subprocess.Popen[bytes], Path]:
     path = base / "d.sock"
     r, w = os.pipe()
     proc = subprocess.Popen(
-        [c.PYTHON, "-m", "netguard.proxy", "--socket", str(path), "--ready-fd", str(w), "--idle-exit", "0"],
+        [c.PYTHON, "-m", "netguard.daemon", "--socket", str(path), "--ready-fd", str(w), "--idle-exit", "0"],
         pass_fds=(w,),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,

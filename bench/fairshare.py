@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A victim sandbox's request latency while other sandboxes of the same daemon attack it (issue 22).
 
-What: one `python -m netguard.proxy` daemon (this checkout) in a private network namespace
+What: one `python -m netguard.daemon` daemon (this checkout) in a private network namespace
 (bench/_netns.py), three sandboxes bound to it as the launcher binds them (listeners on 127.0.0.1
 passed over the control socket): the victim, a hog and a streamer. The victim makes --n sequential
 GET /small through its own explicit listener to a local server, each on a new connection (Python
@@ -9,7 +9,7 @@ http.client), in five modes measured in the same run:
 
   no attacker      the baseline
   hog              another sandbox holds --hog silent connections (never a byte: nothing can be
-                   decided), far past its share (netguard.proxy.limits.PER_SANDBOX)
+                   decided), far past its share (netguard.decision.limits.PER_SANDBOX)
   endless head     another sandbox streams request heads that never end, one after the other
                    (each cut by the daemon at its head limit with a 431)
   both             the hog and the streamer at once
@@ -45,7 +45,7 @@ import _netns as ns
 import concurrency as cc  # the daemon and its bindings, made as the launcher makes them
 
 from launcher.selftest.probes import endlesshead, starvation  # after concurrency: this checkout on the path
-from netguard.proxy.limits import PER_SANDBOX
+from netguard.decision.limits import PER_SANDBOX
 
 SETTLE = 2.0  # seconds a hog waits after its connects before the victim starts
 MODES = ("no attacker", "hog", "endless head", "both", "no attacker again")

@@ -8,7 +8,7 @@ connections come in bursts):
 
   baseline  the daemon before issue 23: every lookup its own dnspython resolver asking A, then
             AAAA, no cache (what `resolver:` policies did; the system path used getaddrinfo alike)
-  resolver  netguard.proxy.resolver: one shared cache, one query in flight per name and type
+  resolver  netguard.decision.resolver: one shared cache, one query in flight per name and type
 
 Why: 40 connections to one name cost 80 upstream queries, and every query is one more chance for
 a lost datagram to become a refusal. Prints the queries and the wall time of each, and their ratio
@@ -35,7 +35,7 @@ import dns.rrset
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from netguard.proxy.resolver import Resolver
+from netguard.decision.resolver import Resolver
 
 NAME = "many.bench.test"
 

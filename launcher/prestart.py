@@ -2,7 +2,7 @@
 
 A cold start's first connection waits for the daemon (issue 25), and the daemon's start is mostly its
 imports; the launcher's own imports and checks used to come before the spawn. So the console script,
-on `sandgate run`, finds the daemon's socket with nothing but `os` (netguard.proxy.daemonpath: the
+on `sandgate run`, finds the daemon's socket with nothing but `os` (netguard.daemon.daemonpath: the
 same runtime-directory checks as ever) and connects, or spawns the daemon exactly as
 launcher/run/daemonctl.py did (its own session, `/` as its directory, only DAEMON_ENV of the
 environment, stdin from /dev/null, output to daemon.log, every other descriptor closed). daemonctl
@@ -52,7 +52,7 @@ def wanted(args: list[str] | None) -> bool:
 
 def start() -> None:
     """Connect to this user's daemon or spawn one; on any trouble, leave it all to daemonctl."""
-    from netguard.proxy import daemonpath
+    from netguard.daemon import daemonpath
 
     try:
         path = daemonpath.socket_path(daemonpath.runtime_dir())
@@ -77,14 +77,14 @@ def start() -> None:
 
 
 def spawn(path: str) -> int | None:
-    """`python -m netguard.proxy` for `path`; the read end of its ready pipe, or None if it could not start."""
+    """`python -m netguard.daemon` for `path`; the read end of its ready pipe, or None if it could not start."""
     try:
         r, w = (_high(fd) for fd in os.pipe())
         flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
         log = _high(os.open(os.path.join(os.path.dirname(path), "daemon.log"), flags, 0o600))
     except OSError:
         return None  # (what was opened is close-on-exec and goes with this process) daemonctl says it
-    argv = [sys.executable, "-m", "netguard.proxy", "--socket", path, "--ready-fd", "3"]
+    argv = [sys.executable, "-m", "netguard.daemon", "--socket", path, "--ready-fd", "3"]
     env = {k: v for k, v in os.environ.items() if k in DAEMON_ENV}
     try:
         pid = os.fork()  # no thread runs here yet (daemonctl: before the sandbox): fork, then only os calls
@@ -150,7 +150,7 @@ def stop_if_idle(path: str, ready_fd: int | None, wait: float = ABANDON_WAIT) ->
     nobody for its idle time. On any trouble it idles out as before."""
     import select
 
-    from netguard.proxy.control import ControlClient, ControlError
+    from netguard.daemon.control import ControlClient, ControlError
 
     try:
         if ready_fd is not None:

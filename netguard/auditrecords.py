@@ -14,7 +14,7 @@ SCHEMA: Final = 2
 
 Kind = Literal["connect", "http", "tls", "tcp", "dns", "packet", "policy", "approval"]
 Event = Literal["decision", "close", "request", "approval", "policy", "limit"]
-#: Which per-sandbox limit refused something (netguard.proxy.limits): the daemon is shared by every
+#: Which per-sandbox limit refused something (netguard.decision.limits): the daemon is shared by every
 #: sandbox of a user, so one sandbox's excess is refused, and said, in that sandbox's log only.
 Limit = Literal["connections", "deadline", "head", "questions", "queries", "lookups", "records", "export"]
 

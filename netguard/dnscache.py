@@ -1,6 +1,6 @@
 """The daemon's DNS cache, pure: what an upstream answer means, how long it may be kept, when to resend.
 
-No I/O and no clock of its own: netguard.proxy.resolver asks the network and passes the time in,
+No I/O and no clock of its own: netguard.decision.resolver asks the network and passes the time in,
 so the unit tests can walk TTLs and retry schedules forward without sleeping.
 
 Why a cache: each connection used to resolve its name afresh (40 connections to one name cost 80

@@ -1,4 +1,4 @@
-"""Where an allowed name may not lead: this host's own addresses (names are resolved by netguard.proxy.resolver).
+"""Where an allowed name may not lead: this host's own addresses (names are resolved by netguard.decision.resolver).
 
 The effectful side of the SSRF veto (the decision itself is pure: rules.check_address). An allowed
 name that resolves to one of the proxy host's own addresses reaches the host's services (sshd, a

@@ -2,8 +2,8 @@
 
 The daemon is shared by every run of a user, so it never reads its own environment for this: each
 run's launcher reads its own OTEL_* variables (netguard.otelenv, only when some are set) and sends
-the result in its bind (netguard.proxy.spec); the daemon exports that binding's records with it
-(netguard.proxy.otlpexport). `decode` is as strict as the rest of the spec. The headers are secrets
+the result in its bind (netguard.spec); the daemon exports that binding's records with it
+(netguard.daemon.otlpexport). `decode` is as strict as the rest of the spec. The headers are secrets
 (a collector's API key): they are never in a message, a repr or a log line. Pure; small on purpose:
 every `sandgate run` imports it with the spec.
 """

@@ -7,7 +7,7 @@ decision in the audit log can be traced back to the exact line that allowed it.
 
 DNS through a wildcard: a name allowed only by a `*.suffix` entry is looked up for A and AAAA
 (with the CNAME chain leading to them) and nothing else, because every such query is a message to
-whoever runs that domain and a TXT answer is an easy way back (netguard.proxy.dns says more). An
+whoever runs that domain and a TXT answer is an easy way back (netguard.decision.dns says more). An
 allow entry can list more types for its names:
 
     - host: "*.example.org"

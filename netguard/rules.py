@@ -75,7 +75,7 @@ class PrefixTable:
 #                    private package mirrors answer from these ranges in the wild (on the machines this
 #                    project is built on, every registry resolves to 203.0.113.80). They reach no host
 #                    service of ours, so refusing them would only break real work.
-#   198.18.0.0/15    benchmarking: the test worlds' sandbox links and netguard.proxy.dns.PENDING_ADDRESS, and on
+#   198.18.0.0/15    benchmarking: the test worlds' sandbox links and netguard.decision.dns.PENDING_ADDRESS, and on
 #                    real hosts the answers of fake-IP resolvers (Clash, sing-box) whose TUN routes every
 #                    allowed name through 198.18/15. An address of it that this host holds (a link end,
 #                    a TUN address) is still refused as one of the host's own (OWN_EXEMPT below).
@@ -197,7 +197,7 @@ class Ruleset:
 
 def compile_policy(policy: NetworkPolicy) -> Ruleset:
     """The policy's index, built once per policy object: the daemon's cache of decoded policies
-    (netguard.proxy.policycache) hands every bind of the same 10^5 names the same object."""
+    (netguard.daemon.policycache) hands every bind of the same 10^5 names the same object."""
     found: Ruleset | None = policy.__dict__.get("_compiled")
     if found is None:
         found = Ruleset(policy, _Index(policy.allow), _Index(policy.deny), _Index(policy.ask))
@@ -296,7 +296,7 @@ def _veto(rs: Ruleset, ip: Address, port: int, own: PrefixTable | None) -> tuple
 # ---- DNS: which query types a name may be asked for ------------------------------------------------
 
 #: Forwarded for a name allowed only through a wildcard rule: the address types. Their answers bring
-#: the CNAME chain leading to the addresses along (netguard.proxy.dns keeps exactly that chain).
+#: the CNAME chain leading to the addresses along (netguard.decision.dns keeps exactly that chain).
 DNS_ADDRESS_TYPES: frozenset[int] = frozenset({1, 28})  # A, AAAA
 #: Answered empty (NOERROR, no records) without asking upstream for such a name: SVCB and HTTPS, which
 #: browsers and curl ask beside A/AAAA and, finding nothing, fall back from at once (REFUSED would make
@@ -307,7 +307,7 @@ DNS_EMPTY_TYPES: frozenset[int] = frozenset({64, 65})  # SVCB, HTTPS
 def dns_types(rs: Ruleset, name: str) -> frozenset[int] | None:
     """Query types an allowed `name` may be forwarded with; None: every type (an exact host rule names it).
 
-    A wildcard allow is a two-way channel to whoever runs that domain (see netguard.proxy.dns), so a name
+    A wildcard allow is a two-way channel to whoever runs that domain (see netguard.decision.dns), so a name
     matched only by wildcard rules gets the address types plus what those rules list under `dns:`.
     """
     try:

@@ -262,7 +262,7 @@ def refusal(proxy: Proxy, authority: str, why: str) -> str:
     return f"upstream proxy {proxy.shown} did not tunnel CONNECT {authority}: {why}"
 
 
-# ---- in the spec the launcher sends the daemon (netguard.proxy.spec) ---------------------------
+# ---- in the spec the launcher sends the daemon (netguard.spec) ---------------------------
 
 _PROXY_KEYS = ("host", "port", "auth")
 _KEYS = ("https", "http", "no_proxy", "by_name")

@@ -1,6 +1,6 @@
 """What the daemon's per-sandbox limits refused (`event: limit` records), in the exit line's words.
 
-The records are aggregated where they are written (netguard.proxy.limits: a count a second); here
+The records are aggregated where they are written (netguard.decision.limits: a count a second); here
 they are summed per limit, so the user sees one line per limit however long the flood lasted.
 """
 

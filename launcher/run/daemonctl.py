@@ -15,8 +15,8 @@ from pathlib import Path
 
 from launcher import prestart
 from launcher.errors import UsageError
-from netguard.proxy import control
-from netguard.proxy.spec import BindingSpec
+from netguard.daemon import control
+from netguard.spec import BindingSpec
 
 START_TIMEOUT = 30.0
 CONNECT_RETRY = 5.0  # seconds a launcher keeps knocking on a daemon whose accept queue is full

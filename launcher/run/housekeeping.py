@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 from launcher.errors import UsageError
 from launcher.run import daemonctl, runstate
 from launcher.run.options import resolve_user
-from netguard.proxy import control
-from netguard.proxy.status import Status
+from netguard.daemon import control
+from netguard.daemon.status import Status
 
 if TYPE_CHECKING:
     from fsguard.layerstore import RunEntry

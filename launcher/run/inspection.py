@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from launcher.errors import RunError
 from launcher.run.trustpaths import BUNDLE_VARIABLES, SYSTEM_BUNDLES
 from netguard.policy import NetworkPolicy
-from netguard.proxy.spec import CaPair
+from netguard.spec import CaPair
 
 if TYPE_CHECKING:  # imported when used: most runs never inspect
     import datetime

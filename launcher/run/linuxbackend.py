@@ -41,7 +41,7 @@ from launcher.platform.seam import PlatformName, SandboxRequest
 from launcher.run import confinement, daemonctl, options, otlpenv, placeholdershare, runstate, sandbox, supervise
 from netguard import nft
 from netguard.audit import AuditLog
-from netguard.proxy.spec import BindingSpec, CaPair
+from netguard.spec import BindingSpec, CaPair
 
 if TYPE_CHECKING:  # imported when used: most runs never ask a human, nor inspect (a fast start matters)
     from pathlib import Path

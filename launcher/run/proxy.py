@@ -30,8 +30,8 @@ from launcher.run import inspection, options, policyargs
 if TYPE_CHECKING:
     from netguard.audit import AuditLog
     from netguard.credentials import Secret
-    from netguard.proxy.binding import Binding
-    from netguard.proxy.spec import CaPair
+    from netguard.decision.binding import Binding
+    from netguard.spec import CaPair
 
 #: The command line's HOST:PORT parser, passed in by the CLI (this room does not import the CLI).
 AddrParser = Callable[[str], tuple[str, int]]
@@ -51,7 +51,7 @@ def main(args: argparse.Namespace, parse_addr: AddrParser) -> int:
     import asyncio
 
     from netguard.audit import AuditLog
-    from netguard.proxy import standalone as proxy
+    from netguard.daemon import standalone as proxy
 
     pol = policyargs.policy_from_args(args)
     listeners = proxy.Listeners(
@@ -110,7 +110,7 @@ def _binding(
     """The one binding this proxy serves, and where its CA certificate was written (None: nothing inspected)."""
     from netguard import rules
     from netguard.asking import Approver
-    from netguard.proxy.binding import Binding
+    from netguard.decision.binding import Binding
 
     approver = Approver(args.approval_socket, args.ask_timeout) if args.approval_socket else None
     task = args.task or uuid.uuid4().hex[:12]

@@ -1,7 +1,7 @@
 """What a run leaves on disk while it lives, and how the next run or `sandgate cleanup` removes a dead one's.
 
 v2 keeps nothing in the host's network namespace (no link, table or route), so a run's only
-host-side state is here, under the user's runtime directory (netguard.proxy.control.runtime_dir()):
+host-side state is here, under the user's runtime directory (netguard.daemon.control.runtime_dir()):
   runs/<id>.json     who owns the run (pid + start time) and which placeholders it uses: while
                      it lives, no run of this user removes them
   runs/<id>/         files bound into the sandbox (resolv.conf, the empty file, the /tmp stage)
@@ -29,7 +29,7 @@ from pathlib import Path
 
 from launcher.errors import RunError
 from launcher.run import placeholdershare
-from netguard.proxy import control
+from netguard.daemon import control
 
 
 def runtime_dir() -> Path:

@@ -3,7 +3,7 @@ sandbox must not see, and which unix sockets `--expose-socket` may put back.
 
 The threat (issue 22): a daemon's control socket found from inside. A launcher hides the runtime
 directory it resolved itself, but another daemon of the same user may live under another
-spelling of it (netguard.proxy.control.runtime_base): a login session's `$XDG_RUNTIME_DIR/sandgate`
+spelling of it (netguard.daemon.control.runtime_base): a login session's `$XDG_RUNTIME_DIR/sandgate`
 beside a run started without XDG_RUNTIME_DIR (cron, su, CI), or the user's own daemon beside a
 `sudo sandgate run`. `/run/user/<uid>` holds the user's systemd manager and D-Bus: `systemd-run
 --user` from inside would be a process escape. So every spelling is hidden, for every uid the run

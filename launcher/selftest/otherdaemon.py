@@ -2,7 +2,7 @@
 
 The issue's attack: a sandbox found another daemon of its user (a login session's runtime directory
 beside a cron run's, the user's own beside `sudo sandgate run`) and bound a policy of its choosing
-there. Verify makes that situation on purpose: `python -m netguard.proxy --socket <scratch>/d.sock`,
+there. Verify makes that situation on purpose: `python -m netguard.daemon --socket <scratch>/d.sock`,
 in the world's namespaces (where a launcher beside the sandbox lives), as the uid the pass's command
 has on the host (root, nobody, or the user running a rootless verify), its socket in a directory the
 sandbox can reach. Outside, the same client asks `status` before and after the pass: the permitted
@@ -31,7 +31,7 @@ ATTEMPTS = 3  # status, bind, stop: each a control connection the daemon must re
 REFUSED = "refused a control connection"
 #: Drop to the command's host uid before exec (root verify's `nobody` pass): only that uid owns the daemon.
 DROP = "import os,sys; os.setgroups([]); os.setgid(int(sys.argv[2])); os.setuid(int(sys.argv[1])); os.execv(sys.argv[3], sys.argv[3:])"
-STATUS = "import sys; from netguard.proxy.control import ControlClient as C; print(C.connect(sys.argv[1], timeout=10).status()['pid'])"
+STATUS = "import sys; from netguard.daemon.control import ControlClient as C; print(C.connect(sys.argv[1], timeout=10).status()['pid'])"
 
 
 @dataclass
@@ -55,7 +55,7 @@ class OtherDaemon:
         os.chown(rt, uid, gid)
         log = rt / "daemon.log"
         sock = rt / "d.sock"
-        argv = [python, "-m", "netguard.proxy", "--socket", str(sock), "--idle-exit", str(IDLE_EXIT)]
+        argv = [python, "-m", "netguard.daemon", "--socket", str(sock), "--idle-exit", str(IDLE_EXIT)]
         with open(log, "ab") as f:
             os.fchown(f.fileno(), uid, gid)
             proc = w.popen(_as(uid, gid, argv), cwd="/", env=_env(), stdout=f, stderr=f)

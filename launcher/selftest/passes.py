@@ -29,7 +29,8 @@ from launcher.selftest.spec import FileHandleSpec, VerifySpec, dump_spec
 from launcher.selftest.staged import Staged
 from launcher.selftest.terminal import run_on_a_terminal
 from launcher.selftest.world import World
-from netguard.proxy import control, limits
+from netguard.daemon import control
+from netguard.decision import limits
 
 if TYPE_CHECKING:  # selection imports untrusted, which imports this module
     from launcher.selftest.selection import Selection

@@ -86,8 +86,8 @@ class VerifySpec:
     # the shared daemon (issue 22): another daemon of the command's uid, and the limits to try
     other_daemon_socket: str = ""  # "": verify started none (the probe is then unsupported)
     hog_connections: int = 0  # silent connections the starvation probe opens: past its share
-    connection_share: int = 0  # netguard.proxy.limits.PER_SANDBOX: at most this many may stay open
-    head_limit: int = 0  # netguard.proxy.limits.HEAD_MAX
+    connection_share: int = 0  # netguard.decision.limits.PER_SANDBOX: at most this many may stay open
+    head_limit: int = 0  # netguard.decision.limits.HEAD_MAX
 
 
 def dump_spec(spec: VerifySpec) -> str:

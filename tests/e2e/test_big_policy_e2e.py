@@ -1,6 +1,6 @@
 """Policies of 10^5 names run: a `hosts_file:` allow list and deny list, and a 10,000-entry `allow:` list.
 
-The spec of such a policy is megabytes: it reaches the daemon in a sealed memfd (netguard.proxy.specfd),
+The spec of such a policy is megabytes: it reaches the daemon in a sealed memfd (netguard.daemon.specfd),
 not in one control message. Each test shows a listed name reachable (its fake server saw the request)
 and an unlisted or denied one refused (its server saw nothing), in the same run.
 """

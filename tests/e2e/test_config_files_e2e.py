@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from netguard.audit import read_records
-from netguard.proxy import control
+from netguard.daemon import control
 
 from ..support.rootless import UnprivilegedUser
 from ..support.runner import REPO, Sandgate, env

@@ -249,7 +249,7 @@ def test_one_kept_alive_connection_is_judged_per_request(lab: Lab, path: str) ->
     t = f"ka-{path}"
     u = "https://api.test/v1"
     # h2 first: once the run's proxy saw this HTTP/1.1 upstream answer, a client offering both gets HTTP/1.1
-    # from it as from the upstream itself (netguard.proxy.tlsinspect); the h2 path is judged per request too.
+    # from it as from the upstream itself (netguard.decision.tlsinspect); the h2 path is judged per request too.
     script = f"""
         curl("h2", "--http2", "{u}/{t}/h2/1", "--next", "--http2", "-X", "PUT", "-d", "x", "{u}/{t}/h2/2",
              "--next", "--http2", "{u}/{t}/h2/3")

@@ -341,8 +341,8 @@ TWO_SANDBOXES = textwrap.dedent("""\
     from launcher.config.load import build_policy
     from netguard import rules
     from netguard.audit import AuditLog
-    from netguard.proxy import standalone as proxy
-    from netguard.proxy.binding import Binding
+    from netguard.daemon import standalone as proxy
+    from netguard.decision.binding import Binding
 
     def binding(task, allow):
         pol = build_policy([], [allow], [])

@@ -31,8 +31,8 @@ OK_HOST, OK_IP, BLOCKED_HOST, BLOCKED_IP = "ok.test", "198.51.100.41", "blocked.
 ATTACK = r"""
 import json, os, socket, sys
 from netguard.policy import parse_network
-from netguard.proxy.control import ControlClient, ControlError
-from netguard.proxy.spec import BindingSpec
+from netguard.daemon.control import ControlClient, ControlError
+from netguard.spec import BindingSpec
 path, blocked, audit = sys.argv[1], sys.argv[2], sys.argv[3]
 out = {}
 for op in ("status", "bind", "stop"):
@@ -111,7 +111,7 @@ def other_daemon(side: Side) -> tuple[subprocess.Popen[Any], Path]:
     rt.mkdir(mode=0o700)
     os.chown(rt, side.uid, side.uid if side.uid else 0)
     sock = rt / "d.sock"
-    argv = [sys.executable, "-m", "netguard.proxy", "--socket", str(sock), "--idle-exit", "120"]
+    argv = [sys.executable, "-m", "netguard.daemon", "--socket", str(sock), "--idle-exit", "120"]
     log = open(rt / "daemon.log", "wb")  # noqa: SIM115  # the daemon writes it until it is stopped
     os.chown(rt / "daemon.log", side.uid, side.uid if side.uid else 0)
     proc = side.runner.popen(argv, cwd=str(REPO), env={**env(), "PYTHONPATH": str(REPO)}, stdout=log, stderr=log)
@@ -121,7 +121,7 @@ def other_daemon(side: Side) -> tuple[subprocess.Popen[Any], Path]:
 
 def ask_outside(side: Side, sock: Path, op: str = "status") -> str:
     """The same client as a launcher beside the sandbox: the permitted twin of the attack."""
-    code = f"from netguard.proxy.control import ControlClient as C; print(C.connect({str(sock)!r}).{op}())"
+    code = f"from netguard.daemon.control import ControlClient as C; print(C.connect({str(sock)!r}).{op}())"
     r = side.runner.run([sys.executable, "-c", code], cwd=str(REPO), env={**env(), "PYTHONPATH": str(REPO)})
     return str(r.stdout.strip() or r.stderr.strip())
 
@@ -225,7 +225,7 @@ def test_silent_connections_and_an_endless_head_do_not_starve_or_bloat_the_daemo
     ready, go = work / "hog-ready", work / "hog-go"
     hog_audit, head_audit = work / "hog.jsonl", work / "head.jsonl"
     blocked_before, ok_before = len(servers[BLOCKED_HOST].log_records()), len(servers[OK_HOST].log_records("http"))
-    n = 3000  # past the per-sandbox share (netguard.proxy.limits.PER_SANDBOX)
+    n = 3000  # past the per-sandbox share (netguard.decision.limits.PER_SANDBOX)
     hog = Sandgate(w, policy=policy(w, "hog"), audit=hog_audit, cwd=work, timeout=90).popen(
         cmd=[sys.executable, "-c", HOG, str(n), BLOCKED_IP, str(ready), str(go)],
         stdout=subprocess.PIPE,

@@ -1,4 +1,4 @@
-"""A daemon under test and what it serves: `python -m netguard.proxy` on a temporary socket, a web
+"""A daemon under test and what it serves: `python -m netguard.daemon` on a temporary socket, a web
 server, sandboxes made of loopback listeners, and small clients (for tests/unit/test_daemon.py)."""
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from netguard.audit import read_records
+from netguard.daemon import control
+from netguard.daemon.control import ControlClient
 from netguard.policy import parse_network
-from netguard.proxy import control
-from netguard.proxy.control import ControlClient
-from netguard.proxy.spec import BindingSpec
+from netguard.spec import BindingSpec
 
 REPO = Path(__file__).resolve().parent.parent.parent
 
@@ -56,7 +56,7 @@ class Web:
 
 
 class Daemon:
-    """`python -m netguard.proxy` on a short temporary path, HOME pointed at an empty directory."""
+    """`python -m netguard.daemon` on a short temporary path, HOME pointed at an empty directory."""
 
     def __init__(self, base: Path, idle: float = 300, name: str = "d.sock") -> None:
         self.path = base / name
@@ -73,7 +73,7 @@ class Daemon:
                 [
                     sys.executable,
                     "-m",
-                    "netguard.proxy",
+                    "netguard.daemon",
                     "--socket",
                     str(self.path),
                     "--ready-fd",

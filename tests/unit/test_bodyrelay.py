@@ -19,7 +19,7 @@ from mitmproxy import http
 from mitmproxy.test import tflow
 
 from netguard.audit import read_records
-from netguard.proxy import bodyrelay
+from netguard.relay import bodyrelay
 
 from ..support.tcpfake import serve_in_threads
 from .test_splice_proxy import Proxy
@@ -261,7 +261,7 @@ def test_end_of_the_sandbox_cuts_a_body_in_flight_at_both_ends(tmp_path: Path) -
 
 def test_without_splice_on_this_os_no_body_and_no_flow_leaves_mitmproxy(monkeypatch: pytest.MonkeyPatch) -> None:
     """The Windows proxy has no splice(2): both takeovers decline before touching mitmproxy's handler."""
-    from netguard.proxy import handoff, layers, splice
+    from netguard.relay import bodycopy, handoff, splice
 
     class Untouchable:
         def __getattr__(self, name: str) -> object:
@@ -270,6 +270,6 @@ def test_without_splice_on_this_os_no_body_and_no_flow_leaves_mitmproxy(monkeypa
     f = _flow()
     assert bodyrelay.length(f) == BIG  # it would qualify
     monkeypatch.setattr(splice, "AVAILABLE", False)
-    assert bodyrelay.BodyRelay.take({f.client_conn.id: Untouchable()}, f, layers.Counter()) is None
+    assert bodyrelay.BodyRelay.take({f.client_conn.id: Untouchable()}, f, bodycopy.Counter()) is None
     h = handoff.Handoff(Untouchable(), f.client_conn, f.server_conn, 0, lambda *a: None)
     assert h.take(60.0) is False and not h.spliced

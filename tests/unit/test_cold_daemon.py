@@ -1,7 +1,7 @@
 """A cold daemon serves before mitmproxy is loaded (issue 25), and fails closed if it cannot be.
 
-The daemon (netguard.proxy.serve) runs in this process's main thread with mitmproxy's load held
-(netguard.proxy.mitmload) until the test lets it go: while held, an allowed CONNECT is relayed by
+The daemon (netguard.daemon.serve) runs in this process's main thread with mitmproxy's load held
+(netguard.daemon.mitmload) until the test lets it go: while held, an allowed CONNECT is relayed by
 the front door (the upstream sees it) and `status` says "loading"; a plain-HTTP request, which only
 mitmproxy serves, waits in its socket and is answered once the load is released. If the load fails,
 what mitmproxy would have served is closed unanswered (the upstream sees nothing) and the daemon stops.
@@ -18,8 +18,9 @@ from typing import Any
 
 import pytest
 
-from netguard.proxy import control, mitmload, relaypool, serve
-from netguard.proxy.control import ControlClient, DaemonSocket
+from netguard.daemon import control, mitmload, serve
+from netguard.daemon.control import ControlClient, DaemonSocket
+from netguard.relay import relaypool
 
 from ..support.daemonfake import Box, Web, eventually, raw
 
@@ -119,7 +120,7 @@ def test_a_connect_is_served_while_mitmproxy_loads_and_plain_http_waits_for_it(
 def test_a_daemon_that_cannot_load_mitmproxy_closes_what_needs_it_and_stops(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, web: Web
 ) -> None:
-    monkeypatch.setattr(mitmload, "MODULE", "netguard.proxy.no_such_module")
+    monkeypatch.setattr(mitmload, "MODULE", "netguard.daemon.no_such_module")
 
     def body(d: Held, release: threading.Event) -> None:
         b = Box(d, "broken", allow(web))  # type: ignore[arg-type]
@@ -147,7 +148,7 @@ def test_a_daemon_that_cannot_load_mitmproxy_closes_what_needs_it_and_stops(
 
 def test_status_says_whether_mitmproxy_is_loaded(capsys: pytest.CaptureFixture[str]) -> None:
     from launcher.run.housekeeping import _print_status
-    from netguard.proxy.status import parse_status
+    from netguard.daemon.status import parse_status
 
     reply: dict[str, Any] = {"ok": True, "pid": 7, "uptime": 0.1, "bindings": [], "mitmproxy": "loading"}
     st = parse_status(reply)

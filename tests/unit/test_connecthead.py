@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from mitmproxy import http
 from mitmproxy.net.http.http1 import read_request_head
 
-from netguard.proxy.connecthead import MAX_FIELDS, MAX_HEAD, Head, parse
+from netguard.daemon.connecthead import MAX_FIELDS, MAX_HEAD, Head, parse
 
 _label = st.from_regex(r"[A-Za-z0-9]([A-Za-z0-9-]{0,10}[A-Za-z0-9])?", fullmatch=True)
 hostnames = st.lists(_label, min_size=1, max_size=4).map(".".join)

@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
+from netguard.daemon import control, specfd
+from netguard.daemon.control import ControlClient, ControlError
 from netguard.policy import parse_network
-from netguard.proxy import control, specfd
-from netguard.proxy.control import ControlClient, ControlError
-from netguard.proxy.spec import BindingSpec, decode
+from netguard.spec import BindingSpec, decode
 
 SPEC = BindingSpec("t1", parse_network({"allow": ["a.test"]}, "p.yaml"))
 
@@ -202,7 +202,7 @@ def test_runtime_dir_uses_xdg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
 
 def test_control_imports_no_mitmproxy_or_dnspython() -> None:
     code = (
-        "import sys, netguard.proxy.control; "
+        "import sys, netguard.daemon.control; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('mitmproxy', 'dns', 'netguard')))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
@@ -210,17 +210,17 @@ def test_control_imports_no_mitmproxy_or_dnspython() -> None:
         "netguard",
         "netguard.canonpath",
         "netguard.credentials",
+        "netguard.daemon",
+        "netguard.daemon.control",
+        "netguard.daemon.daemonpath",
+        "netguard.daemon.specfd",
+        "netguard.daemon.status",
         "netguard.hosts",
         "netguard.httprules",
         "netguard.otlp",  # the run's export settings travel in the spec (issue 27); small, stdlib only
         "netguard.policy",
         "netguard.policyerror",
-        "netguard.proxy",
-        "netguard.proxy.control",
-        "netguard.proxy.daemonpath",
-        "netguard.proxy.spec",
-        "netguard.proxy.specfd",
-        "netguard.proxy.status",
+        "netguard.spec",
         "netguard.upstreamproxy",  # the run's upstream proxy travels in the spec (issue 27); small, stdlib only
     ]
 
@@ -322,7 +322,7 @@ def test_adopt_fds_refuses_wrong_count_and_duplicates(tmp_path: Path) -> None:
     ],
 )
 def test_a_malformed_status_reply_is_a_control_error(reply: dict[str, object]) -> None:
-    from netguard.proxy.status import parse_status
+    from netguard.daemon.status import parse_status
 
     with pytest.raises(ValueError, match="malformed"):
         parse_status(reply)

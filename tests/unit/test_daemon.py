@@ -1,6 +1,6 @@
 """The daemon as a process: sandboxes bound over passed listeners, each with its own policy and log.
 
-Every test starts its own `python -m netguard.proxy` on a temporary socket and stops it by
+Every test starts its own `python -m netguard.daemon` on a temporary socket and stops it by
 PID. Listeners are created here (127.0.0.1, ephemeral ports) exactly as the launcher creates
 them inside a sandbox, handed over, and our copies closed: from then on only the daemon holds
 them, so its death must make them refuse connections.
@@ -27,10 +27,10 @@ import dns.rcode
 import pytest
 
 from netguard.audit import read_records
+from netguard.daemon import control
+from netguard.daemon.control import ControlClient, ControlError
 from netguard.policy import parse_network
-from netguard.proxy import control
-from netguard.proxy.control import ControlClient, ControlError
-from netguard.proxy.spec import BindingSpec, encode
+from netguard.spec import BindingSpec, encode
 
 from ..support.daemonfake import REPO, Box, Daemon, Web, eventually, listener, raw, refused
 from ..support.dnsfake import FakeDns, tcp_ask, udp_ask
@@ -256,7 +256,7 @@ def test_a_path_that_is_not_a_socket_is_left_alone(base: Path) -> None:
     path = base / "d.sock"
     path.write_text("precious")
     out = subprocess.run(
-        [sys.executable, "-m", "netguard.proxy", "--socket", str(path)],
+        [sys.executable, "-m", "netguard.daemon", "--socket", str(path)],
         capture_output=True,
         text=True,
         cwd=REPO,
@@ -363,7 +363,7 @@ def test_transparent_and_dns_from_inside_a_sandbox_namespace(daemon: Daemon, web
 def test_a_socket_named_for_another_network_namespace_is_refused(base: Path) -> None:
     ino = os.stat("/proc/self/ns/net").st_ino
     out = subprocess.run(
-        [sys.executable, "-m", "netguard.proxy", "--socket", str(base / f"daemon-{ino + 1}.sock")],
+        [sys.executable, "-m", "netguard.daemon", "--socket", str(base / f"daemon-{ino + 1}.sock")],
         capture_output=True,
         text=True,
         cwd=REPO,

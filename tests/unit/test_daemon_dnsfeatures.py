@@ -13,7 +13,7 @@ import sys
 
 PLAIN = "import dns._features as f, dns.name; print(f.have('idna'), dns.name.have_idna_2008)"
 DAEMON = (
-    "import sys; from netguard.proxy import __main__ as m; m._plain_dns_only();"
+    "import sys; from netguard.daemon import __main__ as m; m._plain_dns_only();"
     "import dns._features as f, dns.name, dns.asyncquery;"
     "print(f.have('idna'), dns.name.have_idna_2008, 'importlib.metadata' in sys.modules,"
     " [x for x in ('doq', 'doh', 'trio', 'dnssec', 'wmi') if f.have(x)])"
@@ -31,7 +31,7 @@ def test_features_decided_as_dnspython_would_without_metadata() -> None:
 
 
 def test_idna_minimum_compared_as_versions() -> None:
-    from netguard.proxy.__main__ import _idna_as_required
+    from netguard.daemon.__main__ import _idna_as_required
 
     assert _idna_as_required(["idna>=1.0"]) is True
     assert _idna_as_required(["idna>=999.0"]) is False

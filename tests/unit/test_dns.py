@@ -1,4 +1,4 @@
-"""netguard.proxy.dns: what a sandbox's DNS query may carry out, and what may come back in.
+"""netguard.decision.dns: what a sandbox's DNS query may carry out, and what may come back in.
 
 A fake upstream resolver (tests.dnsfake) records what it is asked: each test shows what the client got and what left.
 """
@@ -27,9 +27,9 @@ import pytest
 from netguard import rules
 from netguard.asking import Approver
 from netguard.audit import AuditLog, read_records
+from netguard.decision import dns as dnsgate
+from netguard.decision.binding import Binding
 from netguard.policy import parse_network
-from netguard.proxy import dns as dnsgate
-from netguard.proxy.binding import Binding
 
 from ..support.dnsfake import FakeDns, tcp_ask, udp_ask
 

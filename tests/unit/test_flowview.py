@@ -7,7 +7,7 @@ from mitmproxy import http
 from mitmproxy.proxy.mode_specs import ProxyMode
 from mitmproxy.test import tflow, tutils
 
-from netguard.proxy import flowview
+from netguard.decision import flowview
 
 
 def tunnelled(target: str, host_header: str = "api.test") -> http.HTTPFlow:

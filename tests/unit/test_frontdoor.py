@@ -1,6 +1,6 @@
 """The front door decides as mitmproxy does: every case through the real `sandgate proxy` code twice.
 
-Each scenario runs once with the front door (netguard.proxy.frontdoor.FAST) and once with every
+Each scenario runs once with the front door (netguard.daemon.frontdoor.FAST) and once with every
 connection handed to mitmproxy, and the two must agree on what the client got, what the fake upstream
 saw and the audit records (ids and times aside). `took` says which flows the front door relayed
 itself: without it these tests could pass with the front door never taking anything.
@@ -26,9 +26,11 @@ from mitmproxy import platform
 
 from netguard import rules
 from netguard.audit import AuditLog, read_records
+from netguard.daemon import frontdoor, standalone
+from netguard.decision import decide, limits
+from netguard.decision.binding import Binding
 from netguard.policy import parse_network
-from netguard.proxy import decide, frontdoor, handoff, limits, standalone
-from netguard.proxy.binding import Binding
+from netguard.relay import handoff
 
 from ..support.dnsfake import FakeDns
 from ..support.tcpfake import serve_in_threads
@@ -372,7 +374,7 @@ def test_an_endless_request_head_gets_a_431_on_either_listener(tmp_path: Path, m
 
 
 def test_a_later_head_inside_inspected_tls_is_bounded_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The front door cannot see inside TLS: mitmproxy's HTTP/1 layer is bounded (netguard.proxy.headlimit)."""
+    """The front door cannot see inside TLS: mitmproxy's HTTP/1 layer is bounded (netguard.decision.headlimit)."""
     filler = b"".join(b"X-Fill-%d: %s\r\n" % (i, b"a" * 200) for i in range(400))
 
     def scenario(w: World) -> tuple[Any, int]:

@@ -27,10 +27,10 @@ from mitmproxy.test import taddons, tflow, tutils
 
 from netguard import rules
 from netguard.audit import AuditLog, read_records
+from netguard.decision import layers
+from netguard.decision.binding import Binding
+from netguard.decision.gate import Gate
 from netguard.policy import parse_network
-from netguard.proxy import layers
-from netguard.proxy.binding import Binding
-from netguard.proxy.gate import Gate
 
 from ..support.dnsfake import FakeDns, standard_answer
 

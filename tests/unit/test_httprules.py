@@ -267,7 +267,7 @@ def test_websocket_rules_parse_and_describe() -> None:
 
 
 def test_websocket_survives_the_spec_to_the_daemon() -> None:
-    from netguard.proxy import spec
+    from netguard import spec
 
     rule = parse_entry({"host": "api.test", "http": [{"paths": ["/ws"], "websocket": True}, "read-only"]}, "p", 1, None)
     back = spec._decode_http([spec._encode_http(h) for h in rule.http or ()], "w")

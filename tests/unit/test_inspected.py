@@ -38,11 +38,12 @@ from mitmproxy.test import taddons, tflow, tutils
 from netguard import rules
 from netguard.audit import AuditLog, read_records
 from netguard.credentials import Secret
+from netguard.daemon import standalone
+from netguard.decision import inspected
+from netguard.decision.binding import Binding
+from netguard.decision.gate import Gate
 from netguard.policy import parse_network
-from netguard.proxy import inspected, standalone
-from netguard.proxy.binding import Binding
-from netguard.proxy.gate import Gate
-from netguard.proxy.spec import CaPair
+from netguard.spec import CaPair
 
 from ..support.dnsfake import FakeDns, standard_answer
 
@@ -250,7 +251,7 @@ def test_a_refused_request_whose_body_would_be_streamed_is_refused_by_closing(
     get = flow(w, "GET", "git.test", "/o/r/info/refs", h2=True)
 
     async def body(tctx: taddons.context) -> None:
-        # as netguard.proxy.master sets it (loadcore=False leaves the option out)
+        # as netguard.daemon.master sets it (loadcore=False leaves the option out)
         tctx.options.add_option("stream_large_bodies", Optional[str], "1m", "")  # noqa: UP045
         await connect(tctx, w, "git.test")
         for f in (small, unknown, chunked, big, get):
@@ -505,7 +506,7 @@ def _loopback(q: dns.message.Message, proto: str) -> dns.message.Message | None:
 
 @contextlib.contextmanager
 def live_proxy(b: Binding) -> Iterator[int]:
-    """The real proxy (netguard.proxy.standalone) for `b` on a loopback port, in a thread of its own."""
+    """The real proxy (netguard.daemon.standalone) for `b` on a loopback port, in a thread of its own."""
     proxy_port = _free_port()
     ready, loop_box = threading.Event(), []
 

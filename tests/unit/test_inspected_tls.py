@@ -1,4 +1,4 @@
-"""Inspected requests through the real proxy with real TLS (netguard.proxy.master: TlsInspect and the Gate).
+"""Inspected requests through the real proxy with real TLS (netguard.daemon.master: TlsInspect and the Gate).
 
 The fake upstreams and the proxy come from test_tlsinspect. What the upstream saw is the judge: a
 refused request never reaches it, the requests after a refusal on the same connection (HTTP/1.1
@@ -23,8 +23,8 @@ from launcher.selftest.certs import CA
 from netguard import rules
 from netguard.audit import AuditLog
 from netguard.credentials import Secret
+from netguard.decision.binding import Binding
 from netguard.policy import parse_network
-from netguard.proxy.binding import Binding
 
 from ..support.dnsfake import FakeDns
 from .test_tlsinspect import Proxy, Upstream, loopback, run_ca

@@ -22,7 +22,7 @@ from launcher.config.load import build_policy
 from launcher.errors import RunError
 from launcher.run import inspection
 from netguard.policy import NetworkPolicy
-from netguard.proxy.spec import CaPair
+from netguard.spec import CaPair
 
 from ..support.caoracle import CA_VARIABLES
 
@@ -252,7 +252,7 @@ def test_the_spec_carries_the_ca_the_upstream_roots_and_the_secrets(tmp_path: Pa
     """What launch hands the daemon survives the control protocol's encode/decode (which refuses an
     inspecting spec without a CA: fail closed)."""
     from launcher.run import brokered, linuxbackend, options, runstate
-    from netguard.proxy import spec
+    from netguard import spec
 
     p = tmp_path / "policy.yaml"
     p.write_text(POLICY)

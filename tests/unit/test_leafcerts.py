@@ -11,7 +11,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from netguard.proxy.leafcerts import MAX_CACHED, Issuer, LeafError
+from netguard.decision.leafcerts import MAX_CACHED, Issuer, LeafError
 
 from .test_tlsinspect import run_ca
 

@@ -1,5 +1,5 @@
-"""A sandbox's share of the shared daemon (netguard.proxy.limits, fdlimit.Budget.admit), the first-bytes test
-(netguard.proxy.firstbytes) and the control peer check (netguard.proxy.peercheck): the pure rules, exhaustively."""
+"""A sandbox's share of the shared daemon (netguard.decision.limits, fdlimit.Budget.admit), the first-bytes test
+(netguard.daemon.firstbytes) and the control peer check (netguard.daemon.peercheck): the pure rules, exhaustively."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from netguard.audit import LimitRecord, parse
-from netguard.proxy import firstbytes, limits, peercheck
-from netguard.proxy.fdlimit import PER_CONNECTION, RESERVE, Budget
+from netguard.daemon import firstbytes, peercheck
+from netguard.daemon.fdlimit import PER_CONNECTION, RESERVE, Budget
+from netguard.decision import limits
 
 # ---- the fair share -------------------------------------------------------------------------
 
@@ -172,8 +173,8 @@ def test_a_peer_that_claims_other_namespaces_is_refused() -> None:
 def _binding(out: list[Any]) -> Any:
     from netguard import rules
     from netguard.audit import AuditLog
+    from netguard.decision.binding import Binding
     from netguard.policy import parse_network
-    from netguard.proxy.binding import Binding
 
     log = AuditLog(None)
     log.write = out.append  # type: ignore[method-assign,assignment]
@@ -205,7 +206,7 @@ def test_past_the_denials_a_log_holds_they_are_counted_not_written(monkeypatch: 
 
 def test_a_sandbox_past_its_lookups_in_flight_is_refused_without_asking_the_resolver() -> None:
     """One sandbox's 2,100 slow names once filled the daemon's resolver: others' hosts were refused."""
-    from netguard.proxy.decide import Conn, Decider
+    from netguard.decision.decide import Conn, Decider
 
     out: list[Any] = []
 

@@ -15,9 +15,9 @@ from opentelemetry.proto.collector.logs.v1 import logs_service_pb2
 from opentelemetry.proto.logs.v1 import logs_pb2
 
 from netguard import audit, otelenv, otlp, otlplogs
+from netguard import spec as specmod
+from netguard.daemon.otlpsend import backoff
 from netguard.otlp import OtlpConfig, OtlpError
-from netguard.proxy import spec as specmod
-from netguard.proxy.otlpsend import backoff
 
 from ..support import otlpfake
 
@@ -349,8 +349,8 @@ def test_a_run_without_otel_variables_imports_nothing_of_the_export() -> None:
     assert not loaded & {
         "netguard.otelenv",
         "netguard.otlplogs",
-        "netguard.proxy.otlpexport",
-        "netguard.proxy.otlpsend",
+        "netguard.daemon.otlpexport",
+        "netguard.daemon.otlpsend",
     }
 
 

@@ -1,4 +1,4 @@
-"""netguard.proxy.otlpexport against a fake collector on loopback: batches arrive, retries follow the spec,
+"""netguard.daemon.otlpexport against a fake collector on loopback: batches arrive, retries follow the spec,
 a hanging or refusing collector costs the writer nothing, and every loss is a record in the run's log."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from netguard import audit
+from netguard.daemon import otlpexport
 from netguard.otlp import OtlpConfig
-from netguard.proxy import otlpexport
 
 from ..support import otlpfake
 

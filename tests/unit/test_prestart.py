@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from launcher import prestart
-from netguard.proxy.control import ControlClient
+from netguard.daemon.control import ControlClient
 
 from ..support.daemonfake import REPO, eventually
 
@@ -67,7 +67,7 @@ import json, os, select, sys
 extra_r, extra_w = os.pipe()          # a caller's descriptor without close-on-exec, as a shell may pass one
 os.set_inheritable(extra_w, True)
 from launcher import prestart
-from netguard.proxy import daemonpath
+from netguard.daemon import daemonpath
 prestart.start()
 path = daemonpath.socket_path(daemonpath.runtime_dir())
 early = prestart.take(path)
@@ -79,8 +79,8 @@ print(json.dumps({"path": path, "ready": os.read(early.ready_fd, 64).decode(), "
 SECOND = """
 import json
 from launcher import prestart
-from netguard.proxy import daemonpath
-from netguard.proxy.control import ControlClient
+from netguard.daemon import daemonpath
+from netguard.daemon.control import ControlClient
 prestart.start()
 path = daemonpath.socket_path(daemonpath.runtime_dir())
 assert prestart.take(path + ".other") is None  # found for one socket, never handed to another
@@ -132,7 +132,7 @@ CLOSED_STREAMS = """
 import json, os, select, sys
 os.close(1)                                    # `sandgate run ... >&-`: the pipe would take fd 1
 from launcher import prestart
-from netguard.proxy import daemonpath
+from netguard.daemon import daemonpath
 path = daemonpath.socket_path(daemonpath.runtime_dir())
 r = prestart.spawn(path)
 select.select([r], [], [], 30)

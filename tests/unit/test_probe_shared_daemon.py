@@ -205,7 +205,7 @@ class FakeProxy:
                     conn.sendall(b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Length: 0\r\n\r\n")
                     conn.shutdown(socket.SHUT_WR)
                     conn.settimeout(1)
-                    left = 1 << 20  # lingering like the daemon (netguard.proxy.peek): the answer is read, not reset
+                    left = 1 << 20  # lingering like the daemon (netguard.daemon.peek): the answer is read, not reset
                     while left > 0 and (got := conn.recv(1 << 16)):
                         left -= len(got)
                     return

@@ -1,4 +1,4 @@
-"""Relay workers (netguard.proxy.relaypool + relayworker) without mitmproxy: real worker processes, real TCP.
+"""Relay workers (netguard.relay.relaypool + relayworker) without mitmproxy: real worker processes, real TCP.
 
 Each flow is two connected TCP pairs (client <-> a, b <-> server); a and b are placed on the pool
 as the handoff places them. Judged by the far ends (bytes, order, EOF), the reported counts and
@@ -23,7 +23,7 @@ from typing import TypeVar
 
 import pytest
 
-from netguard.proxy import relaypool
+from netguard.relay import relaypool
 
 from ..support.daemonfake import eventually
 
@@ -192,7 +192,7 @@ def test_a_worker_that_cannot_start_leaves_the_flow_to_the_caller(monkeypatch: p
 _PARENT = """
 import asyncio, sys, time
 sys.path.insert(0, sys.argv[1])
-from netguard.proxy import relaypool
+from netguard.relay import relaypool
 async def main():
     p = relaypool.pool()
     p.start()
@@ -258,7 +258,7 @@ def test_a_worker_imports_nothing_planted_beside_the_netguard_package(tmp_path: 
     marker = tmp_path / "planted-ran"
     for name in ("asyncio", "socket", "json", "selectors"):  # what a worker imports at boot
         (tmp_path / f"{name}.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
-    check = "from netguard.proxy import relayworker; import netguard; print(netguard.__file__)"
+    check = "from netguard.relay import relayworker; import netguard; print(netguard.__file__)"
     r = subprocess.run(
         [sys.executable, "-I", "-S", "-c", relaypool.boot(str(tmp_path)) + check],
         capture_output=True,

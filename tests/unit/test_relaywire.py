@@ -1,4 +1,4 @@
-"""The daemon <-> relay worker messages (netguard.proxy.relaywire) and the fd arithmetic around them: pure."""
+"""The daemon <-> relay worker messages (netguard.relay.relaywire) and the fd arithmetic around them: pure."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from netguard.proxy import relaywire as w
-from netguard.proxy.fdlimit import PER_CONNECTION, RESERVE, Budget
-from netguard.proxy.relayworker import capacity
+from netguard.daemon.fdlimit import PER_CONNECTION, RESERVE, Budget
+from netguard.relay import relaywire as w
+from netguard.relay.relayworker import capacity
 
 ids = st.integers(min_value=0, max_value=2**64 - 1)
 counts = st.integers(min_value=0, max_value=2**64 - 1)

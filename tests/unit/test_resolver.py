@@ -1,5 +1,5 @@
-"""netguard.proxy.resolver: the daemon's one resolver (single flight, resends, deadline) and
-netguard.proxy.sysdns (/etc/hosts first, then resolv.conf's nameservers).
+"""netguard.decision.resolver: the daemon's one resolver (single flight, resends, deadline) and
+netguard.decision.sysdns (/etc/hosts first, then resolv.conf's nameservers).
 
 Most tests drive it through a fake transport on a virtual clock (a 15-s deadline takes no time); the
 last ones use real sockets against tests.support.dnsfake, and the daemon's own Decider and DnsGate.
@@ -22,12 +22,12 @@ import pytest
 
 from netguard import dnscache, rules
 from netguard.audit import AuditLog, read_records
+from netguard.decision import decide, resolver, sysdns
+from netguard.decision import dns as dnsgate
+from netguard.decision.binding import Binding
+from netguard.decision.resolver import Io, LookupFailed, Resolver
+from netguard.decision.sysdns import SystemDns
 from netguard.policy import parse_network
-from netguard.proxy import decide, resolver, sysdns
-from netguard.proxy import dns as dnsgate
-from netguard.proxy.binding import Binding
-from netguard.proxy.resolver import Io, LookupFailed, Resolver
-from netguard.proxy.sysdns import SystemDns
 
 from ..support.dnsfake import FakeDns, soa, world_answer
 

@@ -42,7 +42,7 @@ NEVER = (
     "launcher.run.proxy",
     "launcher.run.housekeeping",
     "launcher.platform.windows",
-    "netguard.proxy.serve",
+    "netguard.daemon.serve",
 )
 
 

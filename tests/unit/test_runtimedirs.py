@@ -23,7 +23,7 @@ from launcher.errors import RunError, UsageError
 from launcher.run import confinement, options, runtimedirs
 from launcher.run.options import RunOptions
 from netguard.audit import AuditLog, read_records
-from netguard.proxy import control
+from netguard.daemon import control
 
 
 def _hidden(environ: dict[str, str], *uids: int) -> set[str]:

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from netguard.credentials import Secret
 from netguard.httprules import HttpRule
 from netguard.policy import NetworkPolicy, Rule, parse_network
-from netguard.proxy.spec import BindingSpec, CaPair, SpecError, decode, encode
+from netguard.spec import BindingSpec, CaPair, SpecError, decode, encode
 
 label = st.from_regex(r"[a-z][a-z0-9_-]{0,8}[a-z0-9]", fullmatch=True).filter(lambda s: not s.startswith("xn--"))
 name = st.lists(label, min_size=1, max_size=4).map(".".join)

@@ -12,9 +12,9 @@ from collections.abc import Iterator
 import pytest
 
 from netguard import rules
+from netguard.daemon import control, ctlasync, policycache, specbytes, specfd
 from netguard.policy import NetworkPolicy, Rule, parse_network
-from netguard.proxy import control, ctlasync, policycache, specbytes, specfd
-from netguard.proxy.spec import GROUP_MIN, BindingSpec, Received, SpecError, decode, encode
+from netguard.spec import GROUP_MIN, BindingSpec, Received, SpecError, decode, encode
 
 NAMES = [f"h{i}.example{i % 7}.test" for i in range(200)]
 BIG = parse_network(

@@ -1,4 +1,4 @@
-"""The kernel relay alone (netguard.proxy.splice.Pair) between real TCP sockets on 127.0.0.1.
+"""The kernel relay alone (netguard.relay.splice.Pair) between real TCP sockets on 127.0.0.1.
 
 Each test builds two connected pairs (client <-> proxy side a, proxy side b <-> server), hands the
 proxy's ends to a Pair on an event loop in a thread, and judges by what the far ends saw: bytes
@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from netguard.proxy import splice
+from netguard.relay import splice
 
 
 def _tcp_pair() -> tuple[socket.socket, socket.socket]:
@@ -108,7 +108,7 @@ def test_bytes_pass_both_ways_in_order_and_are_counted(rig: Rig) -> None:
 
 
 def test_released_when_quiet_and_taken_up_again_mid_stream_nothing_is_lost_or_doubled(rig: Rig) -> None:
-    """How netguard.proxy.relay moves a flow to a worker: `release` at a quiet moment gives the open
+    """How netguard.relay.relay moves a flow to a worker: `release` at a quiet moment gives the open
     sockets back, another relay takes them up. Done every 64 KiB while both directions stream."""
     counted: list[tuple[int, int]] = []
 
@@ -254,7 +254,7 @@ def test_pipes_in_existence_are_capped_and_a_cut_pipe_is_never_lent_again() -> N
 
 
 def test_the_connection_budget_refuses_past_the_fd_limit() -> None:
-    from netguard.proxy.fdlimit import PER_CONNECTION, RESERVE, Budget
+    from netguard.daemon.fdlimit import PER_CONNECTION, RESERVE, Budget
 
     b = Budget(RESERVE + 20 * PER_CONNECTION + 1)
     assert [b.take() for _ in range(21)] == [True] * 20 + [False] and b.refused == 1

@@ -23,10 +23,11 @@ from mitmproxy.proxy.context import Context
 
 from netguard import rules
 from netguard.audit import AuditLog, read_records
+from netguard.daemon.master import make_master
+from netguard.decision import layers
+from netguard.decision.binding import Binding
 from netguard.policy import parse_network
-from netguard.proxy import handoff, layers, relay, relaypool
-from netguard.proxy.binding import Binding
-from netguard.proxy.master import make_master
+from netguard.relay import handoff, relay, relaypool
 
 from ..support.daemonfake import Box, Daemon, eventually
 from ..support.tcpfake import serve_in_threads
@@ -143,7 +144,7 @@ def proxy_for(
     tmp_path: Path, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[Callable[[Serve], tuple[Proxy, Upstream]]]:
     """here: spliced in the proxy's process throughout; worker: in a relay worker from the start;
-    moved: here, then moved to a worker after its first byte (netguard.proxy.relay), mid-flow."""
+    moved: here, then moved to a worker after its first byte (netguard.relay.relay), mid-flow."""
     made: list[tuple[Proxy, Upstream]] = []
     monkeypatch.setattr(relay, "MOVE_AFTER", {"here": relay.MOVE_AFTER, "worker": 0, "moved": 1}[request.param])
 

@@ -1,4 +1,4 @@
-"""Spliced tunnels in the daemon's relay workers (netguard.proxy.relaypool): a real daemon, real worker processes.
+"""Spliced tunnels in the daemon's relay workers (netguard.relay.relaypool): a real daemon, real worker processes.
 
 Which process holds a tunnel's socket is read off the kernel (/proc/net/tcp inode -> /proc/PID/fd),
 so these tests judge where the bytes really run. A sandbox's drop cuts its flows in the worker and
@@ -19,7 +19,7 @@ from collections.abc import Iterator
 import pytest
 
 from netguard.audit import CloseRecord, read_records
-from netguard.proxy import relay
+from netguard.relay import relay
 
 from ..support.daemonfake import Box, Daemon, eventually, fresh_daemon
 from .test_splice_proxy import Upstream

@@ -1,4 +1,4 @@
-"""A large inspected response body leaves mitmproxy's layers for one decrypt/encrypt loop (netguard.proxy.tlsbody).
+"""A large inspected response body leaves mitmproxy's layers for one decrypt/encrypt loop (netguard.relay.tlsbody).
 
 Through a real proxy (make_master) and a real TLS upstream that writes its headers and its body
 separately, as servers do. Judged by what the client got (every byte and not one past the
@@ -23,9 +23,9 @@ import pytest
 from launcher.selftest.certs import CA
 from netguard import rules
 from netguard.audit import AuditLog, read_records
+from netguard.decision.binding import Binding
 from netguard.policy import parse_network
-from netguard.proxy import tlsbody
-from netguard.proxy.binding import Binding
+from netguard.relay import tlsbody
 
 from ..support.dnsfake import FakeDns
 from .test_tlsinspect import Proxy, Upstream, get_h2, loopback, run_ca

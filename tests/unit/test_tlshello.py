@@ -1,4 +1,4 @@
-"""netguard.proxy.tlshello reads every ClientHello exactly as mitmproxy's parse_client_hello does.
+"""netguard.daemon.tlshello reads every ClientHello exactly as mitmproxy's parse_client_hello does.
 
 The front door decides by this reader, the Gate by mitmproxy's: a hello on which they disagree (one
 sees an SNI the other does not, one calls whole what the other calls incomplete or malformed) would be
@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 from mitmproxy.net.tls import starts_like_tls_record
 from mitmproxy.proxy.layers.tls import parse_client_hello
 
-from netguard.proxy import answers, flowview, tlshello
+from netguard.daemon import tlshello
+from netguard.decision import answers, flowview
 from netguard.rules import Decision
 
 

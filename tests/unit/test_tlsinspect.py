@@ -36,12 +36,12 @@ from mitmproxy.test import taddons
 from launcher.selftest.certs import CA
 from netguard import rules
 from netguard.audit import AuditLog
+from netguard.daemon.master import make_master
+from netguard.decision import layers
+from netguard.decision.binding import Binding
+from netguard.decision.gate import Gate
 from netguard.policy import parse_network
-from netguard.proxy import layers
-from netguard.proxy.binding import Binding
-from netguard.proxy.gate import Gate
-from netguard.proxy.master import make_master
-from netguard.proxy.spec import CaPair
+from netguard.spec import CaPair
 
 from ..support.dnsfake import FakeDns
 from .test_gate import client, client_hello, next_layer

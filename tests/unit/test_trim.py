@@ -1,4 +1,4 @@
-"""netguard.proxy.trim: a burst of connection closes is one malloc_trim, a short delay later."""
+"""netguard.decision.trim: a burst of connection closes is one malloc_trim, a short delay later."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from netguard.proxy import trim
+from netguard.decision import trim
 
 
 def test_a_burst_of_closes_is_one_trim_and_a_later_close_another(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,9 +7,9 @@ import base64
 
 import pytest
 
+from netguard import spec
 from netguard import upstreamproxy as up
 from netguard.policy import NetworkPolicy
-from netguard.proxy import spec
 from netguard.upstreamproxy import Proxy, Upstream, UpstreamError
 
 P = Proxy("proxy.corp", 3128)

@@ -1,4 +1,4 @@
-"""netguard.proxy.viamitm: mitmproxy's CONNECT to a run's corporate proxy names the checked address, carries the
+"""netguard.decision.viamitm: mitmproxy's CONNECT to a run's corporate proxy names the checked address, carries the
 credentials, goes only to the run's own proxy, and a refusal is one record (the e2e tests drive the real layers)."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from mitmproxy.test import tflow
 
 from netguard import rules
 from netguard.audit import AuditLog
+from netguard.decision import viamitm
+from netguard.decision.binding import Binding
+from netguard.decision.decide import Decided
 from netguard.policy import NetworkPolicy
-from netguard.proxy import viamitm
-from netguard.proxy.binding import Binding
-from netguard.proxy.decide import Decided
 from netguard.upstreamproxy import Proxy, Upstream
 from netguard.verdict import Verdict
 

@@ -1,4 +1,4 @@
-"""netguard.proxy.viaproxy: the daemon's tunnel through a corporate proxy, against a fake proxy on loopback."""
+"""netguard.daemon.viaproxy: the daemon's tunnel through a corporate proxy, against a fake proxy on loopback."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from netguard.proxy import viaproxy
-from netguard.proxy.viaproxy import TunnelError
+from netguard.daemon import viaproxy
+from netguard.daemon.viaproxy import TunnelError
 from netguard.upstreamproxy import Proxy
 
 Answer = Callable[[bytes], Awaitable[bytes | None]]  # the head it got -> what it sends (None: close at once)

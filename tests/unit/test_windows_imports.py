@@ -33,7 +33,7 @@ WINDOWS_PATH = (
     "launcher.run.policyargs",
     "launcher.run.summary",
     "launcher.run.proxy",
-    "netguard.proxy.standalone",
+    "netguard.daemon.standalone",
 )
 
 WITHOUT_POSIX = """

@@ -21,7 +21,7 @@
             the proxy, close the loop's resolver. A failure inside make tears down what make did before it is raised.
 
 Why the proxy is a child: the per-user daemon's control socket is AF_UNIX, which CPython lacks on
-Windows; the standalone proxy (netguard/proxy/standalone.py) listens on 127.0.0.1 itself. Every
+Windows; the standalone proxy (netguard/daemon/standalone.py) listens on 127.0.0.1 itself. Every
 effect goes through api.WinApi, so all of this runs on Linux against a fake.
 """
 

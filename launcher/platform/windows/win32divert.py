@@ -206,7 +206,7 @@ class ResolverServer:
     """The loop's NAT table, served in the protocol the proxy child already speaks on Windows:
     mitmproxy.platform.original_addr there is mitmproxy.platform.windows.Resolver, which connects
     to 127.0.0.1:8085, sends its pid, then one JSON `[ip, port]` line per accepted connection and
-    reads `[host, port]` or `null` back. So the proxy (netguard.proxy.frontdoor's transparent
+    reads `[host, port]` or `null` back. So the proxy (netguard.daemon.frontdoor's transparent
     listener, mitmproxy's own) learns original destinations with no change, across processes.
     Threats: it must listen BEFORE the proxy starts, else mitmproxy's TransparentProxy.setup()
     would find the port free and start its own WinDivert redirector (it reflects everything, for
@@ -255,7 +255,7 @@ class ResolverServer:
 
 
 def serve_proxy_through(path: TransparentPath, platform: Any = None) -> None:
-    """Make the proxy's transparent listener (netguard.proxy.frontdoor, and mitmproxy's own
+    """Make the proxy's transparent listener (netguard.daemon.frontdoor, and mitmproxy's own
     transparent mode) resolve original destinations through this loop, in this process."""
     if platform is None:
         from mitmproxy import platform

@@ -32,7 +32,7 @@ CONTROL_TIMEOUT = 5.0
 
 def _control() -> Any:
     try:
-        from netguard.proxy import control
+        from netguard.daemon import control
     except ImportError as e:
         raise Unsupported(f"sandgate's control client does not import with this interpreter: {e}") from None
     return control
@@ -67,7 +67,7 @@ def _binder(c: Ctx) -> Callable[[Any], Result]:
 
     def use(client: Any) -> Result:
         from netguard.policy import parse_network
-        from netguard.proxy.spec import BindingSpec
+        from netguard.spec import BindingSpec
 
         regular, transparent, dns_tcp = (socket.create_server(("127.0.0.1", 0)) for _ in range(3))
         dns_udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)

@@ -3,7 +3,7 @@
 One daemon serves every sandbox of a user. Before per-sandbox shares, one sandbox's 19,000 silent
 TCP connections (never a byte, so nothing can be decided) took the daemon's whole descriptor budget,
 and another sandbox's allowed request failed at once. The probe opens more silent connections than a
-sandbox's share (netguard.proxy.limits.PER_SANDBOX, told by verify) and counts how many the daemon
+sandbox's share (netguard.decision.limits.PER_SANDBOX, told by verify) and counts how many the daemon
 keeps: those past the share must be closed at once. While it holds them it asks verify for the
 permitted twin: another sandbox's allowed request, which must be answered normally (judged outside by
 the canary, launcher/selftest/sidecar.py).

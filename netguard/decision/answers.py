@@ -1,0 +1,32 @@
+"""The HTTP answers the daemon writes itself on a socket (403, 431), as bytes, without mitmproxy.
+
+The front door refuses before mitmproxy is imported (a cold daemon: issue 25), so it cannot build a
+mitmproxy Response. These are the same bytes mitmproxy would send for netguard.decision.flowview's
+`refusal` (tests/unit/test_answers.py compares them): a client sees one answer whichever path refused it.
+"""
+
+from __future__ import annotations
+
+from netguard import rules, verdict
+from netguard.decision.limits import HEAD_MAX
+
+
+def _response(status: str, headers: tuple[tuple[str, str], ...], body: bytes) -> bytes:
+    lines = [f"HTTP/1.1 {status}", *(f"{n}: {v}" for n, v in headers), f"content-length: {len(body)}"]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
+def forbidden(host: str, port: int, decision: rules.Decision) -> bytes:
+    """The 403 a refused CONNECT gets: the body names host:port, the reason and the rule; then the close."""
+    body = (verdict.refusal_text(host, port, decision) + "\n").encode()
+    headers = (("Content-Type", "text/plain; charset=utf-8"), ("X-Sandgate", "blocked"), ("Connection", "close"))
+    return _response("403 Forbidden", headers, body)
+
+
+_TOO_LARGE_BODY = f"sandgate: request head larger than {HEAD_MAX} bytes\n".encode()
+#: The answer to a request head past HEAD_MAX (netguard.decision.headlimit, the front door), then the close.
+TOO_LARGE = (
+    b"HTTP/1.1 431 Request Header Fields Too Large\r\nConnection: close\r\nContent-Type: text/plain\r\n"
+    + f"Content-Length: {len(_TOO_LARGE_BODY)}\r\n\r\n".encode()
+    + _TOO_LARGE_BODY
+)

@@ -1,0 +1,70 @@
+"""How the Gate reads a mitmproxy request: header text, whether a 403 can still be sent, fronting; the 403.
+
+Small facts about one flow that the Gate's hooks need and that would otherwise crowd gate.py.
+"""
+
+from __future__ import annotations
+
+from mitmproxy import ctx, http
+from mitmproxy.proxy.mode_specs import RegularMode
+from mitmproxy.utils import human
+
+from netguard import hosts, rules, verdict
+from netguard.decision.decide import norm_key as norm_key  # the pins' key: one definition, the decider's
+
+ENC, ESC = "utf-8", "surrogateescape"
+
+
+def fields(headers: http.Headers) -> list[tuple[str, str]]:
+    """Header (name, value) pairs as text; bytes that are not UTF-8 survive the round trip (surrogateescape)."""
+    return [(n.decode(ENC, ESC), v.decode(ENC, ESC)) for n, v in headers.fields]
+
+
+def answerable(req: http.Request) -> bool:
+    """Can mitmproxy send a 403 for this request? Only after holding its body: not when it is being
+    streamed, or declares a body longer than stream_large_bodies (which mitmproxy would stream).
+
+    A body of unknown length (HTTP/1 chunked, HTTP/2 without content-length) is held up to that limit
+    (netguard.daemon.master: 1 MiB, so memory stays bounded) and then answered; past it mitmproxy gives up
+    on the connection. Either way the upstream never sees the request.
+    """
+    limit = human.parse_size(ctx.options.stream_large_bodies) if "stream_large_bodies" in ctx.options else None
+    if req.stream:
+        return False
+    length = req.headers.get("content-length", "")
+    return limit is None or not length.isdigit() or int(length) <= limit
+
+
+def fronted(flow: http.HTTPFlow, host: str) -> str | None:
+    """Why a decrypted request is domain fronting (its Host or :authority is not the TLS name), or None.
+
+    The threat: a CDN routes by the inner Host, so `CONNECT allowed.test` + `Host: evil.test` reaches evil.test."""
+    req = flow.request
+    if isinstance(flow.client_conn.proxy_mode, RegularMode):
+        named, tls = hosts.split_host_port((req.host_header or "").strip())[0], host  # host: the CONNECT name
+    else:
+        named, tls = host, flow.client_conn.sni or ""  # host: already taken from the Host header
+    if not named or not tls:
+        return None
+    if norm_key(named, 0)[0] != norm_key(tls, 0)[0]:
+        return f"Host header names {named}, not {tls}, the name this TLS connection is for (domain fronting)"
+    return _fronted_target(req, tls)
+
+
+def _fronted_target(req: http.Request, tls: str) -> str | None:
+    """An absolute-form target (`GET https://other.test/x`) names the origin a server must serve, Host aside
+    (RFC 9112 3.2.2; nginx picks its server by it): it must be the TLS name and port too (issue 24 review:
+    `--request-target https://pass.test/...` in a tunnel to api.test carried api.test's credential)."""
+    if not req.authority or req.is_http2:  # HTTP/2's :authority is what the Host check above read
+        return None
+    named, port = hosts.split_host_port(req.authority)
+    if norm_key(named or "", 0)[0] == norm_key(tls, 0)[0] and port in (None, str(req.port)):
+        return None
+    return f"request target names {req.authority}, not {tls}:{req.port}, the origin of this TLS connection"
+
+
+def refusal(host: str, port: int, decision: rules.Decision, close: bool = True) -> http.Response:
+    """The 403 a refused HTTP client or CONNECT gets: the body names host:port, the reason and the rule."""
+    body = verdict.refusal_text(host, port, decision) + "\n"
+    headers = {"Content-Type": "text/plain; charset=utf-8", "X-Sandgate": "blocked"}
+    return http.Response.make(403, body, {**headers, "Connection": "close"} if close else headers)
