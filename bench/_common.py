@@ -11,7 +11,7 @@ a Python benchmark client does not share a GIL with them:
                        preallocated buffer, so memory stays flat whatever N is;
   GET /small        -> b"ok\\n".
 
-Both a plain HTTP and an HTTPS listener (throwaway CA from launcher/selftest/certs.py, certificate for
+Both a plain HTTP and an HTTPS listener (throwaway CA from selftest/certs.py, certificate for
 127.0.0.1, localhost and 198.18.0.1) are served. They behave like real servers, so the bench meets
 what real traffic meets (issue 25: a bench server that wrote once hid a 40 ms Nagle/delayed-ACK stall):
 TLS 1.3 only, with session tickets sent after the handshake (OpenSSL's default, `num_tickets` 2:
@@ -140,7 +140,7 @@ class Certs:
 
 def make_certs(directory: Path) -> Certs:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from launcher.selftest.certs import CA  # the same throwaway CA code sandgate verify and the tests use
+    from selftest.certs import CA  # the same throwaway CA code sandgate verify and the tests use
 
     ca = CA("sandgate bench CA")
     certs = Certs(directory / "ca.pem", directory / "server-chain.pem", directory / "server-key.pem")

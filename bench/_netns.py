@@ -66,7 +66,7 @@ def add_server_address() -> bool:
     127.0.0.1 is its own) reaches through the daemon, as the e2e worlds' 198.18.x hosts. Never on the host."""
     if not in_private_netns():
         return False
-    for link_type in ("dummy", "ifb", "bridge"):  # kernels without CONFIG_DUMMY: as launcher/selftest/world.py
+    for link_type in ("dummy", "ifb", "bridge"):  # kernels without CONFIG_DUMMY: as selftest/world.py
         if subprocess.run(["ip", "link", "add", DUMMY, "type", link_type], capture_output=True).returncode == 0:
             break
     else:

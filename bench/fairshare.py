@@ -15,7 +15,7 @@ http.client), in five modes measured in the same run:
   both             the hog and the streamer at once
   no attacker again  after both stopped: does the daemon recover?
 
-The attackers are processes of their own (launcher/selftest/probes' hog and streamer, the ones
+The attackers are processes of their own (selftest/probes' hog and streamer, the ones
 `sandgate verify` uses), started before and stopped after their mode. Prints median and p95 ms per
 mode with their ratio to the baseline, failed requests, and the daemon's RSS (with its relay
 workers) before the attackers, its peak while they ran, and after; then what each attacker got.
@@ -44,8 +44,8 @@ import _common as c
 import _netns as ns
 import concurrency as cc  # the daemon and its bindings, made as the launcher makes them
 
-from launcher.selftest.probes import endlesshead, starvation  # after concurrency: this checkout on the path
 from netguard.decision.limits import PER_SANDBOX
+from selftest.probes import endlesshead, starvation  # after concurrency: this checkout on the path
 
 SETTLE = 2.0  # seconds a hog waits after its connects before the victim starts
 MODES = ("no attacker", "hog", "endless head", "both", "no attacker again")

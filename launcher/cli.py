@@ -73,6 +73,17 @@ def _proxy(args: argparse.Namespace) -> int:
     return proxy.main(args, parse_addr)
 
 
+def cmd_verify(args: argparse.Namespace) -> int:
+    """`sandgate verify`: the one place the product reaches the self-test (selftest/, the proof, apart from the run path)."""
+    if sys.platform == "win32":  # the Windows probe bodies, run through the Windows backend (issue 28, W3)
+        from launcher.platform.windows import verifyrun
+
+        return verifyrun.main(args)
+    from selftest import command
+
+    return command.main(args)
+
+
 class _Version(argparse.Action):
     """--version, read from the installed metadata only when asked (importlib.metadata is slow to import)."""
 

@@ -4,10 +4,9 @@ setup, explain, completion, export): built only when one of them runs, so `sandg
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import TYPE_CHECKING
 
-from launcher.cli import _Parser, policy_args, run_options
+from launcher.cli import _Parser, cmd_verify, policy_args, run_options
 
 if TYPE_CHECKING:
     from launcher.cli import _Subparsers
@@ -36,16 +35,6 @@ def _config(args: argparse.Namespace) -> int:
     from launcher.config import commands
 
     return (commands.trust if args.command == "trust" else commands.list_bundled)(args)
-
-
-def cmd_verify(args: argparse.Namespace) -> int:
-    if sys.platform == "win32":  # the Windows probe bodies, run through the Windows backend (issue 28, W3)
-        from launcher.platform.windows import verifyrun
-
-        return verifyrun.main(args)
-    from launcher.selftest import command
-
-    return command.main(args)
 
 
 def _add_verify(sub: _Subparsers) -> None:

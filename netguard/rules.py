@@ -71,7 +71,7 @@ class PrefixTable:
 #
 # Deliberately NOT here (would also break every end-to-end test):
 #   192.0.2.0/24, 198.51.100.0/24, 203.0.113.0/24 (and IPv6 2001:db8::/32, 3fff::/20): documentation
-#                    space. TEST-NET-2 is the test worlds' fake internet (launcher/selftest/world.py), and
+#                    space. TEST-NET-2 is the test worlds' fake internet (selftest/world.py), and
 #                    private package mirrors answer from these ranges in the wild (on the machines this
 #                    project is built on, every registry resolves to 203.0.113.80). They reach no host
 #                    service of ours, so refusing them would only break real work.

@@ -1,4 +1,4 @@
-"""Shared fixtures: the isolated fake internet (launcher/selftest/world.py, via tests/support/world.py) for end-to-end tests."""
+"""Shared fixtures: the isolated fake internet (selftest/world.py, via tests/support/world.py) for end-to-end tests."""
 
 from __future__ import annotations
 

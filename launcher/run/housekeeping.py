@@ -36,9 +36,9 @@ def cleanup(args: argparse.Namespace) -> int:
             sock.unlink(missing_ok=True)  # a dead daemon's socket
             removed.append(f"dead daemon socket {sock}")
     if os.geteuid() == 0 and shutil.which("ip"):
-        from launcher.selftest import netns as world
+        from launcher.run import staleworlds
 
-        removed += world.cleanup_stale(world.VERIFY_PREFIXES)  # worlds of a killed `sandgate verify`
+        removed += staleworlds.cleanup_stale(staleworlds.VERIFY_PREFIXES)  # worlds of a killed `sandgate verify`
     for item in removed:
         print(f"sandgate: removed {item}", file=sys.stderr)
     if not removed:

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from launcher.selftest.servers import Server
 from netguard.audit import read_records
+from selftest.servers import Server
 
 from ..support.rootless import UnprivilegedUser, UserRunner
 from ..support.runner import REPO, Sandgate, env, write_policy

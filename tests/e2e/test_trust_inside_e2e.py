@@ -23,8 +23,8 @@ import pytest
 from cryptography import x509
 
 from launcher.run import trustpaths
-from launcher.selftest.certs import CA
 from netguard.audit import read_records
+from selftest.certs import CA
 
 from ..support.runner import REPO, SANDGATE, VIEW, Sandgate, env
 from ..support.world import World, new_world

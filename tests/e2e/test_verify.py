@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from fsguard import landlock
-from launcher.selftest import verify
-from launcher.selftest.probes import core
+from selftest import verify
+from selftest.probes import core
 
 from ..support.rootless import UnprivilegedUser
 from ..support.world import World
@@ -270,7 +270,7 @@ def test_ctrl_c_removes_everything_verify_built() -> None:
     after = set(os.listdir("/var/tmp")) | set(os.listdir("/tmp"))
     # verify's scratch trees and anything named by its pid (a test world's own dirs are not its)
     assert not [x for x in after - before if x.startswith("sandgate-verify-") or str(p.pid) in x]
-    runners = "launcher.selftest.probes|launcher.selftest.canary"
+    runners = "selftest.probes|selftest.canary"
     assert subprocess.run(["pgrep", "-f", runners], capture_output=True).returncode == 1
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from launcher.selftest.certs import CA
+from selftest.certs import CA
 
 from ..support.world import NETNS_ETC, VERIFY_PREFIXES, World, _NetnsRunner, cleanup_stale
 
@@ -214,7 +214,7 @@ def test_https_with_world_ca_logs_sni(world: World) -> None:
 
 
 def test_https_leaf_verifies_against_world_ca_only(world: World) -> None:
-    """launcher/selftest/certs.py: a leaf for a name and an IP, checked by curl and by the ssl module (strict)."""
+    """selftest/certs.py: a leaf for a name and an IP, checked by curl and by the ssl module (strict)."""
     world.add_host("tls.test", "198.51.100.12")
     srv = world.serve("https", "198.51.100.12", 8443, name="tls.test")
 
@@ -323,10 +323,10 @@ def test_serve_unix_rejects_bad_arguments(world: World) -> None:
 
 
 def test_canary_runs_from_the_package_root(world: World) -> None:
-    """`python -P -m launcher.selftest.canary` with PYTHONPATH=<root of launcher/>: no install, no cwd needed."""
+    """`python -P -m selftest.canary` with PYTHONPATH=<root of launcher/>: no install, no cwd needed."""
     srv = world.serve("tcp", "198.51.100.33", 7001)
     cmdline = Path(f"/proc/{srv.pid}/cmdline").read_bytes().split(b"\0")
-    assert cmdline[:4] == [sys.executable.encode(), b"-P", b"-m", b"launcher.selftest.canary"]
+    assert cmdline[:4] == [sys.executable.encode(), b"-P", b"-m", b"selftest.canary"]
     environ = Path(f"/proc/{srv.pid}/environ").read_bytes().split(b"\0")
     root = str(Path(__file__).resolve().parent.parent.parent).encode()
     assert any(e == b"PYTHONPATH=" + root or e.startswith(b"PYTHONPATH=" + root + b":") for e in environ)

@@ -324,7 +324,7 @@ def start(
     module: str = __name__,
     extra: Sequence[str] = (),
 ) -> Fake:
-    """Start a fake upstream `name` on ip:port inside `world` (a launcher.selftest World); waits until it listens.
+    """Start a fake upstream `name` on ip:port inside `world` (a selftest World); waits until it listens.
 
     The name resolves to ip in the world's DNS; the certificate is issued by the world's test CA
     for [name, ip]. `module` is the server's `python -m` module (gitfake passes its own).

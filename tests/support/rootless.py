@@ -5,7 +5,7 @@ real CLI as a user that exists only for one test. Two problems are solved here:
 
 * The user must exist, be removed again (also when the test fails or pytest is killed), and
   nothing it started may survive it. Names are ``sandgate-u<creating pid>x<n>`` (the rules of
-  launcher/selftest/netns.py's cleanup_stale), so cleanup_stale_users() can tell a dead run's users from a
+  launcher/run/staleworlds.py's cleanup_stale), so cleanup_stale_users() can tell a dead run's users from a
   live one's. Processes are killed by PID only, and only when provably ours: running as the
   user's uid AND either inside one of our World's namespaces or a descendant of a process we
   started and have not reaped (so its PID cannot have been reused).
@@ -43,10 +43,10 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from launcher.selftest.netns import netns_pids as _netns_pids
-from launcher.selftest.netns import owner_pid as _owner_pid
-from launcher.selftest.netns import pid_alive as _pid_alive
-from launcher.selftest.registry import Registry
+from launcher.run.staleworlds import netns_pids as _netns_pids
+from launcher.run.staleworlds import owner_pid as _owner_pid
+from launcher.run.staleworlds import pid_alive as _pid_alive
+from selftest.registry import Registry
 
 from .world import Client, World, _NetnsRunner
 
@@ -579,7 +579,9 @@ class UserRunner(_NetnsRunner):
             raise ValueError(f"drop must be auto, setpriv or python, not {drop!r}")
         self.user = user
         self.where = where
-        self.world: World = where if isinstance(where, World) else where.world
+        world = where.world if isinstance(where, Client) else where
+        assert isinstance(world, World), world  # a Client hangs off a World (clients.WorldEnd)
+        self.world: World = world
         self.ns = where.ns
         self.procs: list[subprocess.Popen[Any]] = []
         self.binds, self.covers = plan_paths(paths)
@@ -625,7 +627,7 @@ class UserRunner(_NetnsRunner):
 def cleanup_stale_users(base_dir: str | Path | None = None) -> list[str]:
     """Remove sandgate-u<pid>x<n> users and their temp dirs whose creating pid is dead (a SIGKILLed run).
 
-    Processes of such a user are not killed (launcher.selftest.netns.cleanup_stale already swept the dead
+    Processes of such a user are not killed (launcher.run.staleworlds.cleanup_stale already swept the dead
     run's namespaces); if any remain, the user is left in place with a warning. Returns what was removed.
     """
     removed: list[str] = []

@@ -2,7 +2,7 @@
 
 Each spelling reached an upstream under `GET /v1/**` with the brokered credential (nginx decodes %2F
 before resolving '..', Tomcat reads '..;' as '..', IIS reads '\\' as '/'). Kept apart from the
-product's own list (launcher/selftest/probes/requestshape.py) on purpose: a test that read the
+product's own list (selftest/probes/requestshape.py) on purpose: a test that read the
 product's list would pass with a list shortened to nothing.
 """
 

@@ -1,4 +1,4 @@
-"""The e2e tests' fake internet: it lives in launcher/selftest/ (shared with `sandgate verify`).
+"""The e2e tests' fake internet: it lives in selftest/ (shared with `sandgate verify`).
 
 Re-exported here so tests keep `from .world import World, ...`; the defaults (netns prefixes
 sandgate-w / sandgate-c) are the tests' own.
@@ -6,11 +6,11 @@ sandgate-w / sandgate-c) are the tests' own.
 
 from __future__ import annotations
 
-from launcher.selftest.clients import LINK_NET, Client
-from launcher.selftest.netns import KNOWN_PREFIXES, NETNS_ETC, TEST_PREFIXES, VERIFY_PREFIXES, cleanup_stale
-from launcher.selftest.nsexec import NetnsRunner as _NetnsRunner
-from launcher.selftest.servers import SERVER_KINDS, UNIX_KINDS, Server
-from launcher.selftest.world import DNS_IP, DUMMY_IF, TEST_NET, World
+from launcher.run.staleworlds import KNOWN_PREFIXES, NETNS_ETC, TEST_PREFIXES, VERIFY_PREFIXES, cleanup_stale
+from selftest.clients import LINK_NET, Client
+from selftest.nsexec import NetnsRunner as _NetnsRunner
+from selftest.servers import SERVER_KINDS, UNIX_KINDS, Server
+from selftest.world import DNS_IP, DUMMY_IF, TEST_NET, World
 
 
 def new_world() -> World:

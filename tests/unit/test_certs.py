@@ -1,4 +1,4 @@
-"""launcher/selftest/certs.py: throwaway CA and leaves, verified by the ssl module (in memory, no sockets)."""
+"""selftest/certs.py: throwaway CA and leaves, verified by the ssl module (in memory, no sockets)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 
-from launcher.selftest.certs import CA, Leaf
+from selftest.certs import CA, Leaf
 
 
 def handshake(leaf_files: tuple[Path, Path], cafile: Path, server_hostname: str) -> str:

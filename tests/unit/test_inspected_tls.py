@@ -19,12 +19,12 @@ import h2.connection
 import h2.events
 import pytest
 
-from launcher.selftest.certs import CA
 from netguard import rules
 from netguard.audit import AuditLog
 from netguard.credentials import Secret
 from netguard.decision.binding import Binding
 from netguard.policy import parse_network
+from selftest.certs import CA
 
 from ..support.dnsfake import FakeDns
 from .test_tlsinspect import Proxy, Upstream, loopback, run_ca

@@ -381,7 +381,7 @@ def test_the_launcher_checks_the_certificate_file_before_the_run(
 ) -> None:
     from launcher.errors import RunError
     from launcher.run import otlpenv
-    from launcher.selftest import certs
+    from selftest import certs
 
     good, bad = tmp_path / "ca.pem", tmp_path / "bad.pem"
     certs.CA().write_cert(good)

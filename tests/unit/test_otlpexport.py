@@ -142,7 +142,7 @@ def test_an_unreachable_collector_is_counted_too(tmp_path: Path) -> None:
 
 
 def test_tls_to_the_collector_verifies_with_the_configured_roots(tmp_path: Path) -> None:
-    from launcher.selftest import certs
+    from selftest import certs
 
     ca, other = certs.CA(), certs.CA("another CA")
     chain, key = ca.issue("127.0.0.1").write(tmp_path / "c.pem", tmp_path / "k.pem")

@@ -1,5 +1,5 @@
-"""verify's `config_files` probe (launcher/selftest/probes/configfiles.py) and its outside half
-(launcher/selftest/configstage.py), without a sandbox.
+"""verify's `config_files` probe (selftest/probes/configfiles.py) and its outside half
+(selftest/configstage.py), without a sandbox.
 
 Without a sandbox nothing holds the files, so the probe must read "permitted" and the host must
 show the change; with nothing staged it cannot tell ("unsupported"). Inside a real run the probe
@@ -14,9 +14,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from launcher.selftest.configstage import ConfigStage
-from launcher.selftest.probes import configfiles as probe
-from launcher.selftest.probes import core
+from selftest.configstage import ConfigStage
+from selftest.probes import configfiles as probe
+from selftest.probes import core
 
 
 def _run() -> core.Record:

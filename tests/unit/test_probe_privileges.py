@@ -1,4 +1,4 @@
-"""verify's issue-24 probes (launcher/selftest/probes/privileges.py), without a sandbox and under the
+"""verify's issue-24 probes (selftest/probes/privileges.py), without a sandbox and under the
 real seccomp filter.
 
 Without a boundary, as root, each probe must report "permitted" and leave what the host side
@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 from fsguard import seccomp
-from launcher.selftest import markers
-from launcher.selftest.probes import core, privileges
+from selftest import markers
+from selftest.probes import core, privileges
 
 from ..support.kernelprobe import in_child
 

@@ -1,4 +1,4 @@
-"""Issue 24's verify probes (launcher/selftest/probes/requestshape.py, inspected.sentinel_prefix) judged
+"""Issue 24's verify probes (selftest/probes/requestshape.py, inspected.sentinel_prefix) judged
 on canned replies: a trick served is a bypass, only sandgate's 403 is a refusal, a failed control means
 the probe cannot tell. (Run end to end by tests/e2e/test_verify.py, against the real daemon.)"""
 
@@ -9,9 +9,9 @@ from typing import Any, cast
 
 import pytest
 
-from launcher.selftest.probes import inspected, requestshape
-from launcher.selftest.probes.core import Ctx, Unsupported
-from launcher.selftest.spec import VerifySpec
+from selftest.probes import inspected, requestshape
+from selftest.probes.core import Ctx, Unsupported
+from selftest.spec import VerifySpec
 
 HELLO = b"hello from api.verify.test\n"
 REFUSAL = inspected.REFUSED + b"POST /x on api.verify.test: path is not canonical (rule verify.yaml:14)\n"

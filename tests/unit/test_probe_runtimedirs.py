@@ -1,4 +1,4 @@
-"""verify's `runtime_dirs` probe (launcher/selftest/probes/runtimedirs.py), without a sandbox.
+"""verify's `runtime_dirs` probe (selftest/probes/runtimedirs.py), without a sandbox.
 
 Without a sandbox nothing is hidden, so a runtime directory holding a live socket must read as
 "permitted"; empty or missing ones as "blocked". The directories are the test's own (the probe's
@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from launcher.run import runtimedirs as rdirs
-from launcher.selftest.probes import core
-from launcher.selftest.probes import runtimedirs as probe
+from selftest.probes import core
+from selftest.probes import runtimedirs as probe
 
 
 @pytest.fixture

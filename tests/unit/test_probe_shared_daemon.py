@@ -5,7 +5,7 @@ daemon answers a peer in its own namespaces, a fake daemon that keeps every conn
 hold them all, a fake proxy that swallows a 96 MiB head lets it through. The same probes against the
 real thing refuse: the daemon refuses a peer in a user namespace of its own (a forked child here),
 a fake daemon that closes what is past the share, a proxy that answers 431 at the limit. The asks to
-verify outside (askfiles) are answered by a thread here, as launcher/selftest/sidecar.py does.
+verify outside (askfiles) are answered by a thread here, as selftest/sidecar.py does.
 Everything stays on 127.0.0.1 and in temporary directories.
 """
 
@@ -26,10 +26,10 @@ from typing import Any
 
 import pytest
 
-from launcher.selftest import askfiles, markers, sidecar
-from launcher.selftest.probes import core, endlesshead, starvation
-from launcher.selftest.spec import VerifySpec, dump_spec
 from netguard.audit import limit_record
+from selftest import askfiles, markers, sidecar
+from selftest.probes import core, endlesshead, starvation
+from selftest.spec import VerifySpec, dump_spec
 
 from ..support.daemonfake import Daemon, fresh_daemon
 from .test_probes import make_spec
@@ -288,8 +288,8 @@ def test_a_peer_in_the_daemons_own_namespaces_is_served_so_the_probe_sees_it(oth
 #: The probe in a process that entered a user namespace of its own first, as every sandboxed process has.
 IN_OWN_USERNS = """
 import json, os, sys
-from launcher.selftest.probes import core
-from launcher.selftest.spec import load_spec
+from selftest.probes import core
+from selftest.spec import load_spec
 os.unshare(os.CLONE_NEWUSER)
 print(json.dumps(core.run_one(core.REGISTRY["other_daemon_control"], load_spec(sys.argv[1]), "child", watchdog=None)))
 """

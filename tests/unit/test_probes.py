@@ -1,4 +1,4 @@
-"""The probe runner of `sandgate verify` (launcher/selftest/probes/), without a sandbox.
+"""The probe runner of `sandgate verify` (selftest/probes/), without a sandbox.
 
 Unit tests only: no namespaces, no sandgate. Without a sandbox the boundary is missing, so the
 filesystem probes here must report "permitted": that is what shows they can see a missing
@@ -28,10 +28,10 @@ from typing import Any
 
 import pytest
 
-from launcher.selftest import markers
-from launcher.selftest import planted as outside
-from launcher.selftest.probes import core, dnswire, netio, runner, syscalls
-from launcher.selftest.spec import FileHandleSpec, VerifySpec, dump_spec, load_spec
+from selftest import markers
+from selftest import planted as outside
+from selftest.probes import core, dnswire, netio, runner, syscalls
+from selftest.spec import FileHandleSpec, VerifySpec, dump_spec, load_spec
 
 REPO = Path(__file__).resolve().parent.parent.parent
 
@@ -609,7 +609,7 @@ def test_connect_ip_literal_refused_and_accepted(
 @pytest.fixture
 def tls_pair(tmp_path: Path) -> tuple[ssl.SSLContext, Path, Path]:
     """Server context for localhost, the CA that signed it, and an unrelated CA."""
-    from launcher.selftest.certs import CA
+    from selftest.certs import CA
 
     ca, other = CA(), CA()
     server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -790,7 +790,7 @@ def test_daemon_files() -> None:
     )
 
 
-# ---- the v2 host-boundary probes (launcher/selftest/probes/host.py): without a sandbox they must see the host ------
+# ---- the v2 host-boundary probes (selftest/probes/host.py): without a sandbox they must see the host ------
 
 
 def test_markers_carry_the_pass_tag_and_host_probes_are_registered_in_group_order() -> None:
@@ -875,7 +875,7 @@ def test_proc_environ_finds_a_secret_in_another_process(tmp_path: Path) -> None:
     argv = [
         sys.executable,
         "-m",
-        "launcher.selftest.probes",
+        "selftest.probes",
         str(spec),
         "--context",
         "grandchild",
@@ -935,7 +935,7 @@ def test_netns_tamper_reports_each_change_and_undoes_it() -> None:
 
 def _canary(kind: str, tmp_path: Path, *extra: str) -> tuple[subprocess.Popen[bytes], int, Path, Path]:
     """An upstream/git canary on 127.0.0.1 with a certificate for it; (process, port, log, CA file)."""
-    from launcher.selftest.certs import CA
+    from selftest.certs import CA
 
     ca = CA()
     chain, key = ca.issue("127.0.0.1").write(tmp_path / f"{kind}.pem", tmp_path / f"{kind}.key")
@@ -946,7 +946,7 @@ def _canary(kind: str, tmp_path: Path, *extra: str) -> tuple[subprocess.Popen[by
     log = tmp_path / f"{kind}.jsonl"
     args = ["--ip", "127.0.0.1", "--port", str(port), "--log", str(log), "--cert", str(chain), "--key", str(key)]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "launcher.selftest.canary", kind, *args, *extra],
+        [sys.executable, "-m", "selftest.canary", kind, *args, *extra],
         stdout=subprocess.PIPE,
         env={**os.environ, "PYTHONPATH": str(REPO)},
     )
@@ -976,7 +976,7 @@ def test_the_upstream_canary_records_every_header_and_never_echoes_one(tmp_path:
 
 
 def test_the_git_canary_serves_clone_and_push_through_git_http_backend(tmp_path: Path) -> None:
-    from launcher.selftest import inspectnet
+    from selftest import inspectnet
 
     bare, head = inspectnet._repository(tmp_path / "git", tmp_path / "seed")
     proc, port, log, ca = _canary("git", tmp_path, "--git-root", str(tmp_path / "git"))
@@ -1002,7 +1002,7 @@ def test_the_git_canary_serves_clone_and_push_through_git_http_backend(tmp_path:
 
 
 def test_only_sandgates_403_with_its_reason_and_rule_counts_as_a_refusal() -> None:
-    from launcher.selftest.probes import inspected
+    from selftest.probes import inspected
 
     why = inspected.REFUSED
     body = why + b"DELETE /x on api.test: DELETE /x not allowed (rule verify.yaml:14)\n"
@@ -1017,7 +1017,7 @@ def test_only_sandgates_403_with_its_reason_and_rule_counts_as_a_refusal() -> No
 def no_roots(monkeypatch: pytest.MonkeyPatch) -> None:
     """The search reads the environment, this process and the given places, not the machine's /tmp, /run
     and every process's open files (inside a sandbox those are its own)."""
-    from launcher.selftest.probes import readable
+    from selftest.probes import readable
 
     monkeypatch.setattr(readable, "ROOTS", ())
     monkeypatch.setattr(readable, "pids", lambda: [str(os.getpid())])
@@ -1059,7 +1059,7 @@ def test_ca_key_hidden_finds_the_key_of_a_trusted_ca_only(
 ) -> None:
     from cryptography.hazmat.primitives import serialization
 
-    from launcher.selftest.certs import CA
+    from selftest.certs import CA
 
     trusted, other = CA(), CA()
     bundle = tmp_path / "bundle.pem"
@@ -1083,7 +1083,7 @@ def test_ca_key_hidden_finds_the_key_of_a_trusted_ca_only(
 
 
 def test_a_row_whose_outside_evidence_is_missing_fails() -> None:
-    from launcher.selftest.judge import judge
+    from selftest.judge import judge
 
     class NoWorld:
         servers: tuple[Any, ...] = ()
@@ -1104,16 +1104,27 @@ def test_a_row_whose_outside_evidence_is_missing_fails() -> None:
     assert not row.ok and row.observed == "permitted"
 
 
-def test_attempted_leaks_must_each_be_in_the_audit_log() -> None:
-    from launcher.selftest import inspectnet
+def test_attempted_leaks_must_each_be_in_the_audit_log(tmp_path: Path) -> None:
+    from netguard import audit
+    from selftest import inspectnet
 
     base = markers.http_path("child-root", "sentinel_leak")
 
-    def rec(path: str, leak: str | None) -> str:
-        return json.dumps({"event": "request", "action": "deny", "path": path, "leak": leak})
+    def log(name: str, *records: tuple[str, str | None]) -> Path:
+        """A real audit log (netguard.audit's writer), read back by its one reader."""
+        lines = [
+            audit.request_record("t", "i", "connect", "deny", "api.test", 443, "GET", path, status=403, leak=leak)
+            for path, leak in records
+        ]
+        (p := tmp_path / name).write_text("".join(json.dumps(r) + "\n" for r in lines))
+        return p
 
-    complete = "\n".join(rec(f"{base}/{x}", inspectnet.CRED_ENV) for x in ("header", "query", "plain"))
-    assert inspectnet._leak_unrecorded(complete, "child-root") == ""
-    partial = "\n".join([rec(f"{base}/header", inspectnet.CRED_ENV), rec(f"{base}/query", None)])
-    why = inspectnet._leak_unrecorded(partial, "child-root")
+    complete = log("complete", *((f"{base}/{x}", inspectnet.CRED_ENV) for x in ("header", "query", "plain")))
+    assert inspectnet._leak_unrecorded(inspectnet._attempted_leaks(complete), "child-root") == ""
+    partial = log("partial", (f"{base}/header", inspectnet.CRED_ENV), (f"{base}/query", None))
+    why = inspectnet._leak_unrecorded(inspectnet._attempted_leaks(partial), "child-root")
     assert f"{base}/query" in why and f"{base}/plain" in why and f"{base}/header," not in why
+    # A log that is not one (a forged line before the last) shows no refusal: every path is missing.
+    (forged := tmp_path / "forged").write_text(complete.read_text().replace("\n", "\nnot json\n", 1))
+    assert inspectnet._attempted_leaks(forged) == set()
+    assert inspectnet._attempted_leaks(tmp_path / "absent") == set()

@@ -35,7 +35,7 @@ NEVER = (
     "uuid",
     "launcher.audit.command",
     "launcher.audit.summary",
-    "launcher.selftest",
+    "selftest",
     "launcher.approvals",
     "launcher.run.inspection",
     "launcher.run.brokered",

@@ -20,12 +20,12 @@ from typing import Any
 
 import pytest
 
-from launcher.selftest.certs import CA
 from netguard import rules
 from netguard.audit import AuditLog, read_records
 from netguard.decision.binding import Binding
 from netguard.policy import parse_network
 from netguard.relay import tlsbody
+from selftest.certs import CA
 
 from ..support.dnsfake import FakeDns
 from .test_tlsinspect import Proxy, Upstream, get_h2, loopback, run_ca

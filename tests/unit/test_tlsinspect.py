@@ -1,6 +1,6 @@
 """TLS inspection through a real proxy (make_master: Proxyserver, TlsInspect, Gate) on 127.0.0.1.
 
-Fake upstreams are TLS servers on loopback with certificates from launcher.selftest.certs; the
+Fake upstreams are TLS servers on loopback with certificates from selftest.certs; the
 proxy's per-run CA is a separate one made here. A fake DNS answers 127.0.0.1 for every name and
 a cidr allow for 127.0.0.0/8 on the upstream ports lets the loopback veto pass them. The clients
 are Python's ssl (HTTP/1.1) and h2 (HTTP/2) through CONNECT; what the upstream saw is the judge.
@@ -33,7 +33,6 @@ from mitmproxy.proxy import layer
 from mitmproxy.proxy.layers.tls import ServerTLSLayer
 from mitmproxy.test import taddons
 
-from launcher.selftest.certs import CA
 from netguard import rules
 from netguard.audit import AuditLog
 from netguard.daemon.master import make_master
@@ -42,6 +41,7 @@ from netguard.decision.binding import Binding
 from netguard.decision.gate import Gate
 from netguard.policy import parse_network
 from netguard.spec import CaPair
+from selftest.certs import CA
 
 from ..support.dnsfake import FakeDns
 from .test_gate import client, client_hello, next_layer

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.selftest.probes.core import GROUPS, REGISTRY, select_probes
-from launcher.selftest.selection import HOST_ROWS, Selection, parse_only
-from launcher.selftest.untrusted import UNTRUSTED
+from selftest.hostrows import HOST_ROWS, UNTRUSTED
+from selftest.probes.core import GROUPS, REGISTRY, select_probes
+from selftest.selection import Selection, parse_only
 
 
 def test_nothing_given_selects_every_row_and_tells_the_runner_nothing() -> None:

@@ -158,7 +158,7 @@ def test_dpapi_is_only_reached_on_windows() -> None:
 
 def test_every_shared_probe_has_a_windows_decision() -> None:
     from launcher.platform.windows import probes
-    from launcher.selftest.probes import core
+    from selftest.probes import core
 
     assert set(probes.PROBES) == set(core.ORDER), "a probe added for Linux needs a Windows decision here"
     gaps = [name for name, (cov, _) in probes.PROBES.items() if cov == "gap"]

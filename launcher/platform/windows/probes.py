@@ -1,6 +1,6 @@
 """`sandgate verify`'s probe list on Windows: what each shared probe means there (pure data).
 
-The list is the one in launcher/selftest/probes/core.py ORDER; a unit test checks that every
+The list is the one in selftest/probes/core.py ORDER; a unit test checks that every
 probe has an entry here, so a probe added for Linux forces a Windows decision instead of being
 silently absent. "same": the probe runs as it is and must give the same verdict; "variant": the
 threat exists and a Windows-specific probe body is needed; "n/a": the mechanism does not exist on
