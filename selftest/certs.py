@@ -6,54 +6,28 @@
     chain_pem, key_pem = leaf.write(tmp / "a.chain.pem", tmp / "a.key.pem")
 
 The CA's private key exists only in this process's memory and is never written anywhere, so the
-CA cannot sign anything after its World is gone even if its certificate leaks into a trust store;
-its basicConstraints path length is 0, so it cannot mint intermediate CAs either. The extensions
-(SKI/AKI, critical basicConstraints and keyUsage, serverAuth/clientAuth EKU, names only in the
-subjectAltName) satisfy strict verifiers such as OpenSSL 3 with X509_V_FLAG_X509_STRICT.
+CA cannot sign anything after its World is gone even if its certificate leaks into a trust store.
+The certificates are netguard.tlscerts's, the same profile as the inspection CA's and leaves
+(path length 0, critical basicConstraints and keyUsage, SKI/AKI, serverAuth only, names only in
+the subjectAltName): they satisfy strict verifiers such as OpenSSL 3 with X509_V_FLAG_X509_STRICT.
+Unlike the inspection CA this one is not name-constrained: it signs IP literals and any fake name.
 """
 
 from __future__ import annotations
 
 import datetime
-import ipaddress
 import os
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
-import idna
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from netguard import tlscerts
 
 DEFAULT_DAYS = 30
 _BACKDATE = datetime.timedelta(days=1)  # tolerate a client clock slightly behind ours
 _ORG = "sandgate throwaway"
-
-
-def _general_name(name: str) -> x509.GeneralName:
-    """An IP literal becomes an iPAddress SAN; anything else a dNSName (A-labels; "*." wildcards kept)."""
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"certificate names must be non-empty strings, not {name!r}")
-    try:
-        return x509.IPAddress(ipaddress.ip_address(name))
-    except ValueError:
-        pass
-    host = name.rstrip(".")
-    if host.startswith("*."):
-        return x509.DNSName("*." + idna.encode(host[2:], uts46=True).decode("ascii"))
-    return x509.DNSName(idna.encode(host, uts46=True).decode("ascii"))
-
-
-def _new_key() -> ec.EllipticCurvePrivateKey:
-    return ec.generate_private_key(ec.SECP256R1())
-
-
-def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    )
 
 
 def _write(path: Path | str, data: bytes, mode: int) -> Path:
@@ -68,7 +42,7 @@ def _write(path: Path | str, data: bytes, mode: int) -> Path:
 
 @dataclass(frozen=True)
 class Leaf:
-    """A server/client certificate issued by a CA; the CA signs leaves directly, so the chain is the leaf."""
+    """A server certificate issued by a CA; the CA signs leaves directly, so the chain is the leaf."""
 
     names: tuple[str, ...]
     cert_pem: bytes  # PEM certificate chain (just the leaf)
@@ -83,43 +57,11 @@ class CA:
     """A self-signed root that lives as long as this object; see the module docstring."""
 
     def __init__(self, name: str = "sandgate throwaway CA", *, days: int = DEFAULT_DAYS) -> None:
-        self._key = _new_key()
         now = datetime.datetime.now(datetime.UTC)
         # A random suffix tells the CAs of concurrent or successive worlds apart in error messages.
-        subject = x509.Name(
-            [
-                x509.NameAttribute(NameOID.ORGANIZATION_NAME, _ORG),
-                x509.NameAttribute(NameOID.COMMON_NAME, f"{name} {secrets.token_hex(4)}"),
-            ]
-        )
-        ski = x509.SubjectKeyIdentifier.from_public_key(self._key.public_key())
-        self._cert = (
-            x509.CertificateBuilder()
-            .subject_name(subject)
-            .issuer_name(subject)
-            .public_key(self._key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - _BACKDATE)
-            .not_valid_after(now + datetime.timedelta(days=days))
-            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True,
-                    content_commitment=False,
-                    key_encipherment=False,
-                    data_encipherment=False,
-                    key_agreement=False,
-                    key_cert_sign=True,
-                    crl_sign=True,
-                    encipher_only=False,
-                    decipher_only=False,
-                ),
-                critical=True,
-            )
-            .add_extension(ski, critical=False)
-            .sign(self._key, hashes.SHA256())
-        )
-        self._aki = x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ski)
+        subject = tlscerts.subject(_ORG, f"{name} {secrets.token_hex(4)}")
+        valid = tlscerts.Validity(now - _BACKDATE, now + datetime.timedelta(days=days))
+        self._authority = tlscerts.ca(tlscerts.new_key(), subject, valid, only=None)
         self.days = days
 
     def __repr__(self) -> str:
@@ -127,16 +69,16 @@ class CA:
 
     @property
     def subject(self) -> str:
-        return self._cert.subject.rfc4514_string()
+        return self._authority.cert.subject.rfc4514_string()
 
     @property
     def certificate(self) -> x509.Certificate:
-        return self._cert
+        return self._authority.cert
 
     @property
     def cert_pem(self) -> bytes:
         """The PEM trust anchor to hand to clients."""
-        return self._cert.public_bytes(serialization.Encoding.PEM)
+        return tlscerts.cert_pem(self._authority.cert)
 
     def write_cert(self, path: Path | str) -> Path:
         """Write the CA certificate (not its key: that never leaves memory) as PEM, mode 0644."""
@@ -146,42 +88,11 @@ class CA:
         """A leaf for DNS names (IDNs and "*.x" wildcards fine) and/or IP literals, all in subjectAltName."""
         if not names:
             raise ValueError("a certificate needs at least one name")
-        sans = [_general_name(n) for n in names]
-        key = _new_key()
+        sans = [tlscerts.general_name(n, wildcard=True) for n in names]
         now = datetime.datetime.now(datetime.UTC)
-        not_after = min(
-            now + datetime.timedelta(days=self.days if days is None else days), self._cert.not_valid_after_utc
+        wanted = tlscerts.Validity(now - _BACKDATE, now + datetime.timedelta(days=self.days if days is None else days))
+        key = tlscerts.new_key()
+        cert = tlscerts.leaf(
+            self._authority, key, tlscerts.subject(_ORG), sans, tlscerts.within(self._authority, wanted, now)
         )
-        cert = (
-            x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, _ORG)]))
-            .issuer_name(self._cert.subject)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - _BACKDATE)
-            .not_valid_after(not_after)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True,
-                    content_commitment=False,
-                    key_encipherment=False,
-                    data_encipherment=False,
-                    key_agreement=False,
-                    key_cert_sign=False,
-                    crl_sign=False,
-                    encipher_only=False,
-                    decipher_only=False,
-                ),
-                critical=True,
-            )
-            .add_extension(
-                x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
-                critical=False,
-            )
-            .add_extension(x509.SubjectAlternativeName(sans), critical=False)
-            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-            .add_extension(self._aki, critical=False)
-            .sign(self._key, hashes.SHA256())
-        )
-        return Leaf(tuple(names), cert.public_bytes(serialization.Encoding.PEM), _key_pem(key))
+        return Leaf(tuple(names), tlscerts.cert_pem(cert), tlscerts.key_pem(key))

@@ -29,8 +29,6 @@ from netguard.spec import CaPair
 if TYPE_CHECKING:  # imported when used: most runs never inspect
     import datetime
 
-    from cryptography import x509
-
 BUNDLE_NAME = "ca-bundle.pem"  # in the run directory, which is hidden inside except for the binds
 MAX_BUNDLE = 8 << 20  # bytes of one bundle read from the host: far more than any real one
 _CERT_BLOCK = re.compile(r"-----BEGIN CERTIFICATE-----[A-Za-z0-9+/=\s]+?-----END CERTIFICATE-----")
@@ -60,74 +58,19 @@ def inspected_names(net: NetworkPolicy) -> tuple[str, ...]:
 
 
 def new_ca(task: str, names: tuple[str, ...], now: datetime.datetime | None = None) -> CaPair:
-    """A fresh CA for one run, in memory; the key PEM goes only into the spec for the daemon."""
+    """A fresh CA for one run, in memory, constrained to `names`; the key PEM goes only into the spec
+    for the daemon."""
     import datetime
 
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
+    from netguard import tlscerts
 
     if not names:
         raise RunError("inspection needs at least one host name to sign for")
-    key = ec.generate_private_key(ec.SECP256R1())
     start = (now or datetime.datetime.now(datetime.UTC)) - datetime.timedelta(minutes=BACKDATE_MINUTES)
-    subject = x509.Name(
-        [
-            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "sandgate"),
-            x509.NameAttribute(NameOID.COMMON_NAME, f"sandgate inspection CA, task {task}"[:64]),
-        ]
-    )
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(start)
-        .not_valid_after(start + datetime.timedelta(days=VALID_DAYS))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(_key_usage(), critical=True)
-        .add_extension(_name_constraints(names), critical=True)
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-        .sign(key, hashes.SHA256())
-    )
-    key_pem = key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    )
-    return CaPair(cert.public_bytes(serialization.Encoding.PEM).decode(), key_pem.decode())
-
-
-def _key_usage() -> x509.KeyUsage:
-    from cryptography import x509
-
-    return x509.KeyUsage(
-        digital_signature=False,
-        content_commitment=False,
-        key_encipherment=False,
-        data_encipherment=False,
-        key_agreement=False,
-        key_cert_sign=True,
-        crl_sign=True,
-        encipher_only=False,
-        decipher_only=False,
-    )
-
-
-def _name_constraints(names: tuple[str, ...]) -> x509.NameConstraints:
-    """Only the inspected names (each with its subdomains, as RFC 5280 dNSName constraints go), and no
-    IP address at all: the threat is a leaked CA signing for a bank or for a bare address."""
-    import ipaddress
-
-    from cryptography import x509
-
-    return x509.NameConstraints(
-        permitted_subtrees=[x509.DNSName(n) for n in names],
-        excluded_subtrees=[
-            x509.IPAddress(ipaddress.ip_network("0.0.0.0/0")),
-            x509.IPAddress(ipaddress.ip_network("::/0")),
-        ],
-    )
+    name = tlscerts.subject("sandgate", f"sandgate inspection CA, task {task}"[: tlscerts.MAX_CN])
+    valid = tlscerts.Validity(start, start + datetime.timedelta(days=VALID_DAYS))
+    ca = tlscerts.ca(tlscerts.new_key(), name, valid, only=names)
+    return CaPair(tlscerts.cert_pem(ca.cert).decode(), tlscerts.key_pem(ca.key).decode())
 
 
 def system_bundles() -> list[str]:

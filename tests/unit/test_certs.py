@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 
+from netguard import tlscerts
 from selftest.certs import CA, Leaf
 
 
@@ -87,6 +88,11 @@ def test_files_and_constraints(ca: CA, ca_pem: Path, tmp_path: Path) -> None:
     cert = x509.load_pem_x509_certificate(chain.read_bytes())
     assert cert.issuer == root.subject and not cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
     assert cert.not_valid_after_utc <= root.not_valid_after_utc
+    # The one profile (netguard/tlscerts.py): the same as the inspection CA's and leaves'.
+    assert root.extensions.get_extension_for_class(x509.KeyUsage).value == tlscerts.CA_KEY_USAGE
+    assert cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value == tlscerts.LEAF_EXTENDED_KEY_USAGE
+    with pytest.raises(x509.ExtensionNotFound):
+        root.extensions.get_extension_for_class(x509.NameConstraints)  # fake names and IP literals alike
     with pytest.raises(ValueError, match="at least one name"):
         ca.issue()
     assert CA().subject != ca.subject  # concurrent worlds' CAs are told apart

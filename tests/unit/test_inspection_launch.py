@@ -12,15 +12,15 @@ from pathlib import Path
 
 import pytest
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509 import verification
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from launcher.config.checks import Checks
 from launcher.config.load import build_policy
 from launcher.errors import RunError
 from launcher.run import inspection
+from netguard.decision.leafcerts import Issuer
 from netguard.policy import NetworkPolicy
 from netguard.spec import CaPair
 
@@ -49,28 +49,8 @@ def _policy(tmp_path: Path, text: str = POLICY) -> NetworkPolicy:
 
 
 def _leaf(ca: CaPair, name: str) -> x509.Certificate:
-    """A leaf for `name` signed by the CA, as the daemon would issue it."""
-    ca_cert = x509.load_pem_x509_certificate(ca.cert.encode())
-    ca_key = serialization.load_pem_private_key(ca.key.encode(), None)
-    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
-    key = ec.generate_private_key(ec.SECP256R1())
-    return (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
-        .issuer_name(ca_cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(NOW - datetime.timedelta(hours=1))
-        .not_valid_after(NOW + datetime.timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName(name)]), critical=False)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_cert.public_key()),  # type: ignore[arg-type]
-            critical=False,
-        )
-        .sign(ca_key, hashes.SHA256())
-    )
+    """A leaf for `name` signed by the CA, as the daemon issues it."""
+    return Issuer(ca.cert, ca.key).leaf(name, now=NOW).cert
 
 
 def _verifies(ca: CaPair, name: str) -> bool:

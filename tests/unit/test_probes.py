@@ -1057,27 +1057,20 @@ def test_secret_brokered_finds_the_real_secret_wherever_it_is_readable(
 def test_ca_key_hidden_finds_the_key_of_a_trusted_ca_only(
     fs_spec: dict[str, Any], monkeypatch: pytest.MonkeyPatch, tmp_path: Path, no_roots: None
 ) -> None:
-    from cryptography.hazmat.primitives import serialization
+    from launcher.run.inspection import new_ca
 
-    from selftest.certs import CA
-
-    trusted, other = CA(), CA()
+    trusted, other = new_ca("t", ("a.test",)), new_ca("t", ("b.test",))  # PEM pairs, as the spec carries them
     bundle = tmp_path / "bundle.pem"
-    bundle.write_bytes(trusted.cert_pem)
+    bundle.write_text(trusted.cert)
     monkeypatch.setenv("SSL_CERT_FILE", str(bundle))
     for var in ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO"):
         monkeypatch.delenv(var, raising=False)
     home = Path(fs_spec["home"])
-
-    def key_pem(ca: CA) -> bytes:
-        fmt = serialization.PrivateFormat.PKCS8
-        return ca._key.private_bytes(serialization.Encoding.PEM, fmt, serialization.NoEncryption())
-
-    (home / "unrelated.pem").write_bytes(key_pem(other))
+    (home / "unrelated.pem").write_text(other.key)
     rec = run("ca_key_hidden", fs_spec)
     assert rec["observed"] == "blocked" and "1 private key(s)" in rec["detail"], rec
     # The run's CA key as a JSON spec would carry it (escaped newlines) is found and matched.
-    (home / "spec.json").write_text(json.dumps({"key": key_pem(trusted).decode()}))
+    (home / "spec.json").write_text(json.dumps({"key": trusted.key}))
     rec = run("ca_key_hidden", fs_spec)
     assert rec["observed"] == "permitted" and "spec.json" in rec["detail"], rec
 
