@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.config import checks as policychecks
@@ -13,7 +13,22 @@ from launcher.config import userconfig
 from launcher.errors import UsageError
 
 
-def policy_from_args(args: argparse.Namespace) -> lpolicy.Policy:
+@dataclass(frozen=True)
+class PolicyArgs:
+    """The policy options as given (`run`, `explain`, `proxy`, `export`), and the few others it depends on."""
+
+    command: str  # the subcommand: only run and explain may go without any policy
+    policy: tuple[str, ...] = ()  # --policy FILE...
+    allow: tuple[str, ...] = ()
+    deny: tuple[str, ...] = ()
+    allow_wide_cidr: bool = False
+    user: str | None = None  # run --user: whose home the checks resolve ~ in
+    write: tuple[str, ...] = ()  # run --write: the trust list must not be writable from inside
+    learn: bool = False  # for the no-policy notice
+    quiet: bool = False
+
+
+def policy_from_args(args: PolicyArgs) -> lpolicy.Policy:
     """--policy files and --allow/--deny; with neither, ./.sandgate.yaml, which only narrows until trusted."""
     from launcher.config import trust
 
@@ -25,14 +40,12 @@ def policy_from_args(args: argparse.Namespace) -> lpolicy.Policy:
     user = userconfig.find()  # the user's own defaults, trusted: below everything else
     if not files and not args.allow and not implicit and user is None:
         _no_policy(args)
-    checks = policychecks.Checks.current(
-        allow_wide_cidr=getattr(args, "allow_wide_cidr", False), user=getattr(args, "user", None)
-    )
-    writable = tuple(Path(os.path.expanduser(w)).absolute() for w in getattr(args, "write", ()))  # run --write
+    checks = policychecks.Checks.current(allow_wide_cidr=args.allow_wide_cidr, user=args.user)
+    writable = tuple(Path(os.path.expanduser(w)).absolute() for w in args.write)  # run --write
     pol = lpolicy.build_policy(
         files,
-        args.allow,
-        args.deny,
+        list(args.allow),
+        list(args.deny),
         workspace=Path(".sandgate.yaml") if implicit else None,
         store=trust.Store.default(writable) if implicit else None,
         checks=checks,
@@ -43,19 +56,19 @@ def policy_from_args(args: argparse.Namespace) -> lpolicy.Policy:
     return pol
 
 
-def _no_policy(args: argparse.Namespace) -> None:
+def _no_policy(args: PolicyArgs) -> None:
     """No policy at all: a proxy would reach nothing (refused); a run gets no network (said once)."""
     if args.command not in ("run", "explain"):  # explain: what a run with these options would get
         raise UsageError(
             "no policy: give --policy FILE or --allow NAME (see 'sandgate allowlists'); nothing would be reachable"
         )
-    if getattr(args, "learn", False):
+    if args.learn:
         print(
             "sandgate: no policy given: learn mode lets every destination through and records it "
             "(then: sandgate audit suggest LOG)",
             file=sys.stderr,
         )
-    elif not getattr(args, "quiet", False):
+    elif not args.quiet:
         print(
             "sandgate: no policy given: the command gets no network (allow destinations with --allow NAME "
             "or --policy FILE; see 'sandgate allowlists')",

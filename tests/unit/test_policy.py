@@ -687,7 +687,7 @@ def test_cli_prints_one_line_for_an_untrusted_workspace_policy(tmp_path: Path) -
     (ws / ".sandgate.yaml").write_text("version: 1\nnetwork:\n  allow: [a.test]\n  deny: [b.test]\n")
     script = (
         "from launcher import cli; from launcher.run import policyargs; "
-        "p = policyargs.policy_from_args(cli.build_parser().parse_args(['proxy'])); "
+        "p = policyargs.policy_from_args(cli.typed_policy(cli.build_parser().parse_args(['proxy']))); "
         "print([r.value for r in p.network.allow], [r.value for r in p.network.deny])"
     )
     r = subprocess.run(
