@@ -14,6 +14,7 @@ from launcher.errors import UsageError
 
 def trust(file: str | None, revoke: bool = False, list_all: bool = False) -> int:
     """`sandgate trust [FILE]`: let a workspace policy widen the defaults, until its content changes."""
+    from launcher.config import hostilefile
     from launcher.config import trust as trusted
 
     store = trusted.Store.default()
@@ -22,8 +23,8 @@ def trust(file: str | None, revoke: bool = False, list_all: bool = False) -> int
         if list_all:
             for key, rec in sorted(store.records().items()):
                 try:
-                    now: str = trusted.status_of({key: rec}, key, trusted.read_file(Path(key), yamlfile.MAX_BYTES))
-                except trusted.Unreadable:
+                    now: str = trusted.status_of({key: rec}, key, hostilefile.read_file(Path(key), yamlfile.MAX_BYTES))
+                except hostilefile.Unreadable:
                     now = "unreadable" if os.path.lexists(key) else "missing"
                 print(f"{now:<8} {key}  sha256 {rec.sha256[:12]}  since {rec.trusted_at}")
             return 0

@@ -167,9 +167,14 @@ def _own(opts: RunOptions, rt: Path) -> tuple[str, ...]:
     never the sandbox's business: it must not be able to answer its own questions, bind itself a
     wider policy, or learn what is trusted."""
     from launcher.audit import logs as auditlogs
-    from launcher.config import trust
+    from launcher.config import userconfig
 
-    return (str(rt), str(trust.state_dir()), str(auditlogs.log_dir()), *((opts.approvals,) if opts.approvals else ()))
+    return (
+        str(rt),
+        str(userconfig.state_dir()),
+        str(auditlogs.log_dir()),
+        *((opts.approvals,) if opts.approvals else ()),
+    )
 
 
 def _runtime_dirs(opts: RunOptions, eff: fspolicy.Effective) -> runtimedirs.RuntimeDirs:

@@ -30,8 +30,6 @@ class PolicyArgs:
 
 def policy_from_args(args: PolicyArgs) -> lpolicy.Policy:
     """--policy files and --allow/--deny; with neither, ./.sandgate.yaml, which only narrows until trusted."""
-    from launcher.config import trust
-
     files = [Path(p) for p in args.policy]
     # A directory there is another live run's placeholder (fsguard.policy.SANDGATE_PROTECT), not a policy.
     implicit = (
@@ -41,13 +39,18 @@ def policy_from_args(args: PolicyArgs) -> lpolicy.Policy:
     if not files and not args.allow and not implicit and user is None:
         _no_policy(args)
     checks = policychecks.Checks.current(allow_wide_cidr=args.allow_wide_cidr, user=args.user)
-    writable = tuple(Path(os.path.expanduser(w)).absolute() for w in args.write)  # run --write
+    store = None
+    if implicit:  # only a workspace file pays for the trust list
+        from launcher.config import trust
+
+        writable = tuple(Path(os.path.expanduser(w)).absolute() for w in args.write)  # run --write
+        store = trust.Store.default(writable)
     pol = lpolicy.build_policy(
         files,
         list(args.allow),
         list(args.deny),
         workspace=Path(".sandgate.yaml") if implicit else None,
-        store=trust.Store.default(writable) if implicit else None,
+        store=store,
         checks=checks,
         user=user,
     )
