@@ -1,4 +1,7 @@
-"""`sandgate` command line: parsing and dispatch (bodies live in their rooms); errors become one line here."""
+"""`sandgate` command line: parsing and dispatch (bodies live in their rooms); errors become one line here.
+
+argparse stops here (and in launcher/cliparsers.py): each command's body gets typed frozen records,
+made from the parsed namespace in one call (`typed`), never the namespace itself."""
 
 from __future__ import annotations
 
@@ -34,6 +37,9 @@ class _Parser(argparse.ArgumentParser):
 
 
 if TYPE_CHECKING:
+    from launcher.run.options import RunArgs
+    from launcher.run.policyargs import PolicyArgs
+
     _Subparsers = argparse._SubParsersAction[_Parser]
 
 
@@ -47,6 +53,32 @@ def parse_addr(text: str, default_host: str = "127.0.0.1") -> tuple[str, int]:
     return host, int(port)
 
 
+# ---- the namespace as typed records ------------------------------------------------------------
+
+
+def typed[R](make: Callable[..., R], args: argparse.Namespace, **given: object) -> R:
+    """The frozen dataclass `make` from the options it names, in one call: lists become tuples; an
+    option this command lacks keeps the record's default; `given` fields are set as passed."""
+    names: dict[str, object] = vars(make)["__dataclass_fields__"]
+    found = {n: getattr(args, n) for n in names if n not in given and hasattr(args, n)}
+    return make(**{n: tuple(v) if isinstance(v, list) else v for n, v in found.items()}, **given)
+
+
+def typed_policy(args: argparse.Namespace) -> PolicyArgs:
+    """--policy/--allow/--deny... of `run`, `explain`, `proxy` or `export`."""
+    from launcher.run.policyargs import PolicyArgs
+
+    return typed(PolicyArgs, args)
+
+
+def run_args(args: argparse.Namespace) -> RunArgs:
+    """`run`'s or `explain`'s options; CMD without its `--`."""
+    from launcher.run.options import RunArgs
+
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    return typed(RunArgs, args, policy=typed_policy(args), cmd=tuple(cmd))
+
+
 # ---- dispatch: each subcommand's body lives in its room, imported only when it runs ----------
 
 
@@ -54,23 +86,23 @@ def _run(args: argparse.Namespace) -> int:
     if args.dry_run:  # the boundary only: nothing is started, on any platform
         from launcher import explain
 
-        return explain.main(args)
+        return explain.main(run_args(args))
     if sys.platform == "win32":  # before the Linux room, whose modules import pwd, fcntl, termios
         from launcher.platform.windows import runner
 
-        return runner.run(args)  # seam.run_in with the Windows backend (docs/windows.md)
+        return runner.run(run_args(args))  # seam.run_in with the Windows backend (docs/windows.md)
     from launcher.run import launch
 
     timings.mark("imports")
     dataclasscache.save()  # a no-op unless a record class was compiled (a first run, an edited module)
     gcpause.resume()
-    return launch.main(args)
+    return launch.main(run_args(args))
 
 
 def _proxy(args: argparse.Namespace) -> int:
     from launcher.run import proxy
 
-    return proxy.main(args, parse_addr)
+    return proxy.main(typed(proxy.ProxyArgs, args, policy=typed_policy(args)), parse_addr)
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -78,10 +110,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if sys.platform == "win32":  # the Windows probe bodies, run through the Windows backend (issue 28, W3)
         from launcher.platform.windows import verifyrun
 
-        return verifyrun.main(args)
+        return verifyrun.main(tuple(args.policy), args.json, args.only)
     from selftest import command
 
-    return command.main(args)
+    return command.main(tuple(args.policy), args.json, args.only)
 
 
 class _Version(argparse.Action):

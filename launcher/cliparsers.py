@@ -1,12 +1,13 @@
 """The parsers and dispatch of sandgate's less used commands (verify, audit, housekeeping, trust,
-setup, explain, completion, export): built only when one of them runs, so `sandgate run` never pays for them."""
+setup, explain, completion, export): built only when one of them runs, so `sandgate run` never pays for them.
+Each dispatcher hands its body typed values (launcher.cli.typed), never the namespace."""
 
 from __future__ import annotations
 
 import argparse
 from typing import TYPE_CHECKING
 
-from launcher.cli import _Parser, cmd_verify, policy_args, run_options
+from launcher.cli import _Parser, cmd_verify, policy_args, run_args, run_options, typed, typed_policy
 
 if TYPE_CHECKING:
     from launcher.cli import _Subparsers
@@ -15,26 +16,37 @@ if TYPE_CHECKING:
 def _housekeeping(args: argparse.Namespace) -> int:
     from launcher.run import housekeeping
 
-    body = {"cleanup": housekeeping.cleanup, "cache": housekeeping.cache_clear, "daemon": housekeeping.daemon}
-    return body[args.command](args)
+    if args.command == "cleanup":
+        return housekeeping.cleanup()
+    if args.command == "cache":
+        return housekeeping.cache_clear(args.user, args.wait)
+    return housekeeping.daemon(args.daemon_command, args.json)
 
 
 def _setup(args: argparse.Namespace) -> int:
     from launcher.platform.windows import runner
 
-    return runner.setup(args)
+    return runner.setup(remove=args.remove, transparent=args.transparent)
 
 
 def _audit(args: argparse.Namespace) -> int:
     from launcher.audit import command
 
-    return command.main(args)
+    return command.main(
+        args.audit_command,
+        tuple(getattr(args, "logs", ())),  # `sandgate audit` alone has no LOG, --json...
+        as_json=getattr(args, "json", False),
+        as_markdown=getattr(args, "markdown", False),
+        name=getattr(args, "name", None),
+    )
 
 
 def _config(args: argparse.Namespace) -> int:
     from launcher.config import commands
 
-    return (commands.trust if args.command == "trust" else commands.list_bundled)(args)
+    if args.command == "trust":
+        return commands.trust(args.file, revoke=args.revoke, list_all=args.list)
+    return commands.list_bundled()
 
 
 def _add_verify(sub: _Subparsers) -> None:
@@ -139,7 +151,7 @@ def windows_run_args(rn: argparse.ArgumentParser) -> None:
 def _explain(args: argparse.Namespace) -> int:
     from launcher import explain
 
-    return explain.main(args)
+    return explain.main(run_args(args))
 
 
 def add_explain(sub: _Subparsers) -> None:
@@ -158,7 +170,7 @@ def add_explain(sub: _Subparsers) -> None:
 def _completion(args: argparse.Namespace) -> int:
     from launcher import completion
 
-    return completion.main(args)
+    return completion.main(args.shell)
 
 
 def add_completion(sub: _Subparsers) -> None:
@@ -174,7 +186,7 @@ def add_completion(sub: _Subparsers) -> None:
 def _export(args: argparse.Namespace) -> int:
     from launcher import exportcmd
 
-    return exportcmd.main(args)
+    return exportcmd.main(typed(exportcmd.ExportArgs, args, policy=typed_policy(args)))
 
 
 def add_export(sub: _Subparsers) -> None:

@@ -54,6 +54,6 @@ def script(shell: str) -> str:
     return text
 
 
-def main(args: argparse.Namespace) -> int:
-    print(script(args.shell), end="")
+def main(shell: str) -> int:
+    print(script(shell), end="")
     return 0

@@ -1,7 +1,7 @@
 """`sandgate explain [run options]` and `run --dry-run`: the boundary a run would get, nothing started.
 
-Never a second reading of the options: the policy comes from policyargs.policy_from_args and the
-options from options.from_args, the calls `run` makes, and the filesystem plan from the planning
+Never a second reading of the options: the policy and the options come from options.build, the
+call `run` makes, and the filesystem plan from the planning
 steps of launcher/run/confinement.py, so what this prints and what run enforces cannot disagree.
 Left out, because they are made only when a run starts: the home's writable layer (described in
 words) and the per-run CA. Secrets are never read: a credential is named by header, variable and file.
@@ -9,7 +9,6 @@ words) and the per-run CA. Secrets are never read: a credential is named by head
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
@@ -22,7 +21,7 @@ from launcher.config import load as lpolicy
 from netguard.policy import DEFAULT_ALLOW_PORTS, NetworkPolicy, Rule
 
 if TYPE_CHECKING:
-    from launcher.run.options import RunOptions
+    from launcher.run.options import RunArgs, RunOptions
 
 
 @dataclass(frozen=True)
@@ -203,18 +202,16 @@ def _files(opts: RunOptions) -> Files:
     )
 
 
-def _options(args: argparse.Namespace) -> RunOptions:
+def _options(args: RunArgs) -> RunOptions:
     """The run's options by run's own code, without the side effects of a start (no audit log is made)."""
     from launcher.audit import logs as auditlogs
-    from launcher.run import options, policyargs
+    from launcher.run import options
 
-    cmd: list[str] = args.cmd[1:] if args.cmd[:1] == ["--"] else list(args.cmd)
-    pol = policyargs.policy_from_args(args)
     audit = args.audit_log or str(auditlogs.log_dir() / "audit-(dry-run).jsonl")  # named, never created
-    return options.from_args(argparse.Namespace(**{**vars(args), "audit_log": audit}), cmd, pol)
+    return options.build(dataclasses.replace(args, audit_log=audit))
 
 
-def main(args: argparse.Namespace) -> int:
+def main(args: RunArgs) -> int:
     """Print the boundary of these options; start nothing (no daemon, no sandbox, no audit log)."""
     if sys.platform == "win32":  # the filesystem plan below is the Linux backend's
         from launcher.errors import UsageError
@@ -222,7 +219,7 @@ def main(args: argparse.Namespace) -> int:
         raise UsageError("explain and run --dry-run are not available on Windows yet; see docs/windows.md")
     opts = _options(args)
     files = _files(opts)
-    if getattr(args, "json", False):
+    if args.json:
         doc = {
             "command": opts.cmd,
             "network": network_json(opts.policy, opts.learn, opts.ask, opts.approvals),

@@ -8,19 +8,37 @@ more than sandgate (a hole in a wildcard, learn mode for Cilium) fails the expor
 
 from __future__ import annotations
 
-import argparse
 import re
 import sys
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from launcher.errors import UsageError
 from netguard.export import cilium, plan, smokescreen
+
+if TYPE_CHECKING:
+    from launcher.run.policyargs import PolicyArgs
 
 #: Why there is no `export cnp` yet (kubernetes-sigs/network-policy-api, read at commit 0eec1b0e, 2026-07-01).
 CNP_UNSTABLE = (
     "export cnp is not available: ClusterNetworkPolicy is v1alpha2 and its domainNames are in the experimental "
     "channel only (network-policy-api v0.2.0); use 'sandgate export cilium' (see docs/fleet.md)"
 )
+
+
+@dataclass(frozen=True)
+class ExportArgs:
+    """`sandgate export`'s command line as given (typed by launcher/cli.py)."""
+
+    engine: str
+    policy: PolicyArgs
+    learn: bool = False
+    name: str | None = None
+    namespace: str | None = None
+    selector: tuple[str, ...] = ()
+    cilium_version: str | None = None
+    project: str | None = None
+
 
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _LABEL_NAME = re.compile(
@@ -36,7 +54,7 @@ def _k8s_name(text: str, what: str, limit: int = 253) -> str:
     return text
 
 
-def _selector(items: list[str]) -> tuple[tuple[str, str], ...]:
+def _selector(items: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
     out = []
     for item in items:
         key, sep, value = item.partition("=")
@@ -53,7 +71,7 @@ def _version(text: str) -> tuple[int, int]:
     return int(found[1]), int(found[2])
 
 
-def _check_options(args: argparse.Namespace) -> None:
+def _check_options(args: ExportArgs) -> None:
     """Options of the other engine are a mistake, not something to ignore."""
     if args.engine == "smokescreen":
         for flag, value in (("--namespace", args.namespace), ("--selector", args.selector)):
@@ -65,7 +83,7 @@ def _check_options(args: argparse.Namespace) -> None:
         raise UsageError("--project is for 'export smokescreen'")
 
 
-def _document(args: argparse.Namespace, built: plan.Plan, sources: tuple[str, ...]) -> tuple[Any, list[plan.Gap]]:
+def _document(args: ExportArgs, built: plan.Plan, sources: tuple[str, ...]) -> tuple[Any, list[plan.Gap]]:
     if args.engine == "cilium":
         target = cilium.Target(
             name=_k8s_name(args.name or "sandgate-egress", "--name"),
@@ -87,14 +105,14 @@ def report(gaps: list[plan.Gap], engine: str) -> None:
         print(f"sandgate: {engine}: {word[g.severity]}: {g.text}  [{g.origin}]", file=sys.stderr)
 
 
-def main(args: argparse.Namespace) -> int:
+def main(args: ExportArgs) -> int:
     """Print the engine's document for the policy these options give a run; refuse anything it would widen."""
     if args.engine == "cnp":
         raise UsageError(CNP_UNSTABLE)
     _check_options(args)
     from launcher.run import policyargs
 
-    pol = policyargs.policy_from_args(args)
+    pol = policyargs.policy_from_args(args.policy)
     built = plan.build(pol.network, learn=args.learn)
     doc, extra = _document(args, built, pol.sources)
     gaps = [*built.gaps, *extra]

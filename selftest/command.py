@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 from pathlib import Path
@@ -12,12 +11,12 @@ from launcher.errors import UsageError
 from selftest import selection, verify
 
 
-def main(args: argparse.Namespace) -> int:
+def main(policy: tuple[str, ...], as_json: bool, only_spec: str | None) -> int:
     try:
-        only = selection.parse_only(args.only)
+        only = selection.parse_only(only_spec)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    for p in args.policy:
+    for p in policy:
         lpolicy.build_policy([Path(p)], [], [])  # a policy error is reported before any namespace exists
     # An ordinary user's PATH often lacks the sbin directories, where nft (and on some systems ip) live.
     path = os.environ.get("PATH", "").split(":")
@@ -25,6 +24,6 @@ def main(args: argparse.Namespace) -> int:
     if shutil.which("nft") is None:
         raise UsageError("nft not found; install nftables (apt-get install nftables)")
     try:
-        return verify.main([Path(p) for p in args.policy], args.json, only)
+        return verify.main([Path(p) for p in policy], as_json, only)
     except verify.VerifyError as e:
         raise UsageError(str(e)) from None

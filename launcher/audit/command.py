@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -13,12 +12,19 @@ from launcher.config import load as lpolicy
 from launcher.errors import UsageError
 
 
-def main(args: argparse.Namespace) -> int:
+def main(
+    action: str | None,
+    named: tuple[str, ...] = (),
+    as_json: bool = False,
+    as_markdown: bool = False,
+    name: str | None = None,
+) -> int:
+    """`sandgate audit` (action None), `audit summary` or `audit suggest`, over LOGs or the last run."""
     from launcher.audit import logs as auditlogs
     from launcher.audit import suggest, summary
     from netguard import audit
 
-    if args.audit_command is None:  # `sandgate audit`: the recent runs' logs
+    if action is None:  # `sandgate audit`: the recent runs' logs
         logs = auditlogs.recent()
         if not logs:
             print(f"sandgate: no audit logs in {auditlogs.log_dir()}", file=sys.stderr)
@@ -26,28 +32,28 @@ def main(args: argparse.Namespace) -> int:
             stamp = datetime.fromtimestamp(mtime).strftime("%Y-%m-%d %H:%M:%S")
             print(f"{stamp}  {size / 1024:8.1f} KiB  {path}")
         return 0
-    paths = [Path(p) for p in args.logs] or [_last_run(args.audit_command)]
+    paths = [Path(p) for p in named] or [_last_run(action)]
     try:
         records = auditlogs.read_logs(paths)
     except audit.LogError as e:
         raise UsageError(str(e)) from None
-    if args.logs:
+    if named:
         print(f"sandgate: reading {_named(paths)}", file=sys.stderr)
     bundled = lpolicy.bundled_rulesets()
-    if args.audit_command == "summary":
+    if action == "summary":
         rows = summary.summarize(records)
-        if args.json:
+        if as_json:
             print(json.dumps(summary.as_json(rows, bundled), indent=1))
-        elif getattr(args, "markdown", False):  # for a CI job's summary page (action.yml)
+        elif as_markdown:  # for a CI job's summary page (action.yml)
             from launcher.audit import markdown
 
             print(markdown.format_markdown(rows, bundled), end="")
         else:
             print(summary.format_table(rows, bundled))
         if summary.fetched_nothing(records):  # stderr under --json: stdout stays the rows
-            print(f"sandgate: note: {summary.NOTHING_FETCHED}", file=sys.stderr if args.json else sys.stdout)
+            print(f"sandgate: note: {summary.NOTHING_FETCHED}", file=sys.stderr if as_json else sys.stdout)
         return 0
-    sys.stdout.write(suggest.suggest(records, name=args.name, bundled=bundled))
+    sys.stdout.write(suggest.suggest(records, name=name, bundled=bundled))
     return 0
 
 

@@ -45,9 +45,9 @@ def log_dir() -> Path:
     """The default directory: root's under /var/log, a user's in their state directory."""
     if os.geteuid() == 0:
         return ROOT_DIR
-    from launcher.config import trust
+    from launcher.config import userconfig
 
-    return trust.state_dir() / "audit"
+    return userconfig.state_dir() / "audit"
 
 
 def new_path() -> Path:

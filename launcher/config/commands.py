@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from pathlib import Path
@@ -13,22 +12,23 @@ from launcher.config import yamlfile
 from launcher.errors import UsageError
 
 
-def trust(args: argparse.Namespace) -> int:
+def trust(file: str | None, revoke: bool = False, list_all: bool = False) -> int:
     """`sandgate trust [FILE]`: let a workspace policy widen the defaults, until its content changes."""
+    from launcher.config import hostilefile
     from launcher.config import trust as trusted
 
     store = trusted.Store.default()
-    path = Path(args.file or ".sandgate.yaml")
+    path = Path(file or ".sandgate.yaml")
     try:
-        if args.list:
+        if list_all:
             for key, rec in sorted(store.records().items()):
                 try:
-                    now: str = trusted.status_of({key: rec}, key, trusted.read_file(Path(key), yamlfile.MAX_BYTES))
-                except trusted.Unreadable:
+                    now: str = trusted.status_of({key: rec}, key, hostilefile.read_file(Path(key), yamlfile.MAX_BYTES))
+                except hostilefile.Unreadable:
                     now = "unreadable" if os.path.lexists(key) else "missing"
                 print(f"{now:<8} {key}  sha256 {rec.sha256[:12]}  since {rec.trusted_at}")
             return 0
-        if args.revoke:
+        if revoke:
             done = store.revoke(path)
             print(
                 f"sandgate: {'no longer trusted' if done else 'was not trusted'}: {trusted.key(path)}", file=sys.stderr
@@ -43,7 +43,7 @@ def trust(args: argparse.Namespace) -> int:
     return 0
 
 
-def list_bundled(args: argparse.Namespace) -> int:
+def list_bundled() -> int:
     rows = allowlists.describe_bundled()
     width = max(len(n) for n, _, _ in rows)
     for name, desc, count in rows:

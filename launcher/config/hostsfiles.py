@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from launcher.config import parsecache, trust
+from launcher.config import hostilefile, parsecache
 from launcher.config.bundled import display
 from launcher.config.errors import PolicyFileError
 from netguard.policyerror import PolicyError, line_of
@@ -60,8 +60,8 @@ def read_one(
     target = Path(written).expanduser()
     target = target if target.is_absolute() else policy.parent / target
     try:
-        data = trust.read_file(target, hostsfile.MAX_BYTES)
-    except trust.Unreadable as e:
+        data = hostilefile.read_file(target, hostsfile.MAX_BYTES)
+    except hostilefile.Unreadable as e:
         why = str(e).partition(";")[0]  # its advice is about policy files
         if why.startswith("no such file"):
             why = f"no such file {target}; a relative path starts at the policy file's directory"

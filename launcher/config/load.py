@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from fsguard import policy as fspolicy
 from fsguard.env import EnvPolicy
-from launcher.config import hostsfiles, trust, yamlfile
+from launcher.config import hostilefile, hostsfiles, yamlfile
 from launcher.config.bundled import bundled_names, bundled_path, display
 from launcher.config.checks import Checks, check_network, check_writes
 from launcher.config.errors import PolicyFileError
@@ -26,6 +26,8 @@ from netguard import rules
 from netguard.policyerror import PolicyError, line_of
 
 if TYPE_CHECKING:
+    from launcher.config.narrowing import Narrowed
+    from launcher.config.trust import Store
     from netguard.hostsfile import HostsList
 
 MAX_INCLUDE_DEPTH = 16
@@ -41,7 +43,7 @@ class Policy:
     filesystem: fspolicy.FsPolicy = field(default_factory=fspolicy.FsPolicy)
     env: EnvPolicy = field(default_factory=EnvPolicy)
     files: tuple[Path, ...] = ()  # applied in full (--policy, a trusted ./.sandgate.yaml); "always" goes to the first
-    narrowed: trust.Narrowed | None = None  # an untrusted ./.sandgate.yaml, applied only where it narrows
+    narrowed: Narrowed | None = None  # an untrusted ./.sandgate.yaml, applied only where it narrows
     # Every file read for it, includes and bundled lists too, absolute as named (symlinks and '..'
     # kept: the next run resolves the same names). The run keeps each read-only inside
     # (launcher/run/configfiles.py): the threat is a run rewriting what configures the next one.
@@ -150,8 +152,8 @@ class _Reader:
             hint = didyoumean.phrase(ref, bundled_names()) or f" (bundled: {', '.join(bundled_names())})"
             raise PolicyFileError(where, line, f"unknown allowlist '{ref}'{hint} (a file path needs a '/' or '.yaml')")
         try:
-            data = trust.read_file(target, yamlfile.MAX_BYTES)
-        except trust.Unreadable as e:
+            data = hostilefile.read_file(target, yamlfile.MAX_BYTES)
+        except hostilefile.Unreadable as e:
             raise PolicyFileError(where, line, f"include '{ref}' cannot be used: {e}") from None
         why = self.check(target, data) if self.check is not None else None
         if why:
@@ -176,9 +178,7 @@ def trust_chain(path: Path) -> list[tuple[Path, bytes]]:
     return chain
 
 
-def _workspace(
-    path: Path, store: trust.Store | None, checks: Checks
-) -> tuple[list[Sections], trust.Narrowed | None, list[Path]]:
+def _workspace(path: Path, store: Store | None, checks: Checks) -> tuple[list[Sections], Narrowed | None, list[Path]]:
     """./.sandgate.yaml picked up implicitly: in full once trusted (and its file includes too), else
     narrowed; and the files read for it."""
     where = display(path)
@@ -203,8 +203,14 @@ def _workspace(
     doc = _doc(data, where, None)
     s = _sections(doc, where)
     yamlfile.remember(data, doc)
-    net, fs, env, ignored = trust.narrow(s.network, s.filesystem, s.env, doc.get("include") is not None)
-    return [Sections(net, fs, env)], trust.Narrowed(where, status, ignored, problem or unreadable), [path.absolute()]
+    from launcher.config import narrowing  # only an untrusted workspace file pays for it
+
+    net, fs, env, ignored = narrowing.narrow(s.network, s.filesystem, s.env, doc.get("include") is not None)
+    return (
+        [Sections(net, fs, env)],
+        narrowing.Narrowed(where, status, ignored, problem or unreadable),
+        [path.absolute()],
+    )
 
 
 def build_policy(
@@ -213,7 +219,7 @@ def build_policy(
     deny: list[str],
     *,
     workspace: Path | None = None,
-    store: trust.Store | None = None,
+    store: Store | None = None,
     checks: Checks | None = None,
     user: Path | None = None,
 ) -> Policy:

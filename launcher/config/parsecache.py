@@ -20,8 +20,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from launcher.config.hostilefile import digest
 from launcher.config.locs import LocDict, LocList
-from launcher.config.trust import digest
 
 if TYPE_CHECKING:
     from netguard.hostsfile import HostsList

@@ -1,18 +1,15 @@
-"""Files sandgate did not write: reading them safely, and how much of a workspace policy to believe.
+"""The trust list: which workspace policy files the user reviewed, by the exact bytes reviewed.
 
-A `./.sandgate.yaml` picked up implicitly comes with the checkout sandgate exists to distrust:
-until the user runs `sandgate trust`, only what it forbids applies (`narrow`). Trust is recorded
-like direnv's: one record per file (its directory resolved, its own name kept, so a symlinked
-dotfile stays keyed by where it is used) with the SHA-256 of the exact bytes that were reviewed,
-so any edit revokes it. The records live in the user's state directory, never inside a directory
-a sandboxed command could write.
+Trust is recorded like direnv's: one record per file (its directory resolved, its own name kept, so a
+symlinked dotfile stays keyed by where it is used) with the SHA-256 of the exact bytes that were
+reviewed, so any edit revokes it. The records live in the user's state directory, never inside a
+directory a sandboxed command could write. What an untrusted file may still do is
+launcher/config/narrowing.py's; reading the files is launcher/config/hostilefile.py's.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import functools
 import json
 import os
 import stat
@@ -21,11 +18,10 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
-from fsguard import policy as fspolicy
-from fsguard.env import EnvPolicy
-from netguard import policy as netpolicy
+from launcher.config.hostilefile import digest
+from launcher.config.userconfig import state_dir
 
 FILE_NAME = "trusted.json"
 MAX_BYTES = 4 << 20  # of the trust list: far more than any real one; bounds what a damaged file costs
@@ -42,20 +38,6 @@ class Record:
 
     sha256: str
     trusted_at: str
-
-
-# ---- pure: records, digests, narrowing -------------------------------------------------------
-
-
-try:  # CPython's own SHA-256 (HACL*): hashlib would load OpenSSL first (~4 ms on every run)
-    from _sha2 import sha256 as _sha256  # CPython's private module (no stubs: see pyproject)
-except ImportError:  # another interpreter
-    from hashlib import sha256 as _sha256
-
-
-def digest(data: bytes) -> str:
-    hexed: str = _sha256(data).hexdigest()
-    return hexed
 
 
 def status_of(records: Mapping[str, Record], key: str, data: bytes) -> Status:
@@ -87,145 +69,6 @@ def decode(raw: bytes) -> dict[str, Record]:
 def encode(records: Mapping[str, Record]) -> bytes:
     files = {k: {"sha256": r.sha256, "trusted_at": r.trusted_at} for k, r in sorted(records.items())}
     return (json.dumps({"version": 1, "files": files}, indent=1) + "\n").encode()
-
-
-#: What an untrusted file keeps, per section: only what forbids more. Every other field, today's
-#: and any added later, is dropped, so a new way to widen is ignored until it is listed here.
-KEPT = {"network": ("deny",), "filesystem": ("read_deny", "protect"), "env": ("drop",)}
-
-
-def _split(section: str, value: Any) -> tuple[dict[str, Any], list[str]]:
-    """(the kept fields of a section, names of the other fields that are set)."""
-    default = type(value)()
-    kept = {name: getattr(value, name) for name in KEPT[section]}
-    dropped = [
-        f"{section}.{f.name}"
-        for f in dataclasses.fields(value)
-        if f.compare and f.name not in kept and getattr(value, f.name) != getattr(default, f.name)
-    ]
-    return kept, dropped
-
-
-def narrow(
-    net: netpolicy.NetworkPolicy, fs: fspolicy.FsPolicy, env: EnvPolicy, has_include: bool
-) -> tuple[netpolicy.NetworkPolicy, fspolicy.FsPolicy, EnvPolicy, tuple[str, ...]]:
-    """What an untrusted file may do: only forbid more. Returns the kept sections and the keys ignored.
-
-    Kept: network.deny, filesystem.read_deny, env.drop, and filesystem.protect inside the workspace
-    (a missing protected path gets a placeholder created on the host: outside the workspace that
-    would let the file create files anywhere sandgate may, /etc/nologin say). Ignored, because each
-    can widen: allow/ask rules (and with them `inspect:`/`http:`), a resolver, credentials (a
-    checked-out repository must never choose where your secret is sent), includes (allowlists, and files the checkout names),
-    env.keep, filesystem.unprotect, and filesystem.write, which widens even as a subset of the
-    defaults ("." alone drops the private /tmp and shows the host's).
-    """
-    n, ignored = _split("network", net)
-    f, dropped_fs = _split("filesystem", fs)
-    e, dropped_env = _split("env", env)
-    inside = tuple(p for p in fs.protect if not p.startswith(("/", "~")))
-    outside = ["filesystem.protect outside the workspace"] if len(inside) < len(fs.protect) else []
-    f["protect"] = inside
-    ignored = [*(["include"] if has_include else []), *ignored, *dropped_fs, *outside, *dropped_env]
-    return (netpolicy.NetworkPolicy(**n), fspolicy.FsPolicy(**f), EnvPolicy(**e), tuple(ignored))
-
-
-@dataclass(frozen=True)
-class Narrowed:
-    """An untrusted workspace policy as applied: what was ignored, and why it was not trusted."""
-
-    name: str  # as the user would type it
-    status: Status
-    ignored: tuple[str, ...]
-    store_problem: str | None = None
-
-    def notice(self) -> str:
-        """The one line printed when something was ignored."""
-        why = "changed since you trusted it" if self.status == "changed" else "is not trusted"
-        extra = f" (trust records not used: {self.store_problem})" if self.store_problem else ""
-        return (
-            f"sandgate: {self.name} {why}{extra}, so only what it forbids applies; ignored: "
-            f"{', '.join(self.ignored)}; to trust it: sandgate trust {self.name}"
-        )
-
-
-# ---- reading a file that may be hostile ------------------------------------------------------
-
-
-class Unreadable(Exception):
-    """Why a path was not read at all; quotes nothing from it."""
-
-
-@functools.cache
-def _pseudo_devices() -> frozenset[int]:
-    return frozenset(os.stat(p).st_dev for p in ("/proc", "/sys") if os.path.isdir(p))
-
-
-def _check_regular(st: os.stat_result, limit: int) -> None:
-    if not stat.S_ISREG(st.st_mode):
-        kind = next(
-            (
-                k
-                for test, k in (
-                    (stat.S_ISDIR, "a directory"),
-                    (stat.S_ISFIFO, "a FIFO"),
-                    (stat.S_ISCHR, "a device"),
-                    (stat.S_ISBLK, "a device"),
-                    (stat.S_ISSOCK, "a socket"),
-                )
-                if test(st.st_mode)
-            ),
-            "not a file",
-        )
-        raise Unreadable(f"not a regular file ({kind}); a policy is a YAML file")
-    if st.st_size > limit:
-        raise Unreadable(f"larger than {limit >> 20} MiB; a policy is a few kilobytes of YAML")
-    if st.st_dev in _pseudo_devices():
-        raise Unreadable("a /proc or /sys file, not a policy")
-
-
-def read_file(path: Path, limit: int) -> bytes:
-    """The bytes of a regular file of at most `limit` bytes; Unreadable for anything else.
-
-    Symlinks are followed (dotfiles are often links), but the target must be a regular file. It is
-    first opened O_PATH, which does no I/O: a FIFO, a device or a directory is never really opened,
-    so it can neither block nor act. Then that same inode is reopened through /proc/self/fd.
-    """
-    try:
-        pfd = os.open(path, os.O_PATH | os.O_CLOEXEC)
-    except FileNotFoundError:
-        raise Unreadable("no such file; check the path given with --policy or include:") from None
-    except OSError as e:
-        raise Unreadable(f"cannot open: {e.strerror}") from None
-    try:
-        st = os.fstat(pfd)
-        _check_regular(st, limit)
-        flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK
-        try:
-            fd = os.open(f"/proc/self/fd/{pfd}", flags)
-        except FileNotFoundError:  # no /proc: reopen by name, and make sure it is the same file
-            fd = os.open(path, flags)
-        with os.fdopen(fd, "rb") as f:
-            again = os.fstat(fd)
-            if (again.st_dev, again.st_ino) != (st.st_dev, st.st_ino) or not stat.S_ISREG(again.st_mode):
-                raise Unreadable("it was replaced while being opened; try again")
-            data = f.read(limit + 1)
-    except OSError as e:
-        raise Unreadable(f"cannot read: {e.strerror}") from None
-    finally:
-        os.close(pfd)
-    if len(data) != st.st_size:  # a pseudo-file (its size is made up), or one being written right now
-        raise Unreadable("it does not read as long as its size says (a pseudo-file, or being written?); try again")
-    return data
-
-
-# ---- the store -------------------------------------------------------------------------------
-
-
-def state_dir(environ: Mapping[str, str] = os.environ) -> Path:
-    """$XDG_STATE_HOME/sandgate, else ~/.local/state/sandgate (a relative XDG value is ignored, as the spec says)."""
-    xdg = environ.get("XDG_STATE_HOME", "")
-    base = Path(xdg) if xdg and os.path.isabs(xdg) else Path(os.path.expanduser("~")) / ".local" / "state"
-    return base / "sandgate"
 
 
 def key(path: Path) -> str:

@@ -1,4 +1,5 @@
-"""The user's own defaults: `$XDG_CONFIG_HOME/sandgate/config.yaml` (else `~/.config/sandgate/config.yaml`).
+"""The user's own defaults: `$XDG_CONFIG_HOME/sandgate/config.yaml` (else `~/.config/sandgate/config.yaml`),
+and the user's state directory beside it (`state_dir`: the trust list, the audit logs).
 
 The same format as a policy file, applied to every run, proxy and explain without `sandgate trust`:
 the user wrote it. Precedence (README/docs): the command line > a workspace `.sandgate.yaml` > this
@@ -46,6 +47,14 @@ def path(environ: Mapping[str, str] = os.environ, euid: int | None = None) -> Pa
     xdg = environ.get("XDG_CONFIG_HOME", "")
     base = Path(xdg) if xdg and os.path.isabs(xdg) else Path(os.path.expanduser("~")) / ".config"
     return base / "sandgate" / FILE_NAME
+
+
+def state_dir(environ: Mapping[str, str] = os.environ) -> Path:
+    """$XDG_STATE_HOME/sandgate, else ~/.local/state/sandgate (a relative XDG value is ignored, as the spec says):
+    the user's trust list (launcher/config/trust.py) and audit logs, beside their defaults' directory."""
+    xdg = environ.get("XDG_STATE_HOME", "")
+    base = Path(xdg) if xdg and os.path.isabs(xdg) else Path(os.path.expanduser("~")) / ".local" / "state"
+    return base / "sandgate"
 
 
 def find(environ: Mapping[str, str] = os.environ) -> Path | None:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from fsguard import policy as fspolicy
-from launcher.config import parsecache, trust
+from launcher.config import hostilefile, parsecache
 from launcher.config.errors import PolicyFileError
 from launcher.config.locs import LocDict, LocList
 from netguard import policy as netpolicy
@@ -39,8 +39,8 @@ class NotPolicy(Exception):
 def read(path: Path, where: str) -> bytes:
     """The bytes of a policy file: a regular file of at most MAX_BYTES, never a FIFO or a device."""
     try:
-        return trust.read_file(path, MAX_BYTES)
-    except trust.Unreadable as e:
+        return hostilefile.read_file(path, MAX_BYTES)
+    except hostilefile.Unreadable as e:
         raise PolicyFileError(where, None, str(e)) from None
 
 

@@ -19,7 +19,7 @@ from fsguard import exposed, homeoverlay, landlock, mounts, userns
 from fsguard import policy as fspolicy
 from launcher.errors import RunError
 from launcher.run import configfiles, pathwarn, runtimedirs
-from launcher.run.options import WEAKEN_ENV, RunOptions, weakened
+from launcher.run.options import WEAKEN_ENV, RunOptions
 from netguard.audit import AuditLog, policy_record
 
 if TYPE_CHECKING:  # imported when used: most runs broker no credential
@@ -151,13 +151,12 @@ def _effective(opts: RunOptions, home: str, rt: Path, secret_files: tuple[str, .
     # inside (the threat: a run rewriting the policy the user's next command applies, or forging its
     # own record): read-only under a writable root, directories pinned (launcher/run/configfiles.py).
     eff = configfiles.protect(eff, configfiles.of_run(opts))
-    weak = weakened()
-    if weak:
+    if weak := opts.weak.names():
         print(
-            f"sandgate: WARNING: boundary deliberately weakened for a self-test: {', '.join(sorted(weak))}",
+            f"sandgate: WARNING: boundary deliberately weakened for a self-test: {', '.join(weak)}",
             file=sys.stderr,
         )
-    if "git-hooks" in weak:
+    if opts.weak.git_hooks:
         eff = dataclasses.replace(eff, protect=tuple(p for p in eff.protect if not p[0].endswith("/.git/hooks")))
     return eff
 
@@ -168,9 +167,14 @@ def _own(opts: RunOptions, rt: Path) -> tuple[str, ...]:
     never the sandbox's business: it must not be able to answer its own questions, bind itself a
     wider policy, or learn what is trusted."""
     from launcher.audit import logs as auditlogs
-    from launcher.config import trust
+    from launcher.config import userconfig
 
-    return (str(rt), str(trust.state_dir()), str(auditlogs.log_dir()), *((opts.approvals,) if opts.approvals else ()))
+    return (
+        str(rt),
+        str(userconfig.state_dir()),
+        str(auditlogs.log_dir()),
+        *((opts.approvals,) if opts.approvals else ()),
+    )
 
 
 def _runtime_dirs(opts: RunOptions, eff: fspolicy.Effective) -> runtimedirs.RuntimeDirs:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -20,7 +19,7 @@ if TYPE_CHECKING:
     from fsguard.layerstore import RunEntry
 
 
-def cleanup(args: argparse.Namespace) -> int:
+def cleanup() -> int:
     """Remove what killed runs left: placeholders, state, dead daemons' sockets, a killed verify's worlds."""
     if sys.platform == "win32":  # there: the ACL journals of killed runs (launcher/platform/windows)
         from launcher.platform.windows import runner
@@ -46,18 +45,18 @@ def cleanup(args: argparse.Namespace) -> int:
     return 0
 
 
-def cache_clear(args: argparse.Namespace) -> int:
+def cache_clear(user_spec: str | None, wait: bool) -> int:
     """`sandgate cache clear`: forget what sandboxed runs wrote under ~ (caches, and anything else)."""
     from fsguard import homeoverlay
 
-    user = resolve_user(args.user)  # --user, else the sudo caller, else you
+    user = resolve_user(user_spec)  # --user, else the sudo caller, else you
     uid = user.uid if user else os.getuid()
 
     def waiting(live: list[RunEntry]) -> None:
         print(f"sandgate: waiting for {_sandboxes(live)} to end", file=sys.stderr)
 
     try:
-        removed = homeoverlay.clear(uid, os.geteuid(), wait=bool(getattr(args, "wait", False)), waiting=waiting)
+        removed = homeoverlay.clear(uid, os.geteuid(), wait=wait, waiting=waiting)
     except homeoverlay.LayersBusy as e:
         # Removing a layer under a live sandbox would pull its home away (its writes would fail).
         raise UsageError(
@@ -79,11 +78,11 @@ def _sandboxes(live: list[RunEntry]) -> str:
     return f"{len(live)} running sandbox{'es' if len(live) > 1 else ''} ({who})"
 
 
-def daemon(args: argparse.Namespace) -> int:
+def daemon(action: str, as_json: bool) -> int:
     """`sandgate daemon status|stop|start`: the per-user proxy daemon that `sandgate run` starts on demand."""
     rt = runstate.runtime_dir()
     path = control.socket_path(rt)
-    if args.daemon_command == "start":
+    if action == "start":
         d = daemonctl.Daemon(rt)
         d.wait_ready(daemonctl.START_TIMEOUT)
         d.close()
@@ -93,16 +92,16 @@ def daemon(args: argparse.Namespace) -> int:
         client = control.ControlClient.connect(path, timeout=2.0)
     except (OSError, control.ControlError):
         print(f"sandgate: no daemon running ({path})", file=sys.stderr)
-        return 3 if args.daemon_command == "status" else 0
+        return 3 if action == "status" else 0
     try:
-        if args.daemon_command == "stop":
+        if action == "stop":
             client.stop()
             print("sandgate: daemon stopped", file=sys.stderr)
             return 0
         st = client.status()
     finally:
         client.close()
-    if args.json:
+    if as_json:
         print(json.dumps(st))
     else:
         _print_status(st, path)

@@ -19,7 +19,6 @@ removes the placeholders and state it left.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from pathlib import Path
@@ -30,7 +29,7 @@ from launcher import timings
 from launcher.config import parsecache
 from launcher.errors import RunError
 from launcher.platform import seam
-from launcher.run import daemonctl, livedenials, options, otlpenv, policyargs, runstate, summary, workspace
+from launcher.run import daemonctl, livedenials, options, otlpenv, runstate, summary, workspace
 from launcher.run.linuxbackend import LinuxBackend, LinuxRun, Terminating
 from netguard import nft, sandboxnet
 from netguard.audit import AuditLog
@@ -50,27 +49,26 @@ def _terminating(opts: options.RunOptions) -> Terminating | None:
     return Terminating(inspection.new_ca(opts.task, inspection.inspected_names(net)), creds)
 
 
-def main(args: argparse.Namespace) -> int:
+def main(args: options.RunArgs) -> int:
     """`sandgate run`: parse and check, then the seam; any failure before CMD starts is one line and exit 125."""
     _this_platform()  # never run a command unconfined on an OS without a backend (Windows: launcher.cli)
-    cmd = options.command(args)  # parse
+    options.command(args)  # no CMD: one line, before any daemon is started
     rt = runstate.runtime_dir()
     # First: a cold daemon starts while the policy is read and the sandbox is built (it is what the first
     # connection waits for; launcher/prestart.py spawned it even earlier).
     daemon = daemonctl.Daemon(rt)
     timings.mark("daemon-connect")
     try:
-        return _run(args, cmd, rt, daemon)
+        return _run(args, rt, daemon)
     except BaseException:
         daemon.abandon()  # failed before its bind: a daemon this run spawned must not idle on for nobody
         raise
 
 
-def _run(args: argparse.Namespace, cmd: list[str], rt: Path, daemon: daemonctl.Daemon) -> int:
+def _run(args: options.RunArgs, rt: Path, daemon: daemonctl.Daemon) -> int:
     parsecache.CACHE_DIR = rt / "policy-cache"  # hidden from every sandbox
     gitguard.SCAN_CACHE = str(rt / "gitscan")  # hidden from every sandbox: what it remembers decides what is protected
-    pol = policyargs.policy_from_args(args)  # parsed once, here: the daemon gets the compiled result, never YAML
-    opts = options.from_args(args, cmd, pol)
+    opts = options.build(args)  # the policy parsed once, here: the daemon gets the compiled result, never YAML
     workspace.check(opts, args.user)  # never `/` or a home writable
     otlpenv.settings()  # OTEL_* read once, here: a setting sandgate cannot honour fails before any sandbox
     if opts.verbose:  # the network part of the boundary (confinement prints the filesystem part)

@@ -275,8 +275,6 @@ def _inside(
         ident = userns.plan(os.getuid(), os.getgid(), target, opts.root_inside, helpers=_root_helpers())
     except userns.UsernsError as e:
         raise RunError(str(e)) from None
-    weak = options.weakened()
-    own_netns = "firewall" not in weak
     (paths.dir / "resolv.conf").write_text(
         "# written by sandgate: the sandbox's only resolver is its DNS listener\nnameserver 127.0.0.1\noptions edns0\n"
     )
@@ -294,11 +292,11 @@ def _inside(
         conf.landlock,
         paths.dir,
         PORTS,
-        own_netns=own_netns,
-        keep_net_admin="netadmin" in weak,
+        own_netns=not opts.weak.firewall,
+        keep_net_admin=opts.weak.netadmin,
         make_dirs=_hidden_home(conf),
         files=files,
-        nested_userns=opts.nested_userns or "nested-userns" in weak,  # the weakening: verify's own control
+        nested_userns=opts.nested_userns or opts.weak.nested_userns,  # the weakening: verify's own control
     )
 
 

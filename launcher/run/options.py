@@ -1,33 +1,78 @@
-"""What one `sandgate run` was asked to do, as a typed record built once from the command line."""
+"""What one `sandgate run` was asked to do: the command line as typed values (made by launcher/cli.py,
+the one place argparse reaches) and, checked once in one call (`build`), the record every step after it reads."""
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 import stat
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from launcher.audit import logs as auditlogs
 from launcher.config import load as lpolicy
 from launcher.errors import RunError, UsageError
+from launcher.run.policyargs import PolicyArgs, policy_from_args
 from netguard.policy import NetworkPolicy
 from netguard.upstreamproxy import Upstream
 
 #: Test-only: sandgate verify's self-test sets this to weaken ONE mechanism and prove that the
 #: matching probes then fail. Not a command-line option; announced loudly; never passed inside.
+#: Read here only (`Weakenings.read`); every other module gets the record, in RunOptions.
 WEAKEN_ENV = "SANDGATE_INTERNAL_WEAKEN"
 WEAKENINGS = frozenset({"firewall", "git-hooks", "netadmin", "nested-userns"})
 
 
-def weakened() -> frozenset[str]:
-    value = os.environ.get(WEAKEN_ENV, "")
-    names = frozenset(x for x in value.split(",") if x)
-    if names - WEAKENINGS:
-        raise RunError(f"{WEAKEN_ENV} names unknown weakenings {sorted(names - WEAKENINGS)}")
-    return names
+@dataclass(frozen=True)
+class Weakenings:
+    """The self-test's deliberate holes for this run (none in any real run)."""
+
+    firewall: bool = False  # no network namespace of its own (so no nftables table either)
+    git_hooks: bool = False  # .git/hooks writable from inside
+    netadmin: bool = False  # CAP_NET_ADMIN kept inside: the command could rewrite its own table
+    nested_userns: bool = False  # user namespaces of its own allowed, as --allow-nested-userns
+
+    @classmethod
+    def read(cls, environ: Mapping[str, str] = os.environ) -> Weakenings:
+        """The weakenings WEAKEN_ENV names; RunError for a name that is none (a typo must not pass as no hole)."""
+        names = frozenset(x for x in environ.get(WEAKEN_ENV, "").split(",") if x)
+        if names - WEAKENINGS:
+            raise RunError(f"{WEAKEN_ENV} names unknown weakenings {sorted(names - WEAKENINGS)}")
+        return cls(**{n.replace("-", "_"): True for n in names})
+
+    def names(self) -> tuple[str, ...]:
+        """As WEAKEN_ENV spells them, sorted: for the loud warning."""
+        return tuple(sorted(n for n in WEAKENINGS if getattr(self, n.replace("-", "_"))))
+
+
+@dataclass(frozen=True)
+class RunArgs:
+    """`sandgate run`'s (and `explain`'s) command line as given: typed, not yet checked."""
+
+    policy: PolicyArgs
+    cmd: tuple[str, ...] = ()  # CMD and its arguments, after an optional `--`
+    audit_log: str | None = None
+    user: str | None = None
+    write: tuple[str, ...] = ()
+    read_deny: tuple[str, ...] = ()
+    expose_socket: tuple[str, ...] = ()
+    require_landlock: bool = False
+    verbose: bool = False
+    learn: bool = False
+    ask: bool = False
+    ask_timeout: float = 60.0
+    approvals: str | None = None
+    upstream_ca: str | None = None
+    upstream_proxy: str | None = None
+    upstream_proxy_by_name: bool = False
+    fresh_home: bool = False
+    allow_nested_userns: bool = False
+    notices: bool = False
+    quiet: bool = False
+    dry_run: bool = False
+    json: bool = False  # explain --json
+    transparent: bool = False  # Windows only: WinDivert capture
 
 
 @dataclass
@@ -67,30 +112,31 @@ class RunOptions:
     nested_userns: bool = False  # --allow-nested-userns: the command may make user namespaces of its own
     upstream_proxy: Upstream | None = None  # --upstream-proxy or HTTPS_PROXY...: the daemon's corporate proxy
     notices: bool = False  # --notices: the run's denials as JSON lines the command reads (run/notices.py)
+    weak: Weakenings = Weakenings()  # the self-test's deliberate holes (WEAKEN_ENV); none in a real run
     task: str = field(default_factory=lambda: os.urandom(6).hex())  # 12 random hex digits, as uuid4's first 12
 
 
-def command(args: argparse.Namespace) -> list[str]:
-    """CMD and its arguments, after an optional `--`."""
-    cmd: list[str] = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
-    if not cmd:
+def command(args: RunArgs) -> list[str]:
+    """CMD and its arguments; a run without one is a usage error."""
+    if not args.cmd:
         raise UsageError("no command given: sandgate run [options] -- CMD [ARGS...]")
-    return cmd
+    return list(args.cmd)
 
 
-def from_args(args: argparse.Namespace, cmd: list[str], pol: lpolicy.Policy) -> RunOptions:
-    """The run's options; the policy was already parsed (once, by the caller)."""
+def build(args: RunArgs) -> RunOptions:
+    """The run's options in one call: the policy parsed (once, here), every option checked."""
+    pol = policy_from_args(args.policy)
     files = list(pol.files)  # --policy files or a trusted ./.sandgate.yaml: "always" answers go to the first
     root_inside = args.user in ("0", "root")
     return RunOptions(
-        cmd=cmd,
+        cmd=list(args.cmd),
         audit_path=(Path(args.audit_log) if args.audit_log else auditlogs.new_path()).absolute(),
         user=None if root_inside and os.geteuid() != 0 else resolve_user(args.user),
         policy=pol,
         policy_file=files[0] if files else None,
         root_inside=root_inside,
-        write=tuple(args.write),
-        read_deny=tuple(args.read_deny),
+        write=args.write,
+        read_deny=args.read_deny,
         require_landlock=args.require_landlock,
         quiet=args.quiet,
         verbose=args.verbose,
@@ -98,15 +144,14 @@ def from_args(args: argparse.Namespace, cmd: list[str], pol: lpolicy.Policy) -> 
         ask=args.ask,
         ask_timeout=args.ask_timeout,
         approvals=_approvals_path(args.approvals),
-        upstream_ca=_upstream_ca(getattr(args, "upstream_ca", None)),
-        upstream_ca_file=getattr(args, "upstream_ca", None),
-        expose=_expose_sockets(getattr(args, "expose_socket", None) or ()),
-        fresh_home=bool(getattr(args, "fresh_home", False)),
-        nested_userns=bool(getattr(args, "allow_nested_userns", False)),
-        upstream_proxy=upstream_proxy(
-            getattr(args, "upstream_proxy", None), getattr(args, "upstream_proxy_by_name", False)
-        ),
-        notices=bool(getattr(args, "notices", False)),
+        upstream_ca=_upstream_ca(args.upstream_ca),
+        upstream_ca_file=args.upstream_ca,
+        expose=_expose_sockets(args.expose_socket),
+        fresh_home=args.fresh_home,
+        nested_userns=args.allow_nested_userns,
+        upstream_proxy=upstream_proxy(args.upstream_proxy, args.upstream_proxy_by_name),
+        notices=args.notices,
+        weak=Weakenings.read(),
     )
 
 

@@ -12,13 +12,13 @@ The `sandgate: proxy ready on ...` line on stderr is for humans; nothing should 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
 import sys
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, NotRequired, TypedDict
 
@@ -26,6 +26,7 @@ from launcher.audit import logs as auditlogs
 from launcher.config import load as lpolicy
 from launcher.errors import UsageError
 from launcher.run import inspection, options, policyargs
+from launcher.run.policyargs import PolicyArgs
 
 if TYPE_CHECKING:
     from netguard.audit import AuditLog
@@ -37,6 +38,28 @@ if TYPE_CHECKING:
 AddrParser = Callable[[str], tuple[str, int]]
 
 
+@dataclass(frozen=True)
+class ProxyArgs:
+    """`sandgate proxy`'s command line as given (typed by launcher/cli.py), checked as it is used."""
+
+    policy: PolicyArgs
+    listen: str = "127.0.0.1:3128"
+    transparent: str | None = None
+    dns: str | None = None
+    audit_log: str | None = None
+    task: str | None = None
+    quiet: bool = False
+    learn: bool = False
+    ready_fd: int | None = None
+    upstream_ca: str | None = None
+    upstream_proxy: str | None = None
+    upstream_proxy_by_name: bool = False
+    ca_cert: str | None = None
+    ask_all: bool = False  # `sandgate run --ask`
+    approval_socket: str | None = None  # the launcher's approval broker
+    ask_timeout: float = 60.0
+
+
 class Ready(TypedDict):
     """The one line written to --ready-fd."""
 
@@ -46,14 +69,14 @@ class Ready(TypedDict):
     ca: NotRequired[str]  # only when the policy inspects: the CA certificate clients must trust
 
 
-def main(args: argparse.Namespace, parse_addr: AddrParser) -> int:
+def main(args: ProxyArgs, parse_addr: AddrParser) -> int:
     """Serve until SIGINT/SIGTERM; the exit line counts what was allowed, denied and refused."""
     import asyncio
 
     from netguard.audit import AuditLog
     from netguard.daemon import standalone as proxy
 
-    pol = policyargs.policy_from_args(args)
+    pol = policyargs.policy_from_args(args.policy)
     listeners = proxy.Listeners(
         regular=parse_addr(args.listen),
         transparent=parse_addr(args.transparent) if args.transparent else None,
@@ -104,9 +127,7 @@ def main(args: argparse.Namespace, parse_addr: AddrParser) -> int:
     return 0
 
 
-def _binding(
-    args: argparse.Namespace, pol: lpolicy.Policy, audit: AuditLog, audit_path: Path
-) -> tuple[Binding, Path | None]:
+def _binding(args: ProxyArgs, pol: lpolicy.Policy, audit: AuditLog, audit_path: Path) -> tuple[Binding, Path | None]:
     """The one binding this proxy serves, and where its CA certificate was written (None: nothing inspected)."""
     from netguard import rules
     from netguard.asking import Approver
@@ -132,7 +153,7 @@ def _binding(
 
 
 def _inspection(
-    task: str, args: argparse.Namespace, pol: lpolicy.Policy, audit_path: Path
+    task: str, args: ProxyArgs, pol: lpolicy.Policy, audit_path: Path
 ) -> tuple[CaPair | None, tuple[Secret, ...], Path | None]:
     """When the policy inspects: this proxy's CA (key in memory only), its certificate written for
     clients to trust, and the brokered credentials' secrets. Otherwise nothing (and no cryptography)."""

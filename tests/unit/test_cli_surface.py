@@ -285,8 +285,8 @@ def test_a_run_imports_none_of_these_commands(tmp_path: Path) -> None:
         "import json, sys\n"
         "from launcher import cli\n"
         f"args = cli.build_parser('run').parse_args(['run', '-q', '--audit-log', '{tmp_path}/a.jsonl', '--', 'true'])\n"
-        "from launcher.run import launch, options, policyargs\n"
-        "options.from_args(args, options.command(args), policyargs.policy_from_args(args))\n"
+        "from launcher.run import launch, options\n"
+        "options.build(cli.run_args(args))\n"
         "print(json.dumps(sorted(sys.modules)))\n"
     )
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "HOME": str(tmp_path)}

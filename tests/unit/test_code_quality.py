@@ -152,3 +152,52 @@ def test_the_arrow_check_catches_an_offender(tmp_path: Path) -> None:
         "netguard/a.py:2: imports launcher.cli.main",
         "fsguard/b.py:2: imports netguard.rules",
     ]
+
+
+#: argparse stops at the CLI (issue 29): below it every body gets typed records. Besides the CLI's two
+#: parsing modules, completion.py walks the parser itself for shtab (it never sees a namespace), and a
+#: separate program's own entry point (its parser's prog is "python -m ...") parses its own argv.
+ARGPARSE_HOMES = ("launcher/cli.py", "launcher/cliparsers.py")
+PARSER_WALKERS = ("launcher/completion.py",)
+
+
+def argparse_violations(root: Path) -> list[str]:
+    """Modules other than ARGPARSE_HOMES that import argparse (PARSER_WALKERS may) or name argparse.Namespace."""
+    bad = []
+    for top in ("launcher", "netguard", "fsguard", "sgbase", "selftest"):
+        for path in sorted((root / top).rglob("*.py")):
+            rel = path.relative_to(root).as_posix()
+            text = path.read_text()
+            if rel in ARGPARSE_HOMES or 'ArgumentParser(prog="python -m ' in text:
+                continue
+            if rel not in PARSER_WALKERS:
+                bad += [
+                    f"{rel}:{line}: imports {name}" for line, name in _imports(path) if name.split(".")[0] == "argparse"
+                ]
+            bad += [
+                f"{rel}:{n}: names argparse.Namespace"
+                for n, s in enumerate(text.splitlines(), 1)
+                if "argparse.Namespace" in s
+            ]
+    return bad
+
+
+def test_argparse_stops_at_the_cli() -> None:
+    bad = argparse_violations(ROOT)
+    assert not bad, "pass typed records made in launcher/cli.py (cli.typed), not the namespace:\n" + "\n".join(bad)
+
+
+def test_the_argparse_check_catches_an_offender(tmp_path: Path) -> None:
+    (tmp_path / "launcher" / "run").mkdir(parents=True)
+    (tmp_path / "netguard").mkdir()
+    (tmp_path / "launcher" / "cli.py").write_text("import argparse\ndef f(a: argparse.Namespace) -> None: ...\n")
+    (tmp_path / "launcher" / "completion.py").write_text(
+        "import argparse\ndef f(a: 'argparse.Namespace') -> None: ...\n"
+    )
+    (tmp_path / "launcher" / "run" / "a.py").write_text("def f(args):\n    from argparse import Namespace\n")
+    (tmp_path / "netguard" / "m.py").write_text('import argparse\nap = argparse.ArgumentParser(prog="python -m x")\n')
+    assert argparse_violations(tmp_path) == [
+        "launcher/completion.py:2: names argparse.Namespace",
+        "launcher/run/a.py:2: imports argparse",
+        "launcher/run/a.py:2: imports argparse.Namespace",
+    ]

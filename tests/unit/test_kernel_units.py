@@ -87,6 +87,9 @@ def test_weakening_switch_rejects_unknown_names(monkeypatch: pytest.MonkeyPatch)
 
     monkeypatch.setenv(run.WEAKEN_ENV, "firewall,landlock")
     with pytest.raises(RunError, match="unknown weakenings"):
-        run.weakened()
+        run.Weakenings.read()
     monkeypatch.setenv(run.WEAKEN_ENV, "git-hooks")
-    assert run.weakened() == {"git-hooks"}
+    assert run.Weakenings.read() == run.Weakenings(git_hooks=True)
+    assert run.Weakenings.read().names() == ("git-hooks",)
+    assert run.Weakenings.read({run.WEAKEN_ENV: "nested-userns,firewall"}).names() == ("firewall", "nested-userns")
+    assert run.Weakenings.read({}) == run.Weakenings()  # a real run: no hole

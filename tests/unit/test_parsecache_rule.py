@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.config import parsecache, trust
+from launcher.config import hostilefile, parsecache
 from launcher.config.errors import PolicyFileError
 from launcher.config.load import build_policy
 
@@ -56,7 +56,7 @@ def test_a_refused_include_leaves_nothing_of_itself_in_the_cache(tmp_path: Path,
     assert not _held(cache)
     control = _policy(tmp_path, "ok.yaml", f"version: 1\ndescription: {SECRET}\n")
     build_policy([control], [], [])
-    assert _held(cache) == [f"{trust.digest(control.read_bytes())}{parsecache.SUFFIX}"]
+    assert _held(cache) == [f"{hostilefile.digest(control.read_bytes())}{parsecache.SUFFIX}"]
 
 
 def test_a_refused_policy_file_itself_is_not_cached(tmp_path: Path, cache: Path) -> None:
@@ -67,7 +67,7 @@ def test_a_refused_policy_file_itself_is_not_cached(tmp_path: Path, cache: Path)
 
 def test_entries_of_an_older_sandgate_are_removed_at_the_next_store(tmp_path: Path, cache: Path) -> None:
     cache.mkdir()
-    legacy = cache / f"{trust.digest(SHADOW.encode())}.json"  # stored before validation, by the old rule
+    legacy = cache / f"{hostilefile.digest(SHADOW.encode())}.json"  # stored before validation, by the old rule
     legacy.write_text(f'"{SECRET}"')
     build_policy([_policy(tmp_path, "ok.yaml", "version: 1\nnetwork:\n  allow: [a.test]\n")], [], [])
     assert not legacy.exists() and not _held(cache)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.config import trust
+from launcher.config import hostilefile, trust
 from launcher.config.bundled import bundled_names, describe_bundled
 from launcher.config.checks import Checks
 from launcher.config.errors import PolicyFileError
@@ -563,7 +563,7 @@ def test_limits_are_checked_before_a_document_is_cached(tmp_path: Path, monkeypa
     text = "version: 1\nnetwork:\n  allow: [a.test]\n"
     (tmp_path / "cache").mkdir(exist_ok=True)
     deep = '{"s": ' * 100_000 + "}" * 100_000
-    (tmp_path / "cache" / f"{trust.digest(text.encode())}{parsecache.SUFFIX}").write_text(deep)
+    (tmp_path / "cache" / f"{hostilefile.digest(text.encode())}{parsecache.SUFFIX}").write_text(deep)
     assert lp.parse_yaml(text, "p.yaml")["network"]["allow"] == ["a.test"]  # a deep damaged entry is a miss
 
 
@@ -687,7 +687,7 @@ def test_cli_prints_one_line_for_an_untrusted_workspace_policy(tmp_path: Path) -
     (ws / ".sandgate.yaml").write_text("version: 1\nnetwork:\n  allow: [a.test]\n  deny: [b.test]\n")
     script = (
         "from launcher import cli; from launcher.run import policyargs; "
-        "p = policyargs.policy_from_args(cli.build_parser().parse_args(['proxy'])); "
+        "p = policyargs.policy_from_args(cli.typed_policy(cli.build_parser().parse_args(['proxy']))); "
         "print([r.value for r in p.network.allow], [r.value for r in p.network.deny])"
     )
     r = subprocess.run(

@@ -19,9 +19,8 @@ RUN_PATH = """
 import json, sys
 from launcher import cli
 args = cli.build_parser("run").parse_args(["run", "-q", "--audit-log", sys.argv[1], "--", "true"])
-from launcher.run import launch, options, policyargs
-pol = policyargs.policy_from_args(args)
-options.from_args(args, options.command(args), pol)
+from launcher.run import launch, options
+options.build(cli.run_args(args))
 print(json.dumps(sorted(sys.modules)))
 """
 

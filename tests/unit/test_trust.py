@@ -15,7 +15,7 @@ import pytest
 
 from fsguard import policy as fspolicy
 from fsguard.env import EnvPolicy
-from launcher.config import trust
+from launcher.config import hostilefile, narrowing, trust, userconfig
 from launcher.config.load import build_policy
 from netguard import policy as netpolicy
 
@@ -29,7 +29,7 @@ def test_a_record_is_path_plus_content_hash_and_any_edit_revokes_it(tmp_path: Pa
     f.write_bytes(b"version: 1\n")
     assert store.status(f, f.read_bytes()) == ("unknown", None)
     [(key, digest)] = store.add([(f, f.read_bytes())])
-    assert key == str(f) and digest == trust.digest(b"version: 1\n")
+    assert key == str(f) and digest == hostilefile.digest(b"version: 1\n")
     assert store.status(f, b"version: 1\n") == ("trusted", None)
     assert store.status(f, b"version: 1\n# one more byte\n") == ("changed", None)
     assert store.status(tmp_path / "other.yaml", b"version: 1\n") == ("unknown", None)  # same content, other path
@@ -91,10 +91,10 @@ def test_a_list_inside_the_workspace_is_refused(tmp_path: Path) -> None:
 
 
 def test_state_dir_follows_xdg_and_ignores_a_relative_value() -> None:
-    assert trust.state_dir({"XDG_STATE_HOME": "/x/state"}) == Path("/x/state/sandgate")
+    assert userconfig.state_dir({"XDG_STATE_HOME": "/x/state"}) == Path("/x/state/sandgate")
     home = Path(os.path.expanduser("~"))
-    assert trust.state_dir({"XDG_STATE_HOME": "rel"}) == home / ".local/state/sandgate"
-    assert trust.state_dir({}) == home / ".local/state/sandgate"
+    assert userconfig.state_dir({"XDG_STATE_HOME": "rel"}) == home / ".local/state/sandgate"
+    assert userconfig.state_dir({}) == home / ".local/state/sandgate"
 
 
 # ---- what an untrusted file keeps ---------------------------------------------------------------
@@ -106,7 +106,7 @@ def test_narrow_keeps_only_what_forbids_more() -> None:
     )
     fs = fspolicy.FsPolicy(write=(".",), read_deny=("secrets",), protect=("notes.txt", "/etc/nologin", "~/.x"))
     env = EnvPolicy(drop=("P_*",), keep=("*",))
-    net, fs2, env2, ignored = trust.narrow(rule, fs, env, has_include=True)
+    net, fs2, env2, ignored = narrowing.narrow(rule, fs, env, has_include=True)
     assert net == netpolicy.NetworkPolicy(deny=rule.deny)
     assert fs2 == fspolicy.FsPolicy(read_deny=("secrets",), protect=("notes.txt",))
     assert env2 == EnvPolicy(drop=("P_*",))
@@ -122,10 +122,10 @@ def test_narrow_keeps_only_what_forbids_more() -> None:
     # `write: []` (nothing writable) and `write: ["."]` (no private /tmp: the host's shows) are both ignored:
     # write is not monotonic, so no form of it is taken from an untrusted file.
     for write in ((), (".",), ("/tmp",)):
-        assert trust.narrow(netpolicy.NetworkPolicy(), fspolicy.FsPolicy(write=write), EnvPolicy(), False)[3] == (
+        assert narrowing.narrow(netpolicy.NetworkPolicy(), fspolicy.FsPolicy(write=write), EnvPolicy(), False)[3] == (
             "filesystem.write",
         )
-    assert trust.narrow(netpolicy.NetworkPolicy(), fspolicy.FsPolicy(), EnvPolicy(), False)[3] == ()
+    assert narrowing.narrow(netpolicy.NetworkPolicy(), fspolicy.FsPolicy(), EnvPolicy(), False)[3] == ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,7 +137,7 @@ class _WiderFs(fspolicy.FsPolicy):
 
 def test_narrow_drops_fields_it_does_not_know() -> None:
     fs = _WiderFs(read_deny=("s",), open_everything=("/",))
-    _, fs2, _, ignored = trust.narrow(netpolicy.NetworkPolicy(), fs, EnvPolicy(), False)
+    _, fs2, _, ignored = narrowing.narrow(netpolicy.NetworkPolicy(), fs, EnvPolicy(), False)
     assert type(fs2) is fspolicy.FsPolicy and fs2.read_deny == ("s",) and ignored == ("filesystem.open_everything",)
 
 
@@ -211,3 +211,26 @@ def test_build_policy_with_a_store_that_cannot_be_read_runs_narrowed(
     store.file.chmod(0o600)
     pol = build_policy([], [], [], workspace=Path(".sandgate.yaml"), store=store)
     assert not pol.network.allow and pol.narrowed is not None and "damaged" in pol.narrowed.notice()
+
+
+def _ours(module: str) -> set[str]:
+    """The launcher.config modules `module` imports, at any depth (type-only imports too)."""
+    import ast
+
+    tree = ast.parse((REPO / (module.replace(".", "/") + ".py")).read_text())
+    found = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    for n in ast.walk(tree):
+        if isinstance(n, ast.ImportFrom) and n.module:
+            found |= {n.module, *(f"{n.module}.{a.name}" for a in n.names)}
+    return {m for m in found if m.startswith("launcher")}
+
+
+def test_reading_a_policy_never_detours_through_the_trust_list() -> None:
+    """One-way arrows (issue 29): the readers use hostilefile; the trust list and narrowing never
+    import a reader back; reading a hostile file depends on nothing of ours."""
+    assert _ours("launcher.config.hostilefile") == set()
+    for store_side in ("launcher.config.trust", "launcher.config.narrowing"):
+        assert not {m for m in _ours(store_side) if m.startswith(("launcher.config.load", "launcher.config.yamlfile"))}
+    for reader in ("launcher.config.yamlfile", "launcher.config.hostsfiles", "launcher.config.parsecache"):
+        assert not {m for m in _ours(reader) if m.startswith(("launcher.config.trust", "launcher.config.narrowing"))}
+    assert "launcher.config.hostilefile" in _ours("launcher.config.yamlfile")  # the control: the check reads imports

@@ -9,13 +9,13 @@ Linux daemon's unix sockets or user namespaces are refused in one line, not half
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import ntpath
 import sys
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fsguard import env as fsenv
 from fsguard import policy as fspolicy
@@ -25,6 +25,9 @@ from launcher.platform.windows import aclapply, state
 from launcher.platform.windows import setup as winsetup
 from launcher.platform.windows.api import WinApi, WinApiError
 from launcher.platform.windows.backend import WindowsBackend
+
+if TYPE_CHECKING:
+    from launcher.run.options import RunArgs
 
 EXIT_NOT_HERE = 2  # `sandgate setup` on Linux: a usage mistake, not a failed sandbox
 
@@ -40,7 +43,7 @@ def _say(line: str) -> None:
     print(f"sandgate: {line}", file=sys.stderr)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: RunArgs) -> int:
     """`sandgate run -- CMD` on Windows: CMD's exit status, or one error line (exit 125)."""
     from launcher.run import options, policyargs
 
@@ -48,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
         if given:
             raise RunError(f"{flag} is not available on Windows yet (docs/windows.md); run without it")
     cmd = options.command(args)
-    pol = policyargs.policy_from_args(args)
+    pol = policyargs.policy_from_args(args.policy)
     api = make_api()
     task = uuid.uuid4().hex[:12]
     try:
@@ -60,8 +63,7 @@ def run(args: argparse.Namespace) -> int:
         env, _dropped = fsenv.filter_env(api.environ(), pol.env)
         request = seam.SandboxRequest(tuple(cmd), api.cwd(), env, dataclasses.replace(pol, filesystem=fs), task)
         argv = _proxy_argv(api, args, task, audit) if pol.sources else None
-        transparent = bool(getattr(args, "transparent", False))  # the flag exists on Windows only
-        status = seam.run_in(WindowsBackend(api, argv, _say, transparent=transparent), request)
+        status = seam.run_in(WindowsBackend(api, argv, _say, transparent=args.transparent), request)
     except WinApiError as e:
         raise RunError(str(e)) from None
     if not args.quiet and argv is not None:
@@ -71,14 +73,15 @@ def run(args: argparse.Namespace) -> int:
     return status
 
 
-def _proxy_argv(api: WinApi, args: argparse.Namespace, task: str, audit: str) -> tuple[str, ...]:
+def _proxy_argv(api: WinApi, args: RunArgs, task: str, audit: str) -> tuple[str, ...]:
     """`sandgate proxy` with the run's own policy flags: the same policy, parsed again by the child
     (the daemon's typed spec needs the unix control socket, which Windows' CPython lacks)."""
     out = [api.python(), "-m", "launcher.cli", "proxy", "--ready-fd", "1", "-q", "--task", task, "--audit-log", audit]
-    for flag, values in (("--policy", args.policy), ("--allow", args.allow), ("--deny", args.deny)):
+    given = args.policy
+    for flag, values in (("--policy", given.policy), ("--allow", given.allow), ("--deny", given.deny)):
         for value in values:
             out += [flag, value]
-    if args.allow_wide_cidr:
+    if given.allow_wide_cidr:
         out.append("--allow-wide-cidr")
     if args.learn:
         out.append("--learn")
@@ -87,7 +90,7 @@ def _proxy_argv(api: WinApi, args: argparse.Namespace, task: str, audit: str) ->
     return tuple(out)
 
 
-def setup(args: argparse.Namespace, platform: str | None = None) -> int:
+def setup(remove: bool = False, transparent: bool = False, platform: str | None = None) -> int:
     """`sandgate setup [--remove] [--transparent]`: Windows only; elsewhere one line and exit 2."""
     if (platform or sys.platform) != "win32":
         print(
@@ -97,10 +100,10 @@ def setup(args: argparse.Namespace, platform: str | None = None) -> int:
         return EXIT_NOT_HERE
     api = make_api()
     try:
-        if args.remove:
+        if remove:
             winsetup.remove(api, _say)
         else:
-            winsetup.setup(api, _say, transparent=bool(getattr(args, "transparent", False)))
+            winsetup.setup(api, _say, transparent=transparent)
     except WinApiError as e:
         raise UsageError(str(e)) from None
     return 0

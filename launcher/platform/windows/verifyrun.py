@@ -9,7 +9,6 @@ listed as such, never counted as passed. Exit 0: every written probe passed; 1: 
 
 from __future__ import annotations
 
-import argparse
 import json
 import ntpath
 import sys
@@ -70,21 +69,23 @@ def report(rows: list[tuple[str, Verdict]], missing: int, out: Callable[[str], N
     return 1 if failed else 0
 
 
-def main(args: argparse.Namespace, api: WinApi | None = None) -> int:
+def main(
+    policy: tuple[str, ...] = (), as_json: bool = False, only: str | None = None, api: WinApi | None = None
+) -> int:
     from launcher.platform.windows import runner
 
-    if getattr(args, "policy", None):
+    if policy:
         from launcher.errors import UsageError
 
         raise UsageError("--policy is not used by 'sandgate verify' on Windows yet; run it without --policy")
     api = api or runner.make_api()
     found = probebody.bodies()
-    chosen = select(getattr(args, "only", None), found)
+    chosen = select(only, found)
     if not chosen:
         from launcher.errors import UsageError
 
         names = ", ".join(b.name for b in found)
-        raise UsageError(f"--only {args.only}: no Windows probe body of that name or group (written: {names})")
+        raise UsageError(f"--only {only}: no Windows probe body of that name or group (written: {names})")
     written = {b.name for b in found}
     missing = sum(1 for n, (cov, _) in probes.PROBES.items() if cov == "variant" and n not in written)
     missing += sum(1 for n in probes.WINDOWS_ONLY if n not in written)
@@ -94,7 +95,7 @@ def main(args: argparse.Namespace, api: WinApi | None = None) -> int:
         from launcher.errors import UsageError
 
         raise UsageError(str(e)) from None
-    if getattr(args, "json", False):
+    if as_json:
         doc = {"rows": [{"name": n, "ok": v.ok, "detail": v.detail} for n, v in rows], "missing": missing}
         print(json.dumps(doc, indent=2))
         return 1 if any(not v.ok for _, v in rows) else 0
