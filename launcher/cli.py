@@ -55,7 +55,7 @@ def _run(args: argparse.Namespace) -> int:
 
         return explain.main(args)
     if sys.platform == "win32":  # before the Linux room, whose modules import pwd, fcntl, termios
-        from launcher.platform.windows import runner
+        from launcher.run.windows import runner
 
         return runner.run(args)  # seam.run_in with the Windows backend (docs/windows.md)
     from launcher.run import launch

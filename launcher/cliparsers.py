@@ -21,7 +21,7 @@ def _housekeeping(args: argparse.Namespace) -> int:
 
 
 def _setup(args: argparse.Namespace) -> int:
-    from launcher.platform.windows import runner
+    from launcher.run.windows import runner
 
     return runner.setup(args)
 
@@ -40,7 +40,7 @@ def _config(args: argparse.Namespace) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     if sys.platform == "win32":  # the Windows probe bodies, run through the Windows backend (issue 28, W3)
-        from launcher.platform.windows import verifyrun
+        from selftest.windows import verifyrun
 
         return verifyrun.main(args)
     from launcher.selftest import command

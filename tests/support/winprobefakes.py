@@ -13,8 +13,8 @@ import ntpath
 from collections.abc import Callable
 from typing import Any
 
-from launcher.platform.windows import probebody
-from launcher.platform.windows.launch import Launch
+from fsguard.windows.launch import Launch
+from selftest.windows import probebody
 from tests.support import winkernel
 
 Simulation = Callable[[Any, Launch, str], dict[str, Any] | None]  # (FakeWinApi, launch, desktop) -> RESULT

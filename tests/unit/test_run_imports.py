@@ -41,7 +41,7 @@ NEVER = (
     "launcher.run.brokered",
     "launcher.run.proxy",
     "launcher.run.housekeeping",
-    "launcher.platform.windows",
+    "launcher.run.windows",
     "netguard.proxy.serve",
 )
 

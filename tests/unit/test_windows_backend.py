@@ -11,9 +11,12 @@ import json
 
 import pytest
 
+from fsguard.windows import acljournal
 from launcher import cli
-from launcher.platform.windows import acljournal, backend, runner, state
-from launcher.platform.windows.api import WinApiError
+from launcher.run import windowsbackend as backend
+from launcher.run.windows import runner
+from sgbase.windows import state
+from sgbase.windows.api import WinApiError
 from tests.support import winfake
 from tests.support.winfake import APPDATA, WS, FakeWinApi
 
@@ -239,7 +242,7 @@ def test_a_failed_restore_keeps_the_journal_for_cleanup(api: FakeWinApi, capsys:
 def test_teardown_is_idempotent(api: FakeWinApi) -> None:
     be = backend.WindowsBackend(api, None)
     from launcher.config.load import Policy
-    from launcher.platform.seam import SandboxRequest
+    from launcher.run.seam import SandboxRequest
     from netguard.policy import NetworkPolicy
 
     box = be.make(SandboxRequest((winfake.TOOL,), WS, {}, Policy(NetworkPolicy(), ()), "t1"))

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.platform.windows import wfp, win32calls, win32wfp
-from launcher.platform.windows.win32 import Win32Error
+from netguard.windows import wfp, win32wfp
+from sgbase.windows import win32calls
+from sgbase.windows.win32 import Win32Error
 from tests.support.bfefake import Engine
 
 REAL = "S-1-5-21-1111111111-2222222222-3333333333-1000"

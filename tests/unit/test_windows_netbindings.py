@@ -9,10 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from launcher.platform.windows import win32calls
+from sgbase.windows import win32calls
 
-WINDOWS = Path(__file__).resolve().parents[2] / "launcher" / "platform" / "windows"
-MODULES = ("win32wfp.py", "win32lsa.py", "win32profile.py", "win32session.py", "win32divert.py")
+ROOT = Path(__file__).resolve().parents[2]
+MODULES = (
+    "netguard/windows/win32wfp.py",
+    "fsguard/windows/win32lsa.py",
+    "fsguard/windows/win32profile.py",
+    "fsguard/windows/win32session.py",
+    "netguard/windows/win32divert.py",
+)
 
 
 def _calls(tree: ast.AST) -> list[tuple[str, ast.Call]]:
@@ -29,7 +35,7 @@ def _calls(tree: ast.AST) -> list[tuple[str, ast.Call]]:
 
 @pytest.mark.parametrize("module", MODULES)
 def test_every_call_is_in_the_table_with_its_declared_arity(module: str) -> None:
-    calls = _calls(ast.parse((WINDOWS / module).read_text()))
+    calls = _calls(ast.parse((ROOT / module).read_text()))
     assert calls, module
     for name, call in calls:
         assert name in win32calls.BY_NAME, (module, name)

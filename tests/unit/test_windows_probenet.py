@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.platform.windows import probebody, probenet, probes
+from selftest.windows import probebody, probenet, probes
 
 
 def test_scripts_compile_and_rows_are_registered() -> None:

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import pytest
 
+from fsguard.windows.launch import Launch
 from launcher import cli
-from launcher.platform.windows import runner, win32divert
-from launcher.platform.windows.launch import Launch
+from launcher.run.windows import runner
+from netguard.windows import win32divert
 from tests.support.winfake import FakeWinApi
 
 RUN = ["run", "--transparent", "--allow", "example.test", "--", "tool"]

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from launcher.platform.windows import divertfilter, wfp, win32divert
+from netguard.windows import divertfilter, wfp, win32divert
 from tests.support.windivertfake import NETWORK, RECV_ONLY, SNIFF, SOCKET, FakeWinDivert, connect_event, syn
 
 SID = "S-1-5-21-1111111111-2222222222-3333333333-1001"
@@ -264,7 +264,7 @@ def test_the_proxy_childs_own_resolver_gets_the_original_destination(monkeypatch
 def test_job_membership_fails_towards_the_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
     """IsProcessInJob against the run's job; a process that cannot be opened (gone) counts as the
     job's, so its SYN is reflected into the proxy, never passed out unchanged."""
-    from launcher.platform.windows import win32
+    from sgbase.windows import win32
 
     members, closed = {101}, list[int]()
 
