@@ -27,12 +27,7 @@ BREAKAWAY_FLAGS = JOB_OBJECT_LIMIT_BREAKAWAY_OK | JOB_OBJECT_LIMIT_SILENT_BREAKA
 # SendInput, hooks, atoms) is answered by the private window station and desktop (desktop.py).
 JOB_OBJECT_UILIMIT_HANDLES = 0x00000001  # no USER handles of processes outside the job
 JOB_OBJECT_UILIMIT_READCLIPBOARD = 0x00000002  # the clipboard may hold the user's secrets
-JOB_OBJECT_UILIMIT_WRITECLIPBOARD = 0x00000004  # ... or a command the user pastes into a shell
-JOB_OBJECT_UILIMIT_SYSTEMPARAMETERS = 0x00000008
-JOB_OBJECT_UILIMIT_DISPLAYSETTINGS = 0x00000010
-JOB_OBJECT_UILIMIT_GLOBALATOMS = 0x00000020
 JOB_OBJECT_UILIMIT_DESKTOP = 0x00000040  # no new desktops / switching
-JOB_OBJECT_UILIMIT_EXITWINDOWS = 0x00000080  # no logoff / shutdown
 
 # Process creation (CreateProcessWithLogonW dwCreationFlags).
 CREATE_SUSPENDED = 0x00000004

@@ -1,6 +1,7 @@
 """The transparent path on Windows, wired: two WinDivert handles (pydivert) feed redirect.Redirector,
 the loop's dynamic WFP session holds the transparent permits, and the proxy's transparent listener
-asks the loop where a reflected connection was going (mitmproxy.platform.original_addr).
+asks the loop where a reflected connection was going (ResolverServer on 127.0.0.1:8085, which the
+proxy child's mitmproxy Resolver queries).
 
 Threat answered: WinDivert fails open. When its NETWORK handle closes, packets are no longer
 diverted, and the sandbox user's SYNs would leave directly under the transparent permits. So the
@@ -23,10 +24,11 @@ import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from netguard.windows import redirect, wfp
 from netguard.windows.divertfilter import DivertFilters
+from sgbase.windows import win32
 
 
 class DivertError(OSError):
@@ -75,17 +77,16 @@ def job_member(job: int) -> Callable[[int], bool]:
     A process that cannot be opened (elevated, that is almost only one that is gone) counts as
     the job's: its SYN goes to the proxy and its policy, never out unchanged (a job process that
     connects and exits at once must not be passed on a guess)."""
-    from sgbase.windows.win32 import fn
 
     def in_job(pid: int) -> bool:
-        h = fn("OpenProcess")(PROCESS_QUERY_LIMITED_INFORMATION, False, pid)
+        h = win32.fn("OpenProcess")(PROCESS_QUERY_LIMITED_INFORMATION, False, pid)
         if not h:
             return True
         try:
             flag = ctypes.c_int32()
-            return bool(fn("IsProcessInJob")(h, job, ctypes.byref(flag)) and flag.value)
+            return bool(win32.fn("IsProcessInJob")(h, job, ctypes.byref(flag)) and flag.value)
         finally:
-            fn("CloseHandle")(h)
+            win32.fn("CloseHandle")(h)
 
     return in_job
 
@@ -96,12 +97,6 @@ class Permits:
 
     open: Callable[[wfp.WfpPlan, tuple[wfp.WfpFilter, ...]], int]
     close: Callable[[int], None]
-
-
-def real_permits() -> Permits:
-    from netguard.windows import win32wfp
-
-    return Permits(win32wfp.open_dynamic, win32wfp.close_dynamic)
 
 
 class TransparentPath:
@@ -252,11 +247,3 @@ class ResolverServer:
 
     def close(self) -> None:
         self._sock.close()
-
-
-def serve_proxy_through(path: TransparentPath, platform: Any = None) -> None:
-    """Make the proxy's transparent listener (netguard.proxy.frontdoor, and mitmproxy's own
-    transparent mode) resolve original destinations through this loop, in this process."""
-    if platform is None:
-        from mitmproxy import platform
-    platform.original_addr = path.original_addr

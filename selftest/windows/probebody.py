@@ -5,7 +5,7 @@ what it saw to RESULT in its working directory, and a judge that reads it. Each 
 the blocked action failed for the right reason AND the matching permitted action worked in the
 same run (an own window, a write to the workspace...), so a probe that cannot run never passes.
 
-Where to add bodies: one module per mechanism, each with a BODIES tuple, listed in `bodies()`:
+Where to add bodies: one module per mechanism, each with a BODIES tuple, listed in allbodies.py:
 probedesktop.py (private desktop/SendInput: win-run); the `.git` rename, alternate data streams,
 `.GiT` case variants and 8.3 names go in probeacl.py (win-acl); SMB/WebDAV and WMI/scheduled
 task escapes in probenet.py (win-net).
@@ -53,9 +53,3 @@ def parse(data: bytes | None) -> dict[str, Any] | None:
     except ValueError:
         return None
     return got if isinstance(got, dict) else None
-
-
-def bodies() -> tuple[ProbeBody, ...]:
-    from selftest.windows import probeacl, probedesktop, probenet
-
-    return (*probedesktop.BODIES, *probeacl.BODIES, *probenet.BODIES)

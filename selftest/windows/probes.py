@@ -109,7 +109,7 @@ PROBES: dict[str, tuple[Coverage, str]] = {
     "endless_head": ("same", "the same daemon's head limit"),
 }
 
-#: Windows-only probes (Codex's smoke suite found most): bodies in probebody.bodies(); the rest to write.
+#: Windows-only probes (Codex's smoke suite found most): bodies in allbodies.bodies(); the rest to write.
 WINDOWS_ONLY: tuple[str, ...] = (
     "private_desktop",  # SendInput / hooks / WinSta0 from the run (probedesktop.py)
     "git_rename",  # .git renamed away, a new one planted (issue 28 H2; probeacl.py)

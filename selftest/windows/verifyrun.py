@@ -18,11 +18,13 @@ from collections.abc import Callable
 
 from fsguard import env as fsenv
 from launcher.config.load import Policy
+from launcher.errors import UsageError
 from launcher.run import seam
+from launcher.run.windows import runner
 from launcher.run.windows.winapi import WinApi
 from launcher.run.windowsbackend import WindowsBackend
 from netguard.policy import NetworkPolicy
-from selftest.windows import probebody, probes
+from selftest.windows import allbodies, probebody, probes
 from selftest.windows.probebody import ProbeBody, Verdict
 from sgbase.windows.api import WinApiError
 
@@ -72,18 +74,12 @@ def report(rows: list[tuple[str, Verdict]], missing: int, out: Callable[[str], N
 
 
 def main(args: argparse.Namespace, api: WinApi | None = None) -> int:
-    from launcher.run.windows import runner
-
     if getattr(args, "policy", None):
-        from launcher.errors import UsageError
-
         raise UsageError("--policy is not used by 'sandgate verify' on Windows yet; run it without --policy")
     api = api or runner.make_api()
-    found = probebody.bodies()
+    found = allbodies.bodies()
     chosen = select(getattr(args, "only", None), found)
     if not chosen:
-        from launcher.errors import UsageError
-
         names = ", ".join(b.name for b in found)
         raise UsageError(f"--only {args.only}: no Windows probe body of that name or group (written: {names})")
     written = {b.name for b in found}
@@ -92,8 +88,6 @@ def main(args: argparse.Namespace, api: WinApi | None = None) -> int:
     try:
         rows = run_rows(api, chosen, lambda line: print(f"sandgate: {line}", file=sys.stderr))
     except WinApiError as e:
-        from launcher.errors import UsageError
-
         raise UsageError(str(e)) from None
     if getattr(args, "json", False):
         doc = {"rows": [{"name": n, "ok": v.ok, "detail": v.detail} for n, v in rows], "missing": missing}

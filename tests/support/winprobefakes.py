@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fsguard.windows.launch import Launch
-from selftest.windows import probebody
+from selftest.windows import allbodies, probebody
 from tests.support import winkernel
 
 Simulation = Callable[[Any, Launch, str], dict[str, Any] | None]  # (FakeWinApi, launch, desktop) -> RESULT
@@ -56,8 +56,8 @@ def program(api: Any, launch: Launch, desk: str) -> int:
 
 
 def simulated() -> list[str]:
-    return [b.name for b in probebody.bodies() if b.name in SIMULATIONS]
+    return [b.name for b in allbodies.bodies() if b.name in SIMULATIONS]
 
 
 def unsimulated() -> list[str]:
-    return [b.name for b in probebody.bodies() if b.name not in SIMULATIONS]
+    return [b.name for b in allbodies.bodies() if b.name not in SIMULATIONS]

@@ -15,7 +15,7 @@ from fsguard.windows import acl, aclapply, winpath
 from fsguard.windows.launch import Launch
 from launcher import cli
 from launcher.run.windows import runner
-from selftest.windows import aclprobes, probebody
+from selftest.windows import aclprobes, allbodies, probebody
 from sgbase.windows import state
 from tests.support import ntfsmodel, winprobefakes
 from tests.support.winfake import APPDATA, BASE_DACL, HOME, WS, FakeWinApi, Machine, workspace
@@ -352,7 +352,7 @@ def test_the_rows_are_windows_only_probes() -> None:
     from selftest.windows import probeacl, probes
 
     assert all(b.name in probes.WINDOWS_ONLY and b.prepare is not None for b in probeacl.BODIES)
-    assert {b.name for b in probebody.bodies()} >= set(probeacl.NAMES)
+    assert {b.name for b in allbodies.bodies()} >= set(probeacl.NAMES)
     assert set(probeacl.NAMES) <= set(winprobefakes.simulated())  # the e2e test runs them too
 
 

@@ -25,8 +25,8 @@ WINDOWS_PATH = (
     "launcher.run.windows.setup",
     "launcher.run.windows.realapi",
     "selftest.windows.verifyrun",  # `sandgate verify` on win32 (issue 28, W3)
-    "selftest.windows.probeacl",  # its ACL rows, loaded by probebody.bodies() (issue 28, H2)
-    "selftest.windows.probenet",  # its H3/H4 rows, loaded by probebody.bodies()
+    "selftest.windows.probeacl",  # its ACL rows, loaded by allbodies.bodies() (issue 28, H2)
+    "selftest.windows.probenet",  # its H3/H4 rows, loaded by allbodies.bodies()
     "netguard.windows.win32divert",  # the transparent path (issue 28, item 2)
     "launcher.cliparsers",  # `run --transparent`, `setup --transparent`: Windows-only flags
     "launcher.run.options",

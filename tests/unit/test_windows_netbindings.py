@@ -26,7 +26,9 @@ def _calls(tree: ast.AST) -> list[tuple[str, ast.Call]]:
     for n in ast.walk(tree):
         if isinstance(n, ast.Call) and isinstance(n.func, ast.Call):
             inner = n.func
-            if isinstance(inner.func, ast.Name) and inner.func.id == "fn" and inner.args:
+            named = isinstance(inner.func, ast.Name) and inner.func.id == "fn"
+            named |= isinstance(inner.func, ast.Attribute) and inner.func.attr == "fn"  # win32.fn
+            if named and inner.args:
                 arg = inner.args[0]
                 if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
                     out.append((arg.value, n))
