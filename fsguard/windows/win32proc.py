@@ -55,7 +55,7 @@ def _pipe(child_reads: bool) -> tuple[int, int]:
 
 def create_suspended(how: launch.Launch) -> Started:
     """CMD as the sandbox user, suspended (CREATE_SUSPENDED): not one instruction runs until the
-    backend has put it in the job and resumes it (backend.py: assign, or terminate, then resume)."""
+    backend has put it in the job and resumes it (windowsbackend.py: assign, or terminate, then resume)."""
     plan, block = job.plan_create(), envblock.utf16(envblock.build(how.env))
     si, pi = STARTUPINFOW(), PROCESS_INFORMATION()
     si.cb, si.lpDesktop = ctypes.sizeof(si), how.desktop  # never NULL: that is the user's desktop

@@ -9,7 +9,7 @@
      dropped packets, notice a dead daemon), teardown (end the binding, remove what make made)
   -> summary
 
-The steps themselves are linuxbackend.py's; Windows takes the same seam (launcher/run/windows).
+The steps themselves are linuxbackend.py's; Windows takes the same seam (launcher/run/windowsbackend.py).
 Whoever starts sandgate, CMD holds no capability over the host (fsguard/userns.py says how ids
 map). If the daemon dies, the listeners die with it: the sandbox has no network, by construction.
 A SIGKILLed launcher takes the holder and init with it (PDEATHSIG chain), its control

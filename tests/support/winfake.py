@@ -1,4 +1,4 @@
-"""A fake of the Windows backend's one OS seam (launcher/run/windows/api.WinApi).
+"""A fake of the Windows backend's one OS seam (launcher/run/windows/winapi.WinApi; its file part sgbase/windows/api.FileApi).
 
 It keeps the state a real machine would (users, sealed passwords, files, DACLs, WFP filters,
 firewall rules, jobs, processes, the proxy child), records every call in order, and can fail any

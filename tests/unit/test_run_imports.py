@@ -42,6 +42,10 @@ NEVER = (
     "launcher.run.proxy",
     "launcher.run.housekeeping",
     "launcher.run.windows",
+    "launcher.run.windowsbackend",
+    "sgbase.windows",
+    "netguard.windows",
+    "fsguard.windows",
     "netguard.proxy.serve",
 )
 

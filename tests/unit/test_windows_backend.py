@@ -2,7 +2,7 @@
 sys.platform = "win32", the order of effects, and nothing left behind after a failure at any step.
 
 None of this is Windows evidence (docs/windows.md, "What has run where"): it checks the order and
-the bookkeeping the backend owns; the real calls are win32api.py's, run only by the Windows CI.
+the bookkeeping the backend owns; the real calls are realapi.py's, run only by the Windows CI.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The real WinApi: each method one call into win32.py / win32wfp.py, the file system, or a child.
 
-Holds no decision (the order and every check are backend.py's and setup.py's, tested on Linux
+Holds no decision (the order and every check are windowsbackend.py's and setup.py's, tested on Linux
 against a fake). Never run yet: .github/workflows/windows.yml is where it first will be. Imports
 on Linux (ctypes' Windows parts load on the first call), so mypy and the import test cover it.
 """
