@@ -16,7 +16,7 @@ JobObjectExtendedLimitInformation = 9  # JOBOBJECTINFOCLASS
 
 
 class IO_COUNTERS(Structure):
-    _fields_ = [(n, c_uint64) for n in ("r", "w", "o", "rb", "wb", "ob")]
+    _fields_ = [(n + c, c_uint64) for c in ("OperationCount", "TransferCount") for n in ("Read", "Write", "Other")]
 
 
 class JOBOBJECT_BASIC_LIMIT_INFORMATION(Structure):
