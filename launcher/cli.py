@@ -88,7 +88,7 @@ def _run(args: argparse.Namespace) -> int:
 
         return explain.main(run_args(args))
     if sys.platform == "win32":  # before the Linux room, whose modules import pwd, fcntl, termios
-        from launcher.platform.windows import runner
+        from launcher.run.windows import runner
 
         return runner.run(run_args(args))  # seam.run_in with the Windows backend (docs/windows.md)
     from launcher.run import launch
@@ -108,7 +108,7 @@ def _proxy(args: argparse.Namespace) -> int:
 def cmd_verify(args: argparse.Namespace) -> int:
     """`sandgate verify`: the one place the product reaches the self-test (selftest/, the proof, apart from the run path)."""
     if sys.platform == "win32":  # the Windows probe bodies, run through the Windows backend (issue 28, W3)
-        from launcher.platform.windows import verifyrun
+        from selftest.windows import verifyrun
 
         return verifyrun.main(tuple(args.policy), args.json, args.only)
     from selftest import command

@@ -24,7 +24,7 @@ def _housekeeping(args: argparse.Namespace) -> int:
 
 
 def _setup(args: argparse.Namespace) -> int:
-    from launcher.platform.windows import runner
+    from launcher.run.windows import runner
 
     return runner.setup(remove=args.remove, transparent=args.transparent)
 

@@ -21,8 +21,8 @@ if TYPE_CHECKING:
 
 def cleanup() -> int:
     """Remove what killed runs left: placeholders, state, dead daemons' sockets, a killed verify's worlds."""
-    if sys.platform == "win32":  # there: the ACL journals of killed runs (launcher/platform/windows)
-        from launcher.platform.windows import runner
+    if sys.platform == "win32":  # there: the ACL journals of killed runs (launcher/run/windows)
+        from launcher.run.windows import runner
 
         return runner.cleanup()
     rt = runstate.runtime_dir()

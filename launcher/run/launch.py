@@ -9,7 +9,7 @@
      dropped packets, notice a dead daemon), teardown (end the binding, remove what make made)
   -> summary
 
-The steps themselves are linuxbackend.py's; Windows takes the same seam (launcher/platform/windows).
+The steps themselves are linuxbackend.py's; Windows takes the same seam (launcher/run/windowsbackend.py).
 Whoever starts sandgate, CMD holds no capability over the host (fsguard/userns.py says how ids
 map). If the daemon dies, the listeners die with it: the sandbox has no network, by construction.
 A SIGKILLed launcher takes the holder and init with it (PDEATHSIG chain), its control
@@ -28,8 +28,7 @@ from fsguard import gitguard, mounts
 from launcher import timings
 from launcher.config import parsecache
 from launcher.errors import RunError
-from launcher.platform import seam
-from launcher.run import daemonctl, livedenials, options, otlpenv, runstate, summary, workspace
+from launcher.run import daemonctl, livedenials, options, otlpenv, runstate, seam, summary, workspace
 from launcher.run.linuxbackend import LinuxBackend, LinuxRun, Terminating
 from netguard import nft, sandboxnet
 from netguard.audit import AuditLog

@@ -37,8 +37,8 @@ from typing import TYPE_CHECKING
 from fsguard import mounts, placeholders, userns
 from launcher import timings
 from launcher.errors import RunError
-from launcher.platform.seam import PlatformName, SandboxRequest
 from launcher.run import confinement, daemonctl, options, otlpenv, placeholdershare, runstate, sandbox, supervise
+from launcher.run.seam import PlatformName, SandboxRequest
 from netguard import nft
 from netguard.audit import AuditLog
 from netguard.spec import BindingSpec, CaPair

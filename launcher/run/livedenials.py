@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
 if TYPE_CHECKING:
-    from launcher.platform import seam
+    from launcher.run import seam
     from launcher.run.notices import Writer
     from netguard.audit import Record
 

@@ -203,7 +203,7 @@ def _approvals_path(spec: str | None) -> str | None:
 
 def resolve_user(spec: str | None) -> User | None:
     """--user NAME|UID, else the sudo caller (SUDO_UID), else None (stay root)."""
-    import pwd  # here: this module is also the Windows runner's (launcher/platform/windows), which has no pwd
+    import pwd  # here: this module is also the Windows runner's (launcher/run/windows), which has no pwd
 
     try:
         if spec is not None:

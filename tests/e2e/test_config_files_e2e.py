@@ -341,7 +341,8 @@ def test_sandgates_own_installation_is_read_only_from_a_run_in_its_checkout(lab:
     """The README's quick start runs from the checkout: its packages and .venv are what the next run executes,
     outside any sandbox (issue 24 review). Judged on the host: nothing appeared; the control beside them did."""
     scratch = REPO / f".sg-test-{os.getpid()}"
-    targets = ["launcher/zz-planted", "netguard/zz-planted", "allowlists/zz-planted", f"{sys.prefix}/zz-planted"]
+    targets = ["launcher/zz-planted", "netguard/zz-planted", "sgbase/zz-planted", "selftest/zz-planted"]
+    targets += ["allowlists/zz-planted", f"{sys.prefix}/zz-planted"]
     script = "; ".join(f"touch {t} 2>/dev/null && echo planted {t}" for t in targets)
     try:
         r = Sandgate(lab.world, quiet=True, timeout=60).run(

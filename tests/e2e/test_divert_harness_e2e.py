@@ -1,6 +1,6 @@
 """HARNESS of the Windows redirect code path, run on Linux through eBPFDivert: NOT evidence of
 Windows behaviour (WinDivert, WFP and the job object are not involved; docs/windows.md says what
-has run where). It runs launcher/platform/windows/redirect.py for real, as on Windows: a SOCKET-layer
+has run where). It runs netguard/windows/redirect.py for real, as on Windows: a SOCKET-layer
 sniff handle learns who connects, a NETWORK-layer handle reflects the job's SYNs into a local
 stand-in for the proxy, passes other processes' flows unchanged, and drops SYNs of unknown owner.
 
@@ -189,7 +189,7 @@ def host_side(host_ns: str, net_ns: str, cgroup: str) -> None:
     """The child: stands in for the Windows host (proxy, redirect loop, the job's and others' processes)."""
     import pydivert
 
-    from launcher.platform.windows import divertfilter, redirect
+    from netguard.windows import divertfilter, redirect
 
     internet = _confine(Harness(host_ns, net_ns, Path(cgroup)))
     _raw_syn(CONTROL_SPORT)  # before any handle: the observer must see this one
@@ -218,7 +218,7 @@ def host_side(host_ns: str, net_ns: str, cgroup: str) -> None:
 
 def _proxy(server: socket.socket, r: object) -> None:
     """The proxy's stand-in: answers with the original destination the redirect loop kept for it."""
-    from launcher.platform.windows import redirect
+    from netguard.windows import redirect
 
     assert isinstance(r, redirect.Redirector)
     while True:

@@ -26,7 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from launcher.platform.windows import win32calls, win32wfp
+from netguard.windows import win32wfp
+from sgbase.windows import win32calls
 
 ACCESS_DENIED = 5
 #: https://learn.microsoft.com/en-us/windows/win32/api/fwpmu/nf-fwpmu-fwpmfreememory0: `void FwpmFreeMemory0(void **p)`

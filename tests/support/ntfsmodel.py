@@ -11,7 +11,7 @@ from __future__ import annotations
 import ntpath
 from typing import TYPE_CHECKING
 
-from launcher.platform.windows import sddl
+from fsguard.windows import sddl
 
 if TYPE_CHECKING:  # winfake imports this module
     from tests.support.winfake import Machine
@@ -296,7 +296,7 @@ class ModelFsOps:
 def acl_probe_result(machine: Machine, user_sid: str, argv: tuple[str, ...], cwd: str) -> dict[str, object] | None:
     """What probeacl's script writes when it runs as the sandbox user on this machine: the same
     aclprobes bodies, over this model instead of Win32. None: not an ACL probe."""
-    from launcher.platform.windows import aclprobes, probeacl
+    from selftest.windows import aclprobes, probeacl
 
     if not argv or argv[-1] not in probeacl.NAMES:
         return None

@@ -17,8 +17,8 @@ Mixed into winfake.FakeWinApi (which supplies `_hit`, `admin` and `m.sds`). Cont
 
 from __future__ import annotations
 
-from launcher.platform.windows import sddl, servicedeny
-from launcher.platform.windows.api import WinApiError
+from fsguard.windows import sddl, servicedeny
+from sgbase.windows.api import WinApiError
 
 #: Roughly what a Windows 10/11 machine holds (root's ACEs inherited by root\cimv2; DCOM limits as
 #: documented: admins local+remote, Everyone local launch/activation).

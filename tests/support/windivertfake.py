@@ -20,13 +20,13 @@ import time
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
-from launcher.platform.windows import wfp
-from launcher.platform.windows.api import WinApiError
-from launcher.platform.windows.divertfilter import DivertFilters
-from launcher.platform.windows.win32divert import ResolverServer, TransparentPath
+from netguard.windows import wfp
+from netguard.windows.divertfilter import DivertFilters
+from netguard.windows.win32divert import ResolverServer, TransparentPath
+from sgbase.windows.api import WinApiError
 
 if TYPE_CHECKING:
-    from launcher.platform.windows.launch import Launch
+    from fsguard.windows.launch import Launch
     from tests.support.winfake import Machine
 
 ERROR_INVALID_HANDLE, ERROR_INVALID_PARAMETER = 6, 87

@@ -1,4 +1,4 @@
-"""A fake of the Windows backend's one OS seam (launcher/platform/windows/api.WinApi).
+"""A fake of the Windows backend's one OS seam (launcher/run/windows/winapi.WinApi; its file part sgbase/windows/api.FileApi).
 
 It keeps the state a real machine would (users, sealed passwords, files, DACLs, WFP filters,
 firewall rules, jobs, processes, the proxy child), records every call in order, and can fail any
@@ -12,13 +12,14 @@ import ntpath
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from launcher.platform.windows import sddl, wfp
-from launcher.platform.windows.api import Proc, WinApiError
-from launcher.platform.windows.desktop import DesktopPlan
-from launcher.platform.windows.firewall import FirewallRule
-from launcher.platform.windows.job import JobLimits
-from launcher.platform.windows.launch import Launch
-from launcher.platform.windows.wfp import WfpPlan
+from fsguard.windows import sddl
+from fsguard.windows.desktop import DesktopPlan
+from fsguard.windows.job import JobLimits
+from fsguard.windows.launch import Launch
+from netguard.windows import wfp
+from netguard.windows.firewall import FirewallRule
+from netguard.windows.wfp import WfpPlan
+from sgbase.windows.api import Proc, WinApiError
 from tests.support import ntfsmodel, winkernel
 from tests.support.servicesdfake import ServiceSdFake, default_sds
 from tests.support.windivertfake import DivertFake
@@ -394,7 +395,7 @@ class FakeWinApi(DivertFake, ServiceSdFake):
 
 def set_up(api: FakeWinApi) -> None:
     """A machine after `sandgate setup` (through the real setup code), calls forgotten."""
-    from launcher.platform.windows import setup
+    from launcher.run.windows import setup
 
     setup.setup(api, lambda _: None)
     # as after its first run: the sandbox user's profile, made at its first logon, outlives every run

@@ -13,8 +13,8 @@ import ntpath
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from launcher.platform.windows import job, launch, win32proc
-from launcher.platform.windows.api import WinApiError
+from fsguard.windows import job, launch, win32job, win32proc
+from sgbase.windows.api import WinApiError
 
 CPWL = "https://learn.microsoft.com/windows/win32/api/winbase/nf-winbase-createprocesswithlogonw"
 CREATE_PROCESS = "https://learn.microsoft.com/windows/win32/api/processthreadsapi/nf-processthreadsapi-createprocessw"
@@ -229,9 +229,10 @@ class FakeKernel:
 
 
 def install(monkeypatch: Any, kernel: FakeKernel) -> None:
-    """Route win32/win32proc's `fn` and the last-error read to the fake kernel."""
-    from launcher.platform.windows import win32
+    """Route win32/win32proc/win32job's `fn` and the last-error read to the fake kernel."""
+    from sgbase.windows import win32
 
     monkeypatch.setattr(win32, "fn", kernel.fn)
     monkeypatch.setattr(win32proc, "fn", kernel.fn)
+    monkeypatch.setattr(win32job, "fn", kernel.fn)
     monkeypatch.setattr(ctypes, "get_last_error", kernel.last_error, raising=False)

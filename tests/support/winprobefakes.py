@@ -13,8 +13,8 @@ import ntpath
 from collections.abc import Callable
 from typing import Any
 
-from launcher.platform.windows import probebody
-from launcher.platform.windows.launch import Launch
+from fsguard.windows.launch import Launch
+from selftest.windows import allbodies, probebody
 from tests.support import winkernel
 
 Simulation = Callable[[Any, Launch, str], dict[str, Any] | None]  # (FakeWinApi, launch, desktop) -> RESULT
@@ -56,8 +56,8 @@ def program(api: Any, launch: Launch, desk: str) -> int:
 
 
 def simulated() -> list[str]:
-    return [b.name for b in probebody.bodies() if b.name in SIMULATIONS]
+    return [b.name for b in allbodies.bodies() if b.name in SIMULATIONS]
 
 
 def unsimulated() -> list[str]:
-    return [b.name for b in probebody.bodies() if b.name not in SIMULATIONS]
+    return [b.name for b in allbodies.bodies() if b.name not in SIMULATIONS]

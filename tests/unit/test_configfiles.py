@@ -110,6 +110,7 @@ def test_the_installation_is_named_and_held_only_where_a_run_could_write() -> No
     names = [f.path for f in configfiles.installation()]
     here = Path(configfiles.__file__).resolve().parent.parent  # launcher/
     assert str(here) in names and str(here.parent / "netguard") in names and sys.prefix in names
+    assert str(here.parent / "sgbase") in names and str(here.parent / "selftest") in names  # issue 29: the new tops
     assert configfiles.plan(configfiles.installation(), ("/nonexistent-root",)) == ()
     held = configfiles.plan(configfiles.installation(), (str(here.parent),))  # a run started in the checkout
     assert str(here) in held and str(here.parent / "allowlists") in held

@@ -21,10 +21,9 @@ import pytest
 
 from fsguard import mounts
 from launcher.errors import RunError
-from launcher.platform import seam
-from launcher.platform.windows.backend import WindowsBackend
-from launcher.run import confinement, daemonctl, linuxbackend, options, placeholdershare, runstate, sandbox
+from launcher.run import confinement, daemonctl, linuxbackend, options, placeholdershare, runstate, sandbox, seam
 from launcher.run.linuxbackend import LinuxBackend, LinuxRun, LinuxSandbox
+from launcher.run.windowsbackend import WindowsBackend
 from netguard.audit import AuditLog
 
 

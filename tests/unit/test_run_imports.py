@@ -40,7 +40,11 @@ NEVER = (
     "launcher.run.brokered",
     "launcher.run.proxy",
     "launcher.run.housekeeping",
-    "launcher.platform.windows",
+    "launcher.run.windows",
+    "launcher.run.windowsbackend",
+    "sgbase.windows",
+    "netguard.windows",
+    "fsguard.windows",
     "netguard.daemon.serve",
 )
 

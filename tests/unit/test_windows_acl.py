@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from fsguard import policy as fspolicy
-from launcher.platform.windows import acl, acljournal, sddl, winpath
+from fsguard.windows import acl, acljournal, sddl, winpath
 from netguard.policyerror import PolicyError
 
 SID = "S-1-5-21-1111111111-2222222222-3333333333-1001"
@@ -185,7 +185,7 @@ def test_a_dacl_windows_respelled_is_still_the_one_we_set() -> None:
 def test_restore_keeps_the_sandbox_users_own_earlier_ace_after_windows_respells() -> None:
     """With a text compare the respelled DACL looked changed, and the fallback stripped every ACE of
     the SID, a read grant somebody gave it before the run included."""
-    from launcher.platform.windows import aclapply
+    from fsguard.windows import aclapply
     from tests.support.winfake import FakeWinApi
 
     api = FakeWinApi()

@@ -11,9 +11,12 @@ from pathlib import Path
 import pytest
 
 from fsguard import policy as fspolicy
+from fsguard.windows import acl, aclapply, winpath
+from fsguard.windows.launch import Launch
 from launcher import cli
-from launcher.platform.windows import acl, aclapply, aclprobes, probebody, runner, state, winpath
-from launcher.platform.windows.launch import Launch
+from launcher.run.windows import runner
+from selftest.windows import aclprobes, allbodies, probebody
+from sgbase.windows import state
 from tests.support import ntfsmodel, winprobefakes
 from tests.support.winfake import APPDATA, BASE_DACL, HOME, WS, FakeWinApi, Machine, workspace
 
@@ -237,7 +240,7 @@ def test_a_gitdir_file_is_protected_itself_and_nothing_is_planted_under_it() -> 
 def test_the_real_file_operations_undo_every_attack_that_worked(tmp_path: Path) -> None:
     """On a plain Linux folder nothing is protected: the probes must say so, and leave the
     repository as they found it (each attack that worked undone at once)."""
-    from launcher.platform.windows import win32probefs
+    from selftest.windows import win32probefs
 
     class NoAliases(win32probefs.OsFsOps):
         def short_alias(self, path: str) -> str | None:
@@ -332,7 +335,7 @@ def test_the_body_script_stands_alone_and_writes_its_result(tmp_path: Path) -> N
     import subprocess
     import sys
 
-    from launcher.platform.windows import probeacl
+    from selftest.windows import probeacl
 
     assert "import launcher" not in probeacl.SCRIPT and "from launcher" not in probeacl.SCRIPT
     r = subprocess.run(
@@ -346,10 +349,10 @@ def test_the_body_script_stands_alone_and_writes_its_result(tmp_path: Path) -> N
 
 
 def test_the_rows_are_windows_only_probes() -> None:
-    from launcher.platform.windows import probeacl, probes
+    from selftest.windows import probeacl, probes
 
     assert all(b.name in probes.WINDOWS_ONLY and b.prepare is not None for b in probeacl.BODIES)
-    assert {b.name for b in probebody.bodies()} >= set(probeacl.NAMES)
+    assert {b.name for b in allbodies.bodies()} >= set(probeacl.NAMES)
     assert set(probeacl.NAMES) <= set(winprobefakes.simulated())  # the e2e test runs them too
 
 

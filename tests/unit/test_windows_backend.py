@@ -2,7 +2,7 @@
 sys.platform = "win32", the order of effects, and nothing left behind after a failure at any step.
 
 None of this is Windows evidence (docs/windows.md, "What has run where"): it checks the order and
-the bookkeeping the backend owns; the real calls are win32api.py's, run only by the Windows CI.
+the bookkeeping the backend owns; the real calls are realapi.py's, run only by the Windows CI.
 """
 
 from __future__ import annotations
@@ -11,9 +11,12 @@ import json
 
 import pytest
 
+from fsguard.windows import acljournal
 from launcher import cli
-from launcher.platform.windows import acljournal, backend, runner, state
-from launcher.platform.windows.api import WinApiError
+from launcher.run import windowsbackend as backend
+from launcher.run.windows import runner
+from sgbase.windows import state
+from sgbase.windows.api import WinApiError
 from tests.support import winfake
 from tests.support.winfake import APPDATA, WS, FakeWinApi
 
@@ -239,7 +242,7 @@ def test_a_failed_restore_keeps_the_journal_for_cleanup(api: FakeWinApi, capsys:
 def test_teardown_is_idempotent(api: FakeWinApi) -> None:
     be = backend.WindowsBackend(api, None)
     from launcher.config.load import Policy
-    from launcher.platform.seam import SandboxRequest
+    from launcher.run.seam import SandboxRequest
     from netguard.policy import NetworkPolicy
 
     box = be.make(SandboxRequest((winfake.TOOL,), WS, {}, Policy(NetworkPolicy(), ()), "t1"))

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.platform.windows import wfp, win32calls, win32wfp
-from launcher.platform.windows.win32 import Win32Error
+from launcher.run.windows.realapi import RealWinApi
+from netguard.windows import wfp, win32wfp
+from sgbase.windows import win32calls
+from sgbase.windows.win32 import Win32Error
 from tests.support.bfefake import Engine
 
 REAL = "S-1-5-21-1111111111-2222222222-3333333333-1000"
@@ -105,6 +107,19 @@ def test_dynamic_permits_vanish_with_their_session(bfe: Engine) -> None:
     assert len(bfe.filters) == len(_plan().filters)  # the persistent block is still there
     with pytest.raises(wfp.WfpPlanError):
         win32wfp.open_dynamic(_plan(), _plan().filters[:1])
+
+
+def test_the_real_winapis_transparent_permits_are_the_dynamic_session(bfe: Engine) -> None:
+    """Issue 29 item 4: open_dynamic is the fail-closed guarantee only if the product reaches it. The
+    run's permits go transparent.py -> WinApi.wfp_open_dynamic (test_windows_e2e_fake checks that
+    order); here the real WinApi's method must open BFE's dynamic session, never persistent filters."""
+    win32wfp.install(_plan())
+    api = RealWinApi()
+    h = api.wfp_open_dynamic(_plan(), wfp.transparent_permits(SANDBOX))
+    dyn = [f for f in bfe.filters.values() if f.session == h]
+    assert len(dyn) == 2 and all(f.flags & 1 == 0 for f in dyn)  # FWPM_FILTER_FLAG_PERSISTENT unset
+    api.wfp_close_dynamic(h)
+    assert len(bfe.filters) == len(_plan().filters)  # the permits gone, the persistent block kept
 
 
 def test_filters_of_an_older_setup_without_the_grant_count_as_not_installed(bfe: Engine) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 import pydivert
 import pytest
 
-from launcher.platform.windows import divertfilter, owners, redirect, reflect
+from netguard.windows import divertfilter, owners, redirect, reflect
 
 SID_PID, HOST_PID = 100, 200
 PROXY = 3129

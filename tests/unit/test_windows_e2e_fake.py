@@ -15,9 +15,11 @@ from typing import Any
 import pytest
 from mitmproxy.platform import windows as mitm_windows  # imported off win32: it imports pydivert
 
+from fsguard.windows.launch import Launch
 from launcher import cli
-from launcher.platform.windows import probebody, runner, state
-from launcher.platform.windows.launch import Launch
+from launcher.run.windows import runner
+from selftest.windows import probebody
+from sgbase.windows import state
 from tests.support import winprobefakes
 from tests.support.winfake import APPDATA, REAL_SID, TOOL, FakeWinApi
 
@@ -60,7 +62,7 @@ def test_setup_run_verify_cleanup_remove_leave_the_machine_as_it_was(
 def test_verify_fails_when_cmd_lands_on_the_users_desktop(
     machine: FakeWinApi, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from launcher.platform.windows import desktop
+    from fsguard.windows import desktop
 
     assert cli.main(["setup"]) == 0
     monkeypatch.setattr(desktop.DesktopPlan, "lp_desktop", property(lambda self: ""))  # the old NULL lpDesktop
@@ -102,7 +104,8 @@ def test_setup_and_run_transparent_capture_into_the_proxy_and_leave_nothing(
     WinDivert) reflect CMD's direct connect into the proxy, the proxy child's own mitmproxy Resolver
     learns the original destination from the loop, another process's connect passes unchanged;
     after the run the dynamic permits are gone and CMD's user is refused again."""
-    from launcher.platform.windows import firewall, transparent
+    from launcher.run.windows import transparent
+    from netguard.windows import firewall
 
     before = machine.snapshot()
     assert cli.main(["setup", "--transparent"]) == 0

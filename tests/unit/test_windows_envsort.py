@@ -4,7 +4,7 @@ units (https://learn.microsoft.com/en-us/windows/win32/procthread/changing-envir
 
 from __future__ import annotations
 
-from launcher.platform.windows import envblock
+from fsguard.windows import envblock
 
 
 def _names(block: str) -> list[str]:

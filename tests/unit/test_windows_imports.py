@@ -20,14 +20,14 @@ REPO = Path(__file__).resolve().parent.parent.parent
 #: What `sandgate run|setup|cleanup|proxy` load on Windows, and the proxy child the backend starts.
 WINDOWS_PATH = (
     "launcher.cli",
-    "launcher.platform.windows.runner",
-    "launcher.platform.windows.backend",
-    "launcher.platform.windows.setup",
-    "launcher.platform.windows.win32api",
-    "launcher.platform.windows.verifyrun",  # `sandgate verify` on win32 (issue 28, W3)
-    "launcher.platform.windows.probeacl",  # its ACL rows, loaded by probebody.bodies() (issue 28, H2)
-    "launcher.platform.windows.probenet",  # its H3/H4 rows, loaded by probebody.bodies()
-    "launcher.platform.windows.win32divert",  # the transparent path (issue 28, item 2)
+    "launcher.run.windows.runner",
+    "launcher.run.windowsbackend",
+    "launcher.run.windows.setup",
+    "launcher.run.windows.realapi",
+    "selftest.windows.verifyrun",  # `sandgate verify` on win32 (issue 28, W3)
+    "selftest.windows.probeacl",  # its ACL rows, loaded by allbodies.bodies() (issue 28, H2)
+    "selftest.windows.probenet",  # its H3/H4 rows, loaded by allbodies.bodies()
+    "netguard.windows.win32divert",  # the transparent path (issue 28, item 2)
     "launcher.cliparsers",  # `run --transparent`, `setup --transparent`: Windows-only flags
     "launcher.run.options",
     "launcher.run.policyargs",

@@ -9,10 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from launcher.platform.windows import win32calls
+from sgbase.windows import win32calls
 
-WINDOWS = Path(__file__).resolve().parents[2] / "launcher" / "platform" / "windows"
-MODULES = ("win32wfp.py", "win32lsa.py", "win32profile.py", "win32session.py", "win32divert.py")
+ROOT = Path(__file__).resolve().parents[2]
+MODULES = (
+    "netguard/windows/win32wfp.py",
+    "fsguard/windows/win32lsa.py",
+    "fsguard/windows/win32profile.py",
+    "fsguard/windows/win32session.py",
+    "netguard/windows/win32divert.py",
+)
 
 
 def _calls(tree: ast.AST) -> list[tuple[str, ast.Call]]:
@@ -20,7 +26,9 @@ def _calls(tree: ast.AST) -> list[tuple[str, ast.Call]]:
     for n in ast.walk(tree):
         if isinstance(n, ast.Call) and isinstance(n.func, ast.Call):
             inner = n.func
-            if isinstance(inner.func, ast.Name) and inner.func.id == "fn" and inner.args:
+            named = isinstance(inner.func, ast.Name) and inner.func.id == "fn"
+            named |= isinstance(inner.func, ast.Attribute) and inner.func.attr == "fn"  # win32.fn
+            if named and inner.args:
                 arg = inner.args[0]
                 if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
                     out.append((arg.value, n))
@@ -29,7 +37,7 @@ def _calls(tree: ast.AST) -> list[tuple[str, ast.Call]]:
 
 @pytest.mark.parametrize("module", MODULES)
 def test_every_call_is_in_the_table_with_its_declared_arity(module: str) -> None:
-    calls = _calls(ast.parse((WINDOWS / module).read_text()))
+    calls = _calls(ast.parse((ROOT / module).read_text()))
     assert calls, module
     for name, call in calls:
         assert name in win32calls.BY_NAME, (module, name)

@@ -10,14 +10,18 @@ from pathlib import Path
 import pytest
 
 from fsguard import policy as fspolicy
+from fsguard.windows import envblock, job, winpath
 from launcher.config.load import Policy
-from launcher.platform import seam
-from launcher.platform.windows import envblock, job, plan, win32, winpath
+from launcher.run import seam
+from launcher.run.windows import plan
 from netguard.policy import NetworkPolicy
+from sgbase.windows import win32
 
 SID = "S-1-5-21-1111111111-2222222222-3333333333-1001"
 HOST = plan.Host(SID, r"C:\src\proj", r"C:\Users\me", frozenset({winpath.key(r"C:\Users\me\.ssh")}))
-PACKAGE = Path(__file__).resolve().parent.parent.parent / "launcher" / "platform"
+ROOT = Path(__file__).resolve().parent.parent.parent
+#: Where the Windows modules live: the binding below both guards, each guard's, the launch's, the probes'.
+WINDOWS_DIRS = tuple(ROOT / d / "windows" for d in ("sgbase", "netguard", "fsguard", "launcher/run", "selftest"))
 
 
 def _policy(fs: fspolicy.FsPolicy | None = None) -> Policy:
@@ -122,9 +126,11 @@ def test_win32_imports_here_and_calls_nothing() -> None:
 
 
 def test_only_win32_calls_windows() -> None:
-    """The pure plans do no I/O: no ctypes, os, subprocess or socket outside win32.py and win32wfp.py."""
-    for path in (PACKAGE / "windows").glob("*.py"):
-        if path.name.startswith("win32"):  # win32, win32wfp, win32calls (the table), win32api (the real WinApi)
+    """The pure plans do no I/O: no ctypes, os, subprocess or socket outside the win32* bindings."""
+    paths = [p for d in WINDOWS_DIRS for p in d.glob("*.py")] + [ROOT / "launcher" / "run" / "windowsbackend.py"]
+    assert len(paths) > 40, "the Windows modules moved: update WINDOWS_DIRS"
+    for path in paths:
+        if path.name.startswith("win32") or path.name == "realapi.py":  # the bindings, the real WinApi
             continue
         names = {
             a.name.split(".")[0]
@@ -157,19 +163,19 @@ def test_dpapi_is_only_reached_on_windows() -> None:
 
 
 def test_every_shared_probe_has_a_windows_decision() -> None:
-    from launcher.platform.windows import probes
     from selftest.probes import core
+    from selftest.windows import probes
 
     assert set(probes.PROBES) == set(core.ORDER), "a probe added for Linux needs a Windows decision here"
     gaps = [name for name, (cov, _) in probes.PROBES.items() if cov == "gap"]
-    doc = (PACKAGE.parent.parent / "docs" / "windows.md").read_text()
+    doc = (ROOT / "docs" / "windows.md").read_text()
     assert gaps and all(name in doc for name in gaps), "every gap is stated in docs/windows.md"
 
 
 def test_every_called_function_is_in_the_documented_table() -> None:
     """A call not listed in win32.CALLS would have no argtypes and no documentation page."""
-    for name in ("win32.py", "win32wfp.py"):
-        tree = ast.parse((PACKAGE / "windows" / name).read_text())
+    for name in ("sgbase/windows/win32.py", "netguard/windows/win32wfp.py", "fsguard/windows/win32job.py"):
+        tree = ast.parse((ROOT / name).read_text())
         called = {
             n.args[0].value
             for n in ast.walk(tree)

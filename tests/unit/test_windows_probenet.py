@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.platform.windows import probebody, probenet, probes
+from selftest.windows import allbodies, probebody, probenet, probes
 
 
 def test_scripts_compile_and_rows_are_registered() -> None:
     for body in probenet.BODIES:
         compile(body.script, body.name, "exec")
         assert body.name in probes.WINDOWS_ONLY
-        assert body in probebody.bodies()
+        assert body in allbodies.bodies()
         assert probebody.RESULT in body.script
 
 

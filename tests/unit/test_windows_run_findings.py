@@ -14,25 +14,14 @@ import time
 
 import pytest
 
+from fsguard.windows import desktop, envblock, exesearch, job, launch, profileenv, win32job, win32proc, win32stdio
+from fsguard.windows.job import JobLimits
+from fsguard.windows.launch import Launch
 from launcher import cli
-from launcher.platform.windows import (
-    desktop,
-    envblock,
-    exesearch,
-    job,
-    launch,
-    plan,
-    profileenv,
-    runner,
-    state,
-    win32,
-    win32proc,
-    win32stdio,
-)
-from launcher.platform.windows.api import Proc, WinApiError
-from launcher.platform.windows.job import JobLimits
-from launcher.platform.windows.launch import Launch
-from launcher.platform.windows.win32api import RealWinApi
+from launcher.run.windows import plan, runner
+from launcher.run.windows.realapi import RealWinApi
+from sgbase.windows import state, win32
+from sgbase.windows.api import Proc, WinApiError
 from tests.support import winfake, winkernel
 from tests.support.winfake import HOME, WS, FakeWinApi
 
@@ -106,12 +95,12 @@ def test_w4_a_job_with_ui_limits_cannot_take_cmd_and_sandgates_job_has_none(api:
 def test_w4_make_job_sets_no_ui_restrictions_and_the_kernel_then_assigns(monkeypatch: pytest.MonkeyPatch) -> None:
     kernel = winkernel.FakeKernel()
     winkernel.install(monkeypatch, kernel)
-    h = win32.make_job(job.plan_job())
+    h = win32job.make_job(job.plan_job())
     assert kernel.jobs[h] == 0
-    win32.assign(h, 77)  # accepted: no UI limits
+    win32job.assign(h, 77)  # accepted: no UI limits
     kernel.jobs[h] = job.JOB_OBJECT_UILIMIT_HANDLES  # what the old make_job set
     with pytest.raises(OSError):
-        win32.assign(h, 77)
+        win32job.assign(h, 77)
 
 
 # ---- W5: the executable found with the run's PATH, passed as lpApplicationName ------------------

@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.platform.windows import probenet, servicedeny, setup
-from launcher.platform.windows.api import WinApiError
-from launcher.platform.windows.servicedeny import (
+from fsguard.windows import servicedeny
+from fsguard.windows.servicedeny import (
     COM_ACCESS_DENIED,
     WBEM_ENABLE,
     WBEM_METHOD_EXECUTE,
 )
+from launcher.run.windows import setup
+from selftest.windows import probenet
+from sgbase.windows.api import WinApiError
 from tests.support import winfake
 from tests.support.servicesdfake import DEFAULT_SDS
 from tests.support.winfake import FakeWinApi

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import pytest
 
+from fsguard.windows import logonrights
 from launcher import cli
-from launcher.platform.windows import firewall, logonrights, runner, setup, state, wfp
-from launcher.platform.windows.api import WinApiError
+from launcher.run.windows import runner, setup
+from netguard.windows import firewall, wfp
+from sgbase.windows import state
+from sgbase.windows.api import WinApiError
 from tests.support import winfake
 from tests.support.winfake import APPDATA, REAL_SID, FakeWinApi
 

@@ -1,4 +1,4 @@
-"""`sandgate run --transparent` on Windows (transparent.py, backend.py) against the fake WinApi and
+"""`sandgate run --transparent` on Windows (transparent.py, windowsbackend.py) against the fake WinApi and
 its fake WinDivert (tests/support/windivertfake.py), through launcher.cli with sys.platform =
 "win32": refused in one line when it could not work, torn down on every exit path, and fail
 closed when the loop dies mid-run. Fake evidence only: Windows itself has not run this."""
@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import pytest
 
+from fsguard.windows.launch import Launch
 from launcher import cli
-from launcher.platform.windows import runner, win32divert
-from launcher.platform.windows.launch import Launch
+from launcher.run.windows import runner
+from netguard.windows import win32divert
 from tests.support.winfake import FakeWinApi
 
 RUN = ["run", "--transparent", "--allow", "example.test", "--", "tool"]

@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from launcher.platform.windows import wfp, wfpwire, win32wfp
+from netguard.windows import wfp, wfpwire, win32wfp
 
 SID = "S-1-5-21-1111111111-2222222222-3333333333-1001"
 

@@ -1,0 +1,153 @@
+"""Applying an ACL plan under the write-ahead journal, undoing it, and replaying what a crash left.
+
+Order for each step (acl.plan_acls puts denies first): [placeholder: journal it, create it as
+the kind the plan names, a directory or a file] -> read the DACL -> journal the entry (before
+and after) -> set the DACL. The journal line is durable before the change it records, so a
+killed sandgate leaves a record for every ACE it set (threat: a sandbox user keeping rights, or a
+protected path staying unwritable for the real user). Undo walks the entries newest first with acljournal.restore_action; a step that fails is
+reported and the journal is kept, so `sandgate cleanup` can finish the job later.
+"""
+
+from __future__ import annotations
+
+import ntpath
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from fsguard.windows import acljournal, sddl
+from fsguard.windows.acl import AclPlan, AclStep
+from fsguard.windows.acljournal import JournalEntry
+from sgbase.windows import state
+from sgbase.windows.api import FileApi, WinApiError
+
+
+@dataclass
+class Applied:
+    """What one run changed, in order: undo() takes it back."""
+
+    journal: str  # the journal file
+    entries: list[JournalEntry] = field(default_factory=list)
+    finished: bool = False  # undone and the journal removed: a second teardown does nothing
+
+
+def apply(api: FileApi, plan: AclPlan, sid: str, applied: Applied) -> None:
+    """Every step of the plan, recorded into `applied` as it goes (the caller holds it, so its
+    teardown undoes exactly what was done when a step fails half-way)."""
+    for step in plan.steps:
+        if step.placeholder:
+            _placeholder(api, step, sid, applied)
+        _apply_step(api, step, sid, applied)
+
+
+def _placeholder(api: FileApi, step: AclStep, sid: str, applied: Applied) -> None:
+    r"""The placeholder as the kind its definition names (issue 28 W8: `.git\commondir` made as a
+    directory broke every git command, the real user's too), and any missing parent directory
+    (`.git\objects\info` in a fresh repository), each journalled before it is made: a crash right
+    after the mkdir still removes it, child first."""
+    missing: list[str] = []
+    path = step.path
+    while not api.exists(path) and ntpath.dirname(path) != path:
+        missing.append(path)
+        path = ntpath.dirname(path)
+    for made in reversed(missing):
+        leaf = made == step.path and step.kind == "file"
+        kind: Literal["dir", "file"] = "file" if leaf else "dir"
+        text = step.text if leaf else ""
+        _journal(api, applied, JournalEntry(made, "", "", sid, placeholder=True, kind=kind, text=text))
+        if leaf:
+            api.write_file(made, text.encode())
+        else:
+            api.make_dir(made)
+
+
+def _apply_step(api: FileApi, step: AclStep, sid: str, applied: Applied) -> None:
+    before = api.dacl(step.path)
+    if before is None:  # a writable root or grant that is not there: say so rather than run without it
+        raise WinApiError(f"{step.path} does not exist; create it or take it out of the policy's filesystem section")
+    try:
+        entry = acljournal.entry_for(step.path, step.ace.sddl(), before, sid)
+    except sddl.SddlError as e:
+        raise WinApiError(f"{step.path}: its ACL cannot be changed safely ({e})") from None
+    if entry.after_sddl == before:
+        return  # the ACE is there already (an earlier step): nothing to journal or undo
+    _journal(api, applied, entry)  # write-ahead: on disk before the DACL changes
+    api.set_dacl(step.path, entry.after_sddl)
+
+
+def _journal(api: FileApi, applied: Applied, entry: JournalEntry) -> None:
+    api.append_line(applied.journal, acljournal.encode(entry))
+    applied.entries.append(entry)
+
+
+def undo(api: FileApi, entries: list[JournalEntry], on_error: Callable[[str], None]) -> bool:
+    """Restore every entry, newest first; True if all of them were undone."""
+    ok = True
+    for entry in acljournal.restore_order(entries):
+        try:
+            _restore(api, entry)
+        except WinApiError as e:
+            ok = False
+            on_error(f"{entry.path}: {e}")
+    return ok
+
+
+def _restore(api: FileApi, entry: JournalEntry) -> None:
+    current = api.dacl(entry.path)
+    action = acljournal.restore_action(entry, current)
+    if action == "set_before":
+        api.set_dacl(entry.path, entry.before_sddl)
+    elif action == "remove_sid_aces" and current is not None:
+        api.set_dacl(entry.path, sddl.without_sid(current, entry.sid))
+    elif action == "remove_placeholder":
+        api.remove_empty_dir(entry.path)  # not empty: the real user put something there; kept
+    elif action == "remove_placeholder_file" and api.read_file(entry.path) == entry.text.encode():
+        api.remove_file(entry.path)  # still exactly what sandgate wrote; anything else is the real user's
+
+
+def finish(api: FileApi, applied: Applied, on_error: Callable[[str], None]) -> None:
+    """Teardown's ACL half: undo, then drop the journal only if everything was undone."""
+    if applied.finished:
+        return
+    if undo(api, applied.entries, on_error):
+        api.remove_file(applied.journal)
+        applied.entries.clear()
+        applied.finished = True
+
+
+def read_journal(api: FileApi, path: str) -> list[JournalEntry]:
+    """The entries of a left journal. A torn LAST line is a write that never completed (its DACL
+    change came after it, so never happened) and is dropped; any other bad line refuses the file."""
+    data = api.read_file(path)
+    if data is None:
+        return []
+    lines = data.decode("utf-8", "replace").splitlines()
+    out = []
+    for i, line in enumerate(lines):
+        try:
+            out.append(acljournal.decode(line))
+        except acljournal.JournalError:
+            if i == len(lines) - 1:
+                break
+            raise WinApiError(f"{path}:{i + 1}: not an ACL journal line; restore that path's ACL by hand") from None
+    return out
+
+
+def replay_left(api: FileApi, appdata: str, on_error: Callable[[str], None]) -> list[str]:
+    """Every journal of a run that is no longer alive, undone and removed; returns what was restored."""
+    folder = state.journal_dir(appdata)
+    done: list[str] = []
+    for name in sorted(api.list_dir(folder)):
+        pid = state.journal_pid(name)
+        if pid is None or pid == api.own_pid() or api.pid_alive(pid):
+            continue  # not ours, or a live run's: replaying it would strip that run's boundary
+        path = f"{folder}\\{name}"
+        try:
+            entries = read_journal(api, path)
+        except WinApiError as e:
+            on_error(str(e))
+            continue
+        if undo(api, entries, on_error):
+            api.remove_file(path)
+            done.append(f"ACL journal {path} ({len(entries)} change(s) undone)")
+    return done

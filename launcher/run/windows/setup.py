@@ -1,0 +1,232 @@
+"""`sandgate setup` (elevated, once) and `setup --remove` on Windows, and the check every run makes.
+
+Setup, in order: elevation checked -> the sandbox user (a random password from `secrets`, sealed
+with DPAPI under the real user's profile) -> its logon rights denied (logonrights.py: no batch,
+service, network or RDP logon) -> its deny ACEs on WMI's root and root\\cimv2 and in DCOM's
+machine-wide launch/access limits (servicedeny.py: no Win32_Process.Create, no out-of-process COM
+server) -> the setup record (name, SID, port: written before any filter,
+so a crashed setup can still be removed) -> the persistent WFP filters (wfp plan, one
+transaction) -> the firewall rules (firewall.py, in their order). Every step first looks whether
+its piece is already there, so a second setup changes nothing (uuid5 keys, fixed rule names).
+Remove is the reverse, and a missing piece is not an error. Threats: see docs/windows.md (a
+separate user whom WFP and the firewall can match by SID; a password only the real user can read).
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from fsguard.windows import logonrights, servicedeny
+from launcher.run.windows.winapi import WinApi
+from netguard.windows import firewall, wfp
+from sgbase.windows import state
+from sgbase.windows.api import WinApiError
+
+SETUP_HINT = "run 'sandgate setup' as administrator"
+#: The proxy's transparent listener (plan.Host.transparent_port), the one inbound port allowed.
+TRANSPARENT_PORT = 3129
+
+
+class NotSetUp(WinApiError):
+    """A run on a machine without (complete) setup: refused, never run with a weaker boundary."""
+
+
+@dataclass(frozen=True)
+class Ready:
+    """What a run needs from setup: the sandbox user, its password (in memory only), its port."""
+
+    record: state.SetupRecord
+    password: str
+
+
+def _need_admin(api: WinApi, what: str) -> None:
+    if not api.is_admin():
+        raise WinApiError(f"{what} changes users and WFP filters: run it from an elevated (administrator) terminal")
+
+
+def _same_account(api: WinApi, what: str) -> None:
+    """M13: setup binds the sandbox user, its DPAPI-sealed password, the filters' read grant and
+    the proxy-port guard to the account running it. Elevated with another administrator's
+    credentials, that is not the person at this desktop, whose runs would then never find a setup;
+    refused in one line. A session without a user (a service, a CI agent) is not compared."""
+    session = api.session_user_sid()
+    if session is not None and session != api.current_user_sid():
+        raise WinApiError(
+            f"{what} is elevated as another account than this session's user; run it as administrator "
+            "from your own account (UAC 'Run as administrator'), so that it is set up for you"
+        )
+
+
+def setup(api: WinApi, say: Callable[[str], None], *, transparent: bool = False) -> None:
+    """Install every piece that is missing; say one line for each piece made or found.
+    `transparent`: also the inbound allow the transparent path needs (firewall.transparent_allow)."""
+    _need_admin(api, "sandgate setup")
+    _same_account(api, "sandgate setup")
+    appdata = api.local_appdata()
+    name = state.sandbox_user_name(api.current_user_sid())
+    for folder in (state.root(appdata), state.journal_dir(appdata), state.audit_dir(appdata)):
+        api.make_dir(folder)
+    sid = _user(api, appdata, name, say)
+    api.deny_logon_rights(sid, logonrights.DENIED)  # H3: no batch (tasks), service, network, RDP logon
+    _deny_services(api, sid, say)  # H3: no Win32_Process.Create, no out-of-process COM server
+    record = state.SetupRecord(name, sid, state.PROXY_PORT)
+    if api.read_file(state.setup_record(appdata)) != state.encode(record):
+        api.write_file(state.setup_record(appdata), state.encode(record))  # before any filter: removable
+    plan = wfp.plan_filters(sid, (record.port,), owner=api.current_user_sid())
+    if api.wfp_installed(plan):
+        say(f"WFP filters for {name}: present ({len(plan.filters)})")
+    else:
+        api.wfp_remove(plan)  # a half-installed set would make the transaction's adds collide
+        api.wfp_install(plan)
+        say(f"WFP filters for {name}: installed ({len(plan.filters)})")
+    rules = firewall.plan_rules(sid, (record.port,))
+    missing = [rule for rule in rules if not api.firewall_has(rule.name)]
+    for rule in missing:  # in plan order: off-host first, the dangerous direction
+        api.firewall_add(rule)
+    say(f"firewall rules for {name}: {len(missing)} added, {len(rules) - len(missing)} present")
+    if transparent:
+        allow = firewall.transparent_allow(api.current_user_sid(), api.python(), TRANSPARENT_PORT)
+        if not api.firewall_has(allow.name):
+            api.firewall_add(allow)
+        say(f"transparent mode: inbound TCP {TRANSPARENT_PORT} allowed for {api.python()} (this user only)")
+
+
+def _sd(api: WinApi, edit: servicedeny.SdEdit) -> str | None:
+    if edit.kind == "wmi":
+        return api.wmi_namespace_sd(edit.target)
+    return api.com_restriction_sd(edit.target)
+
+
+def _set_sd(api: WinApi, edit: servicedeny.SdEdit, sd: str) -> None:
+    if edit.kind == "wmi":
+        api.set_wmi_namespace_sd(edit.target, sd)
+    else:
+        api.set_com_restriction_sd(edit.target, sd)
+
+
+def _deny_services(api: WinApi, sid: str, say: Callable[[str], None]) -> None:
+    """H3: the sandbox SID's deny ACE on WMI's root and root\\cimv2 and in DCOM's machine-wide
+    launch/access limits (servicedeny.py), each only where it is missing."""
+    added = 0
+    for edit in servicedeny.plan(sid):
+        sd = _sd(api, edit)
+        if sd is None:  # no value: DCOM's built-in limits apply, and a value of ours alone would deny all
+            raise WinApiError(
+                f"{servicedeny.OLE_KEY}\\{edit.target} is missing; set the COM security limits once "
+                "(dcomcnfg: My Computer > Properties > COM Security > Edit Limits > OK) and run setup again"
+            )
+        if not servicedeny.has(sd, edit):
+            _set_sd(api, edit, servicedeny.applied(sd, edit))
+            added += 1
+    say(f"WMI and DCOM denies for the sandbox user: {added} added, {len(servicedeny.plan(sid)) - added} present")
+
+
+def _undeny_services(api: WinApi, sid: str) -> None:
+    """Exactly our deny ACEs out again (reverse order); anything else in those descriptors kept."""
+    for edit in reversed(servicedeny.plan(sid)):
+        sd = _sd(api, edit)
+        if sd is not None and servicedeny.has(sd, edit):
+            _set_sd(api, edit, servicedeny.undone(sd, edit))
+
+
+def _user(api: WinApi, appdata: str, name: str, say: Callable[[str], None]) -> str:
+    """The sandbox user's SID; the user made, or its password reset, only when the sealed copy
+    is missing or unreadable (then nobody can log on as it with the old one anyway)."""
+    sealed_at = state.sealed_password(appdata)
+    sid = api.user_sid(name)
+    sealed = api.read_file(sealed_at)
+    if sid is not None and sealed is not None and _readable(api, sealed):
+        say(f"sandbox user {name}: present ({sid})")
+        return sid
+    password = _password()
+    if sid is None:
+        sid = api.create_user(name, password)
+        say(f"sandbox user {name}: created ({sid})")
+    else:
+        api.set_password(name, password)
+        say(f"sandbox user {name}: password renewed (its sealed copy was missing)")
+    api.write_file(sealed_at, api.protect(password.encode()))  # DPAPI: only this user, this machine
+    return sid
+
+
+def _readable(api: WinApi, sealed: bytes) -> bool:
+    try:
+        api.unprotect(sealed)
+    except WinApiError:
+        return False  # sealed by another user or machine: renew rather than run without it
+    return True
+
+
+def _password() -> str:
+    """A random password no human types (secrets: a CSPRNG): 32 characters over four classes,
+    so it meets any local complexity policy."""
+    body = secrets.token_urlsafe(24)
+    return body + "aZ9!"
+
+
+def remove(api: WinApi, say: Callable[[str], None]) -> None:
+    """Firewall rules, WFP filters, the user, the sealed password: in reverse, missing pieces skipped."""
+    _need_admin(api, "sandgate setup --remove")
+    appdata = api.local_appdata()
+    record = _record(api, appdata)
+    if record is None:
+        name = state.sandbox_user_name(api.current_user_sid())
+        sid = api.user_sid(name)
+        record = state.SetupRecord(name, sid, state.PROXY_PORT) if sid else None
+    if record is not None:
+        for rule in reversed(firewall.plan_rules(record.sid, (record.port,))):
+            if api.firewall_has(rule.name):
+                api.firewall_remove(rule.name)
+        # by derived key; missing is fine, any other failure stops here with the record kept (M7)
+        api.wfp_remove(wfp.plan_filters(record.sid, (record.port,), owner=api.current_user_sid()))
+        allow = firewall.transparent_allow(api.current_user_sid(), api.python(), TRANSPARENT_PORT)
+        if api.firewall_has(allow.name):
+            api.firewall_remove(allow.name)
+        api.undeny_logon_rights(record.sid, logonrights.DENIED)  # LSA keeps rights by SID: no orphans
+        _undeny_services(api, record.sid)
+        api.delete_profile(record.sid)  # NetUserDel would leave C:\Users\<name> and its hive (M10)
+        if api.user_sid(record.name) is not None:
+            api.delete_user(record.name)
+        say(f"removed the sandbox user {record.name}, its profile, WFP filters and firewall rules")
+    else:
+        say("nothing to remove: no sandbox user and no setup record")
+    api.remove_file(state.sealed_password(appdata))
+    api.remove_file(state.setup_record(appdata))
+
+
+def _record(api: WinApi, appdata: str) -> state.SetupRecord | None:
+    raw = api.read_file(state.setup_record(appdata))
+    if raw is None:
+        return None
+    try:
+        return state.decode(raw)
+    except state.StateError as e:
+        raise WinApiError(f"{state.setup_record(appdata)}: {e}; delete it and run 'sandgate setup' again") from None
+
+
+def check(api: WinApi) -> Ready:
+    """Before a run touches anything: the user, its sealed password and every persistent filter
+    are there, or the run is refused (fail closed: without the filters CMD would have the network)."""
+    appdata = api.local_appdata()
+    try:
+        record = _record(api, appdata)
+    except WinApiError as e:
+        raise NotSetUp(f"{e}") from None
+    sealed = api.read_file(state.sealed_password(appdata))
+    if record is None or sealed is None:
+        raise NotSetUp(f"sandgate run on Windows needs its one-time setup (no sandbox user yet); {SETUP_HINT}")
+    if api.user_sid(record.name) != record.sid:
+        raise NotSetUp(f"the sandbox user {record.name} is missing or was re-created; {SETUP_HINT}")
+    try:  # unelevated: needs the FWPM_ACTRL_READ that setup grants this user on each filter (W2)
+        present = api.wfp_installed(wfp.plan_filters(record.sid, (record.port,), owner=api.current_user_sid()))
+    except WinApiError as e:
+        raise NotSetUp(f"{e}; {SETUP_HINT} again") from None  # e names the missing read right
+    if not present:
+        raise NotSetUp(f"the persistent WFP filters for {record.name} are missing or outdated; {SETUP_HINT}")
+    try:
+        password = api.unprotect(sealed).decode()
+    except (WinApiError, UnicodeDecodeError):
+        raise NotSetUp(f"the sandbox user's sealed password cannot be read; {SETUP_HINT}") from None
+    return Ready(record, password)

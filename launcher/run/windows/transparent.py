@@ -1,0 +1,115 @@
+"""`sandgate run --transparent` on Windows: the redirect loop's lifecycle around one run.
+
+The loop itself is win32divert.TransparentPath; this is when it starts and stops, and what a run
+checks first. Order, each step for a threat:
+  check    before anything is touched: a proxy to reflect into (a policy), an elevated terminal
+           (WinDivert's driver and FwpmEngineOpen0's dynamic session are administrators' only),
+           and `setup --transparent` done (the proxy's inbound allow; without it every reflected
+           SYN is dropped by the firewall's default inbound block: no leak, but no network)
+  prepare  the resolver on 127.0.0.1:8085 BEFORE the proxy starts: else mitmproxy's own
+           transparent setup finds the port free and starts its own WinDivert redirector (it
+           reflects every process's traffic, for everyone)
+  start    after the job exists and before CMD is created: handles open, then the dynamic
+           permits (never permits without diversion); a failure refuses the run
+  stop     first thing in teardown: permits out, then the handles (the persistent block applies
+           again), then, after the proxy is gone, the resolver
+A loop that dies mid-run (recv fails: the driver unloaded, a handle closed) removes its permits
+itself (fail closed: CMD's connections are refused by the persistent WFP block from then on) and
+the run says so in one line. Every effect is the WinApi's, so all of it runs against the fake.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from launcher.run.windows import setup
+from launcher.run.windows.winapi import WinApi
+from netguard.windows import divertfilter, firewall, wfp, win32divert
+from sgbase.windows import state
+from sgbase.windows.api import WinApiError
+
+#: Where the proxy child's transparent listener accepts reflected flows: every local IPv4 address
+#: (a reflected SYN arrives addressed to the host's own address, never loopback: reflect.py).
+LISTEN = f"0.0.0.0:{setup.TRANSPARENT_PORT}"
+
+
+@dataclass
+class Capture:
+    """One run's transparent capture; `failure` is set (by the loop's thread) if it died mid-run."""
+
+    path: win32divert.TransparentPath
+    resolver: win32divert.ResolverServer | None = None
+    failure: str | None = None
+
+
+def check(api: WinApi, has_proxy: bool) -> None:
+    """Refuse a transparent run that could not work, in one line, before anything is touched."""
+    if not has_proxy:
+        raise WinApiError("--transparent needs a policy (--allow or --policy): there is no proxy to capture into")
+    if not api.is_admin():
+        raise WinApiError(
+            "--transparent needs an elevated (administrator) terminal: WinDivert's driver and the "
+            "dynamic WFP session are for administrators only; run without --transparent otherwise"
+        )
+    allow = firewall.transparent_allow(api.current_user_sid(), api.python(), setup.TRANSPARENT_PORT)
+    if not api.firewall_has(allow.name):
+        raise setup.NotSetUp(
+            "transparent mode is not set up (the proxy's inbound firewall allow is missing); "
+            "run 'sandgate setup --transparent' as administrator"
+        )
+
+
+def prepare(
+    api: WinApi, record: state.SetupRecord, job: Callable[[], int | None], say: Callable[[str], None]
+) -> Capture:
+    """The loop (not started) and its resolver, listening. `job`: the run's job once it exists; a
+    connect before that (none of CMD's: CMD starts later) counts as the job's, so goes to the proxy."""
+    plan = wfp.plan_filters(record.sid, (record.port,), owner=api.current_user_sid())
+
+    def in_job(pid: int) -> bool:
+        j = job()
+        return True if j is None else api.in_job(j, pid)
+
+    capture: Capture | None = None
+
+    def failed(why: str) -> None:
+        if capture is not None:
+            capture.failure = why
+        say(f"error: {why}; the command's connections are blocked from now on (fail closed)")
+
+    path = win32divert.TransparentPath(
+        plan,
+        record.sid,
+        divertfilter.plan_filters(setup.TRANSPARENT_PORT),
+        setup.TRANSPARENT_PORT,
+        in_job,
+        permits=win32divert.Permits(api.wfp_open_dynamic, api.wfp_close_dynamic),
+        opener=api.divert_open,
+        on_fail=failed,
+    )
+    capture = Capture(path)
+    capture.resolver = api.serve_resolver(path)
+    return capture
+
+
+def start(capture: Capture) -> None:
+    """Handles, then permits, then the loop's thread; any failure is the run's one line (refused)."""
+    try:
+        capture.path.start()
+    except (OSError, WinApiError) as e:
+        raise WinApiError(
+            f"transparent capture could not start: {e}; without --transparent the explicit proxy still works"
+        ) from None
+
+
+def stop(capture: Capture) -> None:
+    """Permits first, then the handles (idempotent; win32divert.TransparentPath.stop)."""
+    capture.path.stop()
+
+
+def close_resolver(capture: Capture) -> None:
+    """After the proxy is gone (a proxy still running would otherwise start its own redirector)."""
+    if capture.resolver is not None:
+        resolver, capture.resolver = capture.resolver, None
+        resolver.close()

@@ -1,0 +1,224 @@
+"""The Windows backend behind the platform seam: make, start, wait, tear down, in this order.
+
+  make:     1. setup present (sandbox user, sealed password, persistent WFP filters): else refuse,
+               fail closed, "run 'sandgate setup' as administrator"
+            2. replay ACL journals left by dead runs (crash recovery)
+            3. the proxy: `sandgate proxy` as a child on the filters' loopback port, ready line awaited
+            4. the ACL plan: each change journalled (write-ahead), then applied
+            5. the job (job.check_job: kill on close, no breakaway, no UI limits: they cannot nest)
+            5b. the run's private window station and desktop (desktop.py: not the user's desktop)
+            5c. `--transparent` only: the redirect loop started (transparent.py; its resolver
+               listens before step 3, its check runs with step 1)
+  start:    6. CMD suspended, as the sandbox user, on that desktop, its executable resolved here
+               (exesearch.py), its std handles sandgate's pipes, with the env block (filtered env
+               without the real user's profile, plus the sandbox user's profile and proxy vars)
+            7. into the job; refused -> terminated, never resumed
+            8. resumed
+  wait:     9. CMD's exit code
+  teardown: the reverse, each step once and whatever failed: stop the redirect loop (permits
+            first: fail closed), close the job (kills the tree), close the desktop, restore
+            the DACLs and remove placeholders (acljournal.restore_action), delete the journal, stop
+            the proxy, close the loop's resolver. A failure inside make tears down what make did before it is raised.
+
+Why the proxy is a child: the per-user daemon's control socket is AF_UNIX, which CPython lacks on
+Windows; the standalone proxy (netguard/daemon/standalone.py) listens on 127.0.0.1 itself. Every
+effect goes through api.WinApi, so all of this runs on Linux against a fake.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from fsguard.windows import acl, aclapply, desktop, envblock, exesearch, profileenv, winpath
+from fsguard.windows.launch import Launch
+from launcher.run.seam import PlatformName, SandboxRequest
+from launcher.run.windows import plan
+from launcher.run.windows import setup as winsetup
+from launcher.run.windows import transparent as tp
+from launcher.run.windows.winapi import WinApi
+from sgbase.windows import state
+from sgbase.windows.api import Proc, WinApiError
+
+PROXY_READY_TIMEOUT = 30.0  # the proxy imports mitmproxy: seconds, on a cold machine
+
+
+@dataclass
+class WinSandbox:
+    """One run's made pieces; teardown undoes those that are set and clears them (idempotent)."""
+
+    request: SandboxRequest
+    ready: winsetup.Ready
+    applied: aclapply.Applied
+    plan: plan.WindowsPlan | None = None
+    desk: desktop.DesktopPlan | None = None
+    proxy: Proc | None = None
+    job: int | None = None
+    desktop: int | None = None
+    proc: Proc | None = None
+    capture: tp.Capture | None = None  # `--transparent` only: the redirect loop and its resolver
+    notes: list[str] = field(default_factory=list)  # teardown problems, said by the caller
+
+
+class WindowsBackend:
+    """`proxy_argv`: `sandgate proxy ...` without --listen (the port comes from setup); None: the
+    run has no policy, so no proxy: the one port the filters permit has nobody listening.
+    `transparent`: also capture CMD's direct connections into the proxy (transparent.py)."""
+
+    name: PlatformName = "windows"
+
+    def __init__(
+        self,
+        api: WinApi,
+        proxy_argv: tuple[str, ...] | None,
+        warn: Callable[[str], None] = lambda _: None,
+        *,
+        transparent: bool = False,
+    ) -> None:
+        self.api, self.proxy_argv, self.warn, self.transparent = api, proxy_argv, warn, transparent
+
+    def make(self, request: SandboxRequest) -> WinSandbox:
+        api = self.api
+        ready = winsetup.check(api)  # 1: before anything is touched
+        if self.transparent:
+            tp.check(api, self.proxy_argv is not None)
+        appdata = api.local_appdata()
+        for line in aclapply.replay_left(api, appdata, self.warn):  # 2
+            self.warn(f"restored {line} left by a killed run")
+        journal = state.journal_path(appdata, api.own_pid(), request.task)
+        box = WinSandbox(request, ready, aclapply.Applied(journal))
+        try:
+            box.plan = _plan(api, request, ready.record, appdata)
+            box.desk = _desk(api, request, ready.record)
+            if self.transparent:  # the resolver before the proxy (transparent.py)
+                box.capture = tp.prepare(api, ready.record, lambda: box.job, self.warn)
+            self._proxy(box)  # 3
+            aclapply.apply(api, box.plan.acls, ready.record.sid, box.applied)  # 4
+            box.job = api.create_job(box.plan.limits)  # 5 (limits passed job.check_job in plan_job)
+            box.desktop = api.create_desktop(box.desk)  # 5b (planned above: never the user's desktop)
+            if box.capture is not None:
+                tp.start(box.capture)  # 5c: before CMD exists, so none of its connects goes unseen
+        except BaseException:
+            self.teardown(box)  # nothing of a failed make is left behind
+            raise
+        return box
+
+    def _proxy(self, box: WinSandbox) -> None:
+        if self.proxy_argv is None:
+            return
+        argv = (*self.proxy_argv, "--listen", f"127.0.0.1:{box.ready.record.port}")
+        if box.capture is not None:
+            argv += ("--transparent", tp.LISTEN)
+        box.proxy = self.api.start_proxy(argv)
+        self.api.await_proxy(box.proxy, PROXY_READY_TIMEOUT)
+
+    def start(self, sandbox: object) -> None:
+        box = _box(sandbox)
+        if box.plan is None or box.job is None:
+            raise WinApiError("start before make finished")  # a seam misuse: never start unconfined
+        box.proc = self.api.start_suspended(_launch(self.api, box, box.plan))  # 6
+        try:
+            self.api.assign(box.job, box.proc)  # 7
+        except WinApiError:
+            self.api.terminate(box.proc)  # outside the job: never let one instruction run
+            raise
+        self.api.resume(box.proc)  # 8
+
+    def wait(self, sandbox: object) -> int:
+        box = _box(sandbox)
+        if box.proc is None:
+            raise WinApiError("wait before start")
+        return self.api.wait(box.proc)  # 9
+
+    def teardown(self, sandbox: object) -> None:
+        box = _box(sandbox)
+        if box.capture is not None:  # first: the permits go before anything else (fail closed)
+            self._step(box, "stop the transparent capture", lambda b: tp.stop(b.capture) if b.capture else None)
+        self._step(box, "close the job", self._close_job)
+        self._step(box, "restore the ACLs", lambda b: aclapply.finish(self.api, b.applied, b.notes.append))
+        self._step(box, "stop the proxy", self._stop_proxy)
+        if box.capture is not None:
+            capture, box.capture = box.capture, None
+            tp.close_resolver(capture)
+        for note in box.notes:
+            self.warn(f"teardown: {note}; 'sandgate cleanup' retries what is left")
+        box.notes.clear()
+
+    def _step(self, box: WinSandbox, what: str, undo: Callable[[WinSandbox], None]) -> None:
+        try:
+            undo(box)
+        except WinApiError as e:
+            box.notes.append(f"could not {what}: {e}")
+
+    def _close_job(self, box: WinSandbox) -> None:
+        if box.job is not None:
+            job, box.job = box.job, None
+            self.api.close_job(job)  # KILL_ON_JOB_CLOSE: the whole tree, detached children too
+        if box.proc is not None:
+            proc, box.proc = box.proc, None
+            self.api.close_process(proc)
+        if box.desktop is not None:
+            desk, box.desktop = box.desktop, None
+            self.api.close_desktop(desk)
+
+    def _stop_proxy(self, box: WinSandbox) -> None:
+        if box.proxy is not None:
+            proxy, box.proxy = box.proxy, None
+            self.api.stop_proxy(proxy)
+
+
+def _box(sandbox: object) -> WinSandbox:
+    if not isinstance(sandbox, WinSandbox):
+        raise TypeError("not a Windows sandbox")
+    return sandbox
+
+
+def _plan(api: WinApi, request: SandboxRequest, record: state.SetupRecord, appdata: str) -> plan.WindowsPlan:
+    """The run's plan; sandgate's own state (journals, sealed password, audit logs) denied to the SID."""
+    fs = request.policy.filesystem
+    fs = dataclasses.replace(fs, read_deny=(*fs.read_deny, state.root(appdata)))
+    policy = dataclasses.replace(request.policy, filesystem=fs)
+    home = api.home()
+    try:
+        reads = acl.toolchain_dirs(api.environ(), home)  # M6: per-user toolchains on the real user's PATH
+        found = acl.candidates(fs, cwd=request.cwd, home=home, read_grants=reads)
+        existing = frozenset(winpath.key(p) for p in found if api.exists(p))
+        host = plan.Host(record.sid, request.cwd, home, existing, explicit_port=record.port, user=record.name)
+        host = dataclasses.replace(host, read_grants=reads)
+        return plan.plan(policy, host)
+    except (winpath.WinPathError, ValueError) as e:
+        raise WinApiError(str(e)) from None
+
+
+def _desk(api: WinApi, request: SandboxRequest, record: state.SetupRecord) -> desktop.DesktopPlan:
+    try:
+        return desktop.plan_desktop(request.task, api.current_user_sid(), record.sid)
+    except ValueError as e:
+        raise WinApiError(str(e)) from None
+
+
+def _launch(api: WinApi, box: WinSandbox, run: plan.WindowsPlan) -> Launch:
+    """CMD's start, all of it decided here: the block checked before Windows sees it (an
+    EnvBlockError is the user's one line, not a traceback: W1), the executable found with the
+    run's own PATH (W5), the private desktop (H1), sandgate's pipes as std handles (W6)."""
+    if box.desk is None:
+        raise WinApiError("start before the desktop was made")  # never the user's desktop
+    request = box.request
+    env = envblock.overlay(profileenv.scrub(request.env, api.home()), run.env)
+    try:
+        envblock.build(env)
+        found = exesearch.resolve(request.cmd, env, request.cwd, api.exists)
+    except (envblock.EnvBlockError, exesearch.ExeSearchError) as e:
+        raise WinApiError(str(e)) from None
+    record = box.ready.record
+    return Launch(
+        record.name,
+        box.ready.password,
+        found.application,
+        found.cmdline,
+        request.cmd,
+        request.cwd,
+        env,
+        box.desk.lp_desktop,
+    )

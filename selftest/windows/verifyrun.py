@@ -1,0 +1,97 @@
+"""`sandgate verify` on Windows (issue 28, W3): the Windows probe bodies, each run in a real
+sandbox through the same backend as `sandgate run`, one row each.
+
+Why not the Linux self-test: it needs namespaces, nft and unix sockets. Here every body runs as
+the sandbox user in a scratch workspace under %LOCALAPPDATA% (never the user's own directory),
+writes what it saw, and is judged; a probe of the shared list without a Windows body yet is
+listed as such, never counted as passed. Exit 0: every written probe passed; 1: one failed.
+"""
+
+from __future__ import annotations
+
+import json
+import ntpath
+import sys
+import uuid
+from collections.abc import Callable
+
+from fsguard import env as fsenv
+from launcher.config.load import Policy
+from launcher.errors import UsageError
+from launcher.run import seam
+from launcher.run.windows import runner
+from launcher.run.windows.winapi import WinApi
+from launcher.run.windowsbackend import WindowsBackend
+from netguard.policy import NetworkPolicy
+from selftest.windows import allbodies, probebody, probes
+from selftest.windows.probebody import ProbeBody, Verdict
+from sgbase.windows.api import WinApiError
+
+
+def select(only: str | None, found: tuple[ProbeBody, ...]) -> tuple[ProbeBody, ...]:
+    if not only:
+        return found
+    wanted = {w.strip() for w in only.split(",") if w.strip()}
+    return tuple(b for b in found if b.name in wanted or b.group in wanted)
+
+
+def run_body(api: WinApi, body: ProbeBody, workdir: str, warn: Callable[[str], None]) -> Verdict:
+    """One body in its own run: no policy (no proxy; the network is WFP-blocked), its own result."""
+    result = ntpath.join(workdir, probebody.RESULT)
+    api.remove_file(result)
+    pol = Policy(NetworkPolicy(), ())
+    env, _ = fsenv.filter_env(api.environ(), pol.env)
+    request = seam.SandboxRequest(body.argv(api.python()), workdir, env, pol, uuid.uuid4().hex[:12])
+    undo = body.prepare(api, workdir) if body.prepare else None  # before the run: the plan must see it
+    try:
+        code = seam.run_in(WindowsBackend(api, None, warn), request)
+        return body.judge(code, probebody.parse(api.read_file(result)))
+    finally:
+        api.remove_file(result)
+        if undo is not None:
+            undo()
+
+
+def run_rows(api: WinApi, chosen: tuple[ProbeBody, ...], warn: Callable[[str], None]) -> list[tuple[str, Verdict]]:
+    workdir = ntpath.join(api.local_appdata(), f"sandgate-verify-{uuid.uuid4().hex[:8]}")
+    api.make_dir(workdir)  # a scratch workspace: the probes write only here
+    try:
+        return [(b.name, run_body(api, b, workdir, warn)) for b in chosen]
+    finally:
+        api.remove_empty_dir(workdir)
+
+
+def report(rows: list[tuple[str, Verdict]], missing: int, out: Callable[[str], None]) -> int:
+    for name, v in rows:
+        out(f"  {'ok  ' if v.ok else 'FAIL'}  {name:<20} {v.detail}")
+    failed = sum(not v.ok for _, v in rows)
+    out(
+        f"{len(rows) - failed} passed, {failed} failed; {missing} probes of the shared list have no Windows body "
+        "yet (docs/windows.md, 'sandgate verify on Windows')"
+    )
+    return 1 if failed else 0
+
+
+def main(
+    policy: tuple[str, ...] = (), as_json: bool = False, only: str | None = None, api: WinApi | None = None
+) -> int:
+    if policy:
+        raise UsageError("--policy is not used by 'sandgate verify' on Windows yet; run it without --policy")
+    api = api or runner.make_api()
+    found = allbodies.bodies()
+    chosen = select(only, found)
+    if not chosen:
+        names = ", ".join(b.name for b in found)
+        raise UsageError(f"--only {only}: no Windows probe body of that name or group (written: {names})")
+    written = {b.name for b in found}
+    missing = sum(1 for n, (cov, _) in probes.PROBES.items() if cov == "variant" and n not in written)
+    missing += sum(1 for n in probes.WINDOWS_ONLY if n not in written)
+    try:
+        rows = run_rows(api, chosen, lambda line: print(f"sandgate: {line}", file=sys.stderr))
+    except WinApiError as e:
+        raise UsageError(str(e)) from None
+    if as_json:
+        doc = {"rows": [{"name": n, "ok": v.ok, "detail": v.detail} for n, v in rows], "missing": missing}
+        print(json.dumps(doc, indent=2))
+        return 1 if any(not v.ok for _, v in rows) else 0
+    return report(rows, missing, print)
