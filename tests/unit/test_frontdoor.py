@@ -30,9 +30,9 @@ from netguard.policy import parse_network
 from netguard.proxy import decide, frontdoor, handoff, limits, standalone
 from netguard.proxy.binding import Binding
 
+from ..e2e.test_tlsinspect import loopback, run_ca
 from ..support.dnsfake import FakeDns
 from ..support.tcpfake import serve_in_threads
-from .test_tlsinspect import loopback, run_ca
 
 BLOCKED_DST = "198.18.0.7"  # the transparent client's original destination: allowed by nothing
 

@@ -31,8 +31,8 @@ from launcher.selftest.probes import core, endlesshead, starvation
 from launcher.selftest.spec import VerifySpec, dump_spec
 from netguard.audit import limit_record
 
+from ..e2e.test_probes import make_spec
 from ..support.daemonfake import Daemon, fresh_daemon
-from .test_probes import make_spec
 
 # ---- helpers ------------------------------------------------------------------------------------
 

@@ -44,7 +44,7 @@ from netguard.proxy.master import make_master
 from netguard.proxy.spec import CaPair
 
 from ..support.dnsfake import FakeDns
-from .test_gate import client, client_hello, next_layer
+from ..unit.test_gate import client, client_hello, next_layer
 
 
 def run_ca() -> CaPair:

@@ -1,0 +1,107 @@
+"""The test command (tests/support/suiterun.py, `python -m tests`) and the refusal of tests/e2e/ with -n.
+
+The runner's plan is checked as data; one real run of it, on a tiny tree of its own (a failing
+test in the rest, a passing one in e2e/), shows both parts run, in order, and the exit code.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ..support import suitelock, suiterun
+from ..support.runner import REPO
+
+TESTS, MACHINE = str(suiterun.TESTS), str(suiterun.MACHINE)
+
+
+def test_no_arguments_run_the_rest_in_two_processes_then_e2e_alone() -> None:
+    rest, machine = suiterun.plan([], REPO)
+    assert rest.argv == ("-n", "2", f"--ignore={MACHINE}", TESTS)
+    assert machine.argv == ("-n0", MACHINE)
+
+
+def test_options_go_to_both_parts_and_their_values_are_not_paths() -> None:
+    rest, machine = suiterun.plan(["-k", "inspect", "-x", "--durations", "30", "-q"], REPO)
+    assert rest.argv[3:] == ("-k", "inspect", "-x", "--durations", "30", "-q", TESTS)
+    assert machine.argv == ("-k", "inspect", "-x", "--durations", "30", "-q", "-n0", MACHINE)
+    assert suiterun.stops_early(["-x"]) and suiterun.stops_early(["--maxfail=2"]) and not suiterun.stops_early(["-q"])
+
+
+def test_each_path_goes_to_the_part_that_holds_it() -> None:
+    (only_rest,) = suiterun.plan(["tests/unit/test_docs.py"], REPO)
+    assert only_rest.argv[-1] == str(REPO / "tests/unit/test_docs.py") and "-n0" not in only_rest.argv
+    (only_machine,) = suiterun.plan(["tests/e2e/test_world.py::test_x", "-k", "y"], REPO)
+    assert only_machine.argv == ("-k", "y", "-n0", str(REPO / "tests/e2e/test_world.py::test_x"))
+    rest, machine = suiterun.plan(["tests", "tests/e2e"], REPO)  # tests holds both: e2e/ once
+    assert rest.argv[-1] == str(REPO / "tests") and machine.argv == ("-n0", MACHINE)
+    (from_inside,) = suiterun.plan(["test_world.py"], REPO / "tests" / "e2e")
+    assert from_inside.argv == ("-n0", str(REPO / "tests/e2e/test_world.py"))
+
+
+@pytest.mark.parametrize(
+    ("codes", "want"),
+    [([0, 0], 0), ([1, 0], 1), ([0, 1], 1), ([4, 1], 4), ([0, 5], 0), ([5, 0], 0), ([5, 5], 5), ([2], 2)],
+)
+def test_the_suite_fails_when_either_part_fails(codes: list[int], want: int) -> None:
+    assert suiterun.overall(codes) == want
+
+
+def test_the_summary_names_each_part_and_one_that_did_not_run() -> None:
+    parts = suiterun.plan([], REPO)
+    lines = suiterun.summary(parts, [1]).splitlines()
+    assert lines == [
+        "sandgate tests: the rest, in 2 processes: exit 1 (tests failed)",
+        "sandgate tests: the machine-wide tests/e2e/, one at a time: not run (stopped after a failure or an interrupt)",
+    ]
+
+
+def _tiny_suite(root: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A checkout of two tests: the rest's fails, e2e/'s passes and leaves a mark, so both are seen to run."""
+    mark = root / "e2e-ran"
+    (root / "tests" / "e2e").mkdir(parents=True)
+    (root / "pyproject.toml").write_text("[tool.pytest.ini_options]\naddopts = '-p no:cacheprovider'\n")
+    (root / "tests" / "test_rest.py").write_text("def test_rest():\n    assert False, 'the rest fails'\n")
+    (root / "tests" / "e2e" / "test_machine.py").write_text(
+        f"from pathlib import Path\n\ndef test_machine():\n    Path({str(mark)!r}).write_text('ran')\n"
+    )
+    for name, value in (("ROOT", root), ("TESTS", root / "tests"), ("MACHINE", root / "tests" / "e2e")):
+        monkeypatch.setattr(suiterun, name, value)
+    monkeypatch.setenv(suitelock.HELD, str(os.getpid()))  # this suite holds the lock already
+    return mark
+
+
+def test_a_failing_first_part_still_runs_the_second_and_the_suite_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    mark = _tiny_suite(tmp_path, monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    assert suiterun.main([]) == 1
+    assert mark.read_text() == "ran"
+    err = capfd.readouterr().err
+    assert "the rest, in 2 processes: exit 1 (tests failed)" in err
+    assert "the machine-wide tests/e2e/, one at a time: exit 0 (passed)" in err
+    mark.unlink()
+    assert suiterun.main(["-x"]) == 2  # stop at the first failure (xdist says "interrupted"): e2e/ never starts
+    assert not mark.exists() and "not run" in capfd.readouterr().err
+
+
+def _pytest(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, suitelock.HELD: str(os.getpid())}
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args]
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_a_plain_pytest_refuses_e2e_with_n_and_names_the_command() -> None:
+    for paths in (["tests/e2e/test_world.py"], ["tests"], ["."]):
+        res = _pytest("-n", "2", *paths)
+        assert res.returncode == 4, (paths, res.stdout, res.stderr)
+        assert "run one at a time" in res.stderr and "python -m tests" in res.stderr, res.stderr
+    allowed = _pytest("-n", "2", "--ignore=tests/e2e", "--ignore=tests/unit", "tests")  # as the runner's rest
+    assert allowed.returncode == 5 and "bringing up nodes" in allowed.stdout, (allowed.stdout, allowed.stderr)
+    serial = _pytest("tests/e2e/test_world.py", "-k", "a_name_no_test_has")
+    assert serial.returncode == 5, (serial.stdout, serial.stderr)
