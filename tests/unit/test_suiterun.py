@@ -1,11 +1,12 @@
 """The test command (tests/support/suiterun.py, `python -m tests`) and the refusal of tests/e2e/ with -n.
 
-The runner's plan is checked as data; one real run of it, on a tiny tree of its own (a failing
-test in the rest, a passing one in e2e/), shows both parts run, in order, and the exit code.
+The runner's plan is checked as data; real runs of it, on a tiny tree of its own (a failing test
+in the rest, a passing one in e2e/), show both parts run under one lock, and the exit code.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
 import sys
@@ -60,34 +61,61 @@ def test_the_summary_names_each_part_and_one_that_did_not_run() -> None:
     ]
 
 
-def _tiny_suite(root: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A checkout of two tests: the rest's fails, e2e/'s passes and leaves a mark, so both are seen to run."""
-    mark = root / "e2e-ran"
+#: Each tiny test writes whether the suite lock is held (by another process: flock refuses it) and
+#: whether it runs marked as the holding suite; the rest's test then fails.
+TINY = """
+import fcntl, os
+from pathlib import Path
+
+
+def _mark(name):
+    fd = os.open({lock!r}, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        held = "free"
+    except BlockingIOError:
+        held = "held"
+    finally:
+        os.close(fd)
+    Path({marks!r}, name).write_text(held + " " + os.environ.get({env!r}, "unmarked"))
+"""
+
+
+def _tiny_suite(root: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
+    """A checkout of two tests, the rest's failing and e2e/'s passing, each leaving a mark; a lock of its own."""
+    marks, lock = root / "marks", root / "sandgate-tests.lock"
+    marks.mkdir()
     (root / "tests" / "e2e").mkdir(parents=True)
     (root / "pyproject.toml").write_text("[tool.pytest.ini_options]\naddopts = '-p no:cacheprovider'\n")
-    (root / "tests" / "test_rest.py").write_text("def test_rest():\n    assert False, 'the rest fails'\n")
-    (root / "tests" / "e2e" / "test_machine.py").write_text(
-        f"from pathlib import Path\n\ndef test_machine():\n    Path({str(mark)!r}).write_text('ran')\n"
-    )
+    tiny = TINY.format(lock=str(lock), marks=str(marks), env=suitelock.HELD)
+    (root / "tests" / "test_rest.py").write_text(f"{tiny}\ndef test_rest():\n    _mark('rest')\n    assert False\n")
+    (root / "tests" / "e2e" / "test_machine.py").write_text(f"{tiny}\ndef test_machine():\n    _mark('machine')\n")
     for name, value in (("ROOT", root), ("TESTS", root / "tests"), ("MACHINE", root / "tests" / "e2e")):
         monkeypatch.setattr(suiterun, name, value)
-    monkeypatch.setenv(suitelock.HELD, str(os.getpid()))  # this suite holds the lock already
-    return mark
+    hold = suitelock.hold
+    monkeypatch.setattr(suitelock, "hold", lambda say: hold(say, (str(lock),)))  # not the machine's lock
+    monkeypatch.delenv(suitelock.HELD, raising=False)  # so the runner takes it, as from a shell
+    return marks, lock
 
 
-def test_a_failing_first_part_still_runs_the_second_and_the_suite_fails(
+def test_both_parts_run_under_one_lock_and_a_failing_first_part_fails_the_suite(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    mark = _tiny_suite(tmp_path, monkeypatch)
+    marks, lock = _tiny_suite(tmp_path, monkeypatch)
     monkeypatch.chdir(tmp_path)
     assert suiterun.main([]) == 1
-    assert mark.read_text() == "ran"
+    me = str(os.getpid())
+    assert (marks / "rest").read_text() == (marks / "machine").read_text() == f"held {me}"  # held, and they are it
     err = capfd.readouterr().err
     assert "the rest, in 2 processes: exit 1 (tests failed)" in err
     assert "the machine-wide tests/e2e/, one at a time: exit 0 (passed)" in err
-    mark.unlink()
+    fd = os.open(lock, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released at the end: free at once
+    os.close(fd)
+    assert suitelock.HELD not in os.environ
+    (marks / "machine").unlink()
     assert suiterun.main(["-x"]) == 2  # stop at the first failure (xdist says "interrupted"): e2e/ never starts
-    assert not mark.exists() and "not run" in capfd.readouterr().err
+    assert not (marks / "machine").exists() and "not run" in capfd.readouterr().err
 
 
 def _pytest(*args: str) -> subprocess.CompletedProcess[str]:
