@@ -100,7 +100,8 @@ def summary(parts: Sequence[Part], codes: Sequence[int]) -> str:
     lines = []
     for i, part in enumerate(parts):
         if i < len(codes):
-            lines.append(f"sandgate tests: {part.title}: exit {codes[i]} ({_MEANING.get(codes[i], 'failed')})")
+            meaning = f"ended by signal {codes[i] - 128}" if codes[i] > 128 else _MEANING.get(codes[i], "failed")
+            lines.append(f"sandgate tests: {part.title}: exit {codes[i]} ({meaning})")
         else:
             lines.append(f"sandgate tests: {part.title}: not run (stopped after a failure or an interrupt)")
     return "\n".join(lines)
@@ -111,17 +112,24 @@ def _say(line: str) -> None:
 
 
 def _run(argv: Sequence[str]) -> int:
-    """One pytest, waited for to its end: Ctrl-C reaches it too and it must tear its worlds down."""
+    """One pytest, waited for to its end: Ctrl-C reaches it too and it must tear its worlds down.
+
+    Its exit code; 143 (128 + SIGTERM, as a shell says it) when the runner was told to stop."""
     proc = subprocess.Popen([sys.executable, "-m", "pytest", *argv], cwd=ROOT)
+    told: list[int] = []
 
     def forward(signum: int, frame: FrameType | None) -> None:
-        proc.send_signal(signum)  # a SIGTERM to the runner: the pytest it started cleans up and ends
+        # As a Ctrl-C: pytest then tears its fixtures (worlds, users) down, and xdist its workers;
+        # a SIGTERM would end xdist's controller alone and leave a busy worker behind.
+        told.append(signum)
+        proc.send_signal(signal.SIGINT)
 
     previous = signal.signal(signal.SIGTERM, forward)
     try:
         while True:
             try:
-                return proc.wait()
+                code = proc.wait()
+                return 128 + told[0] if told else code if code >= 0 else 128 - code
             except KeyboardInterrupt:
                 continue  # the child got the same SIGINT; killing it would leave its worlds behind
     finally:
@@ -137,7 +145,7 @@ def main(args: Sequence[str]) -> int:
         for part in parts:
             _say(f"sandgate tests: {part.title}")
             codes.append(_run(part.argv))
-            if codes[-1] == 2 or (stops_early(args) and codes[-1] not in (0, 5)):
+            if codes[-1] == 2 or codes[-1] > 128 or (stops_early(args) and codes[-1] not in (0, 5)):
                 break
     finally:
         if held is not None:

@@ -10,6 +10,7 @@ import fcntl
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -133,3 +134,38 @@ def test_a_plain_pytest_refuses_e2e_with_n_and_names_the_command() -> None:
     assert allowed.returncode == 5 and "bringing up nodes" in allowed.stdout, (allowed.stdout, allowed.stderr)
     serial = _pytest("tests/e2e/test_world.py", "-k", "a_name_no_test_has")
     assert serial.returncode == 5, (serial.stdout, serial.stderr)
+
+
+#: The runner on a tiny tree (argv: its root), as `python -m tests` would run it from a shell.
+DRIVE = """
+import sys
+import time
+from pathlib import Path
+from tests.support import suiterun
+root = Path(sys.argv[1])
+suiterun.ROOT, suiterun.TESTS, suiterun.MACHINE = root, root / "tests", root / "tests" / "e2e"
+sys.exit(suiterun.main([]))
+"""
+
+
+def test_a_sigterm_reaches_the_running_part_and_the_suite_stops_there(tmp_path: Path) -> None:
+    started, ran = tmp_path / "started", tmp_path / "e2e-ran"
+    (tmp_path / "tests" / "e2e").mkdir(parents=True)
+    (tmp_path / "pyproject.toml").write_text("[tool.pytest.ini_options]\naddopts = '-p no:cacheprovider'\n")
+    rest = f"import time\nfrom pathlib import Path\n\ndef test_rest():\n    Path({str(started)!r}).touch()\n"
+    (tmp_path / "tests" / "test_rest.py").write_text(rest + "    time.sleep(60)\n")
+    (tmp_path / "tests" / "e2e" / "test_machine.py").write_text(f"def test_machine():\n    open({str(ran)!r}, 'w')\n")
+    env = {**os.environ, suitelock.HELD: str(os.getpid()), "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-c", DRIVE, str(tmp_path)], env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not started.exists() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        assert started.exists(), "the rest's test never started"
+        proc.terminate()
+        _, err = proc.communicate(timeout=45)  # not the 60 s the test sleeps: the pytest it ran was stopped
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 143 and not ran.exists(), err
+    assert "exit 143 (ended by signal 15)" in err and "one at a time: not run" in err, err
