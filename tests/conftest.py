@@ -6,6 +6,7 @@ import os
 import shutil
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -14,29 +15,48 @@ from .support.daemonfake import Web
 from .support.runner import Sandgate
 from .support.world import World, cleanup_stale, new_world
 
-# ---- two processes (pytest-xdist, `-n 2` in pyproject): the machine's tests in one of them, one by one
+# ---- machine-wide tests: the directory tests/e2e/, run one by one after the rest (tests/__main__.py)
 
-MACHINE = "sandgate-machine"
+#: Tests that share what is machine-wide (`ip netns list`, the users, each user's daemon and runs under
+#: /run/sandgate, the timing of canaries that must time out): two at once would judge each other's leftovers.
+MACHINE_DIR = Path(__file__).resolve().parent / "e2e"
+_TESTS_DIR = MACHINE_DIR.parent
 _MACHINE_FIXTURES = frozenset({"world", "sandgate", "unprivileged"})
-# Unit modules that touch machine-wide state without those fixtures (or beside them):
-_MACHINE_MODULES = frozenset(
-    {
-        "tests/unit/test_probes.py",  # verify's probes and canaries, its sandgate-v namespaces
-        "tests/unit/test_whoasked.py",  # named network namespaces (ip netns add)
-        "tests/unit/test_cli_errors.py",  # a root `sandgate run`: it sweeps killed runs' state in /run/sandgate
-        "tests/unit/test_inspection_launch.py",  # the same
-        "tests/unit/test_inspected_tls.py",  # worlds
-        "tests/unit/test_tlsinspect.py",  # worlds
-    }
-)
+RIGHT_COMMAND = ".venv/bin/python -m tests"
 
 
-def machine_wide(nodeid: str) -> bool:
-    """Whether a test shares what is machine-wide (`ip netns list`, the users, each user's daemon and
-    runs under /run/sandgate, the timing of canaries that must time out): such tests run one by one,
-    beside no other of them, else two could judge each other's leftovers."""
-    path = nodeid.split("::", 1)[0]
-    return path.startswith("tests/e2e/") or path in _MACHINE_MODULES
+def machine_wide(path: Path) -> bool:
+    """Whether a test file is one of the machine-wide tests."""
+    return path == MACHINE_DIR or MACHINE_DIR in path.parents
+
+
+def _covers_machine_dir(config: pytest.Config) -> bool:
+    """Whether this run's paths reach into tests/e2e/ (not counting an `--ignore` of it)."""
+    here = config.invocation_params.dir
+    ignored = [(here / p).resolve() for p in config.getoption("ignore") or ()]
+    if any(i == MACHINE_DIR or i in MACHINE_DIR.parents for i in ignored):
+        return False
+    for arg in config.args:
+        path = (here / arg.split("::", 1)[0]).resolve()
+        if machine_wide(path) or path in MACHINE_DIR.parents:
+            return True
+    return False
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    """Refuse machine-wide tests in parallel (xdist `-n`): two workers would run them beside each other."""
+    parallel = getattr(config.option, "dist", "no") != "no" and bool(getattr(config.option, "tx", None))
+    if (
+        parallel
+        and not config.option.collectonly
+        and not hasattr(config, "workerinput")
+        and _covers_machine_dir(config)
+    ):
+        raise pytest.UsageError(
+            "sandgate tests: the machine-wide tests (tests/e2e/) run one at a time, never with -n: "
+            f"run the suite with `{RIGHT_COMMAND}`, or these tests with -n0"
+        )
 
 
 # ---- one suite at a time on this machine (tests/support/suitelock.py)
@@ -65,29 +85,14 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         suitelock.release(fd)
 
 
-@pytest.hookimpl(optionalhook=True)  # known only while xdist is loaded (`-p no:xdist` runs serially)
-def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
-    """All machine-wide tests are one work unit (one worker, in order); every other test is its own.
-
-    xdist's `--dist loadgroup` would do this from a marker, but it renames `item._nodeid`, which
-    pytest 9.2 no longer reads: the groups silently fell apart (seen: e2e tests on both workers)."""
-    from xdist.scheduler import LoadScopeScheduling  # type: ignore[import-untyped]
-
-    class MachineInOne(LoadScopeScheduling):  # type: ignore[misc]
-        def _split_scope(self, nodeid: str) -> str:
-            return MACHINE if machine_wide(nodeid) else nodeid
-
-    return MachineInOne(config, log)
-
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """A test that builds worlds, users or a sandbox outside the machine-wide set is a mistake: say so."""
+    """A test that builds worlds, users or a sandbox outside tests/e2e/ is a mistake: say so."""
     for item in items:
-        ours = item.nodeid.startswith("tests/")  # not an inner pytest run's own test file (test_rootless_support)
-        if ours and set(getattr(item, "fixturenames", ())) & _MACHINE_FIXTURES and not machine_wide(item.nodeid):
+        ours = _TESTS_DIR in item.path.parents  # not an inner pytest run's own test file (test_rootless_support)
+        if ours and set(getattr(item, "fixturenames", ())) & _MACHINE_FIXTURES and not machine_wide(item.path):
             raise pytest.UsageError(
-                f"{item.nodeid} uses a world, a sandbox or a throwaway user: add its module to "
-                "_MACHINE_MODULES in tests/conftest.py, so it never runs beside another such test"
+                f"{item.nodeid} uses a world, a sandbox or a throwaway user: move its module to tests/e2e/, "
+                "the machine-wide tests, so it never runs beside another such test"
             )
 
 

@@ -213,7 +213,7 @@ def test_a_users_run_keeps_its_protection_when_roots_run_that_made_the_placehold
         stops = [u.base / "stop-root", u.base / "stop-user"]
         as_root = Sandgate(w.world, policy=w.policy, quiet=True, cwd=ws, timeout=120, env=w.env())
         as_user = Sandgate(
-            u.runner(w.world), policy=u.base / "policy.yaml", quiet=True, cwd=ws, timeout=120, view=False,
+            u.runner(w.world), policy=u.base / "policy.yaml", quiet=True, cwd=ws, timeout=120,
             env={**env(), "HOME": str(u.home)},
         )  # fmt: skip
         wait = f"while [ ! -e {stops[0]} ]; do sleep 0.05; done"

@@ -240,7 +240,7 @@ def test_a_rootless_run_cannot_change_its_policy_either(lab: Lab, _sandgate_clea
     with UnprivilegedUser(base_dir="/var/tmp") as u:
         ws = lab.workspace(u.uid, u.gid)
         before = _snapshot(ws, CONFIG)
-        sg = Sandgate(u.runner(lab.world), quiet=True, view=False, timeout=90)
+        sg = Sandgate(u.runner(lab.world), quiet=True, timeout=90)  # VIEW: it runs this checkout's python
         dirs = ["conf", "certs"]
         try:
             out = _try(sg, ws, u.home, CONFIG, dirs, "--policy", "agent.yaml", "--upstream-ca", "certs/ca.pem")

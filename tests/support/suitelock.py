@@ -1,8 +1,9 @@
 """One test suite at a time on a machine: an exclusive flock on a fixed machine-wide path.
 
 Two suites at once judge each other's namespaces, users, daemons and canary timings (issue 29).
-The pytest controller (tests/conftest.py) takes the lock at session start and holds it to the
-end; the kernel drops it when the process dies, so a killed run never leaves a stale lock.
+The test command (tests/__main__.py) takes the lock once for both of its pytest runs; a pytest
+started alone takes it in its controller (tests/conftest.py) at session start. Either holds it to
+the end; the kernel drops it when the process dies, so a killed run never leaves a stale lock.
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ from collections.abc import Callable
 
 #: Tried in order: /run/lock is the machine's lock directory; /var/tmp where it is missing.
 LOCK_PATHS = ("/run/lock/sandgate-tests.lock", "/var/tmp/sandgate-tests.lock")
-#: Set in the environment of everything the holding suite starts (xdist workers, the inner pytest
-#: runs of test_rootless_support): they are that suite, and waiting for it would deadlock.
+#: Set in the environment of everything the holding suite starts (the runner's two pytest runs, xdist
+#: workers, the inner pytest runs of test_rootless_support): they are that suite, and waiting for it
+#: would deadlock.
 HELD = "SANDGATE_TESTS_LOCK_HELD"
 
 

@@ -94,5 +94,5 @@ def test_the_readme_commands_are_what_setup_and_ci_run() -> None:
     assert len(commands) == 2, commands
     runtime, tests = commands
     assert runtime.startswith(".ci/setup && ") and "--test" not in runtime  # command 1: runtime only
-    assert tests == ".ci/setup --test && .venv/bin/python -m pytest -q tests"
+    assert tests == ".ci/setup --test && .venv/bin/python -m tests"
     assert tests in (REPO / ".ci" / "run").read_text().splitlines()  # CI runs exactly command 2

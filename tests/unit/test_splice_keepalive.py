@@ -17,9 +17,9 @@ import pytest
 
 from netguard.audit import read_records
 
+from ..e2e.test_tlsinspect import loopback
 from ..support.dnsfake import FakeDns
 from .test_splice_proxy import Proxy
-from .test_tlsinspect import loopback
 
 
 class Web:

@@ -44,7 +44,7 @@ from netguard.spec import CaPair
 from selftest.certs import CA
 
 from ..support.dnsfake import FakeDns
-from .test_gate import client, client_hello, next_layer
+from ..unit.test_gate import client, client_hello, next_layer
 
 
 def run_ca() -> CaPair:
