@@ -22,7 +22,7 @@ Then where a warm run's time goes (issue 25), each figure the median over the sa
                         a run's imports load (stdlib and third party, listed by a helper that imports
                         launcher.cli and launcher.run.launch and reads sys.modules), imported plainly:
                         what a Python launcher of this design pays before its own code (`dataclasses`
-                        brings `inspect` here; sandgate's run defers it, launcher/dataclasscache.py);
+                        brings `inspect` here; sandgate's run defers it, sgbase/dataclasscache.py);
                         minus `python -c pass`
   every phase below     a warm run with SANDGATE_TIMINGS=1: the launcher, the holder, init and CMD's
                         process write CLOCK_MONOTONIC stamps at the end of each phase (launcher/

@@ -1,4 +1,4 @@
-"""sandgate's launcher: the only package that knows netguard and fsguard."""
+"""sandgate's launcher: the run, which puts netguard and fsguard together (selftest, the proof, stands apart)."""
 
 from launcher import timings as _timings
 

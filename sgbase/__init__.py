@@ -1,1 +1,2 @@
-"""What both guards stand on: the policy error with its FILE:LINE origin, the Windows API binding."""
+"""What both guards stand on, importing nothing of ours: the policy error with its FILE:LINE origin, the
+record-class table (dataclasscache), the Windows API binding."""

@@ -29,7 +29,7 @@ NEVER = (
     "mitmproxy",
     "cryptography",
     "hashlib",
-    "ast",  # with dis and tokenize: what the real `inspect` imports (launcher/dataclasscache.py's stand-in)
+    "ast",  # with dis and tokenize: what the real `inspect` imports (sgbase/dataclasscache.py's stand-in)
     "dis",
     "uuid",
     "launcher.audit.command",
