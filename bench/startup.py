@@ -139,7 +139,7 @@ FOREIGN = """
 import sys
 before = set(sys.modules)
 import launcher.cli, launcher.run.launch
-ours = ("launcher", "netguard", "fsguard")
+ours = ("launcher", "netguard", "fsguard", "sgbase")
 new = [m for m in set(sys.modules) - before if m.split(".")[0] not in ours and not m.startswith("_")]
 print(" ".join(sorted(m for m in new if getattr(sys.modules[m], "__spec__", None) is not None)))  # not a stand-in"""
 

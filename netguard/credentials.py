@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from netguard import hosts
-from netguard.policyerror import PolicyError, line_of
+from sgbase.policyerror import PolicyError, line_of
 
 CREDENTIAL_KEYS = ("host", "header", "value", "file")
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")

@@ -47,7 +47,7 @@ from typing import Any
 from urllib.parse import unquote_plus
 
 from netguard import canonpath
-from netguard.policyerror import PolicyError, line_of
+from sgbase.policyerror import PolicyError, line_of
 
 #: The `read-only` shorthand: methods that by HTTP's definition change nothing on the server.
 READ_ONLY: frozenset[str] = frozenset({"GET", "HEAD", "OPTIONS"})

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from netguard import hosts
 from netguard.credentials import Credential, parse_credentials
 from netguard.httprules import HttpRule, parse_http
-from netguard.policyerror import PolicyError, line_of
+from sgbase.policyerror import PolicyError, line_of
 
 if TYPE_CHECKING:
     from collections.abc import Mapping

@@ -13,7 +13,7 @@ from fsguard import policy as fspolicy
 from launcher.config.errors import PolicyFileError
 from launcher.config.locs import LocDict
 from netguard import policy as netpolicy
-from netguard.policyerror import line_of
+from sgbase.policyerror import line_of
 
 MAX_RULES = 1_000_000  # network rules in all (netguard.hostsfile.MAX_NAMES); the bundled lists have about 100
 #: Widest prefix one allow/ask cidr may have without --allow-wide-cidr; all of them together may

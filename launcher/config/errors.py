@@ -1,6 +1,6 @@
 """The one error of policy files, phrased for the one-line `sandgate: error: FILE:LINE: ...`.
 
-The guards raise netguard.policyerror.PolicyError (a message and a line); only here does it learn
+The guards raise sgbase.policyerror.PolicyError (a message and a line); only here does it learn
 which file it came from.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import unicodedata
 
-from netguard.policyerror import PolicyError
+from sgbase.policyerror import PolicyError
 
 
 class PolicyFileError(Exception):

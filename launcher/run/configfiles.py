@@ -143,7 +143,7 @@ def installation() -> tuple[ConfigFile, ...]:
     as whoever starts it (root too). The README's quick start runs from the checkout, whose `.venv` and
     packages were then writable from inside (issue 24 review)."""
     src = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))  # holds launcher/
-    dirs = [os.path.join(src, name) for name in ("launcher", "netguard", "fsguard", "allowlists")]
+    dirs = [os.path.join(src, name) for name in ("launcher", "netguard", "fsguard", "sgbase", "allowlists")]
     exe = os.path.realpath(sys.executable)
     dirs += [sys.prefix, sys.base_prefix, os.path.dirname(os.path.dirname(exe))]
     return tuple(ConfigFile(d, "sandgate's own installation") for d in dict.fromkeys(dirs) if os.path.isdir(d))

@@ -50,7 +50,7 @@ def _source_copy(dest: Path) -> Path:
     src.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy2(REPO / name, src / name)
-    for pkg in ("launcher", "netguard", "fsguard", "allowlists"):
+    for pkg in ("launcher", "netguard", "fsguard", "sgbase", "allowlists"):
         shutil.copytree(REPO / pkg, src / pkg, ignore=shutil.ignore_patterns("__pycache__"))
     return src
 

@@ -20,7 +20,7 @@ from netguard.credentials import (
     vendor_prefix,
 )
 from netguard.policy import merge, parse_network
-from netguard.policyerror import PolicyError
+from sgbase.policyerror import PolicyError
 
 
 def test_parse_defaults_and_forms() -> None:

@@ -15,7 +15,7 @@ from launcher.config.load import build_policy, trust_chain
 from netguard import hosts, rules
 from netguard.hostsfile import MAX_NAMES, HostsList, parse_hosts_text
 from netguard.policy import DEFAULT_ALLOW_PORTS, Rule, parse_network
-from netguard.policyerror import PolicyError
+from sgbase.policyerror import PolicyError
 
 # ---- the pure parse ---------------------------------------------------------------------------
 

@@ -15,7 +15,7 @@ from launcher.config.load import build_policy
 from netguard import rules
 from netguard.httprules import READ_ONLY, HttpRule, canonical_path, decide_request, parse_http, path_matches
 from netguard.policy import parse_entry, parse_network
-from netguard.policyerror import PolicyError
+from sgbase.policyerror import PolicyError
 
 from ..support.spellings import ISSUE_SPELLINGS
 

@@ -12,7 +12,6 @@ from hypothesis import strategies as st
 
 from netguard import hosts
 from netguard.policy import NetworkPolicy, Rule, parse_network
-from netguard.policyerror import PolicyError
 from netguard.rules import (
     DNS_ADDRESS_TYPES,
     DNS_EMPTY_TYPES,
@@ -29,6 +28,7 @@ from netguard.rules import (
     embedded_ipv4,
     own_table,
 )
+from sgbase.policyerror import PolicyError
 
 LABELS = st.sampled_from(["a", "b", "pypi", "org", "test", "evil", "x-1", "cdn"])
 NAMES = st.lists(LABELS, min_size=1, max_size=4).map(".".join)

@@ -1,8 +1,8 @@
 """The one error type of every policy section, and the one way to find the line a value came from.
 
 A leaf (stdlib only, nothing of sandgate): both guards' policy sections raise PolicyError, and the
-launcher wraps it once into `sandgate: error: FILE:LINE: ...`. This is the only module fsguard may
-import from netguard.
+launcher wraps it once into `sandgate: error: FILE:LINE: ...`. It lives below both guards (sgbase) so
+that neither imports the other.
 """
 
 from __future__ import annotations
