@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import unicodedata
 
+from sgbase.origin import Origin
 from sgbase.policyerror import PolicyError
 
 
@@ -16,11 +17,18 @@ class PolicyFileError(Exception):
 
     def __init__(self, where: str, line: int | None, message: str) -> None:
         self.where, self.line, self.message = where, line, message
-        super().__init__(_printable(f"{where}:{line}: {message}" if line else f"{where}: {message}"))
+        super().__init__(_printable(f"{Origin(where, line or None)}: {message}"))
+
+    @classmethod
+    def at(cls, origin: Origin, message: str) -> PolicyFileError:
+        """A mistake at a rule's (or credential's) own origin."""
+        return cls(origin.path, origin.line, message)
 
     @classmethod
     def of(cls, where: str, error: PolicyError) -> PolicyFileError:
-        """A guard's PolicyError, now naming the file (or flag) it came from."""
+        """A guard's PolicyError, now naming the file (or flag) it came from (its own origin when it has one)."""
+        if error.origin is not None:
+            return cls.at(error.origin, str(error))
         return cls(where, error.line, str(error))
 
 

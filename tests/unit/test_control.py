@@ -220,6 +220,7 @@ def test_control_imports_no_mitmproxy_or_dnspython() -> None:
         "netguard.proxy.spec",
         "netguard.proxy.specfd",
         "netguard.proxy.status",
+        "netguard.ruleinvariants",
         "netguard.upstreamproxy",  # the run's upstream proxy travels in the spec (issue 27); small, stdlib only
     ]
 

@@ -43,6 +43,7 @@ from netguard.proxy import inspected, standalone
 from netguard.proxy.binding import Binding
 from netguard.proxy.gate import Gate
 from netguard.proxy.spec import CaPair
+from sgbase.origin import Origin
 
 from ..support.dnsfake import FakeDns, standard_answer
 
@@ -55,7 +56,7 @@ SECRET = Secret(
     real=REAL,
     sentinel="sk-sandgate-sentinel-0f0f0f0f",
     variable="API_KEY",
-    origin="p.yaml:20",
+    origin=Origin("p.yaml", 20),
 )
 POLICY: dict[str, Any] = {
     "allow": [
