@@ -266,14 +266,15 @@ def _decode_group(obj: Any, where: str) -> list[Rule]:
     values, lines = d["values"].split("\n"), d["lines"].split("\n")
     if len(values) != len(lines) or len(values) < GROUP_MIN:
         raise SpecError(f"{where}: values and lines differ in number, or the group is shorter than {GROUP_MIN}")
-    kind, rules = d["kind"], []
-    for value, line in zip(values, lines, strict=True):
-        if line and not (line.isascii() and line.isdigit() and len(line) <= MAX_LINE_DIGITS):
-            raise SpecError(f"{where}.lines: {line[:20]!r} is not a line number")
-        number = int(line) if line else None
-        origin = _built(f"{where}.lines", lambda: Origin(path, number))  # noqa: B023 (called at once)
-        rules.append(_built(where, lambda: new_rule(kind, value, ports, origin)))  # noqa: B023 (called at once)
-    return rules
+    if any(line and not (line.isascii() and line.isdigit() and len(line) <= MAX_LINE_DIGITS) for line in lines):
+        raise SpecError(f"{where}.lines: a line that is not a line number")
+    kind = d["kind"]
+    return _built(
+        where,
+        lambda: [
+            new_rule(kind, v, ports, Origin(path, int(n) if n else None)) for v, n in zip(values, lines, strict=True)
+        ],
+    )
 
 
 def _ints(obj: Any, where: str) -> frozenset[int] | None:
