@@ -272,7 +272,7 @@ def new_rule(kind: RuleKind, value: str, ports: frozenset[int] | None, origin: O
     checked like every other rule."""
     rule = object.__new__(Rule)
     rule.__dict__.update(_name_rule_fields(), kind=kind, value=value, ports=ports, origin=origin)
-    ruleinvariants.check_rule(rule)
+    ruleinvariants.check_new_name(rule)
     return rule
 
 

@@ -57,6 +57,19 @@ def check_rule(r: Rule) -> None:
         raise PolicyError(why, origin=r.origin)
 
 
+def check_new_name(r: Rule) -> None:
+    """check_rule for what netguard.policy.new_rule makes (its other fields are the defaults): the hot path."""
+    value: object = r.value
+    if not (
+        type(r.origin) is Origin
+        and (r.kind == "host" or r.kind == "wildcard")
+        and type(value) is str
+        and ports_ok(r.ports)
+        and hosts.is_canonical_name(value)
+    ):
+        check_rule(r)  # refused there, with the reason
+
+
 def _plain_name(r: Rule) -> bool:
     """A valid name rule without extras (what new_rule makes); False sends it through the full check."""
     value: object = r.value
