@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fsguard.env import EnvPolicy
-from netguard.policyerror import PolicyError, line_of  # the one leaf fsguard takes from netguard
+from sgbase.policyerror import PolicyError, line_of  # below both guards: neither imports the other
 
 #: Writable roots when no policy names any: the workspace and a private /tmp.
 DEFAULT_WRITE: tuple[str, ...] = (".", "/tmp")

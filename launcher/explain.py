@@ -22,6 +22,7 @@ from netguard.policy import DEFAULT_ALLOW_PORTS, NetworkPolicy, Rule
 
 if TYPE_CHECKING:
     from launcher.run.options import RunArgs, RunOptions
+    from sgbase.origin import Origin
 
 
 @dataclass(frozen=True)
@@ -64,11 +65,13 @@ def rule_json(rule: Rule) -> dict[str, Any]:
     out: dict[str, Any] = {
         "cidr" if rule.kind == "cidr" else "host": _pattern(rule),
         "ports": None if rule.ports is None else sorted(rule.ports),
-        "origin": rule.origin,
+        "origin": str(rule.origin),
     }
     if rule.inspect:
         out["inspect"] = True
-        out["http"] = None if rule.http is None else [{"rule": h.describe(), "origin": h.origin} for h in rule.http]
+        out["http"] = (
+            None if rule.http is None else [{"rule": h.describe(), "origin": str(h.origin)} for h in rule.http]
+        )
         out["log_query"] = rule.log_query
     if rule.dns:
         out["dns"] = _dns_types(rule)
@@ -138,7 +141,7 @@ def network_lines(pol: lpolicy.Policy, learn: bool, ask: bool, approvals: str | 
 def network_json(pol: lpolicy.Policy, learn: bool, ask: bool, approvals: str | None) -> dict[str, Any]:
     net = pol.network
     creds = [
-        {"host": c.host, "header": c.header, "variable": c.variable, "file": c.file, "origin": c.origin}
+        {"host": c.host, "header": c.header, "variable": c.variable, "file": c.file, "origin": str(c.origin)}
         for c in net.credentials
     ]
     return {
@@ -152,7 +155,9 @@ def network_json(pol: lpolicy.Policy, learn: bool, ask: bool, approvals: str | N
         "ask": [rule_json(r) for r in net.ask],
         "inspected": sorted({_pattern(r) for r in net.allow if r.inspect}),
         "credentials": creds,
-        "resolver": None if net.resolver is None else {"address": list(net.resolver), "origin": net.resolver_origin},
+        "resolver": None
+        if net.resolver is None
+        else {"address": list(net.resolver), "origin": _text(net.resolver_origin)},
         "dns": dns_line(net),
     }
 
@@ -271,3 +276,7 @@ def egress_lines(opts: RunOptions) -> list[str]:
         else "decisions exported to: the audit log only (no OTEL_EXPORTER_OTLP_* endpoint)"
     )
     return out
+
+
+def _text(origin: Origin | None) -> str | None:
+    return None if origin is None else str(origin)

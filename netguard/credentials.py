@@ -23,11 +23,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from netguard import hosts
-from netguard.policyerror import PolicyError, line_of
+from sgbase.origin import Origin
+from sgbase.policyerror import PolicyError, line_of
 
 CREDENTIAL_KEYS = ("host", "header", "value", "file")
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _HEADER = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 #: Headers that frame or route the request: a credential in them would change where it goes.
 _FRAMING = frozenset({"host", "content-length", "transfer-encoding", "connection", "upgrade", "te", "trailer"})
 #: The public prefixes vendors put on every token of a kind: the only part of a secret a sentinel keeps,
@@ -57,12 +59,28 @@ class Credential:
     template: str  # the header value with one ${VARIABLE}
     variable: str  # the variable the sandbox sees, holding the sentinel
     file: str | None  # the secret's source instead of the launcher's environment
-    origin: str
+    origin: Origin
+
+    def __post_init__(self) -> None:
+        found = _VAR.findall(self.template) if isinstance(self.template, str) else []
+        why = _binding_problem(self.host, self.header, self.variable, self.origin) or (
+            "the template must hold exactly one ${VARIABLE}, this one, and no line break"
+            if found != [self.variable] or "\r" in self.template or "\n" in self.template
+            else "file must be null or a path"
+            if self.file is not None and (not isinstance(self.file, str) or not self.file.strip())
+            else None
+        )
+        if why is not None:
+            raise PolicyError(f"credential: {why}", origin=self.origin if type(self.origin) is Origin else None)
 
 
 @dataclass(frozen=True)
 class Secret:
-    """A credential as the daemon holds it: the rendered header, the real value and its sentinel."""
+    """A credential as the daemon holds it: the rendered header, the real value and its sentinel.
+
+    Checked when made, so the daemon's decoder only builds it: a header value with a line break would
+    inject headers, a raw host would never match, an empty sentinel or secret would match everything.
+    """
 
     host: str
     header: str
@@ -70,7 +88,38 @@ class Secret:
     real: str
     sentinel: str
     variable: str
-    origin: str
+    origin: Origin
+
+    def __post_init__(self) -> None:
+        texts = (self.value, self.real, self.sentinel)
+        why = _binding_problem(self.host, self.header, self.variable, self.origin) or (
+            "empty sentinel or secret, or a line break in the header value"
+            if not all(isinstance(t, str) for t in texts)
+            or not self.sentinel
+            or not self.real
+            or self.real not in self.value
+            or any(c in self.value for c in "\r\n\0")
+            else None
+        )
+        if why is not None:
+            raise PolicyError(f"secret: {why}", origin=self.origin if type(self.origin) is Origin else None)
+
+
+def _binding_problem(host: object, header: object, variable: object, origin: object) -> str | None:
+    """What Credential and Secret share: one canonical host, a header a credential can go in, a variable."""
+    if type(origin) is not Origin:
+        return f"the origin is an Origin record, not {type(origin).__name__}"
+    if not isinstance(header, str) or not _HEADER.fullmatch(header) or header.lower() in _FRAMING:
+        return f"header {header!r} is not a header a credential can go in"
+    if not isinstance(variable, str) or not _NAME.fullmatch(variable):
+        return f"variable {variable!r} is not a variable name"
+    if not isinstance(host, str):
+        return f"host is a name, not {type(host).__name__}"
+    try:
+        canonical = hosts.normalise_name(host)
+    except hosts.HostError as e:
+        return f"host: {e}"
+    return None if canonical == host else f"host {host!r} is not in canonical form ({canonical!r})"
 
 
 def parse_credentials(section: Any, source: str, line: int | None) -> tuple[Credential, ...]:
@@ -80,7 +129,7 @@ def parse_credentials(section: Any, source: str, line: int | None) -> tuple[Cred
     if not isinstance(section, list):
         raise PolicyError("'network.credentials' must be a list of {host, header, value} mappings", line)
     out = tuple(_parse_one(item, source, line_of(section, i) or line) for i, item in enumerate(section))
-    seen: dict[tuple[str, str], str] = {}
+    seen: dict[tuple[str, str], Origin] = {}
     for c in out:
         key = (c.host, c.header.lower())
         if key in seen:
@@ -130,7 +179,7 @@ def _parse_one(item: Any, source: str, line: int | None) -> Credential:
     file = item.get("file")
     if file is not None and (not isinstance(file, str) or not file.strip()):
         raise PolicyError("credential 'file' must be a path", line_of(item, "file"))
-    return Credential(name, header, value, found[0], file, f"{source}:{line}" if line is not None else source)
+    return Credential(name, header, value, found[0], file, Origin(source, line))
 
 
 def render(c: Credential, secret: str) -> str:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from netguard import hosts
-from netguard.policyerror import PolicyError
+from sgbase.policyerror import PolicyError
 
 #: Names in one policy, every hosts_file and entry together: each costs the daemon a few hundred bytes.
 MAX_NAMES = 1_000_000

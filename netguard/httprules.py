@@ -47,7 +47,8 @@ from typing import Any
 from urllib.parse import unquote_plus
 
 from netguard import canonpath
-from netguard.policyerror import PolicyError, line_of
+from sgbase.origin import Origin
+from sgbase.policyerror import PolicyError, line_of
 
 #: The `read-only` shorthand: methods that by HTTP's definition change nothing on the server.
 READ_ONLY: frozenset[str] = frozenset({"GET", "HEAD", "OPTIONS"})
@@ -67,12 +68,20 @@ _PHP_NAME = str.maketrans(" .[", "___")  # what PHP turns into '_' in a paramete
 
 @dataclass(frozen=True)
 class HttpRule:
-    """Requests one rule allows: `methods`/`paths` None means any."""
+    """Requests one rule allows: `methods`/`paths` None means any.
+
+    Checked when made, whoever makes it (the parser, the daemon's decoder): a method in another case would
+    never match, a path pattern in a spelling canonpath never produces would never match either.
+    """
 
     methods: frozenset[str] | None
     paths: tuple[str, ...] | None
-    origin: str
+    origin: Origin
     websocket: bool = False  # its GETs may upgrade to WebSocket (whose frames no rule reads)
+
+    def __post_init__(self) -> None:
+        if (why := _rule_problem(self)) is not None:
+            raise PolicyError(why, origin=self.origin if type(self.origin) is Origin else None)
 
     def describe(self) -> str:
         if self.methods == READ_ONLY and self.paths is None and not self.websocket:
@@ -87,8 +96,32 @@ class RequestDecision:
     """A request rule's verdict on one HTTP request."""
 
     allowed: bool
-    rule: str | None  # origin of the deciding rule ("FILE:LINE"); None when nothing allowed it
+    rule: str | None  # origin of the deciding rule, as the audit prints it; None when nothing allowed it
     reason: str
+
+
+def _rule_problem(r: HttpRule) -> str | None:
+    if type(r.origin) is not Origin:
+        return f"an http rule's origin is an Origin record, not {type(r.origin).__name__}"
+    if r.methods is not None and (
+        type(r.methods) is not frozenset
+        or not r.methods
+        or not all(isinstance(m, str) and _TOKEN.fullmatch(m) and m == m.upper() for m in r.methods)
+    ):
+        return "methods must be null or a non-empty set of upper-case methods"
+    if r.paths is not None and (type(r.paths) is not tuple or not r.paths or not all(map(_is_pattern, r.paths))):
+        return "paths must be null or a non-empty tuple of canonical path patterns"
+    websocket: object = r.websocket  # whoever built it may not have been type-checked
+    if type(websocket) is not bool:
+        return "websocket must be true or false"
+    if r.websocket and r.methods is not None and "GET" not in r.methods:
+        return "websocket needs GET among the methods: an upgrade is a GET"
+    return None
+
+
+def _is_pattern(p: object) -> bool:
+    """A path pattern as rules hold it: from '/', no query, canonical with `*` read as a letter."""
+    return isinstance(p, str) and p.startswith("/") and canonical_path(p.replace("*", "x")) == p.replace("*", "x")
 
 
 # ---- parsing ------------------------------------------------------------------------------------
@@ -103,7 +136,7 @@ def parse_http(value: Any, source: str, line: int | None) -> tuple[HttpRule, ...
 
 
 def _parse_one(item: Any, source: str, line: int | None) -> HttpRule:
-    where = f"{source}:{line}" if line is not None else source
+    where = Origin(source, line)
     if item == "read-only":
         return HttpRule(READ_ONLY, None, where)
     if not isinstance(item, dict):
@@ -253,7 +286,7 @@ def decide_request(
         return RequestDecision(True, None, "inspected, every request allowed")
     r = _covering(tuple(r for r in rules if r.websocket) if upgrade else rules, method, c)
     if r is not None:
-        return RequestDecision(True, r.origin, f"allowed by http rule {r.describe()}")
+        return RequestDecision(True, str(r.origin), f"allowed by http rule {r.describe()}")
     allowed = "; ".join(r.describe() for r in rules)
     what = "a WebSocket upgrade of " if upgrade else ""
     return RequestDecision(False, None, f"{what}{method} {shown} not allowed on {host} (allowed: {allowed})")

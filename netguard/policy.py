@@ -2,8 +2,13 @@
 
 Pure: takes already-loaded YAML values (plain dicts/lists, optionally carrying
 `.line`/`.lines` attributes from the launcher's loader) and returns immutable
-rules. Every rule remembers where it came from (`origin`, "FILE:LINE") so a
+rules. Every rule remembers where it came from (`origin`, a sgbase.origin.Origin) so a
 decision in the audit log can be traced back to the exact line that allowed it.
+
+A rule that exists is valid, whoever built it (this parser, the daemon's decoder, a test): Rule and
+NetworkPolicy check their invariants when made (netguard.ruleinvariants), so the daemon decodes and
+never re-validates by hand. The parser still checks first, to phrase a mistake with the user's own
+text and the exact line of the key at fault.
 
 DNS through a wildcard: a name allowed only by a `*.suffix` entry is looked up for A and AAAA
 (with the CNAME chain leading to them) and nothing else, because every such query is a message to
@@ -27,10 +32,11 @@ import ipaddress
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from netguard import hosts
+from netguard import hosts, ruleinvariants
 from netguard.credentials import Credential, parse_credentials
 from netguard.httprules import HttpRule, parse_http
-from netguard.policyerror import PolicyError, line_of
+from sgbase.origin import Origin
+from sgbase.policyerror import PolicyError, line_of
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -55,11 +61,14 @@ class Rule:
     kind: RuleKind
     value: str | Network  # exact name, wildcard suffix (without "*."), or network
     ports: frozenset[int] | None
-    origin: str
+    origin: Origin
     dns: frozenset[int] | None = None  # extra DNS query types (numbers) a wildcard allow forwards
     inspect: bool = False  # TLS is terminated and each request judged (netguard.httprules)
     http: tuple[HttpRule, ...] | None = None  # None with inspect: every request allowed, each audited
     log_query: bool = False  # audit records of inspected requests keep the query string
+
+    def __post_init__(self) -> None:
+        ruleinvariants.check_rule(self)
 
     def describe(self) -> str:
         return self._described
@@ -78,12 +87,11 @@ class NetworkPolicy:
     deny: tuple[Rule, ...] = ()
     ask: tuple[Rule, ...] = ()
     resolver: tuple[str, int] | None = None
-    resolver_origin: str | None = field(default=None, compare=False)
+    resolver_origin: Origin | None = field(default=None, compare=False)
     credentials: tuple[Credential, ...] = ()
 
-
-def _origin(source: str, line: int | None) -> str:
-    return f"{source}:{line}" if line is not None else source
+    def __post_init__(self) -> None:
+        ruleinvariants.check_policy(self)
 
 
 def parse_network(section: Any, source: str, hosts_files: Mapping[str, HostsList] | None = None) -> NetworkPolicy:
@@ -124,7 +132,7 @@ def parse_network(section: Any, source: str, hosts_files: Mapping[str, HostsList
     resolver_origin = None
     if section.get("resolver") is not None:
         resolver = parse_resolver(section["resolver"], line_of(section, "resolver"))
-        resolver_origin = _origin(source, line_of(section, "resolver"))
+        resolver_origin = Origin(source, line_of(section, "resolver"))
     creds = parse_credentials(section.get("credentials"), source, line_of(section, "credentials"))
     return NetworkPolicy(lists["allow"], lists["deny"], lists["ask"], resolver, resolver_origin, creds)
 
@@ -153,7 +161,7 @@ def parse_entry(
             ports = parse_ports(entry["ports"], line_of(entry, "ports"))
     else:
         raise PolicyError(f"an entry must be a host string or a mapping, not {_typename(entry)}", line)
-    origin = _origin(source, line)
+    origin = Origin(source, line)
     if is_cidr or "/" in target:
         rule = Rule("cidr", parse_cidr(target, line), ports, origin)
     else:
@@ -193,7 +201,7 @@ def _hosts_file(
     ports = parse_ports(entry["ports"], line_of(entry, "ports")) if "ports" in entry else default_ports
     where = listed.where
     return [
-        new_rule("wildcard" if wild else "host", name, ports, f"{where}:{number}")
+        new_rule("wildcard" if wild else "host", name, ports, Origin(where, number))
         for number, name, wild in zip(listed.lines, listed.names, listed.wildcard, strict=True)
     ]
 
@@ -238,7 +246,7 @@ def parse_dns_types(value: Any, line: int | None) -> frozenset[int]:
     return frozenset(types)
 
 
-def parse_host_pattern(text: str, ports: frozenset[int] | None, origin: str, line: int | None) -> Rule:
+def parse_host_pattern(text: str, ports: frozenset[int] | None, origin: Origin, line: int | None) -> Rule:
     """A name, a `*.suffix` wildcard, or an IP literal (kept as a /32 or /128 network)."""
     if text.strip() in ("*", "*.", "**", ""):
         raise PolicyError(f"'{text}' would match every host; list the hosts instead", line)
@@ -259,17 +267,19 @@ def parse_host_pattern(text: str, ports: frozenset[int] | None, origin: str, lin
     return new_rule("wildcard" if wildcard else "host", value, ports, origin)
 
 
-def new_rule(kind: RuleKind, value: str, ports: frozenset[int] | None, origin: str) -> Rule:
-    """Rule(kind, value, ports, origin) for a name, at half the cost of the frozen __init__ (10^5 entries)."""
+def new_rule(kind: RuleKind, value: str, ports: frozenset[int] | None, origin: Origin) -> Rule:
+    """Rule(kind, value, ports, origin) for a name, at half the cost of the frozen __init__ (10^5 entries);
+    checked like every other rule."""
     rule = object.__new__(Rule)
     rule.__dict__.update(_name_rule_fields(), kind=kind, value=value, ports=ports, origin=origin)
+    ruleinvariants.check_new_name(rule)
     return rule
 
 
 @functools.cache
 def _name_rule_fields() -> dict[str, Any]:
     """Every field of a real Rule (its defaults): new_rule overrides only what it is given."""
-    return dict(Rule("host", "", None, "").__dict__)
+    return dict(Rule("host", "a", None, Origin("")).__dict__)
 
 
 def parse_cidr(text: str, line: int | None) -> Network:
@@ -325,7 +335,7 @@ def _port(text: str, whole: str, line: int | None) -> int:
 def merge(policies: list[NetworkPolicy]) -> NetworkPolicy:
     """Union of several files' sections; a second, different resolver is a conflict, not a silent override."""
     resolver: tuple[str, int] | None = None
-    resolver_origin: str | None = None
+    resolver_origin: Origin | None = None
     for p in policies:
         if p.resolver is not None:
             if resolver is not None and p.resolver != resolver:

@@ -132,7 +132,7 @@ class Decision:
     """A verdict on one destination: allow or deny, the deciding rule's origin, and why."""
 
     action: Action
-    rule: str | None  # origin of the deciding rule ("FILE:LINE"), None for the default
+    rule: str | None  # origin of the deciding rule, as the audit prints it; None for the default
     reason: str
 
     @property
@@ -223,13 +223,13 @@ def decide(rs: Ruleset, host: str | Address, port: int | None) -> Decision:
     denies = lookup(rs.deny)
     # A deny with ports only blocks those ports; for DNS only a port-less deny hides the name.
     if r := (_first_on_port(denies, port) if port is not None else next((d for d in denies if d.ports is None), None)):
-        return Decision("deny", r.origin, f"denied by rule {r.describe()}")
+        return Decision("deny", str(r.origin), f"denied by rule {r.describe()}")
     allow = lookup(rs.allow)
     if r := _first_on_port(allow, port):
-        return Decision("allow", r.origin, f"allowed by rule {r.describe()}")
+        return Decision("allow", str(r.origin), f"allowed by rule {r.describe()}")
     if r := _first_on_port(lookup(rs.ask), port):
         # Pure: the caller asks (netguard.asking); no channel, no answer or a refusal all mean deny.
-        return Decision("ask", r.origin, f"needs approval by rule {r.describe()}")
+        return Decision("ask", str(r.origin), f"needs approval by rule {r.describe()}")
     if allow:
         ports = sorted({p for r in allow if r.ports for p in r.ports})
         return Decision("deny", None, f"port {port} not allowed (allowed: {', '.join(map(str, ports))})")
@@ -286,7 +286,7 @@ def check_address(rs: Ruleset, ip: Address, port: int, own: PrefixTable | None =
 def _veto(rs: Ruleset, ip: Address, port: int, own: PrefixTable | None) -> tuple[str | None, str] | None:
     """(deciding rule, what is wrong) when `ip` must not be reached through a name, else None."""
     if r := _first_on_port(rs.deny.addr_rules(ip), port):
-        return r.origin, f"address {ip} (denied by rule {r.describe()})"
+        return str(r.origin), f"address {ip} (denied by rule {r.describe()})"
     why = SPECIAL.lookup(ip) or (own.lookup(ip) if own is not None else None)
     if why is None or _first_on_port(rs.allow.addr_rules(ip), port):
         return None
@@ -332,7 +332,7 @@ class Inspection:
 
     http: tuple[HttpRule, ...] | None  # None: every request allowed (and audited)
     log_query: bool
-    origin: str  # the first inspecting entry, for the audit's `rule`
+    origin: str  # the first inspecting entry's origin, as the audit's `rule` prints it
 
 
 def inspection(rs: Ruleset, host: str, port: int) -> Inspection | None:
@@ -351,4 +351,4 @@ def inspection(rs: Ruleset, host: str, port: int) -> Inspection | None:
     if not found:
         return None
     http = None if any(r.http is None for r in found) else tuple(h for r in found for h in r.http or ())
-    return Inspection(http, any(r.log_query for r in found), found[0].origin)
+    return Inspection(http, any(r.log_query for r in found), str(found[0].origin))

@@ -1,10 +1,12 @@
 """What the launcher tells the daemon about one sandbox: a typed spec and its plain-JSON form.
 
 The launcher parses YAML and argv once and sends `encode(spec)`; the daemon only ever runs `decode`, which is strict
-(exact keys, exact types, canonical hosts), so a confused or hostile peer is refused with one clear message instead
-of being half-understood. Pure: no I/O. Long runs of plain name rules (a hosts_file of 10^5 names) travel as groups:
-one object with the names and their origins' line numbers each joined by newlines, ~10x smaller and faster than a
-dict per rule. `to_bytes` puts the policy apart from the rest so the daemon can cache the decoded, compiled policy
+(exact keys, exact JSON types), so a confused or hostile peer is refused with one clear message instead of being
+half-understood. What a value must be (canonical hosts, ports, request rules...) the types check when made
+(netguard.ruleinvariants, HttpRule, Secret, BindingSpec): the decoder only builds them, and a refusal of theirs
+becomes its one SpecError. Origins travel as [FILE, LINE]. Pure: no I/O. Long runs of plain name rules (a hosts_file
+of 10^5 names) travel as groups: one object with the names and their origins' line numbers each joined by newlines,
+~10x smaller and faster than a dict per rule. `to_bytes` puts the policy apart from the rest so the daemon can cache the decoded, compiled policy
 by the hash of exactly those bytes (netguard.daemon.specbytes).
 """
 
@@ -12,13 +14,15 @@ from __future__ import annotations
 
 import ipaddress
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from netguard import hosts, otlp, upstreamproxy
+from netguard import otlp, upstreamproxy
 from netguard.credentials import Secret
-from netguard.httprules import HttpRule, canonical_path
+from netguard.httprules import HttpRule
 from netguard.policy import NetworkPolicy, Rule, new_rule
+from sgbase.origin import Origin
 
 SPEC_KEYS = (
     "task", "policy", "learn", "ask_all", "approval_socket", "ask_timeout", "ca", "upstream_ca", "secrets",
@@ -32,9 +36,9 @@ HTTP_KEYS = ("methods", "paths", "origin", "websocket")
 CA_KEYS = ("cert", "key")
 SECRET_KEYS = ("host", "header", "value", "real", "sentinel", "variable", "origin")
 MAX_PEM = 1 << 20
-RULE_KINDS = ("host", "wildcard", "cidr")
 MAX_TASK = 200
 MAX_TEXT = 4096
+MAX_LINE_DIGITS = 9  # a line number in a group's `lines`: int() of a longer text is not worth the time
 
 
 class SpecError(ValueError):
@@ -73,6 +77,20 @@ class BindingSpec:
     upstream_proxy: upstreamproxy.Upstream | None = None  # the run's corporate proxy (netguard.upstreamproxy)
     otlp: otlp.OtlpConfig | None = None  # the run's OTEL_* settings: its records go there too (netguard.otlp)
 
+    def __post_init__(self) -> None:
+        """What every spec is, whoever made it (the launcher, decode): SpecError if not."""
+        if not self.task or not self.task.isprintable():
+            raise SpecError("task must be a non-empty string of printable characters")  # one log line per bind
+        if self.approval_socket is not None and (
+            not self.approval_socket.startswith("/") or "\0" in self.approval_socket
+        ):
+            raise SpecError("approval_socket must be an absolute path")  # the daemon's cwd is not the launcher's
+        t = self.ask_timeout
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0:
+            raise SpecError("ask_timeout must be a positive finite number of seconds")
+        if self.ca is None and (self.secrets or any(r.inspect for r in self.policy.allow)):
+            raise SpecError("ca is needed: a rule inspects or a credential is bound")  # fail closed, never passthrough
+
 
 # ---- encode ---------------------------------------------------------------------------------
 
@@ -87,7 +105,7 @@ def encode(spec: BindingSpec) -> dict[str, Any]:
             "deny": _encode_list(p.deny),
             "ask": _encode_list(p.ask),
             "resolver": [p.resolver[0], p.resolver[1]] if p.resolver is not None else None,
-            "resolver_origin": p.resolver_origin,
+            "resolver_origin": _encode_origin(p.resolver_origin) if p.resolver_origin is not None else None,
         },
         "learn": spec.learn,
         "ask_all": spec.ask_all,
@@ -95,10 +113,18 @@ def encode(spec: BindingSpec) -> dict[str, Any]:
         "ask_timeout": float(spec.ask_timeout),
         "ca": {"cert": spec.ca.cert, "key": spec.ca.key} if spec.ca is not None else None,
         "upstream_ca": spec.upstream_ca,
-        "secrets": [{k: getattr(x, k) for k in SECRET_KEYS} for x in spec.secrets],
+        "secrets": [_encode_secret(x) for x in spec.secrets],
         "upstream_proxy": upstreamproxy.encode(spec.upstream_proxy),
         "otlp": otlp.encode(spec.otlp),
     }
+
+
+def _encode_origin(o: Origin) -> list[Any]:
+    return [o.path, o.line]
+
+
+def _encode_secret(x: Secret) -> dict[str, Any]:
+    return {k: _encode_origin(x.origin) if k == "origin" else getattr(x, k) for k in SECRET_KEYS}
 
 
 def _encode_list(rules: tuple[Rule, ...]) -> list[dict[str, Any]]:
@@ -107,15 +133,13 @@ def _encode_list(rules: tuple[Rule, ...]) -> list[dict[str, Any]]:
     run: list[Rule] = []
     key: tuple[Any, ...] = ()
     for r in rules:
-        prefix = r.origin[: r.origin.rfind(":") + 1]
-        plain = r.kind != "cidr" and not (r.dns or r.inspect or r.http is not None or r.log_query)
-        if not plain or "\n" in r.origin[len(prefix) :]:  # a line break in a file name cannot be joined
+        if r.kind == "cidr" or r.dns or r.inspect or r.http is not None or r.log_query:
             _flush(run, out)
             out.append(_encode_rule(r))
             continue
-        if (r.kind, r.ports, prefix) != key:
+        if (r.kind, r.ports, r.origin.path) != key:
             _flush(run, out)
-            key = (r.kind, r.ports, prefix)
+            key = (r.kind, r.ports, r.origin.path)
         run.append(r)
     _flush(run, out)
     return out
@@ -125,10 +149,10 @@ def _flush(run: list[Rule], out: list[dict[str, Any]]) -> None:
     if len(run) < GROUP_MIN:
         out.extend(_encode_rule(r) for r in run)
     elif run:
-        n, ports = run[0].origin.rfind(":") + 1, run[0].ports
+        ports = run[0].ports
         out.append({"kind": run[0].kind, "ports": sorted(ports) if ports is not None else None,
-                    "origin": run[0].origin[:n], "values": "\n".join(str(r.value) for r in run),
-                    "lines": "\n".join(r.origin[n:] for r in run)})  # fmt: skip
+                    "origin": run[0].origin.path, "values": "\n".join(str(r.value) for r in run),
+                    "lines": "\n".join("" if r.origin.line is None else str(r.origin.line) for r in run)})  # fmt: skip
     run.clear()
 
 
@@ -137,7 +161,7 @@ def _encode_rule(r: Rule) -> dict[str, Any]:
         "kind": r.kind,
         "value": str(r.value),
         "ports": sorted(r.ports) if r.ports is not None else None,
-        "origin": r.origin,
+        "origin": _encode_origin(r.origin),
         "dns": sorted(r.dns) if r.dns else None,
         "inspect": r.inspect,
         "http": [_encode_http(h) for h in r.http] if r.http is not None else None,
@@ -149,7 +173,7 @@ def _encode_http(h: HttpRule) -> dict[str, Any]:
     return {
         "methods": sorted(h.methods) if h.methods is not None else None,
         "paths": list(h.paths) if h.paths is not None else None,
-        "origin": h.origin,
+        "origin": _encode_origin(h.origin),
         "websocket": h.websocket,
     }
 
@@ -165,29 +189,18 @@ def decode(obj: Any) -> BindingSpec:
     else:
         d = _mapping(obj, "spec", SPEC_KEYS)
         policy = decode_policy(d["policy"])
-    task = _text(d["task"], "task", MAX_TASK)
-    if not task or not task.isprintable():
-        raise SpecError("task must be a non-empty string of printable characters")  # one log line per bind
-    sock = d["approval_socket"]
-    if sock is not None:
-        sock = _text(sock, "approval_socket", MAX_TEXT)
-        if not sock.startswith("/") or "\0" in sock:
-            raise SpecError("approval_socket must be an absolute path")  # the daemon's cwd is not the launcher's
+    sock = _text(d["approval_socket"], "approval_socket", MAX_TEXT) if d["approval_socket"] is not None else None
     timeout = d["ask_timeout"]
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not math.isfinite(timeout) or timeout <= 0:
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
         raise SpecError("ask_timeout must be a positive finite number of seconds")
     ca = None
     if d["ca"] is not None:
         c = _mapping(d["ca"], "ca", CA_KEYS)
         ca = CaPair(_text(c["cert"], "ca.cert", MAX_PEM), _text(c["key"], "ca.key", MAX_PEM))
     upstream = _text(d["upstream_ca"], "upstream_ca", MAX_PEM) if d["upstream_ca"] is not None else None
-    if not isinstance(d["secrets"], list):
-        raise SpecError("secrets must be a list")
-    secrets = tuple(_decode_secret(x, f"secrets[{i}]") for i, x in enumerate(d["secrets"]))
-    if ca is None and (secrets or any(r.inspect for r in policy.allow)):
-        raise SpecError("ca is needed: a rule inspects or a credential is bound")  # fail closed, never passthrough
-    return BindingSpec(
-        task,
+    secrets = tuple(_decode_secret(x, f"secrets[{i}]") for i, x in enumerate(_list(d["secrets"], "secrets")))
+    return BindingSpec(  # checks itself (SpecError)
+        _text(d["task"], "task", MAX_TASK),
         policy,
         _bool(d["learn"], "learn"),
         _bool(d["ask_all"], "ask_all"),
@@ -201,171 +214,127 @@ def decode(obj: Any) -> BindingSpec:
     )
 
 
+def _built[T](where: str, make: Callable[[], T]) -> T:
+    """`make()`, its refusal (a type's invariant, netguard.ruleinvariants) turned into the decoder's one error."""
+    try:
+        return make()
+    except ValueError as e:  # PolicyError, and Origin's refusal of a line
+        raise SpecError(f"{where}: {e}") from None
+
+
 def _decode_secret(obj: Any, where: str) -> Secret:
     d = _mapping(obj, where, SECRET_KEYS)
-    f = {k: _text(d[k], f"{where}.{k}", MAX_TEXT) for k in SECRET_KEYS}
-    if not f["sentinel"] or not f["real"] or any(c in f["value"] for c in "\r\n\0"):
-        raise SpecError(f"{where}: empty sentinel or secret, or a line break in the header value")
-    try:
-        canonical = hosts.normalise_name(f["host"])
-    except hosts.HostError as e:
-        raise SpecError(f"{where}.host: {e}") from None
-    if canonical != f["host"]:
-        raise SpecError(f"{where}.host {f['host']!r} is not in canonical form ({canonical!r})")
-    return Secret(**f)
+    f = {k: _text(d[k], f"{where}.{k}", MAX_TEXT) for k in SECRET_KEYS if k != "origin"}
+    origin = _decode_origin(d["origin"], f"{where}.origin")
+    return _built(where, lambda: Secret(**f, origin=origin))
 
 
 def decode_policy(obj: Any) -> NetworkPolicy:
     d = _mapping(obj, "policy", POLICY_KEYS)
     lists: dict[str, tuple[Rule, ...]] = {}
     for name in ("allow", "deny", "ask"):
-        items = d[name]
-        if not isinstance(items, list):
-            raise SpecError(f"policy.{name} must be a list")
         found: list[Rule] = []
-        for i, item in enumerate(items):
+        for i, item in enumerate(_list(d[name], f"policy.{name}")):
             if isinstance(item, dict) and "values" in item:
                 found.extend(_decode_group(item, f"policy.{name}[{i}]"))
             else:
                 found.append(_decode_rule(item, f"policy.{name}[{i}]"))
         lists[name] = tuple(found)
-    resolver = _decode_resolver(d["resolver"])
+    resolver = d["resolver"]
+    if resolver is not None and (
+        not isinstance(resolver, list) or len(resolver) != 2 or not isinstance(resolver[0], str)
+        or isinstance(resolver[1], bool) or not isinstance(resolver[1], int)
+    ):  # fmt: skip
+        raise SpecError("policy.resolver must be null or [IP, PORT]")
     origin = d["resolver_origin"]
-    if origin is not None:
-        origin = _text(origin, "policy.resolver_origin", MAX_TEXT)
-    return NetworkPolicy(lists["allow"], lists["deny"], lists["ask"], resolver, origin)
+    origin = _decode_origin(origin, "policy.resolver_origin") if origin is not None else None
+    return _built(
+        "policy",
+        lambda: NetworkPolicy(
+            lists["allow"], lists["deny"], lists["ask"], (resolver[0], resolver[1]) if resolver else None, origin
+        ),
+    )
 
 
 def _decode_group(obj: Any, where: str) -> list[Rule]:
-    """A run of plain name rules (see _flush): every name canonical, every origin bounded like a rule's."""
+    """A run of plain name rules (see _flush), each built (and so checked) like any other rule."""
     d = _mapping(obj, where, GROUP_KEYS)
-    if d["kind"] not in ("host", "wildcard"):
-        raise SpecError(f"{where}.kind must be host or wildcard")
-    ports = _ports(d["ports"], where)
-    prefix = _text(d["origin"], f"{where}.origin", MAX_TEXT)
+    ports = _ints(d["ports"], f"{where}.ports")
+    path = _text(d["origin"], f"{where}.origin", MAX_TEXT)
     if not isinstance(d["values"], str) or not isinstance(d["lines"], str):
         raise SpecError(f"{where}.values and .lines must be strings")
     values, lines = d["values"].split("\n"), d["lines"].split("\n")
     if len(values) != len(lines) or len(values) < GROUP_MIN:
         raise SpecError(f"{where}: values and lines differ in number, or the group is shorter than {GROUP_MIN}")
-    kind, rules = d["kind"], []
-    for value, line in zip(values, lines, strict=True):
-        _canonical(value, where)
-        if len(prefix) + len(line) > MAX_TEXT:
-            raise SpecError(f"{where}.lines: an origin is longer than {MAX_TEXT} characters")
-        rules.append(new_rule(kind, value, ports, prefix + line))
-    return rules
+    if any(line and not (line.isascii() and line.isdigit() and len(line) <= MAX_LINE_DIGITS) for line in lines):
+        raise SpecError(f"{where}.lines: a line that is not a line number")
+    kind = d["kind"]
+    return _built(
+        where,
+        lambda: [
+            new_rule(kind, v, ports, Origin(path, int(n) if n else None)) for v, n in zip(values, lines, strict=True)
+        ],
+    )
 
 
-def _canonical(value: str, where: str) -> None:
-    # A non-canonical name would silently never match: refuse it so the launcher's bug is seen.
-    try:
-        canonical = hosts.normalise_name(value)
-    except hosts.HostError as e:
-        raise SpecError(f"{where}.value: {e}") from None
-    if canonical != value:
-        raise SpecError(f"{where}.value {value!r} is not in canonical form ({canonical!r})")
-
-
-def _ports(ports: Any, where: str) -> frozenset[int] | None:
-    if ports is None:
+def _ints(obj: Any, where: str) -> frozenset[int] | None:
+    """Null or a list of whole numbers (ports, DNS types): what they must be, the rule checks."""
+    if obj is None:
         return None
-    if not isinstance(ports, list) or any(
-        isinstance(p, bool) or not isinstance(p, int) or not 0 < p < 65536 for p in ports
-    ):
-        raise SpecError(f"{where}.ports must be null or a list of port numbers from 1 to 65535")
-    return frozenset(ports)
+    if not isinstance(obj, list) or any(isinstance(x, bool) or not isinstance(x, int) for x in obj):
+        raise SpecError(f"{where} must be null or a list of whole numbers")
+    return frozenset(obj)
+
+
+def _decode_origin(obj: Any, where: str) -> Origin:
+    if not isinstance(obj, list) or len(obj) != 2 or (obj[1] is not None and type(obj[1]) is not int):
+        raise SpecError(f"{where} must be [FILE, LINE] with LINE a whole number or null")
+    path = _text(obj[0], where, MAX_TEXT)
+    return _built(where, lambda: Origin(path, obj[1]))
 
 
 def _decode_rule(obj: Any, where: str) -> Rule:
     d = _mapping(obj, where, RULE_KEYS)
-    kind = d["kind"]
-    if kind not in RULE_KINDS:
-        raise SpecError(f"{where}.kind must be one of {', '.join(RULE_KINDS)}")
-    value = _text(d["value"], f"{where}.value", MAX_TEXT)
-    ports = _ports(d["ports"], where)
-    origin = _text(d["origin"], f"{where}.origin", MAX_TEXT)
-    dns = d["dns"]
-    if dns is not None:
-        if (
-            not isinstance(dns, list)
-            or not dns
-            or any(isinstance(t, bool) or not isinstance(t, int) or not 0 < t < 65536 for t in dns)
-        ):
-            raise SpecError(f"{where}.dns must be null or a non-empty list of DNS type numbers from 1 to 65535")
-        if kind != "wildcard":
-            raise SpecError(f"{where}.dns is only meaningful on a wildcard rule")
-        dns = frozenset(dns)
+    text = _text(d["value"], f"{where}.value", MAX_TEXT)
+    value: str | ipaddress.IPv4Network | ipaddress.IPv6Network = text
+    if d["kind"] == "cidr":
+        try:
+            value = ipaddress.ip_network(text, strict=True)
+        except ValueError as e:
+            raise SpecError(f"{where}.value: invalid network: {e}") from None
+    ports, dns = _ints(d["ports"], f"{where}.ports"), _ints(d["dns"], f"{where}.dns")
+    origin = _decode_origin(d["origin"], f"{where}.origin")
     inspect, log_query = _bool(d["inspect"], f"{where}.inspect"), _bool(d["log_query"], f"{where}.log_query")
     http = _decode_http(d["http"], where)
-    if (http is not None or log_query) and not inspect:
-        raise SpecError(f"{where}: http rules and log_query need inspect")
-    if kind == "cidr":
-        if inspect:
-            raise SpecError(f"{where}: a cidr rule cannot inspect")
-        return Rule("cidr", _network(value, where), ports, origin)
-    _canonical(value, where)
-    return Rule("host" if kind == "host" else "wildcard", value, ports, origin, dns, inspect, http, log_query)
+    return _built(where, lambda: Rule(d["kind"], value, ports, origin, dns, inspect, http, log_query))
 
 
 def _decode_http(obj: Any, where: str) -> tuple[HttpRule, ...] | None:
     if obj is None:
         return None
-    if not isinstance(obj, list) or not obj:
-        raise SpecError(f"{where}.http must be null or a non-empty list")
     out = []
-    for i, item in enumerate(obj):
+    for i, item in enumerate(_list(obj, f"{where}.http")):
         w = f"{where}.http[{i}]"
         d = _mapping(item, w, HTTP_KEYS)
-        methods, paths = d["methods"], d["paths"]
-        if methods is not None and (not isinstance(methods, list) or not methods or not all(
-            isinstance(m, str) and m and m == m.upper() and m.isprintable() and " " not in m for m in methods
-        )):  # fmt: skip
-            raise SpecError(f"{w}.methods must be null or a non-empty list of upper-case methods")
-        if paths is not None and (not isinstance(paths, list) or not paths or not all(
-            isinstance(p, str) and canonical_path(p.replace("*", "x")) == p.replace("*", "x") for p in paths
-        )):  # fmt: skip
-            raise SpecError(f"{w}.paths must be null or a non-empty list of canonical path patterns")
-        out.append(HttpRule(
-            frozenset(methods) if methods is not None else None,
-            tuple(paths) if paths is not None else None,
-            _text(d["origin"], f"{w}.origin", MAX_TEXT),
-            _bool(d["websocket"], f"{w}.websocket"),
-        ))  # fmt: skip
+        methods, paths = (_strings(d[k], f"{w}.{k}") for k in ("methods", "paths"))
+        origin = _decode_origin(d["origin"], f"{w}.origin")
+        websocket = _bool(d["websocket"], f"{w}.websocket")
+        ms = frozenset(methods) if methods is not None else None
+        ps = tuple(paths) if paths is not None else None
+        out.append(_built(w, lambda: HttpRule(ms, ps, origin, websocket)))  # noqa: B023 (called at once)
     return tuple(out)
 
 
-def _network(text: str, where: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
-    try:
-        net = ipaddress.ip_network(text, strict=True)
-    except ValueError as e:
-        raise SpecError(f"{where}.value: invalid network: {e}") from None
-    if net.prefixlen == 0:
-        raise SpecError(f"{where}.value {text} covers every address")  # policy.parse_cidr never makes one
-    if isinstance(net, ipaddress.IPv6Network) and net.network_address.ipv4_mapped is not None:
-        raise SpecError(f"{where}.value {text}: IPv4-mapped ranges are written as IPv4")  # would never match
-    return net
+def _strings(obj: Any, where: str) -> list[str] | None:
+    if obj is not None and (not isinstance(obj, list) or not all(isinstance(x, str) for x in obj)):
+        raise SpecError(f"{where} must be null or a list of strings")
+    return obj
 
 
-def _decode_resolver(obj: Any) -> tuple[str, int] | None:
-    if obj is None:
-        return None
-    if (
-        not isinstance(obj, list)
-        or len(obj) != 2
-        or not isinstance(obj[0], str)
-        or isinstance(obj[1], bool)
-        or not isinstance(obj[1], int)
-        or not 0 < obj[1] < 65536
-    ):
-        raise SpecError("policy.resolver must be null or [IP, PORT]")
-    try:
-        ip = ipaddress.ip_address(obj[0])
-    except ValueError:
-        raise SpecError(f"policy.resolver: {obj[0]!r} is not an IP address") from None
-    if str(ip) != obj[0]:
-        raise SpecError(f"policy.resolver: {obj[0]!r} is not in canonical form ({ip})")
-    return obj[0], obj[1]
+def _list(obj: Any, where: str) -> list[Any]:
+    if not isinstance(obj, list):
+        raise SpecError(f"{where} must be a list")
+    return obj
 
 
 def _mapping(obj: Any, where: str, keys: tuple[str, ...]) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from launcher.audit.text import comment, name_key, plural, quoted, scalar, times
 from netguard import hosts, rules
 from netguard.audit import Record
 from netguard.policy import DEFAULT_ALLOW_PORTS, NetworkPolicy, Rule
+from sgbase.origin import Origin
 
 #: A wildcard is proposed only when this many distinct subdomains of one registrable domain were seen.
 WILDCARD_MIN_SIBLINGS = 3
@@ -165,7 +166,7 @@ def _cover(seen: _Seen, lists: Mapping[str, rules.Ruleset]) -> tuple[dict[str, s
 def _inspects(rs: rules.Ruleset, host: str) -> bool:
     """Whether the rule of this list that allows `host` terminates its TLS."""
     origin = rules.decide(rs, host, None).rule
-    return any(r.inspect for r in rs.policy.allow if r.origin == origin)
+    return any(r.inspect for r in rs.policy.allow if str(r.origin) == origin)
 
 
 def _inspects_any(rs: rules.Ruleset) -> bool:
@@ -195,7 +196,9 @@ def _wildcards(seen: _Seen, listed: Mapping[str, _Use]) -> tuple[list[Entry], se
         for h in subs:
             use.merge(listed[h])
         ports = use.ports if not use.ports <= DEFAULT_ALLOW_PORTS else None
-        if _widens_onto_a_denial(seen, Rule("wildcard", reg, frozenset(ports or DEFAULT_ALLOW_PORTS), "suggested")):
+        if _widens_onto_a_denial(
+            seen, Rule("wildcard", reg, frozenset(ports or DEFAULT_ALLOW_PORTS), Origin("suggested"))
+        ):
             seen.notes.append(f"*.{comment(reg)} not suggested: it would allow a denied host under it")
             continue
         wild.update(subs)

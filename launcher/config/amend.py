@@ -28,7 +28,7 @@ from yaml.events import AliasEvent
 from yaml.nodes import CollectionNode, MappingNode, Node, ScalarNode, SequenceNode
 
 from netguard import policy as netpolicy
-from netguard.policyerror import PolicyError
+from sgbase.policyerror import PolicyError
 
 __all__ = ["add_allow", "allow_entry"]
 

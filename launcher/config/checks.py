@@ -13,7 +13,7 @@ from fsguard import policy as fspolicy
 from launcher.config.errors import PolicyFileError
 from launcher.config.locs import LocDict
 from netguard import policy as netpolicy
-from netguard.policyerror import line_of
+from sgbase.policyerror import line_of
 
 MAX_RULES = 1_000_000  # network rules in all (netguard.hostsfile.MAX_NAMES); the bundled lists have about 100
 #: Widest prefix one allow/ask cidr may have without --allow-wide-cidr; all of them together may
@@ -139,21 +139,16 @@ def wide_cidr_problem(net: netpolicy.NetworkPolicy) -> tuple[netpolicy.Rule, str
     return None
 
 
-def _at(origin: str) -> tuple[str, int | None]:
-    head, _, tail = origin.rpartition(":")
-    return (head, int(tail)) if head and tail.isdigit() else (origin, None)
-
-
 def check_network(net: netpolicy.NetworkPolicy, checks: Checks) -> None:
     """The merged network rules: not too many, and no absurd share of the address space unless the flag says so."""
     rules = (*net.allow, *net.deny, *net.ask)
     if len(rules) > MAX_RULES:
-        raise PolicyFileError(
-            *_at(rules[MAX_RULES].origin),
+        raise PolicyFileError.at(
+            rules[MAX_RULES].origin,
             f"more than {MAX_RULES} network rules in all; allow wildcards or cidrs instead of listing every host",
         )
     if not checks.allow_wide_cidr and (found := wide_cidr_problem(net)) is not None:
-        raise PolicyFileError(*_at(found[0].origin), found[1])
+        raise PolicyFileError.at(found[0].origin, found[1])
     check_credentials(net)
 
 
@@ -166,8 +161,8 @@ def check_credentials(net: netpolicy.NetworkPolicy) -> None:
     rs = rules.compile_policy(net)
     for c in net.credentials:
         if not rules.decide(rs, c.host, 443).allowed:
-            raise PolicyFileError(
-                *_at(c.origin),
+            raise PolicyFileError.at(
+                c.origin,
                 f"credential for {c.host} would never be used: no allow rule reaches {c.host} on port 443; "
                 f"allow it (e.g. '- host: {c.host}') or remove the credential",
             )

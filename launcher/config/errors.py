@@ -1,6 +1,6 @@
 """The one error of policy files, phrased for the one-line `sandgate: error: FILE:LINE: ...`.
 
-The guards raise netguard.policyerror.PolicyError (a message and a line); only here does it learn
+The guards raise sgbase.policyerror.PolicyError (a message and a line); only here does it learn
 which file it came from.
 """
 
@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import unicodedata
 
-from netguard.policyerror import PolicyError
+from sgbase.origin import Origin
+from sgbase.policyerror import PolicyError
 
 
 class PolicyFileError(Exception):
@@ -16,11 +17,18 @@ class PolicyFileError(Exception):
 
     def __init__(self, where: str, line: int | None, message: str) -> None:
         self.where, self.line, self.message = where, line, message
-        super().__init__(_printable(f"{where}:{line}: {message}" if line else f"{where}: {message}"))
+        super().__init__(_printable(f"{Origin(where, line or None)}: {message}"))
+
+    @classmethod
+    def at(cls, origin: Origin, message: str) -> PolicyFileError:
+        """A mistake at a rule's (or credential's) own origin."""
+        return cls(origin.path, origin.line, message)
 
     @classmethod
     def of(cls, where: str, error: PolicyError) -> PolicyFileError:
-        """A guard's PolicyError, now naming the file (or flag) it came from."""
+        """A guard's PolicyError, now naming the file (or flag) it came from (its own origin when it has one)."""
+        if error.origin is not None:
+            return cls.at(error.origin, str(error))
         return cls(where, error.line, str(error))
 
 

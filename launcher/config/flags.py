@@ -9,7 +9,7 @@ from launcher.config.errors import PolicyFileError
 from launcher.errors import UsageError
 from netguard import policy as netpolicy
 from netguard.hosts import split_host_port
-from netguard.policyerror import PolicyError
+from sgbase.policyerror import PolicyError
 
 _SCHEME_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443, "git": 9418, "ssh": 22, "ftp": 21}
 

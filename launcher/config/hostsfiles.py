@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from launcher.config import hostilefile, parsecache
 from launcher.config.bundled import display
 from launcher.config.errors import PolicyFileError
-from netguard.policyerror import PolicyError, line_of
+from sgbase.policyerror import PolicyError, line_of
 
 if TYPE_CHECKING:
     from netguard.hostsfile import HostsList

@@ -23,7 +23,7 @@ from launcher.config.flags import flag_entry
 from launcher.config.locs import LocDict
 from netguard import policy as netpolicy
 from netguard import rules
-from netguard.policyerror import PolicyError, line_of
+from sgbase.policyerror import PolicyError, line_of
 
 if TYPE_CHECKING:
     from launcher.config.narrowing import Narrowed

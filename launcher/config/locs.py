@@ -1,6 +1,6 @@
 """YAML mappings and lists that remember the line of themselves and of each item (1-based).
 
-What netguard.policyerror.line_of reads, so every mistake can name FILE:LINE.
+What sgbase.policyerror.line_of reads, so every mistake can name FILE:LINE.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from launcher.config import hostilefile, parsecache
 from launcher.config.errors import PolicyFileError
 from launcher.config.locs import LocDict, LocList
 from netguard import policy as netpolicy
-from netguard.policyerror import line_of
+from sgbase.policyerror import line_of
 
 TOP_KEYS = ("version", "description", "include", "network", "filesystem", "env")
 MAX_BYTES = 16 << 20  # a real policy is a few kilobytes; 100,000 `- host:` entries ~4 MiB (a hosts_file is leaner)

@@ -29,13 +29,8 @@ class Brokered:
     files: tuple[str, ...]  # credential files, absolute: hidden inside
 
 
-def _at(origin: str) -> tuple[str, int | None]:
-    head, _, tail = origin.rpartition(":")
-    return (head, int(tail)) if head and tail.isdigit() else (origin, None)
-
-
 def _fail(c: Credential, message: str) -> PolicyFileError:
-    return PolicyFileError(*_at(c.origin), message)
+    return PolicyFileError.at(c.origin, message)
 
 
 def _owners() -> frozenset[int]:

@@ -8,7 +8,7 @@ from fsguard import policy as fspolicy
 from launcher.config import checks as policychecks
 from launcher.errors import UsageError
 from launcher.run.options import RunOptions
-from netguard.policyerror import PolicyError
+from sgbase.policyerror import PolicyError
 
 
 def check(opts: RunOptions, user_spec: str | None) -> None:

@@ -92,8 +92,8 @@ _CODE_IDS: dict[str, str] = {}  # by interpreter: a run asks twice (prestart, th
 
 
 def code_id() -> str:
-    """A short fingerprint of the daemon's code: the interpreter and every netguard module (size, mtime),
-    sub-packages included (the daemon itself lives in netguard/daemon/).
+    """A short fingerprint of the daemon's code: the interpreter and every netguard and sgbase module (size,
+    mtime), sub-packages included (the daemon itself lives in netguard/daemon/, and stands on sgbase).
 
     ~25 stat calls: cheap enough for every run, and any edit or reinstall changes it.
     """
@@ -105,13 +105,19 @@ def code_id() -> str:
     except ImportError:
         from hashlib import sha256
 
-    netguard = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
     h = sha256(sys.executable.encode())
     # os.walk and strings, not Path.rglob: the same files, ~0.5 ms instead of ~3-7 ms on every run
-    found = (os.path.join(d, f) for d, _, files in os.walk(netguard) for f in files if f.endswith(".py"))
+    found = (
+        os.path.join(d, f)
+        for package in ("netguard", "sgbase")  # an upgrade of either is another daemon
+        for d, _, files in os.walk(os.path.join(root, package))
+        for f in files
+        if f.endswith(".py")
+    )
     for f in sorted(found):
         st = os.stat(f)
-        h.update(f"{os.path.relpath(f, netguard)}:{st.st_size}:{st.st_mtime_ns};".encode())
+        h.update(f"{os.path.relpath(f, root)}:{st.st_size}:{st.st_mtime_ns};".encode())
     _CODE_IDS[sys.executable] = out = str(h.hexdigest())[:10]
     return out
 

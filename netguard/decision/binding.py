@@ -85,5 +85,5 @@ class Binding:
             return None
         found = rules.inspection(self.rules, host, port)
         if found is None and any(s.host == host for s in self.secrets):
-            return Inspection(None, False, next(s.origin for s in self.secrets if s.host == host))
+            return Inspection(None, False, next(str(s.origin) for s in self.secrets if s.host == host))
         return found

@@ -90,7 +90,7 @@ def find_leak(secrets: Iterable[Secret], host: str, target: str, headers: Header
             continue  # its own host over verified TLS: where the proxy puts it anyway
         where = _where(s, host, target, headers)
         if where is not None:
-            return Judged(False, s.origin, credentials.leak_reason(s, host, where), s.variable)
+            return Judged(False, str(s.origin), credentials.leak_reason(s, host, where), s.variable)
     return None
 
 
@@ -99,7 +99,7 @@ def body_leak(secrets: Iterable[Secret], host: str, body: bytes) -> Judged | Non
     text = body.decode("latin-1")  # bytes as they are: a sentinel is ASCII
     for s in secrets:
         if credentials.carried(text, (s,)) is not None:
-            return Judged(False, s.origin, credentials.leak_reason(s, host, "the body"), s.variable)
+            return Judged(False, str(s.origin), credentials.leak_reason(s, host, "the body"), s.variable)
     return None
 
 

@@ -161,7 +161,7 @@ def _allowed_name(allow: Rule, denies: tuple[Rule, ...], gaps: list[Gap]) -> Por
             gaps.append(
                 Gap(
                     "refused",
-                    deny.origin,
+                    str(deny.origin),
                     f"deny {deny.describe()} lies inside allowed {allow.describe()} ({allow.origin}): "
                     "the engine cannot take a name out of a wildcard; allow the names you need instead",
                 )
@@ -184,7 +184,7 @@ def _sandgate_only(net: NetworkPolicy) -> list[Gap]:
     gaps = [
         Gap(
             "sandgate-only",
-            r.origin,
+            str(r.origin),
             f"{_pattern(r)}: its requests are inspected"
             + (" and judged by http rules" if r.http is not None else "")
             + " only by sandgate in the pod; the engine allows every request to it",
@@ -195,13 +195,13 @@ def _sandgate_only(net: NetworkPolicy) -> list[Gap]:
     gaps += [
         Gap(
             "sandgate-only",
-            c.origin,
+            str(c.origin),
             f"credential for {c.host} (header {c.header}): brokered only by sandgate in the pod",
         )
         for c in net.credentials
     ]
     gaps += [
-        Gap("narrowed", r.origin, f"ask {r.describe()}: left out, so denied (the engine has nobody to ask)")
+        Gap("narrowed", str(r.origin), f"ask {r.describe()}: left out, so denied (the engine has nobody to ask)")
         for r in net.ask
     ]
     return gaps
@@ -215,20 +215,20 @@ def build(net: NetworkPolicy, *, learn: bool = False) -> Plan:
     networks: list[NetRule] = []
     for rule in net.allow:
         if rule.kind == "cidr":
-            networks.append(NetRule(str(rule.value), port_ranges(rule.ports), rule.origin))
+            networks.append(NetRule(str(rule.value), port_ranges(rule.ports), str(rule.origin)))
             continue
         ports = _allowed_name(rule, name_denies, gaps)
         if ports:  # nothing left: sandgate denies every port of it too
-            names.append(NameRule(str(rule.value), rule.kind == "wildcard", ports, rule.origin))
+            names.append(NameRule(str(rule.value), rule.kind == "wildcard", ports, str(rule.origin)))
     gaps += _sandgate_only(net)
     return Plan(
         names=_merge(names),
         networks=tuple(networks),
         deny_networks=tuple(
-            NetRule(str(r.value), port_ranges(r.ports), r.origin) for r in net.deny if r.kind == "cidr"
+            NetRule(str(r.value), port_ranges(r.ports), str(r.origin)) for r in net.deny if r.kind == "cidr"
         ),
         deny_names=tuple(
-            NameRule(str(r.value), r.kind == "wildcard", port_ranges(r.ports), r.origin) for r in name_denies
+            NameRule(str(r.value), r.kind == "wildcard", port_ranges(r.ports), str(r.origin)) for r in name_denies
         ),
         gaps=tuple(gaps),
         learn=learn,

@@ -25,6 +25,7 @@ from netguard.credentials import Secret
 from netguard.decision.binding import Binding
 from netguard.policy import parse_network
 from selftest.certs import CA
+from sgbase.origin import Origin
 
 from ..support.dnsfake import FakeDns
 from .test_tlsinspect import Proxy, Upstream, loopback, run_ca
@@ -90,7 +91,7 @@ class World:
             },
             "p.yaml",
         )
-        secret = Secret("api.test", "Authorization", f"Bearer {REAL}", REAL, SENTINEL, "API_KEY", "p.yaml:9")
+        secret = Secret("api.test", "Authorization", f"Bearer {REAL}", REAL, SENTINEL, "API_KEY", Origin("p.yaml", 9))
         self.ca = run_ca()
         self.log = tmp / "audit.jsonl"
         self.binding = Binding(

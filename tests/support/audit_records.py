@@ -12,6 +12,7 @@ from launcher.config import load as lpolicy
 from netguard import audit, rules
 from netguard import policy as netpolicy
 from netguard.audit import Record
+from sgbase.origin import Origin
 
 TS = "2026-11-29T09:48:{:02d}.000Z"
 _ids = iter(range(10**9))
@@ -92,7 +93,9 @@ def patterns(*pats: str) -> rules.Ruleset:
     """A bundled list of plain entries (`host`, `*.suffix`), as a list file would compile them: web ports."""
     return rules.compile_policy(
         netpolicy.NetworkPolicy(
-            allow=tuple(netpolicy.parse_host_pattern(p, netpolicy.DEFAULT_ALLOW_PORTS, "list", None) for p in pats)
+            allow=tuple(
+                netpolicy.parse_host_pattern(p, netpolicy.DEFAULT_ALLOW_PORTS, Origin("list"), None) for p in pats
+            )
         )
     )
 

@@ -47,7 +47,7 @@ def test_the_secret_comes_from_the_launchers_environment(tmp_path: Path) -> None
     )
     assert re.fullmatch(r"sk-sandgate-sentinel-[0-9a-f]{32}", s.sentinel)  # the vendor prefix survives
     assert b.env == {"EXAMPLE_KEY": s.sentinel} and b.files == ()
-    assert REAL not in s.sentinel and s.origin.endswith("policy.yaml:6")
+    assert REAL not in s.sentinel and str(s.origin).endswith("policy.yaml:6")
     again = brokered.resolve((c,), {"EXAMPLE_KEY": REAL})
     assert again.secrets[0].sentinel != s.sentinel  # per run
 
@@ -58,7 +58,7 @@ def test_a_missing_or_empty_secret_names_the_line_and_the_variable(tmp_path: Pat
         with pytest.raises(PolicyFileError) as e:
             brokered.resolve((c,), env)
         assert str(e.value) == f"{c.origin}: credential for api.example.test needs $EXAMPLE_KEY (set it, or give file:)"
-        assert c.origin.endswith("policy.yaml:6")
+        assert str(c.origin).endswith("policy.yaml:6")
 
 
 def _file_cred(path: str) -> str:

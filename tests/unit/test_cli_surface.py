@@ -23,6 +23,7 @@ from netguard import audit
 from netguard import policy as netpolicy
 from netguard.audit import Record
 from netguard.credentials import Credential
+from sgbase.origin import Origin
 
 from ..support.audit_records import dec, real_bundled
 
@@ -77,22 +78,22 @@ def test_a_user_config_someone_else_could_write_is_unsafe() -> None:
     assert "writable" in str(userconfig.unsafe(_stat(1000, stat.S_IFDIR | 0o777), mine))
 
 
-def _cred(host: str, origin: str) -> Credential:
+def _cred(host: str, origin: Origin) -> Credential:
     return Credential(host, "Authorization", "Bearer ${K}", "K", None, origin)
 
 
 def test_the_user_config_yields_single_values_and_keeps_its_rules() -> None:
     user = netpolicy.NetworkPolicy(
-        allow=(netpolicy.parse_host_pattern("a.test", None, "user", 1),),
-        deny=(netpolicy.parse_host_pattern("d.test", None, "user", 2),),
+        allow=(netpolicy.parse_host_pattern("a.test", None, Origin("user"), 1),),
+        deny=(netpolicy.parse_host_pattern("d.test", None, Origin("user"), 2),),
         resolver=("192.0.2.1", 53),
-        resolver_origin="user:3",
-        credentials=(_cred("api.test", "user:4"), _cred("other.test", "user:5")),
+        resolver_origin=Origin("user", 3),
+        credentials=(_cred("api.test", Origin("user", 4)), _cred("other.test", Origin("user", 5))),
     )
-    ws = netpolicy.NetworkPolicy(resolver=("192.0.2.2", 53), credentials=(_cred("api.test", "ws:1"),))
+    ws = netpolicy.NetworkPolicy(resolver=("192.0.2.2", 53), credentials=(_cred("api.test", Origin("ws", 1)),))
     under = userconfig.below(user, [ws])
     assert under.allow == user.allow and under.deny == user.deny
-    assert under.resolver is None and [c.origin for c in under.credentials] == ["user:5"]
+    assert under.resolver is None and [str(c.origin) for c in under.credentials] == ["user:5"]
     assert netpolicy.merge([ws, under]).resolver == ("192.0.2.2", 53)  # no conflict: the workspace's wins
     assert userconfig.below(user, []) == user
 
@@ -172,7 +173,7 @@ def test_explain_lines_name_every_host_of_a_bundled_list_and_no_secret(tmp_path:
             assert f"  {host}  (" in text, host
     assert "evil.test  (any port)  command line" in text
     assert "registry.npmjs.org: read-only" in text  # an inspected host and its request rules
-    creds = netpolicy.NetworkPolicy(credentials=(_cred("api.test", "p.yaml:3"),))
+    creds = netpolicy.NetworkPolicy(credentials=(_cred("api.test", Origin("p.yaml", 3)),))
     cl = explain.network_lines(lpolicy.Policy(creds, ("p.yaml",)), False, False, None)
     assert any("api.test: header Authorization from $K" in x for x in cl)
 

@@ -118,21 +118,21 @@ def _imports(path: Path) -> list[tuple[int, str]]:
     return out
 
 
-#: The one arrow between the guards: the stdlib-only leaf both policy sections share.
-ALLOWED_CROSS = {("fsguard", "netguard.policyerror")}
+#: What each lower package may not import of ours: the guards stand on sgbase alone, sgbase on nothing.
+FORBIDDEN = {
+    "netguard": ("launcher", "selftest", "fsguard"),
+    "fsguard": ("launcher", "selftest", "netguard"),
+    "sgbase": ("launcher", "selftest", "netguard", "fsguard"),
+}
 
 
 def arrow_violations(root: Path) -> list[str]:
-    """The guards never import the launcher; they never import each other, save ALLOWED_CROSS."""
+    """The guards never import the launcher, the self-test or each other; sgbase imports nothing of ours."""
     bad = []
-    for guard, other in (("netguard", "fsguard"), ("fsguard", "netguard")):
-        for path in sorted((root / guard).rglob("*.py")):
+    for package, forbidden in FORBIDDEN.items():
+        for path in sorted((root / package).rglob("*.py")):
             for line, name in _imports(path):
-                top = name.split(".")[0]
-                crossing = top == other and not any(
-                    name == leaf or name.startswith(leaf + ".") for g, leaf in ALLOWED_CROSS if g == guard
-                )
-                if top == "launcher" or crossing:
+                if name.split(".")[0] in forbidden:
                     bad.append(f"{path.relative_to(root)}:{line}: imports {name}")
     return bad
 
@@ -143,14 +143,16 @@ def test_the_guards_never_import_the_launcher_or_each_other() -> None:
 
 
 def test_the_arrow_check_catches_an_offender(tmp_path: Path) -> None:
-    for pkg in ("netguard", "fsguard"):
+    for pkg in ("netguard", "fsguard", "sgbase"):
         (tmp_path / pkg).mkdir()
     (tmp_path / "netguard" / "a.py").write_text("def f():\n    from launcher.cli import main\n")
-    (tmp_path / "fsguard" / "b.py").write_text("from netguard.policyerror import PolicyError\nimport netguard.rules\n")
+    (tmp_path / "fsguard" / "b.py").write_text("from sgbase.policyerror import PolicyError\nimport netguard.rules\n")
+    (tmp_path / "sgbase" / "c.py").write_text("import fsguard.policy\n")
     assert arrow_violations(tmp_path) == [
         "netguard/a.py:2: imports launcher.cli",
         "netguard/a.py:2: imports launcher.cli.main",
         "fsguard/b.py:2: imports netguard.rules",
+        "sgbase/c.py:1: imports fsguard.policy",
     ]
 
 

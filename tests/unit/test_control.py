@@ -219,7 +219,7 @@ def test_control_imports_no_mitmproxy_or_dnspython() -> None:
         "netguard.httprules",
         "netguard.otlp",  # the run's export settings travel in the spec (issue 27); small, stdlib only
         "netguard.policy",
-        "netguard.policyerror",
+        "netguard.ruleinvariants",
         "netguard.spec",
         "netguard.upstreamproxy",  # the run's upstream proxy travels in the spec (issue 27); small, stdlib only
     ]

@@ -20,7 +20,8 @@ from netguard.credentials import (
     vendor_prefix,
 )
 from netguard.policy import merge, parse_network
-from netguard.policyerror import PolicyError
+from sgbase.origin import Origin
+from sgbase.policyerror import PolicyError
 
 
 def test_parse_defaults_and_forms() -> None:
@@ -33,7 +34,7 @@ def test_parse_defaults_and_forms() -> None:
         4,
     )
     assert got[0] == Credential(
-        "api.openai.com", "Authorization", "Bearer ${OPENAI_API_KEY}", "OPENAI_API_KEY", None, "p.yaml:4"
+        "api.openai.com", "Authorization", "Bearer ${OPENAI_API_KEY}", "OPENAI_API_KEY", None, Origin("p.yaml", 4)
     )
     assert got[1].header == "X-Token" and got[1].variable == "NPM_TOKEN" and got[1].file == "~/.config/t"
 
@@ -132,7 +133,7 @@ def test_secrets_shorter_than_sixteen_characters_are_refused(secret: str, short:
 
 
 def test_carried_finds_the_sentinel_or_the_real_value_and_the_reason_names_neither() -> None:
-    s = Secret("api.test", "Authorization", "Bearer REAL", "REAL", "sk-sandgate-sentinel-1", "KEY", "p:1")
+    s = Secret("api.test", "Authorization", "Bearer REAL", "REAL", "sk-sandgate-sentinel-1", "KEY", Origin("p", 1))
     assert carried("x-api-key: sk-sandgate-sentinel-1", (s,)) is s
     assert carried("/?q=REAL", (s,)) is s
     assert carried("nothing here", (s,)) is None

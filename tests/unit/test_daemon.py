@@ -8,6 +8,7 @@ them, so its death must make them refuse connections.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shutil
@@ -167,6 +168,22 @@ def test_malformed_binds_are_refused_and_others_keep_working(daemon: Daemon, web
     assert b.get(f"http://127.0.0.1:{web.port}/")[0] == 200
     assert eventually(lambda: len(list(fd_dir.iterdir())) == before)  # nothing leaked into the daemon
     assert daemon.proc.poll() is None
+
+
+def test_a_spec_edited_after_the_launcher_made_it_is_refused_by_the_daemon(daemon: Daemon, web: Web) -> None:
+    """The daemon only decodes into the rule types; their constructors refuse what the parser never makes."""
+    b = Box(daemon, "b", allow_web(web))
+    wire = encode(BindingSpec("x", parse_network({"allow": ["a.test"], "deny": ["evil.test"]}, "x.yaml")))
+    edits = {"inspect": True}, {"value": "Evil.test"}, {"origin": ["x.yaml", 0]}
+    with daemon.client() as c:
+        r, w = os.pipe()
+        assert "bind needs 5 fds" in raw(c, {"op": "bind", "spec": wire}, [r])["error"]  # unedited: decoded
+        for edit in edits:
+            bad = copy.deepcopy(wire)
+            bad["policy"]["deny"][0].update(edit)
+            assert raw(c, {"op": "bind", "spec": bad}, [r])["error"].startswith("invalid spec: policy")
+        control.close_fds([r, w])
+    assert b.get(f"http://127.0.0.1:{web.port}/")[0] == 200 and daemon.proc.poll() is None
 
 
 def test_one_binding_per_connection(daemon: Daemon, web: Web) -> None:

@@ -10,12 +10,13 @@ from launcher.audit import denials
 from netguard import audit, rules
 from netguard.audit import Record
 from netguard.policy import NetworkPolicy, Rule
+from sgbase.origin import Origin
 
 PYPI = rules.compile_policy(
     NetworkPolicy(
         allow=(
-            Rule("host", "pypi.org", frozenset({443}), "allowlists/pypi.yaml:3"),
-            Rule("wildcard", "pythonhosted.org", frozenset({443}), "allowlists/pypi.yaml:4"),
+            Rule("host", "pypi.org", frozenset({443}), Origin("allowlists/pypi.yaml", 3)),
+            Rule("wildcard", "pythonhosted.org", frozenset({443}), Origin("allowlists/pypi.yaml", 4)),
         )
     )
 )

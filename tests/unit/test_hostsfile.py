@@ -15,7 +15,8 @@ from launcher.config.load import build_policy, trust_chain
 from netguard import hosts, rules
 from netguard.hostsfile import MAX_NAMES, HostsList, parse_hosts_text
 from netguard.policy import DEFAULT_ALLOW_PORTS, Rule, parse_network
-from netguard.policyerror import PolicyError
+from sgbase.origin import Origin
+from sgbase.policyerror import PolicyError
 
 # ---- the pure parse ---------------------------------------------------------------------------
 
@@ -101,9 +102,9 @@ def test_every_listed_name_becomes_a_rule_at_its_line(entries: list[tuple[bool, 
         (w, n, ln) for (w, n), ln in first.items()
     ]
     pol = parse_network({"allow": [{"hosts_file": "f.txt", "ports": [443]}]}, "p.yaml", {"f.txt": listed})
-    assert [r.origin for r in pol.allow] == [f"f.txt:{ln}" for ln in first.values()]
+    assert [r.origin for r in pol.allow] == [Origin("f.txt", ln) for ln in first.values()]
     assert pol.allow == tuple(
-        Rule("wildcard" if w else "host", n, frozenset({443}), f"f.txt:{ln}") for (w, n), ln in first.items()
+        Rule("wildcard" if w else "host", n, frozenset({443}), Origin("f.txt", ln)) for (w, n), ln in first.items()
     )
 
 
@@ -153,7 +154,7 @@ def test_relative_to_the_policy_and_recorded_as_read(tmp_path: Path, monkeypatch
     (tmp_path / "sub" / "corp.txt").write_text("# corp\na.test\n*.b.test\n")
     monkeypatch.chdir("/")
     got = build_policy([policy(tmp_path, "sub/corp.txt")], [], [])
-    assert [r.origin for r in got.network.allow] == [
+    assert [str(r.origin) for r in got.network.allow] == [
         "%s:4" % (tmp_path / "policy.yaml"),
         f"{tmp_path}/sub/corp.txt:2",
         f"{tmp_path}/sub/corp.txt:3",

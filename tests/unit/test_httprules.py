@@ -15,13 +15,14 @@ from launcher.config.load import build_policy
 from netguard import rules
 from netguard.httprules import READ_ONLY, HttpRule, canonical_path, decide_request, parse_http, path_matches
 from netguard.policy import parse_entry, parse_network
-from netguard.policyerror import PolicyError
+from sgbase.origin import Origin
+from sgbase.policyerror import PolicyError
 
 from ..support.spellings import ISSUE_SPELLINGS
 
 GIT = (
-    HttpRule(READ_ONLY, None, "p:1"),
-    HttpRule(frozenset({"POST"}), ("/*/*/git-upload-pack",), "p:2"),
+    HttpRule(READ_ONLY, None, Origin("p", 1)),
+    HttpRule(frozenset({"POST"}), ("/*/*/git-upload-pack",), Origin("p", 2)),
 )
 
 
@@ -80,13 +81,13 @@ def test_canonical_is_idempotent_and_never_holds_a_dot_segment(target: str) -> N
     assert "." not in c.split("/") and ".." not in c.split("/") and "\\" not in c and "?" not in c and ";" not in c
 
 
-V1 = (HttpRule(frozenset({"GET"}), ("/v1/**",), "p:1"),)
+V1 = (HttpRule(frozenset({"GET"}), ("/v1/**",), Origin("p", 1)),)
 
 
 @pytest.mark.parametrize("target", ISSUE_SPELLINGS)
 def test_the_issues_spellings_are_refused_before_any_rule_matches(target: str) -> None:
     """Issue 24: each reached the upstream under `GET /v1/**`, with the brokered credential."""
-    for given_rules in (V1, None, (HttpRule(None, None, "p:1"),)):
+    for given_rules in (V1, None, (HttpRule(None, None, Origin("p", 1)),)):
         d = decide_request(given_rules, "api.test", "GET", target)
         assert not d.allowed and d.rule is None and "path is not canonical: " in d.reason, (given_rules, d)
         assert d.reason.startswith(f"GET {target}: ")
@@ -100,23 +101,28 @@ def test_the_issues_spellings_are_refused_before_any_rule_matches(target: str) -
     ("rules", "method", "target", "allowed"),
     [
         # read-only covers every path: npm's scoped metadata passes, however a server reads the %2F
-        ((HttpRule(READ_ONLY, None, "p:1"),), "GET", "/@types%2fnode", True),
-        ((HttpRule(READ_ONLY, None, "p:1"),), "GET", "//x", True),
+        ((HttpRule(READ_ONLY, None, Origin("p", 1)),), "GET", "/@types%2fnode", True),
+        ((HttpRule(READ_ONLY, None, Origin("p", 1)),), "GET", "//x", True),
         # '**' after a literal prefix: both readings stay under it
-        ((HttpRule(frozenset({"POST"}), ("/-/npm/v1/security/**",), "p:1"),), "POST", "/-/npm/v1/security/a%2Fb", True),
+        (
+            (HttpRule(frozenset({"POST"}), ("/-/npm/v1/security/**",), Origin("p", 1)),),
+            "POST",
+            "/-/npm/v1/security/a%2Fb",
+            True,
+        ),
         # '*' is one segment: a server decoding %2F sees two, so the rule does not cover it
         (GIT, "POST", "/o%2Fx/r/git-upload-pack", False),
         (GIT, "POST", "/o/r%2Fgit-upload-pack/x/git-upload-pack", False),
-        ((HttpRule(frozenset({"GET"}), ("/v1/*",), "p:1"),), "GET", "/v1/a%2Fb", False),
+        ((HttpRule(frozenset({"GET"}), ("/v1/*",), Origin("p", 1)),), "GET", "/v1/a%2Fb", False),
         # merged slashes shift what '*' takes
         (GIT, "POST", "//r/git-upload-pack", False),
         # a server cutting at a decoded '?' sees a shorter path the rule does not cover
-        ((HttpRule(frozenset({"POST"}), ("/files/*.txt",), "p:1"),), "POST", "/files/a%3F.txt", False),
-        ((HttpRule(frozenset({"POST"}), ("/files/*.txt",), "p:1"),), "POST", "/files/a%23.txt", False),
+        ((HttpRule(frozenset({"POST"}), ("/files/*.txt",), Origin("p", 1)),), "POST", "/files/a%3F.txt", False),
+        ((HttpRule(frozenset({"POST"}), ("/files/*.txt",), Origin("p", 1)),), "POST", "/files/a%23.txt", False),
         # a rule that says a segment may hold an escaped slash: both readings covered
-        ((HttpRule(frozenset({"GET"}), ("/@*%2F*",), "p:1"),), "GET", "/@scope%2fname", True),
-        ((HttpRule(frozenset({"GET"}), ("/@*%2F*",), "p:1"),), "GET", "/@scope/name", False),
-        ((HttpRule(frozenset({"GET"}), ("/@*%2F*",), "p:1"),), "GET", "/@scope%2fname%2fx", False),
+        ((HttpRule(frozenset({"GET"}), ("/@*%2F*",), Origin("p", 1)),), "GET", "/@scope%2fname", True),
+        ((HttpRule(frozenset({"GET"}), ("/@*%2F*",), Origin("p", 1)),), "GET", "/@scope/name", False),
+        ((HttpRule(frozenset({"GET"}), ("/@*%2F*",), Origin("p", 1)),), "GET", "/@scope%2fname%2fx", False),
     ],
 )
 def test_an_ambiguous_separator_passes_only_where_every_reading_is_allowed(
@@ -130,7 +136,7 @@ def test_an_ambiguous_separator_passes_only_where_every_reading_is_allowed(
 
 # ---- method overrides and upgrades ----------------------------------------------------------------
 
-POST_V1 = (HttpRule(frozenset({"GET", "POST"}), ("/v1/**",), "p:1"),)
+POST_V1 = (HttpRule(frozenset({"GET", "POST"}), ("/v1/**",), Origin("p", 1)),)
 
 
 #: Override headers frameworks read (Rails, Symfony, ASP.NET, OData, Google; auth subrequests read
@@ -217,8 +223,8 @@ def test_an_override_is_refused_even_where_every_method_is_allowed() -> None:
 
 
 WS = (
-    HttpRule(READ_ONLY, None, "p:1"),
-    HttpRule(frozenset({"GET"}), ("/v1/realtime",), "p:2", websocket=True),
+    HttpRule(READ_ONLY, None, Origin("p", 1)),
+    HttpRule(frozenset({"GET"}), ("/v1/realtime",), Origin("p", 2), websocket=True),
 )
 UPGRADE = [("Connection", "Upgrade"), ("Upgrade", "websocket"), ("Sec-WebSocket-Version", "13")]
 
@@ -319,12 +325,12 @@ def test_git_read_only_allows_fetch_and_refuses_push() -> None:
 @pytest.mark.parametrize("method", ["POST", "PUT", "DELETE", "PATCH", "CONNECT", "TRACE", "get", "Get", "PROPFIND"])
 def test_read_only_refuses_every_other_method_and_other_spellings(method: str) -> None:
     """Methods are case-sensitive in HTTP: a server that folds `get` into GET must not get a write through."""
-    ro = (HttpRule(READ_ONLY, None, "p:1"),)
+    ro = (HttpRule(READ_ONLY, None, Origin("p", 1)),)
     assert not decide_request(ro, "h.test", method, "/x").allowed
 
 
 def test_the_query_string_never_widens_a_path_rule() -> None:
-    only = (HttpRule(frozenset({"POST"}), ("/ok",), "p:1"),)
+    only = (HttpRule(frozenset({"POST"}), ("/ok",), Origin("p", 1)),)
     assert decide_request(only, "h.test", "POST", "/ok?x=/../evil").allowed
     assert not decide_request(only, "h.test", "POST", "/evil?/ok").allowed
 
@@ -339,10 +345,10 @@ def test_inspect_without_rules_allows_every_canonical_request() -> None:
 
 def test_parse_http_forms_and_origins() -> None:
     got = parse_http(["read-only", {"methods": ["post", "PUT"], "paths": ["/a/*"]}, {"paths": "/b"}], "f.yaml", 7)
-    assert got[0] == HttpRule(READ_ONLY, None, "f.yaml:7")
+    assert got[0] == HttpRule(READ_ONLY, None, Origin("f.yaml", 7))
     assert got[1].methods == frozenset({"POST", "PUT"}) and got[1].paths == ("/a/*",)
     assert got[2].methods is None and got[2].paths == ("/b",)
-    assert parse_http("read-only", "f.yaml", None) == (HttpRule(READ_ONLY, None, "f.yaml"),)
+    assert parse_http("read-only", "f.yaml", None) == (HttpRule(READ_ONLY, None, Origin("f.yaml")),)
 
 
 @pytest.mark.parametrize(

@@ -44,6 +44,7 @@ from netguard.decision.binding import Binding
 from netguard.decision.gate import Gate
 from netguard.policy import parse_network
 from netguard.spec import CaPair
+from sgbase.origin import Origin
 
 from ..support.dnsfake import FakeDns, standard_answer
 
@@ -56,7 +57,7 @@ SECRET = Secret(
     real=REAL,
     sentinel="sk-sandgate-sentinel-0f0f0f0f",
     variable="API_KEY",
-    origin="p.yaml:20",
+    origin=Origin("p.yaml", 20),
 )
 POLICY: dict[str, Any] = {
     "allow": [

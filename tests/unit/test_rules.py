@@ -12,7 +12,6 @@ from hypothesis import strategies as st
 
 from netguard import hosts
 from netguard.policy import NetworkPolicy, Rule, parse_network
-from netguard.policyerror import PolicyError
 from netguard.rules import (
     DNS_ADDRESS_TYPES,
     DNS_EMPTY_TYPES,
@@ -29,6 +28,8 @@ from netguard.rules import (
     embedded_ipv4,
     own_table,
 )
+from sgbase.origin import Origin
+from sgbase.policyerror import PolicyError
 
 LABELS = st.sampled_from(["a", "b", "pypi", "org", "test", "evil", "x-1", "cdn"])
 NAMES = st.lists(LABELS, min_size=1, max_size=4).map(".".join)
@@ -62,7 +63,7 @@ ADDRS = st.sampled_from(
 
 
 @st.composite
-def rules(draw: st.DrawFn, origin: str) -> Rule:
+def rules(draw: st.DrawFn, origin: Origin) -> Rule:
     kind = draw(st.sampled_from(["host", "wildcard", "cidr"]))
     ports = draw(PORTSETS)
     if kind == "cidr":
@@ -98,9 +99,9 @@ def reference(pol: NetworkPolicy, host: str, port: int | None) -> str:
 
 @settings(max_examples=400, deadline=None)
 @given(
-    st.lists(rules("allow"), max_size=12),
-    st.lists(rules("deny"), max_size=4),
-    st.lists(rules("ask"), max_size=3),
+    st.lists(rules(Origin("allow")), max_size=12),
+    st.lists(rules(Origin("deny")), max_size=4),
+    st.lists(rules(Origin("ask")), max_size=3),
     st.one_of(NAMES, ADDRS),
     st.one_of(st.none(), PORTS),
 )
@@ -112,9 +113,9 @@ def test_index_agrees_with_linear_reference(
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(rules("allow"), max_size=8), NAMES, PORTS)
+@given(st.lists(rules(Origin("allow")), max_size=8), NAMES, PORTS)
 def test_deny_beats_allow(allow: list[Rule], name: str, port: int) -> None:
-    pol = NetworkPolicy((*allow, Rule("host", name, None, "a")), (Rule("host", name, None, "d"),))
+    pol = NetworkPolicy((*allow, Rule("host", name, None, Origin("a"))), (Rule("host", name, None, Origin("d")),))
     d = decide(compile_policy(pol), name, port)
     assert d.action == "deny" and d.rule == "d"
 

@@ -15,11 +15,12 @@ from netguard.credentials import Secret
 from netguard.httprules import HttpRule
 from netguard.policy import NetworkPolicy, Rule, parse_network
 from netguard.spec import BindingSpec, CaPair, SpecError, decode, encode
+from sgbase.origin import Origin
 
 label = st.from_regex(r"[a-z][a-z0-9_-]{0,8}[a-z0-9]", fullmatch=True).filter(lambda s: not s.startswith("xn--"))
 name = st.lists(label, min_size=1, max_size=4).map(".".join)
-ports = st.none() | st.frozensets(st.integers(1, 65535), max_size=5)
-origin = st.text(max_size=30)
+ports = st.none() | st.frozensets(st.integers(1, 65535), min_size=1, max_size=5)
+origin = st.builds(Origin, st.text(max_size=30), st.none() | st.integers(1, 10**6))
 v4 = st.builds(lambda a, p: ipaddress.ip_network((a, p), strict=False), st.integers(0, 2**32 - 1), st.integers(1, 32))
 v6: st.SearchStrategy[ipaddress.IPv4Network | ipaddress.IPv6Network] = st.builds(
     lambda a, p: ipaddress.ip_network((a, p), strict=False), st.integers(2**33, 2**128 - 1), st.integers(1, 128)
@@ -50,10 +51,17 @@ rule = st.one_of(
     inspecting,
 )
 text = st.text(st.characters(categories=["L", "N", "P"]), min_size=1, max_size=30)
-secret = st.builds(Secret, name, st.just("Authorization"), text, text, text, st.just("VAR"), origin)
+secret = st.builds(
+    lambda host, real, sentinel, o: Secret(host, "Authorization", f"Bearer {real}", real, sentinel, "VAR", o),
+    name,
+    text,
+    text,
+    origin,
+)
 rules = st.lists(rule, max_size=6).map(tuple)
+plain_rules = st.lists(rule.filter(lambda r: not r.inspect), max_size=6).map(tuple)  # only allow rules inspect
 resolver = st.none() | st.tuples(st.ip_addresses().map(str), st.integers(1, 65535))
-policy = st.builds(NetworkPolicy, rules, rules, rules, resolver, st.none() | origin)
+policy = st.builds(NetworkPolicy, rules, plain_rules, plain_rules, resolver, st.none() | origin)
 spec = st.builds(
     BindingSpec,
     st.text(st.characters(categories=["L", "N", "P"]), min_size=1, max_size=40),
@@ -99,7 +107,7 @@ def test_a_parsed_policy_round_trips() -> None:
         "kind": "host",
         "value": "pypi.org",
         "ports": [80, 443],
-        "origin": "p.yaml",
+        "origin": ["p.yaml", None],
         "dns": None,
         "inspect": False,
         "http": None,
@@ -151,15 +159,18 @@ def _set(obj: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
         ("policy.allow.0.ports", [0], "ports must be"),
         ("policy.allow.0.ports", [True], "ports must be"),
         ("policy.allow.0.ports", "80", "ports must be"),
-        ("policy.allow.0.origin", None, "origin must be a string"),
+        ("policy.allow.0.origin", None, "origin must be [FILE, LINE]"),
+        ("policy.allow.0.origin", "p:1", "origin must be [FILE, LINE]"),
+        ("policy.allow.0.origin", ["p", 0], "line is a whole number from 1"),
+        ("policy.allow.0.origin", ["p", True], "origin must be [FILE, LINE]"),
         ("policy.allow.1.value", "10.0.0.1/8", "host bits set"),
         ("policy.allow.1.value", "0.0.0.0/0", "covers every address"),
         ("policy.allow.1.value", "::ffff:10.0.0.0/104", "IPv4-mapped"),
         ("policy.resolver", ["1.2.3.4"], "[IP, PORT]"),
-        ("policy.resolver", ["1.2.3.4", 0], "[IP, PORT]"),
+        ("policy.resolver", ["1.2.3.4", 0], "port number from 1 to 65535"),
         ("policy.resolver", ["dns.test", 53], "not an IP address"),
         ("policy.resolver", ["2001:DB8::1", 53], "canonical"),
-        ("policy.resolver_origin", 5, "resolver_origin must be a string"),
+        ("policy.resolver_origin", 5, "resolver_origin must be [FILE, LINE]"),
     ],
 )
 def test_decode_refuses(path: str, value: Any, message: str) -> None:
@@ -222,7 +233,7 @@ def test_decode_refuses_request_rules_encode_never_makes(path: tuple[Any, ...], 
 
 
 def test_decode_refuses_a_secret_with_a_line_break_or_a_raw_host() -> None:
-    s = Secret("api.test", "Authorization", "Bearer r", "r", "sentinel", "V", "p.yaml:3")
+    s = Secret("api.test", "Authorization", "Bearer r", "r", "sentinel", "V", Origin("p.yaml", 3))
     wire = encode(BindingSpec("t", NetworkPolicy(), ca=CaPair("c", "k"), secrets=(s,)))
     assert decode(wire).secrets == (s,)
     bad = copy.deepcopy(wire)

@@ -15,6 +15,7 @@ from netguard import rules
 from netguard.daemon import control, ctlasync, policycache, specbytes, specfd
 from netguard.policy import NetworkPolicy, Rule, parse_network
 from netguard.spec import GROUP_MIN, BindingSpec, Received, SpecError, decode, encode
+from sgbase.origin import Origin
 
 NAMES = [f"h{i}.example{i % 7}.test" for i in range(200)]
 BIG = parse_network(
@@ -176,15 +177,15 @@ def test_long_runs_travel_as_groups_and_decode_to_the_same_rules() -> None:
     enc = encode(SPEC)
     allow = enc["policy"]["allow"]
     assert [("values" in x) for x in allow] == [True, False, True]  # 100 names, the dns wildcard, 100 names
-    assert allow[0]["origin"] == "" and allow[0]["lines"] == "\n".join(["p.yaml"] * 100)  # no line: no prefix
+    assert allow[0]["origin"] == "p.yaml" and allow[0]["lines"] == "\n" * 99  # no line: empty lines
     assert decode(enc) == SPEC
     small = BindingSpec("t", parse_network({"allow": NAMES[: GROUP_MIN - 1]}, "p.yaml"))
     assert all("values" not in x for x in encode(small)["policy"]["allow"])  # small policies: one dict a rule
 
 
 def test_origins_with_lines_and_odd_file_names_survive() -> None:
-    rs = tuple(Rule("host", n, None, f"dir:with:colons/f.txt:{i + 1}") for i, n in enumerate(NAMES[:40]))
-    odd = (Rule("host", "odd.test", None, "new\nline"), Rule("host", "odd2.test", None, "a:1\n2"))
+    rs = tuple(Rule("host", n, None, Origin("dir:with:colons/f.txt", i + 1)) for i, n in enumerate(NAMES[:40]))
+    odd = (Rule("host", "odd.test", None, Origin("new\nline")), Rule("host", "odd2.test", None, Origin("a:1\n2", 3)))
     spec = BindingSpec("t", NetworkPolicy(deny=(*rs[:20], *odd, *rs[20:])))
     assert decode(encode(spec)) == spec
     assert specbytes.policy_from_bytes(specbytes.split_bytes(specbytes.to_bytes(spec))[1]) == spec.policy
@@ -195,7 +196,7 @@ def test_origins_with_lines_and_odd_file_names_survive() -> None:
     [
         ("values", "\n".join(["H0.example0.test", *NAMES[1:100]]), "not in canonical form"),
         ("lines", "1\n2", "differ in number"),
-        ("kind", "cidr", "must be host or wildcard"),
+        ("kind", "cidr", "cidr rule's value is a network"),
         ("ports", [0], "port numbers"),
         ("origin", "x" * 5000, "longer than"),
     ],

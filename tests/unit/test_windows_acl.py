@@ -6,7 +6,7 @@ import pytest
 
 from fsguard import policy as fspolicy
 from fsguard.windows import acl, acljournal, sddl, winpath
-from netguard.policyerror import PolicyError
+from sgbase.policyerror import PolicyError
 
 SID = "S-1-5-21-1111111111-2222222222-3333333333-1001"
 WS, HOME = r"C:\src\proj", r"C:\Users\me"
