@@ -20,10 +20,10 @@ which every sandbox has hidden; an unreadable or damaged cache is a full walk, a
 
 from __future__ import annotations
 
+import binascii  # crc32 as zlib computes it, without loading zlib on every run
 import marshal
 import os
 import time
-import zlib
 from collections.abc import Callable, Iterator
 
 CTIME_SLACK_NS = 2_000_000_000
@@ -38,7 +38,7 @@ Listing = Callable[[str], tuple[bool, list[str], list[tuple[str, str]]] | None]
 
 def cache_file(cache_dir: str, root: str) -> str:
     name = root.strip("/").replace("/", "%")[-120:] or "%"
-    return os.path.join(cache_dir, f"{name}.{zlib.crc32(root.encode()):08x}.walk")
+    return os.path.join(cache_dir, f"{name}.{binascii.crc32(root.encode()):08x}.walk")
 
 
 def load(path: str, root: str) -> dict[str, Entry]:

@@ -15,4 +15,6 @@ from launcher import gcpause as _gcpause  # noqa: E402
 from sgbase import dataclasscache as _dataclasscache  # noqa: E402  (after the mark: it is sandgate's own cost)
 
 _gcpause.pause_in_console_script()  # until launcher.cli has imported the command's modules
-_dataclasscache.install()  # before any record class is made: every run imports ~40 of them
+_dataclasscache.install(
+    _dataclasscache.table_path("launcher")
+)  # before any record class is made: every run imports ~40 of them

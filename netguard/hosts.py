@@ -17,8 +17,7 @@ from __future__ import annotations
 import functools
 import re
 from ipaddress import AddressValueError, IPv4Address, IPv6Address
-
-import idna
+from types import ModuleType
 
 __all__ = [
     "Address",
@@ -186,10 +185,17 @@ def _split(host: str) -> Address | list[str]:
     return labels
 
 
+def _idna() -> ModuleType:
+    """The idna package, loaded on the first non-ASCII or punycode name (~3 ms: most runs name none)."""
+    import idna
+
+    return idna
+
+
 def _uts46_map(host: str) -> str:
     """UTS #46 (non-transitional) mapping of a non-ASCII host: case folding, fullwidth forms, ideographic dots."""
     try:
-        return idna.uts46_remap(host, std3_rules=False)
+        return str(_idna().uts46_remap(host, std3_rules=False))
     except UnicodeError:  # idna.IDNAError and InvalidCodepoint derive from it
         raise HostError(f"invalid character in {_show(host)}") from None
 
@@ -278,7 +284,7 @@ def _name_from_labels(labels: list[str], host: str) -> str:
 def _to_a_label(label: str, host: str) -> str:
     """IDNA 2008 A-label of one mapped non-ASCII label (what idna.encode(uts46=True) gives it)."""
     try:
-        return idna.alabel(label).decode("ascii")
+        return str(_idna().alabel(label).decode("ascii"))
     except UnicodeError:
         raise HostError(f"invalid internationalised label {_show(label)} in {_show(host)}") from None
 
@@ -290,6 +296,7 @@ def _check_a_label(label: str, host: str) -> None:
     resolver reads differently from the rule.
     """
     try:
+        idna = _idna()
         u_label = idna.ulabel(label)
         canonical = idna.alabel(u_label).decode("ascii")
         stable = idna.uts46_remap(u_label, std3_rules=False) == u_label

@@ -29,7 +29,17 @@ from types import CodeType, GetSetDescriptorType, ModuleType
 from typing import Any
 
 _MAGIC = _bootstrap.MAGIC_NUMBER
-_PATH = os.path.join(os.path.dirname(__file__), "__pycache__", f"dataclasses.{sys.implementation.cache_tag}.marshal")
+_PATH = ""  # set by install()
+
+
+def table_path(program: str) -> str:
+    """One table per program (the launcher's, the daemon's): each start loads only the classes it makes,
+    not mitmproxy's hundreds in every `sandgate run`."""
+    return os.path.join(
+        os.path.dirname(__file__), "__pycache__", f"dataclasses-{program}.{sys.implementation.cache_tag}.marshal"
+    )
+
+
 _table: dict[str, CodeType] = {}
 _used: dict[str, CodeType] = {}
 _missed = False
@@ -96,8 +106,8 @@ def _real_inspect() -> ModuleType:
     return sys.modules["inspect"]
 
 
-def install(path: str = _PATH) -> None:
-    """Route the dataclasses module's `exec` through the table (before any dataclass is made)."""
+def install(path: str) -> None:
+    """Route the dataclasses module's `exec` through the table at `path` (before any dataclass is made)."""
     if "dataclasses" not in sys.modules and "inspect" not in sys.modules and sys.version_info[:2] in ((3, 12), (3, 13)):
         sys.modules["inspect"] = _STAND_IN  # the versions whose dataclasses only call get_annotations per class
     import dataclasses
@@ -117,7 +127,7 @@ def _kept() -> dict[str, CodeType]:
 def save() -> None:
     """Write the table of what this process used, if something had to be compiled (atomic, beside the .pyc files)."""
     global _missed
-    if not _missed or sys.dont_write_bytecode:
+    if not _missed or sys.dont_write_bytecode or not _PATH:
         return
     _missed = False
     tmp = f"{_PATH}.{os.getpid()}.tmp"

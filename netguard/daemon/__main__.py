@@ -16,7 +16,9 @@ import sys
 
 from sgbase import dataclasscache
 
-dataclasscache.install()  # before any record class is made: ~45 of them before a cold daemon is ready
+dataclasscache.install(
+    dataclasscache.table_path("daemon")
+)  # before any record class is made: ~45 of them before a cold daemon is ready
 
 # Only these before the claim: a `sandgate daemon stop` just after a cold run must find the daemon it
 # started, so the socket is bound before the imports that serving needs (the rest of main's).
