@@ -10,15 +10,59 @@ fall back to passthrough). A refusal is a PolicyError naming the rule's origin.
 from __future__ import annotations
 
 import ipaddress
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 from netguard import hosts
 from netguard.httprules import HttpRule
 from sgbase.origin import Origin
 from sgbase.policyerror import PolicyError
 
-if TYPE_CHECKING:
-    from netguard.policy import NetworkPolicy, Rule
+
+class Rule(Protocol):
+    """What the checks read of a rule (netguard.policy.Rule, which runs them): its fields, read-only."""
+
+    @property
+    def kind(self) -> str: ...
+    @property
+    def value(self) -> object: ...
+    @property
+    def ports(self) -> frozenset[int] | None: ...
+    @property
+    def origin(self) -> Origin: ...
+    @property
+    def dns(self) -> frozenset[int] | None: ...
+    @property
+    def inspect(self) -> bool: ...
+    @property
+    def http(self) -> tuple[HttpRule, ...] | None: ...
+    @property
+    def log_query(self) -> bool: ...
+
+
+class Credential(Protocol):
+    @property
+    def host(self) -> str: ...
+    @property
+    def header(self) -> str: ...
+
+
+class NetworkPolicy(Protocol):
+    """What the checks read of a policy (netguard.policy.NetworkPolicy, which runs them)."""
+
+    @property
+    def allow(self) -> Sequence[Rule]: ...
+    @property
+    def deny(self) -> Sequence[Rule]: ...
+    @property
+    def ask(self) -> Sequence[Rule]: ...
+    @property
+    def resolver(self) -> tuple[str, int] | None: ...
+    @property
+    def resolver_origin(self) -> Origin | None: ...
+    @property
+    def credentials(self) -> Sequence[Credential]: ...
+
 
 RULE_KINDS = ("host", "wildcard", "cidr")
 #: DNS meta types (dns.rdatatype.is_metatype: OPT and 128-255): questions about the protocol, not data.
