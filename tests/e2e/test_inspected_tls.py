@@ -28,7 +28,7 @@ from selftest.certs import CA
 from sgbase.origin import Origin
 
 from ..support.dnsfake import FakeDns
-from .test_tlsinspect import Proxy, Upstream, loopback, run_ca
+from ..support.tlsharness import Proxy, Upstream, loopback, run_ca
 
 REAL = "sk-REALVALUE-abcdefghijklmnop"
 SENTINEL = "sk-sandgate-sentinel-1234abcd"

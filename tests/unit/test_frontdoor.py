@@ -32,9 +32,9 @@ from netguard.decision.binding import Binding
 from netguard.policy import parse_network
 from netguard.relay import handoff
 
-from ..e2e.test_tlsinspect import loopback, run_ca
 from ..support.dnsfake import FakeDns
 from ..support.tcpfake import serve_in_threads
+from ..support.tlsharness import loopback, run_ca
 
 BLOCKED_DST = "198.18.0.7"  # the transparent client's original destination: allowed by nothing
 

@@ -8,7 +8,6 @@ reads back the flow, the pinned server address and the audit log.
 from __future__ import annotations
 
 import asyncio
-import ssl
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -18,11 +17,7 @@ import dns.rrset
 import pytest
 from mitmproxy import connection, http
 from mitmproxy.proxy import layer, server_hooks
-from mitmproxy.proxy.context import Context
-from mitmproxy.proxy.events import DataReceived
-from mitmproxy.proxy.layers import modes
 from mitmproxy.proxy.layers.http._hooks import HttpConnectHook, HttpRequestHeadersHook
-from mitmproxy.proxy.mode_specs import ProxyMode
 from mitmproxy.test import taddons, tflow, tutils
 
 from netguard import rules
@@ -33,6 +28,7 @@ from netguard.decision.gate import Gate
 from netguard.policy import parse_network
 
 from ..support.dnsfake import FakeDns, standard_answer
+from ..support.mitmhooks import client, client_hello, next_layer
 
 REGULAR, TRANSPARENT = 3128, 3129  # slots: the listen ports of the two modes
 
@@ -80,12 +76,6 @@ def drive(world: World, body: Callable[[taddons.context], Awaitable[None]]) -> N
             await body(tctx)
 
     asyncio.run(main())
-
-
-def client(mode: str) -> connection.Client:
-    c = tflow.tclient_conn()
-    c.proxy_mode = ProxyMode.parse(mode)
-    return c
 
 
 def connect_flow(host: str, port: int) -> http.HTTPFlow:
@@ -219,27 +209,6 @@ def test_transparent_http_is_decided_by_the_host_header_not_the_original_address
     )
     assert allowed["url"] == "http://allowed.test/path"
     assert (denied["kind"], denied["action"]) == ("http", "deny")
-
-
-def client_hello(sni: str) -> bytes:
-    tls = ssl.create_default_context()
-    obj = tls.wrap_bio(ssl.MemoryBIO(), out := ssl.MemoryBIO(), server_hostname=sni)
-    with pytest.raises(ssl.SSLWantReadError):
-        obj.do_handshake()
-    return out.read()
-
-
-def next_layer(
-    tctx: taddons.context, c: connection.Client, dst: tuple[str, int], data: bytes
-) -> tuple[layer.NextLayer, Context]:
-    """The NextLayer mitmproxy hands over once the client sent `data` to `dst` (a transparent listener)."""
-    ctx = Context(c, tctx.options)
-    ctx.server.address = dst
-    ctx.layers = [modes.TransparentProxy(ctx)]
-    nl = layer.NextLayer(ctx)
-    if data:
-        nl.events.append(DataReceived(c, data))
-    return nl, ctx
 
 
 def test_tls_is_decided_by_sni_and_relayed_untouched(tmp_path: Path, upstream: FakeDns) -> None:

@@ -1,126 +1,66 @@
-"""Issue 29's acceptance rule, the import graph, drawn from the sources themselves (AST, no import run).
+"""Every rule of the import graph (issue 29), drawn from the sources by the one reader (tests/support/importgraph.py).
 
 The layers: sgbase at the bottom (imports nothing of ours); the guards (netguard, fsguard) on it, never
 importing each other, the launcher or the self-test; the launcher above them; the self-test (selftest/,
 the proof) on top, reached by the product only through `sandgate verify` (launcher/cli.py's cmd_verify).
 An upward arrow lets a change in the launcher or the self-test alter what a guard enforces; a circle
-makes the import order decide which half of a module exists. Every import counts, in functions too,
-save those under `if TYPE_CHECKING:` (never run). Cycles are of module-level imports (what runs at
-import time), plus one package-level rule: no two of launcher's subpackages import each other. In the
-self-test no circle at all, not even one hidden in a function or under TYPE_CHECKING (issue 29 broke two:
-a shared piece goes to a module of its own).
-An edge goes to the module named (`from a.b import c` to a.b.c when that is a module, else a.b),
-not to the packages above it.
+makes the import order decide which half of a module exists.
+Which imports count, rule by rule (the strictest each rule had when it lived in a module of its own):
+- the arrows between packages, the network guard's roles, launcher.config's readers, the tests'
+  directories: every import, in functions and under `if TYPE_CHECKING:` too (a lazy or type-only import
+  is still a dependency on the other side);
+- circles: of module-level imports anywhere (what runs at import time); between launcher's subpackages
+  counting function-level imports; none at all, counting every import, inside the self-test or through
+  a Windows module (a shared piece goes to a module of its own, not behind a lazy import).
+Each rule has a synthetic offender below: a check that never fires could be measuring nothing.
 """
 
 from __future__ import annotations
 
-import ast
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from ..support.importgraph import Import, Tree, read, top
+
 ROOT = Path(__file__).resolve().parent.parent.parent
-#: The packages of the graph (a missing one, e.g. sgbase before it exists, is simply empty).
-PACKAGES = ("launcher", "netguard", "fsguard", "sgbase", "selftest")
 GUARDS = ("netguard", "fsguard")
 #: The one import of the self-test the product may make: launcher/cli.py's `sandgate verify`.
 VERIFY_PATH = ("launcher.cli", "cmd_verify")
+#: The network guard's three roles: the daemon asks the decision, the relay moves bytes. A relay that
+#: imported the decision could be made to decide; a decision that imported the daemon closes a circle.
+ROLES = ("daemon", "decision", "relay")
+#: What each place may not import ("netguard" is the top level's own modules: spec, policy, audit, ...).
+ROLE_FORBIDDEN = {
+    "daemon": (),
+    "decision": ("netguard.daemon",),
+    "relay": ("netguard.daemon", "netguard.decision"),
+    "netguard": tuple(f"netguard.{r}" for r in ROLES),
+}
+#: launcher.config one way: reading a hostile file depends on nothing of ours; the readers use it and never
+#: the trust list; the trust list and narrowing never import a reader back (no detour through trust).
+_READERS = ("launcher.config.load", "launcher.config.yamlfile")
+_STORE = ("launcher.config.trust", "launcher.config.narrowing")
+CONFIG_FORBIDDEN = {
+    "launcher.config.hostilefile": ("launcher", "netguard", "fsguard", "sgbase", "selftest"),
+    "launcher.config.trust": _READERS,
+    "launcher.config.narrowing": _READERS,
+    "launcher.config.yamlfile": _STORE,
+    "launcher.config.hostsfiles": _STORE,
+    "launcher.config.parsecache": _STORE,
+}
+#: The tests' two directories run in separate pytest invocations (tests/__main__.py): what both use
+#: lives in tests.support, never in a test module of the other.
+TEST_DIRS = ("tests.unit", "tests.e2e")
 
 
-@dataclass(frozen=True)
-class Edge:
-    """One import: `src` (a module of ours) imports `dst` at `path`:`line`, inside function `scope` ('' at module
-    level; class bodies and top-level if/try run at import too, so they are module level)."""
-
-    src: str
-    dst: str
-    path: str
-    line: int
-    scope: str
-
-    @property
-    def module_level(self) -> bool:
-        return self.scope == ""
-
-    def where(self) -> str:
-        return f"{self.path}:{self.line}: {self.src} imports {self.dst}" + (f" (in {self.scope})" if self.scope else "")
+def _under(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
 
 
-def top(name: str) -> str:
-    return name.split(".")[0]
+# ---- the arrows: each returns the offending imports as lines naming file:line -----------------------------
 
 
-def _module_name(root: Path, path: Path) -> str:
-    parts = list(path.relative_to(root).with_suffix("").parts)
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def _type_checking(node: ast.If) -> bool:
-    t = node.test
-    return (isinstance(t, ast.Name) and t.id == "TYPE_CHECKING") or (
-        isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING"
-    )
-
-
-def _raw_imports(
-    tree: ast.AST, scope: str = "", typing: bool = False
-) -> Iterator[tuple[ast.Import | ast.ImportFrom, str, bool]]:
-    """Every import statement with its enclosing function ('' at module level) and whether it is under
-    `if TYPE_CHECKING:` (its `else:` does run)."""
-    for node in ast.iter_child_nodes(tree):
-        if isinstance(node, ast.Import | ast.ImportFrom):
-            yield node, scope, typing
-        elif isinstance(node, ast.If) and _type_checking(node):
-            yield from _raw_imports(ast.Module(body=node.body, type_ignores=[]), scope, True)
-            yield from _raw_imports(ast.Module(body=node.orelse, type_ignores=[]), scope, typing)
-        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-            yield from _raw_imports(node, f"{scope}.{node.name}" if scope else node.name, typing)
-        else:
-            yield from _raw_imports(node, scope, typing)
-
-
-def _targets(node: ast.Import | ast.ImportFrom, module: str, is_package: bool, known: set[str]) -> list[str]:
-    """The modules one statement imports: `from a.b import c` is a.b.c when that is a module, else a.b."""
-    if isinstance(node, ast.Import):
-        return [a.name for a in node.names]
-    base = node.module or ""
-    if node.level:  # relative: from the module's package, up level-1 more
-        package = module.split(".") if is_package else module.split(".")[:-1]
-        anchor = package[: len(package) - (node.level - 1)]
-        base = ".".join([*anchor, *([base] if base else [])])
-    return [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
-
-
-def edges_of(sources: dict[str, tuple[str, str]], typing: bool = False) -> list[Edge]:
-    """The edges among `sources` ({module: (path, text)}) to modules of ours (PACKAGES); with `typing`, also
-    the imports under `if TYPE_CHECKING:`."""
-    known = set(sources)
-    out = []
-    for module, (path, text) in sorted(sources.items()):
-        is_package = path.endswith("__init__.py")
-        for node, scope, typing_only in _raw_imports(ast.parse(text, path)):
-            if typing_only and not typing:
-                continue
-            for dst in dict.fromkeys(_targets(node, module, is_package, known)):
-                if top(dst) in PACKAGES and dst != module:
-                    out.append(Edge(module, dst, path, node.lineno, scope))
-    return out
-
-
-def read_sources(root: Path) -> dict[str, tuple[str, str]]:
-    return {
-        _module_name(root, p): (str(p.relative_to(root)), p.read_text())
-        for package in PACKAGES
-        if (root / package).is_dir()
-        for p in sorted((root / package).rglob("*.py"))
-    }
-
-
-# ---- the rules: each returns the offending edges (or cycles) as lines naming file:line ----------------------
-
-
-def guard_violations(edges: Iterable[Edge]) -> list[str]:
+def guard_violations(edges: Iterable[Import]) -> list[str]:
     """The guards import only themselves, sgbase and third-party code: never launcher, selftest or each other."""
     return [
         e.where()
@@ -129,18 +69,57 @@ def guard_violations(edges: Iterable[Edge]) -> list[str]:
     ]
 
 
-def sgbase_violations(edges: Iterable[Edge]) -> list[str]:
+def sgbase_violations(edges: Iterable[Import]) -> list[str]:
     """sgbase is below both guards: it imports nothing of ours (but itself)."""
     return [e.where() for e in edges if top(e.src) == "sgbase" and top(e.dst) != "sgbase"]
 
 
-def selftest_importers(edges: Iterable[Edge]) -> list[str]:
+def selftest_importers(edges: Iterable[Import]) -> list[str]:
     """Nothing of the product imports the self-test, save `sandgate verify` (tests and bench are not scanned)."""
     return [
         e.where()
         for e in edges
         if top(e.dst) == "selftest" and top(e.src) != "selftest" and (e.src, e.scope) != VERIFY_PATH
     ]
+
+
+def _role(module: str, packages: frozenset[str]) -> str | None:
+    """The place of a netguard module: its role's package (any depth), or "netguard" for the top level's own."""
+    parts = module.split(".")
+    if parts[0] != "netguard":
+        return None
+    if len(parts) > 1 and parts[1] in ROLES:
+        return parts[1]
+    return "netguard" if len(parts) == 1 or (len(parts) == 2 and module not in packages) else None
+
+
+def role_violations(edges: Iterable[Import], packages: frozenset[str]) -> list[str]:
+    """daemon -> decision -> relay -> netguard's top level, one way."""
+    out = []
+    for e in edges:
+        place = _role(e.src, packages)
+        if place is not None and any(_under(e.dst, bad) for bad in ROLE_FORBIDDEN[place]):
+            out.append(e.where())
+    return out
+
+
+def config_violations(edges: Iterable[Import]) -> list[str]:
+    """launcher.config's readers, hostile-file reading and the trust list import one way (CONFIG_FORBIDDEN)."""
+    return [e.where() for e in edges if e.dst.startswith(CONFIG_FORBIDDEN.get(e.src, ()))]
+
+
+def crossed_test_dirs(edges: Iterable[Import]) -> list[str]:
+    """A test module of tests/unit importing one of tests/e2e, or the other way."""
+    out = []
+    for e in edges:
+        a = next((d for d in TEST_DIRS if _under(e.src, d)), None)
+        b = next((d for d in TEST_DIRS if _under(e.dst, d)), None)
+        if a is not None and b is not None and a != b:
+            out.append(e.where())
+    return out
+
+
+# ---- the circles -------------------------------------------------------------------------------------------
 
 
 def _components(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -184,67 +163,72 @@ def _components(graph: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
-def _cycles(edges: list[Edge], node_of: dict[str, str]) -> list[str]:
-    """Every strongly connected component of more than one node, with the edges inside it."""
+def _cycles(
+    edges: list[Import], node_of: Callable[[str], str] = str, keep: Callable[[list[str]], bool] = bool
+) -> list[str]:
+    """Every strongly connected component of more than one node (that `keep` keeps), with the edges inside."""
     graph: dict[str, set[str]] = {}
     for e in edges:
-        graph.setdefault(node_of[e.src], set()).add(node_of[e.dst])
+        graph.setdefault(node_of(e.src), set()).add(node_of(e.dst))
     found = []
     for comp in _components(graph):
-        if len(comp) > 1:
-            inside = [e.where() for e in edges if node_of[e.src] in comp and node_of[e.dst] in comp]
+        if len(comp) > 1 and keep(comp):
+            inside = [e.where() for e in edges if node_of(e.src) in comp and node_of(e.dst) in comp]
             found.append(" <-> ".join(comp) + ":\n    " + "\n    ".join(inside))
     return found
 
 
-def module_cycles(edges: Iterable[Edge]) -> list[str]:
+def module_cycles(edges: Iterable[Import]) -> list[str]:
     """Circles of module-level imports, anywhere in our packages."""
-    level = [e for e in edges if e.module_level and e.src != e.dst]
-    return _cycles(level, {n: n for e in level for n in (e.src, e.dst)})
+    return _cycles([e for e in edges if e.module_level])
 
 
-def hidden_cycles(edges: Iterable[Edge], package: str) -> list[str]:
+def hidden_cycles(edges: Iterable[Import], package: str) -> list[str]:
     """Circles inside `package` counting every import: in functions and under TYPE_CHECKING too (the
     dependency is there, only its import was moved out of sight)."""
-    inside = [e for e in edges if top(e.src) == package and top(e.dst) == package and e.src != e.dst]
-    return _cycles(inside, {n: n for e in inside for n in (e.src, e.dst)})
+    return _cycles([e for e in edges if top(e.src) == package and top(e.dst) == package])
 
 
-def _subpackage(module: str, packages: set[str]) -> str | None:
-    """launcher.X for a module in launcher's subpackage X (its top-level modules belong to none)."""
-    parts = module.split(".")
-    return ".".join(parts[:2]) if top(module) == "launcher" and ".".join(parts[:2]) in packages else None
+def _windows(module: str) -> bool:
+    """sgbase (its windows/ bindings), a windows package of a guard or the launch, the Windows backend."""
+    return top(module) == "sgbase" or ".windows" in module
 
 
-def launcher_package_cycles(edges: Iterable[Edge], packages: set[str]) -> list[str]:
+def windows_cycles(edges: Iterable[Import]) -> list[str]:
+    """Circles through a Windows module, counting every import (a lazy import must not hide one)."""
+    return _cycles(list(edges), keep=lambda comp: any(map(_windows, comp)))
+
+
+def launcher_package_cycles(edges: Iterable[Import], packages: frozenset[str]) -> list[str]:
     """Two-way arrows between launcher's subpackages (e.g. run <-> platform), imports in functions too."""
-    node_of = {}
+
+    def subpackage(module: str) -> str | None:  # launcher.X for a module of subpackage X (its top level: none)
+        head = ".".join(module.split(".")[:2])
+        return head if top(module) == "launcher" and head in packages else None
+
     between = []
     for e in edges:
-        a, b = _subpackage(e.src, packages), _subpackage(e.dst, packages)
-        if a is not None and b is not None and a != b:
-            node_of.update({e.src: a, e.dst: b})
+        a, b = subpackage(e.src), subpackage(e.dst)
+        if not e.typing and a is not None and b is not None and a != b:
             between.append(e)
-    return _cycles(between, node_of)
-
-
-def _packages(sources: dict[str, tuple[str, str]]) -> set[str]:
-    return {m for m, (path, _) in sources.items() if path.endswith("__init__.py")}
+    return _cycles(between, lambda m: subpackage(m) or m)
 
 
 # ---- the real tree ----------------------------------------------------------------------------------------
 
-_SOURCES = read_sources(ROOT)
-_EDGES = edges_of(_SOURCES)
-_TYPING_EDGES = edges_of(_SOURCES, typing=True)
+_TREE = read(ROOT)
+_EDGES = _TREE.edges()
 
 
 def test_the_graph_is_read() -> None:
-    # Control: the scan sees the arrows everyone knows are there.
+    # Control: the scan sees the arrows everyone knows are there, in every form the reader knows.
     pairs = {(e.src, e.dst) for e in _EDGES}
     assert ("launcher.run.launch", "launcher.run.linuxbackend") in pairs
     assert any(top(s) == "launcher" and top(d) == "netguard" for s, d in pairs)
-    assert (*VERIFY_PATH[:1], "selftest.command") in pairs
+    assert (VERIFY_PATH[0], "selftest.command") in pairs
+    assert ("launcher.config.yamlfile", "launcher.config.hostilefile") in pairs
+    assert any(e.scope for e in _EDGES) and any(e.typing for e in _EDGES)
+    assert len({top(e.src) for e in _EDGES}) == 5  # every package was read
 
 
 def test_the_guards_import_no_launcher_selftest_or_each_other() -> None:
@@ -262,22 +246,63 @@ def test_only_verify_imports_the_selftest() -> None:
     assert not bad, "the product imports the self-test outside launcher/cli.py's cmd_verify:\n" + "\n".join(bad)
 
 
+def test_the_network_guards_roles_import_one_way() -> None:
+    bad = role_violations(_EDGES, _TREE.packages)
+    assert not bad, "imports against the roles (daemon -> decision -> relay):\n" + "\n".join(bad)
+
+
+def test_every_role_is_a_package_and_the_old_one_is_gone() -> None:
+    for role in ROLES:
+        assert f"netguard.{role}" in _TREE.packages
+        assert sum(_role(m, _TREE.packages) == role for m in _TREE.modules) > 5  # not an empty shell
+    assert not any(_under(m, "netguard.proxy") for m in _TREE.modules)  # split, not copied
+
+
+def test_reading_a_policy_never_detours_through_the_trust_list() -> None:
+    bad = config_violations(_EDGES)
+    assert not bad, "launcher.config's arrows:\n" + "\n".join(bad)
+
+
+def test_the_windows_modules_live_beside_their_linux_counterparts() -> None:
+    assert "sgbase.windows.win32" in _TREE.modules and not any(_under(m, "launcher.platform") for m in _TREE.modules)
+
+
 def test_no_module_level_import_cycle() -> None:
     found = module_cycles(_EDGES)
     assert not found, "import cycles:\n" + "\n".join(found)
 
 
 def test_no_cycle_in_the_selftest_not_even_a_hidden_one() -> None:
-    found = hidden_cycles(_TYPING_EDGES, "selftest")
+    found = hidden_cycles(_EDGES, "selftest")
     assert not found, "circles in selftest/ (move the shared piece to a module of its own):\n" + "\n".join(found)
 
 
+def test_no_cycle_runs_through_a_windows_module() -> None:
+    found = windows_cycles(_EDGES)
+    assert not found, "circles through a Windows module:\n" + "\n".join(found)
+
+
 def test_no_cycle_between_launchers_subpackages() -> None:
-    found = launcher_package_cycles(_EDGES, _packages(_SOURCES))
+    found = launcher_package_cycles(_EDGES, _TREE.packages)
     assert not found, "launcher's subpackages import each other:\n" + "\n".join(found)
 
 
-# ---- every rule can fail: a tiny synthetic tree -------------------------------------------------------------
+def test_unit_and_e2e_tests_share_helpers_only_through_support() -> None:
+    tests = read(ROOT, ("tests",))
+    assert any(_under(e.dst, "tests.support") for e in tests.edges(("tests",)))  # control: relative imports read
+    bad = crossed_test_dirs(tests.edges(("tests",)))
+    assert not bad, "move the shared helper to tests/support/:\n" + "\n".join(bad)
+
+
+# ---- every rule can fail: tiny synthetic trees ------------------------------------------------------------
+
+
+def _write(root: Path, files: dict[str, str]) -> Tree:
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    return read(root, ("launcher", "netguard", "fsguard", "sgbase", "selftest", "tests"))
+
 
 _SYNTHETIC = {
     "netguard/__init__.py": "",
@@ -301,19 +326,13 @@ _SYNTHETIC = {
 }
 
 
-def _synthetic(tmp_path: Path) -> tuple[list[Edge], set[str]]:
-    for name, text in _SYNTHETIC.items():
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_text(text)
-    sources = read_sources(tmp_path)
-    return edges_of(sources), _packages(sources)
-
-
-def test_every_rule_catches_an_offender(tmp_path: Path) -> None:
-    edges, packages = _synthetic(tmp_path)
+def test_every_package_rule_catches_an_offender(tmp_path: Path) -> None:
+    tree = _write(tmp_path, _SYNTHETIC)
+    edges = tree.edges()
     assert guard_violations(edges) == [
         "fsguard/b.py:2: fsguard.b imports selftest.verify",
-        "netguard/a.py:5: netguard.a imports launcher.cli (in f)",  # in a function too; not the TYPE_CHECKING one
+        "netguard/a.py:3: netguard.a imports launcher.x",  # a type-only import is a dependency too
+        "netguard/a.py:5: netguard.a imports launcher.cli (in f)",  # in a function too
         "netguard/a.py:6: netguard.a imports fsguard.b (in f)",
     ]
     assert sgbase_violations(edges) == ["sgbase/e.py:1: sgbase.e imports netguard.a"]
@@ -326,33 +345,92 @@ def test_every_rule_catches_an_offender(tmp_path: Path) -> None:
         "    launcher/run/m.py:2: launcher.run.m imports launcher.run.o\n"
         "    launcher/run/o.py:1: launcher.run.o imports launcher.run.m"
     ]
-    assert launcher_package_cycles(edges, packages) == [
+    assert launcher_package_cycles(edges, tree.packages) == [
         "launcher.platform <-> launcher.run:\n"
         "    launcher/platform/n.py:2: launcher.platform.n imports launcher.run.o (in f)\n"
         "    launcher/run/m.py:1: launcher.run.m imports launcher.platform.n"
     ]
-    assert hidden_cycles(edges, "selftest") == []  # without the TYPE_CHECKING import, no circle
-    assert hidden_cycles(edges_of(read_sources(tmp_path), typing=True), "selftest") == [
+    assert hidden_cycles([e for e in edges if not e.typing], "selftest") == []  # the type-only import closes it
+    assert hidden_cycles(edges, "selftest") == [
         "selftest.verify <-> selftest.world:\n"
         "    selftest/verify.py:3: selftest.verify imports selftest.world\n"
         "    selftest/world.py:2: selftest.world imports selftest.verify (in f)"
     ]
 
 
+def test_the_roles_and_config_rules_catch_an_offender(tmp_path: Path) -> None:
+    tree = _write(
+        tmp_path,
+        {
+            "netguard/__init__.py": "",
+            "netguard/spec.py": "from .relay.splice import Pair\n",
+            "netguard/daemon/__init__.py": "from netguard.decision import gate\n",  # the daemon may
+            "netguard/decision/__init__.py": "import netguard.daemon.serve\n",
+            "netguard/decision/gate.py": "from ..relay import handoff\nfrom netguard import spec\n",  # permitted
+            "netguard/relay/__init__.py": "",
+            "netguard/relay/handoff.py": "def f():\n    from netguard.decision import decide\nfrom netguard import audit\n",
+            "netguard/relay/deep/x.py": "from netguard import daemon\n",
+            "netguard/windows/__init__.py": "from netguard.daemon import serve\n",  # not a role: not checked here
+            "launcher/config/hostilefile.py": "import os\nfrom sgbase import canon\n",
+            "launcher/config/trust.py": "from . import yamlfile\n",
+            "launcher/config/yamlfile.py": "from .hostilefile import read\nfrom .narrowing import narrow\n",
+        },
+    )
+    edges = tree.edges()
+    assert role_violations(edges, tree.packages) == [
+        "netguard/decision/__init__.py:1: netguard.decision imports netguard.daemon.serve",
+        "netguard/relay/deep/x.py:1: netguard.relay.deep.x imports netguard.daemon",
+        "netguard/relay/handoff.py:2: netguard.relay.handoff imports netguard.decision (in f)",
+        "netguard/spec.py:1: netguard.spec imports netguard.relay.splice",  # relative, resolved
+    ]
+    assert config_violations(edges) == [
+        "launcher/config/hostilefile.py:2: launcher.config.hostilefile imports sgbase",
+        "launcher/config/trust.py:1: launcher.config.trust imports launcher.config.yamlfile",
+        "launcher/config/yamlfile.py:2: launcher.config.yamlfile imports launcher.config.narrowing",
+    ]
+
+
+def test_the_windows_and_tests_rules_catch_an_offender(tmp_path: Path) -> None:
+    tree = _write(
+        tmp_path,
+        {
+            "netguard/windows/__init__.py": "",
+            "netguard/windows/wfp.py": "def f():\n    from fsguard.windows import acl\n",
+            "fsguard/windows/acl.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import netguard.windows.wfp\n",
+            "launcher/run/a.py": "def f():\n    from . import b\n",  # a circle without a Windows module: not this rule's
+            "launcher/run/b.py": "def f():\n    from . import a\n",
+            "tests/unit/test_a.py": "from ..e2e.test_b import helper\nfrom ..support.x import y\n",
+            "tests/e2e/test_b.py": "from tests.unit import test_a\n",
+            "tests/support/x.py": "",
+        },
+    )
+    assert windows_cycles(tree.edges()) == [
+        "fsguard.windows.acl <-> netguard.windows.wfp:\n"
+        "    fsguard/windows/acl.py:3: fsguard.windows.acl imports netguard.windows.wfp\n"
+        "    netguard/windows/wfp.py:2: netguard.windows.wfp imports fsguard.windows.acl (in f)"
+    ]
+    assert crossed_test_dirs(tree.edges(("tests",))) == [
+        "tests/e2e/test_b.py:1: tests.e2e.test_b imports tests.unit.test_a",
+        "tests/unit/test_a.py:1: tests.unit.test_a imports tests.e2e.test_b",
+    ]
+
+
 def test_a_clean_tree_passes(tmp_path: Path) -> None:
     # The other half of the control: the rules do not fire on a tree that keeps them.
-    for name, text in {
-        "sgbase/__init__.py": "",
-        "sgbase/e.py": "import os\n",
-        "netguard/a.py": "import sgbase.e\n",
-        "launcher/cli.py": "import netguard.a\ndef cmd_verify():\n    from selftest import command\n",
-        "selftest/command.py": "from launcher import cli\ndef f():\n    import selftest.command\n",
-    }.items():
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_text(text)
-    sources = read_sources(tmp_path)
-    edges = edges_of(sources)
+    tree = _write(
+        tmp_path,
+        {
+            "sgbase/__init__.py": "",
+            "sgbase/e.py": "import os\n",
+            "netguard/a.py": "import sgbase.e\n",
+            "launcher/cli.py": "import netguard.a\ndef cmd_verify():\n    from selftest import command\n",
+            "selftest/command.py": "from launcher import cli\ndef f():\n    import selftest.command\n",
+        },
+    )
+    edges = tree.edges()
     assert len(edges) == 4  # sgbase/e.py imports only os; selftest.command's self-import is no edge
+    assert [i.dst for i in tree.of("sgbase.e")] == ["os"]  # the reader keeps the stdlib import (argparse rule)
     assert not guard_violations(edges) and not sgbase_violations(edges) and not selftest_importers(edges)
-    assert not module_cycles(edges) and not launcher_package_cycles(edges, _packages(sources))
-    assert not hidden_cycles(edges_of(sources, typing=True), "selftest")
+    assert not module_cycles(edges) and not launcher_package_cycles(edges, tree.packages)
+    assert not hidden_cycles(edges, "selftest") and not windows_cycles(edges)
+    assert not role_violations(edges, tree.packages) and not config_violations(edges)

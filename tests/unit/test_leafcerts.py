@@ -13,7 +13,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from netguard.decision.leafcerts import MAX_CACHED, Issuer, LeafError
 
-from ..e2e.test_tlsinspect import run_ca
+from ..support.tlsharness import run_ca
 
 NOW = datetime.datetime.now(datetime.UTC)
 

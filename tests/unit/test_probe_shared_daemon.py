@@ -31,8 +31,8 @@ from selftest import askfiles, markers, sidecar
 from selftest.probes import core, endlesshead, starvation
 from selftest.spec import VerifySpec, dump_spec
 
-from ..e2e.test_probes import make_spec
 from ..support.daemonfake import Daemon, fresh_daemon
+from ..support.probespec import make_spec
 
 # ---- helpers ------------------------------------------------------------------------------------
 

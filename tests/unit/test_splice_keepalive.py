@@ -17,8 +17,8 @@ import pytest
 
 from netguard.audit import read_records
 
-from ..e2e.test_tlsinspect import loopback
 from ..support.dnsfake import FakeDns
+from ..support.tlsharness import loopback
 from .test_splice_proxy import Proxy
 
 

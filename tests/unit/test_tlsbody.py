@@ -27,8 +27,8 @@ from netguard.policy import parse_network
 from netguard.relay import tlsbody
 from selftest.certs import CA
 
-from ..e2e.test_tlsinspect import Proxy, Upstream, get_h2, loopback, run_ca
 from ..support.dnsfake import FakeDns
+from ..support.tlsharness import Proxy, Upstream, get_h2, loopback, run_ca
 
 BIG = tlsbody.THRESHOLD + 1024 * 1024 + 17  # above the threshold; not a multiple of any read, record or buffer size
 SLOW = 24 * 1024 * 1024 + 5  # more than socket buffers and the takeover's queue hold for a client that pauses

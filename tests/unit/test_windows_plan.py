@@ -17,6 +17,8 @@ from launcher.run.windows import plan
 from netguard.policy import NetworkPolicy
 from sgbase.windows import win32
 
+from ..support.importgraph import imports_of, module_name, top
+
 SID = "S-1-5-21-1111111111-2222222222-3333333333-1001"
 HOST = plan.Host(SID, r"C:\src\proj", r"C:\Users\me", frozenset({winpath.key(r"C:\Users\me\.ssh")}))
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -132,17 +134,8 @@ def test_only_win32_calls_windows() -> None:
     for path in paths:
         if path.name.startswith("win32") or path.name == "realapi.py":  # the bindings, the real WinApi
             continue
-        names = {
-            a.name.split(".")[0]
-            for n in ast.walk(ast.parse(path.read_text()))
-            if isinstance(n, ast.Import)
-            for a in n.names
-        }
-        names |= {
-            n.module.split(".")[0]
-            for n in ast.walk(ast.parse(path.read_text()))
-            if isinstance(n, ast.ImportFrom) and n.module
-        }
+        module, rel = module_name(ROOT, path), str(path.relative_to(ROOT))
+        names = {top(i.dst) for i in imports_of(module, rel, path.read_text(), set())}
         assert not names & {"ctypes", "os", "subprocess", "socket", "pydivert", "shutil"}, path.name
 
 
