@@ -42,7 +42,7 @@ from fsguard.policy import GIT_DIR_PROTECT
 #: read .git/commondir"), on the host too while the run lasts. "." names the git directory itself,
 #: so the placeholder changes nothing for git, and a planted "../evil" cannot take its place.
 COMMONDIR_SELF = ".\n"
-#: What mounts.remove_placeholders may delete besides an empty file: our own placeholder texts.
+#: What placeholders.remove_placeholders may delete besides an empty file: our own placeholder texts.
 PLACEHOLDER_TEXTS: tuple[str, ...] = (COMMONDIR_SELF,)
 
 #: Directories of everyday state that commits, branches, merges, fetches, stashes and rebases write.

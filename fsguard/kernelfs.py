@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 
-from fsguard.mounts import (
+from fsguard.mountcalls import (
     MS_BIND,
     MS_NODEV,
     MS_NOEXEC,

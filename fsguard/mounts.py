@@ -26,33 +26,31 @@ root inside the sandbox cannot undo this.
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import os
 import posixpath
 import stat
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from fsguard import gitguard
+from fsguard import exposed, gitguard
 from fsguard.homeoverlay import HomeOverlay
-from fsguard.placeholders import create_placeholders as create_placeholders  # kept names: tests, tools
-from fsguard.placeholders import remove_placeholders as remove_placeholders
+from fsguard.mountcalls import (
+    MS_BIND,
+    MS_NODEV,
+    MS_NOEXEC,
+    MS_NOSUID,
+    MS_RDONLY,
+    MS_REC,
+    MS_SLAVE,
+    bind_readonly,
+    detach,
+    mount,
+    nosuid_bind,
+)
+from fsguard.mountcalls import MountError as MountError  # kept names: the launcher's, with plan()
+from fsguard.mountplan import MountPlan as MountPlan
+from fsguard.mountplan import left_out_by_private_tmp as left_out_by_private_tmp
 from fsguard.policy import Effective
-
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
-_libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
-
-MS_RDONLY = 1
-MS_NOSUID = 2
-MS_NODEV = 4
-MS_NOEXEC = 8
-MS_REMOUNT = 32
-MS_BIND = 4096
-MS_REC = 16384
-MS_SLAVE = 1 << 19
-MNT_DETACH = 2
 
 #: Unix sockets that answer for the host, not the sandbox: a network namespace does not stop
 #: them. Resolver sockets would resolve (and leak) any name over the host's network; the
@@ -70,36 +68,8 @@ HOST_SOCKETS: tuple[str, ...] = (
 )
 
 
-class MountError(OSError):
-    pass
-
-
-@dataclass(frozen=True)
-class MountPlan:
-    """Every mount init makes for one run, planned by the launcher before the fork."""
-
-    private_tmp: bool
-    tmp_rebinds: tuple[str, ...]  # writable roots under the host's /tmp, re-exposed in the private one
-    pins: tuple[str, ...]
-    protect: tuple[str, ...]  # existing paths, bound read-only
-    placeholders: tuple[tuple[str, bool], ...]  # (path, is_dir): missing protected paths, created by the launcher
-    hide_dirs: tuple[str, ...]
-    hide_files: tuple[str, ...]
-    write_roots: tuple[str, ...]  # real paths, for Landlock
-    notes: tuple[str, ...] = field(default=())
-    reopen: tuple[str, ...] = ()  # git directories inside a read-only modules/ or worktrees/, bound back writable
-    filled: tuple[tuple[str, str], ...] = ()  # (placeholder, text) for placeholders that must not be empty
-    home: HomeOverlay | None = None  # ~ inside: the real home under a sandgate-owned writable layer
-    expose: tuple[tuple[str, str], ...] = ()  # (path inside, host socket) bound over its hiding (fsguard/exposed.py)
-
-
 def _under(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
-
-
-def left_out_by_private_tmp(path: str, private_tmp: bool, rebinds: tuple[str, ...]) -> bool:
-    """Under the host's /tmp and not re-exposed: the sandbox's own /tmp already leaves it out."""
-    return private_tmp and _under(path, "/tmp") and not any(_under(path, r) for r in rebinds)
 
 
 def plan(eff: Effective) -> MountPlan:
@@ -200,61 +170,6 @@ def _walk_protected(
 # ---- sandbox side ----------------------------------------------------------------------------------
 
 
-def mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
-    """mount(2); raises MountError naming the target, so a half-built namespace never runs a command."""
-    # fsencode: a path found by walking the tree may hold bytes that are not UTF-8 (surrogate-escaped).
-    if (
-        _libc.mount(
-            os.fsencode(source) if source else None,
-            os.fsencode(target),
-            fstype.encode() if fstype else None,
-            flags,
-            data.encode() if data else None,
-        )
-        != 0
-    ):
-        e = ctypes.get_errno()
-        raise MountError(e, f"mount {target}: {os.strerror(e)}")
-
-
-#: statvfs f_flag bit -> mount flag. In a user namespace the flags of mounts inherited from the
-#: host are locked: a remount that would clear one (noexec, an atime mode) is refused, so a
-#: read-only remount must repeat them.
-_KEPT_FLAGS = ((os.ST_NOEXEC, MS_NOEXEC), (os.ST_NOATIME, 1024), (os.ST_NODIRATIME, 2048), (os.ST_RELATIME, 1 << 21))
-
-
-def bind_readonly(source: str, target: str) -> None:
-    """Bind `source` over `target`, then remount the bind read-only, nosuid and nodev."""
-    mount(source, target, None, MS_BIND | MS_REC)
-    flags = MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV
-    have = os.statvfs(target).f_flag
-    for st_bit, ms_bit in _KEPT_FLAGS:
-        if have & st_bit:
-            flags |= ms_bit
-    mount(None, target, None, flags)
-
-
-def nosuid_bind(target: str) -> None:
-    """Remount a bind sandgate made of a writable root nosuid and nodev, keeping every flag it had
-    (the host's are locked in our user namespace: a remount clearing one is refused). The threat: a
-    setuid binary or a device node in a writable root honoured inside; no_new_privs already keeps
-    setuid from raising anything, this is the mount's own word on it."""
-    flags = MS_BIND | MS_REMOUNT | MS_NOSUID | MS_NODEV
-    have = os.statvfs(target).f_flag
-    if have & os.ST_RDONLY:
-        flags |= MS_RDONLY
-    for st_bit, ms_bit in _KEPT_FLAGS:
-        if have & st_bit:
-            flags |= ms_bit
-    mount(None, target, None, flags)
-
-
-def detach(path: str) -> None:
-    """Lazy unmount; a refusal is ignored: the callers cover what stays (a mount locked by the user
-    namespace stays underneath, unreachable)."""
-    _libc.umount2(os.fsencode(path), MNT_DETACH)
-
-
 def make_private() -> None:
     """Step 1: nothing mounted from here on propagates back to the host's mount namespace."""
     mount(None, "/", None, MS_REC | MS_SLAVE)
@@ -339,8 +254,6 @@ def _home_overlay(h: HomeOverlay) -> None:
 
 
 def _build(p: MountPlan, run_dir: Path, files: dict[str, Path]) -> None:
-    from fsguard import exposed  # built on this module's helpers
-
     sockets = exposed.open_sources(p)  # before any mount
     if p.home is not None:
         _home_overlay(p.home)

@@ -31,12 +31,10 @@ import posixpath
 import stat
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from fsguard.gitguard import PLACEHOLDER_TEXTS
-
-if TYPE_CHECKING:  # fsguard.mounts imports this module
-    from fsguard.mounts import MountPlan
+from fsguard.mountcalls import MountError
+from fsguard.mountplan import MountPlan
 
 #: What a placeholder is made with: read-only for everyone, so nothing on the host fills it either.
 DIR_MODE, FILE_MODE = 0o555, 0o444
@@ -267,13 +265,11 @@ def _ancestors(path: str) -> list[str]:
     return out
 
 
-# ---- one run alone, no sharing (fsguard.mounts re-exports them for tools and tests) ------------------
+# ---- one run alone, no sharing (for tools and tests) -------------------------------------------------
 
 
 def create_placeholders(p: MountPlan) -> list[str]:
     """Create the plan's placeholders; returns what was created (a name already taken is skipped)."""
-    from fsguard.mounts import MountError
-
     made: list[str] = []
     filled = dict(p.filled)
     for path, is_dir in p.placeholders:

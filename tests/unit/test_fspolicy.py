@@ -128,14 +128,14 @@ def test_mount_plan_placeholders_pins_and_symlink_refusal(tmp_path: Path) -> Non
 
 
 def test_placeholders_are_removed_only_while_empty(tmp_path: Path) -> None:
-    from fsguard import mounts
+    from fsguard import mounts, placeholders
 
     p = mounts.MountPlan(False, (), (), (), ((str(tmp_path / "d"), True), (str(tmp_path / "f"), False)), (), (), ())
-    made = mounts.create_placeholders(p)
+    made = placeholders.create_placeholders(p)
     assert made == [str(tmp_path / "d"), str(tmp_path / "f")]
     (tmp_path / "d").chmod(0o755)
     (tmp_path / "d" / "kept").write_text("user data")
-    mounts.remove_placeholders(made)
+    placeholders.remove_placeholders(made)
     assert (tmp_path / "d" / "kept").exists() and not (tmp_path / "f").exists()
 
 
@@ -267,14 +267,14 @@ def test_git_symlinks_are_refused_and_the_hooks_weakening_still_opens_hooks(tmp_
 
 
 def test_commondir_placeholder_holds_dot_and_is_removed_afterwards(tmp_path: Path) -> None:
-    from fsguard import mounts
+    from fsguard import mounts, placeholders
 
     cd, other = tmp_path / "commondir", tmp_path / "other"
     p = mounts.MountPlan(False, (), (), (), ((str(cd), False),), (), (), (), filled=((str(cd), ".\n"),))
-    made = mounts.create_placeholders(p)
+    made = placeholders.create_placeholders(p)
     assert cd.read_text() == ".\n" and made == [str(cd)]
     other.write_text("../evil\n")  # a file we did not fill is never removed, whatever its name
-    mounts.remove_placeholders([*made, str(other)])
+    placeholders.remove_placeholders([*made, str(other)])
     assert not cd.exists() and other.exists()
 
 
