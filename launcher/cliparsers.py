@@ -1,16 +1,13 @@
-"""The parsers and dispatch of sandgate's less used commands (verify, audit, housekeeping, trust,
-setup, explain, completion, export): built only when one of them runs, so `sandgate run` never pays for them.
-Each dispatcher hands its body typed values (launcher.cli.typed), never the namespace."""
+"""The parsers and dispatch of sandgate's less used commands (audit, housekeeping, trust, setup, explain,
+export): built only when one of them runs (launcher/cli.py, the entry, imports this module then), so
+`sandgate run` never pays for them. Each dispatcher hands its body typed values (launcher.cliargs.typed),
+never the namespace."""
 
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
 
-from launcher.cli import _Parser, cmd_verify, policy_args, run_args, run_options, typed, typed_policy
-
-if TYPE_CHECKING:
-    from launcher.cli import _Subparsers
+from launcher.cliargs import Parser, Subparsers, policy_args, run_args, run_options, typed, typed_policy
 
 
 def _housekeeping(args: argparse.Namespace) -> int:
@@ -49,33 +46,14 @@ def _config(args: argparse.Namespace) -> int:
     return commands.list_bundled()
 
 
-def _add_verify(sub: _Subparsers) -> None:
-    """`sandgate verify`: the self-test."""
-    vf = sub.add_parser("verify", help="prove the boundary on this machine: permitted and blocked actions")
-    vf.add_argument(
-        "--policy",
-        action="append",
-        default=[],
-        metavar="FILE",
-        help="also apply this policy (its filesystem/env sections; repeatable)",
-    )
-    vf.add_argument("--json", action="store_true", help="one JSON document with every row")
-    vf.add_argument(
-        "--only",
-        metavar="NAMES",
-        help="only these groups (network, filesystem, process) or probes, comma-separated",
-    )
-    vf.set_defaults(func=cmd_verify)
-
-
-def _add_audit(sub: _Subparsers) -> None:
+def _add_audit(sub: Subparsers) -> None:
     """`sandgate audit [summary|suggest]`."""
     au = sub.add_parser(
         "audit",
         help="read audit logs: what a task reached, and the policy it needed (alone: list the recent runs' logs)",
     )
     au.set_defaults(func=_audit)
-    au_sub = au.add_subparsers(dest="audit_command", parser_class=_Parser)
+    au_sub = au.add_subparsers(dest="audit_command", parser_class=Parser)
     su = au_sub.add_parser("summary", help="one row per destination, riskiest first (default: the last run)")
     su.add_argument("logs", nargs="*", metavar="LOG")
     su.add_argument("--json", action="store_true")
@@ -89,20 +67,20 @@ def _add_audit(sub: _Subparsers) -> None:
     sg.set_defaults(func=_audit)
 
 
-def _add_housekeeping(sub: _Subparsers) -> None:
+def _add_housekeeping(sub: Subparsers) -> None:
     """`sandgate cleanup`, `cache clear`, `daemon status|stop|start`."""
     cl = sub.add_parser("cleanup", help="remove what killed runs left: placeholders, state, a dead daemon's socket")
     cl.set_defaults(func=_housekeeping)
 
     ca = sub.add_parser("cache", help="the sandbox's home (caches): writes under ~ kept apart from the real home")
-    ca_sub = ca.add_subparsers(dest="cache_command", required=True, parser_class=_Parser)
+    ca_sub = ca.add_subparsers(dest="cache_command", required=True, parser_class=Parser)
     cc = ca_sub.add_parser("clear", help="forget everything sandboxed runs wrote under ~")
     cc.add_argument("--user", metavar="USER", help="the home of USER's sandboxed runs (root only)")
     cc.add_argument("--wait", action="store_true", help="wait for running sandboxes to end (default: refuse)")
     cc.set_defaults(func=_housekeeping)
 
     dm = sub.add_parser("daemon", help="the proxy daemon that serves every sandbox (started on demand)")
-    dm_sub = dm.add_subparsers(dest="daemon_command", required=True, parser_class=_Parser)
+    dm_sub = dm.add_subparsers(dest="daemon_command", required=True, parser_class=Parser)
     for name, text in (
         ("status", "is it running, and for which sandboxes"),
         ("stop", "stop it (running sandboxes lose their network: fail closed)"),
@@ -113,7 +91,7 @@ def _add_housekeeping(sub: _Subparsers) -> None:
         d.set_defaults(func=_housekeeping)
 
 
-def _add_trust(sub: _Subparsers) -> None:
+def _add_trust(sub: Subparsers) -> None:
     """`sandgate trust` and `sandgate allowlists`."""
     tr = sub.add_parser("trust", help="let ./.sandgate.yaml (or FILE) widen the defaults, until its content changes")
     tr.add_argument("file", nargs="?", metavar="FILE", help="the policy file (default ./.sandgate.yaml)")
@@ -126,7 +104,7 @@ def _add_trust(sub: _Subparsers) -> None:
     al.set_defaults(func=_config)
 
 
-def _add_setup(sub: _Subparsers) -> None:
+def _add_setup(sub: Subparsers) -> None:
     """`sandgate setup [--remove]`: Windows' one-time, elevated setup (Linux needs none)."""
     st = sub.add_parser("setup", help="Windows only, as administrator: the sandbox user and its WFP filters")
     st.add_argument("--remove", action="store_true", help="remove the firewall rules, WFP filters and sandbox user")
@@ -138,23 +116,13 @@ def _add_setup(sub: _Subparsers) -> None:
     st.set_defaults(func=_setup)
 
 
-def windows_run_args(rn: argparse.ArgumentParser) -> None:
-    """`sandgate run`'s Windows-only options (added only on Windows: Linux captures transparently always)."""
-    rn.add_argument(
-        "--transparent",
-        action="store_true",
-        help="also capture connections that ignore HTTP(S)_PROXY into the proxy (WinDivert; elevated "
-        "terminal and 'sandgate setup --transparent' needed)",
-    )
-
-
 def _explain(args: argparse.Namespace) -> int:
     from launcher import explain
 
     return explain.main(run_args(args))
 
 
-def add_explain(sub: _Subparsers) -> None:
+def add_explain(sub: Subparsers) -> None:
     """`sandgate explain [run options] [-- CMD]`: the boundary `run` would enforce, nothing started."""
     ex = sub.add_parser(
         "explain",
@@ -167,29 +135,13 @@ def add_explain(sub: _Subparsers) -> None:
     ex.set_defaults(func=_explain, dry_run=True)
 
 
-def _completion(args: argparse.Namespace) -> int:
-    from launcher import completion
-
-    return completion.main(args.shell)
-
-
-def add_completion(sub: _Subparsers) -> None:
-    """`sandgate completion bash|zsh|fish`."""
-    co = sub.add_parser(
-        "completion",
-        help="print a shell completion script (e.g. sandgate completion bash > ~/.local/share/bash-completion/completions/sandgate)",
-    )
-    co.add_argument("shell", choices=("bash", "zsh", "fish"))
-    co.set_defaults(func=_completion)
-
-
 def _export(args: argparse.Namespace) -> int:
     from launcher import exportcmd
 
     return exportcmd.main(typed(exportcmd.ExportArgs, args, policy=typed_policy(args)))
 
 
-def add_export(sub: _Subparsers) -> None:
+def add_export(sub: Subparsers) -> None:
     """`sandgate export cilium|smokescreen|cnp [policy options]`: the policy for another egress engine."""
     ex = sub.add_parser(
         "export",

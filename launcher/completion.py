@@ -41,19 +41,18 @@ def _annotate(parser: argparse.ArgumentParser, allow: dict[str, Any], files: Any
             action.complete = files  # type: ignore[attr-defined]
 
 
-def script(shell: str) -> str:
-    """The completion script for `shell` (one of shtab's: bash, zsh, fish)."""
+def script(shell: str, parser: argparse.ArgumentParser) -> str:
+    """The completion script for `shell` (one of shtab's: bash, zsh, fish) from `parser`, sandgate's whole
+    parser (launcher/cli.py builds it and passes it in: this module never imports the CLI)."""
     import shtab
 
-    from launcher import cli
     from launcher.config.bundled import bundled_names
 
-    parser = cli.build_parser()
     _annotate(parser, allowlist_completion(bundled_names()), shtab.FILE)
     text: str = shtab.complete(parser, shell)
     return text
 
 
-def main(shell: str) -> int:
-    print(script(shell), end="")
+def main(shell: str, parser: argparse.ArgumentParser) -> int:
+    print(script(shell, parser), end="")
     return 0

@@ -1,5 +1,5 @@
 """argparse stops at launcher/cli.py (issue 29): each command's body gets typed frozen records made in
-one call (cli.typed), whose every field names an option its command really has."""
+one call (cliargs.typed), whose every field names an option its command really has."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from launcher import cli
+from launcher import cli, cliargs
 from launcher.exportcmd import ExportArgs
 from launcher.run.options import RunArgs
 from launcher.run.policyargs import PolicyArgs
@@ -45,10 +45,10 @@ def test_the_run_record_is_typed_frozen_and_has_no_namespace_in_it() -> None:
     ns = cli.build_parser("run").parse_args(
         ["run", "--allow", "a.test", "--write", "/w", "--write", "/v", "-q", "--ask-timeout", "5", "--", "echo", "hi"]
     )
-    args = cli.run_args(ns)
+    args = cliargs.run_args(ns)
     assert args.cmd == ("echo", "hi") and args.write == ("/w", "/v") and args.quiet and args.ask_timeout == 5.0
     assert args.policy == PolicyArgs("run", allow=("a.test",), write=("/w", "/v"), quiet=True)
     with pytest.raises(dataclasses.FrozenInstanceError):
         args.quiet = False  # type: ignore[misc]
-    assert cli.run_args(cli.build_parser("run").parse_args(["run", "true"])).cmd == ("true",)  # no `--`
-    assert cli.run_args(cli.build_parser("run").parse_args(["run"])).cmd == ()  # launch refuses it in one line
+    assert cliargs.run_args(cli.build_parser("run").parse_args(["run", "true"])).cmd == ("true",)  # no `--`
+    assert cliargs.run_args(cli.build_parser("run").parse_args(["run"])).cmd == ()  # launch refuses it in one line

@@ -177,10 +177,10 @@ def test_option_refuses_what_is_not_a_socket_in_one_line(sockets: Path, monkeypa
 
 
 def test_the_option_parses_repeatably() -> None:
-    from launcher import cli
+    from launcher import cli, cliargs
 
     args = cli.build_parser().parse_args(["run", "--expose-socket", "/a", "--expose-socket", "/b", "--", "true"])
-    assert cli.run_args(args).expose_socket == ("/a", "/b")
+    assert cliargs.run_args(args).expose_socket == ("/a", "/b")
 
 
 # ---- the mount plan's half (fsguard/exposed.py) ------------------------------------------------------

@@ -28,7 +28,8 @@ WINDOWS_PATH = (
     "selftest.windows.probeacl",  # its ACL rows, loaded by allbodies.bodies() (issue 28, H2)
     "selftest.windows.probenet",  # its H3/H4 rows, loaded by allbodies.bodies()
     "netguard.windows.win32divert",  # the transparent path (issue 28, item 2)
-    "launcher.cliparsers",  # `run --transparent`, `setup --transparent`: Windows-only flags
+    "launcher.cliargs",  # `run --transparent`: a Windows-only flag
+    "launcher.cliparsers",  # `setup --transparent`
     "launcher.run.options",
     "launcher.run.policyargs",
     "launcher.run.summary",
