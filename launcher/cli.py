@@ -55,8 +55,7 @@ def _run(args: argparse.Namespace) -> int:
 
     timings.mark("imports")
     dataclasscache.save()  # a no-op unless a record class was compiled (a first run, an edited module)
-    gcpause.resume()
-    return launch.main(run_args(args))
+    return launch.main(run_args(args))  # it resumes the collector once the policy is compiled
 
 
 def _proxy(args: argparse.Namespace) -> int:

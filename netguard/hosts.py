@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Sequence
 from ipaddress import AddressValueError, IPv4Address, IPv6Address
 from types import ModuleType
 
@@ -104,6 +105,14 @@ def is_canonical_name(host: str) -> bool:
         return normalise_name(host) == host
     except HostError:
         return False
+
+
+def all_canonical_names(names: Sequence[str]) -> bool:
+    """True when every name passes is_canonical_name's shortcut: one pass in C loops for the 10^5 names of a
+    hosts file. False says only that some name needs the full check (or fails it), not which."""
+    if not all(type(n) is str for n in names) or max(map(len, names), default=0) > _MAX_NAME:
+        return False
+    return "xn--" not in "\n".join(names) and all(map(_canonical_re().fullmatch, names))
 
 
 def parse_ip(host: str) -> Address | None:

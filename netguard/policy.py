@@ -180,6 +180,9 @@ def parse_entry(
     return rule
 
 
+_NAME_KINDS: tuple[RuleKind, RuleKind] = ("host", "wildcard")  # by a hosts file line's wildcard flag
+
+
 def _hosts_file(
     entry: dict[str, Any], line: int | None, default_ports: frozenset[int] | None, files: Mapping[str, HostsList] | None
 ) -> list[Rule]:
@@ -199,11 +202,11 @@ def _hosts_file(
     if listed is None:
         raise PolicyError(f"hosts_file '{path}' was not read", line)  # the loader reads every one it finds
     ports = parse_ports(entry["ports"], line_of(entry, "ports")) if "ports" in entry else default_ports
-    where = listed.where
-    return [
-        new_rule("wildcard" if wild else "host", name, ports, Origin(where, number))
-        for number, name, wild in zip(listed.lines, listed.names, listed.wildcard, strict=True)
-    ]
+    where, kinds = listed.where, _NAME_KINDS
+    triples = zip(listed.lines, listed.names, listed.wildcard, strict=True)
+    if not ruleinvariants.plain_names(listed.names, ports):
+        return [new_rule(kinds[wild], name, ports, Origin(where, number)) for number, name, wild in triples]
+    return [_checked_name_rule(kinds[wild], name, ports, Origin(where, number)) for number, name, wild in triples]
 
 
 def _inspection(rule: Rule, entry: dict[str, Any], source: str, line: int | None, list_name: str) -> Rule:
@@ -270,9 +273,15 @@ def parse_host_pattern(text: str, ports: frozenset[int] | None, origin: Origin, 
 def new_rule(kind: RuleKind, value: str, ports: frozenset[int] | None, origin: Origin) -> Rule:
     """Rule(kind, value, ports, origin) for a name, at half the cost of the frozen __init__ (10^5 entries);
     checked like every other rule."""
+    rule = _checked_name_rule(kind, value, ports, origin)
+    ruleinvariants.check_new_name(rule)
+    return rule
+
+
+def _checked_name_rule(kind: RuleKind, value: str, ports: frozenset[int] | None, origin: Origin) -> Rule:
+    """A name rule whose check its maker has done: new_rule's, or ruleinvariants.plain_names for a whole list."""
     rule = object.__new__(Rule)
     rule.__dict__.update(_name_rule_fields(), kind=kind, value=value, ports=ports, origin=origin)
-    ruleinvariants.check_new_name(rule)
     return rule
 
 

@@ -114,6 +114,12 @@ def check_new_name(r: Rule) -> None:
         check_rule(r)  # refused there, with the reason
 
 
+def plain_names(names: Sequence[str], ports: object) -> bool:
+    """check_new_name for many names at once (one port set, one file): True when every rule new_rule would
+    make of them passes; False sends each through its own check, to be refused with its reason."""
+    return ports_ok(ports) and hosts.all_canonical_names(names)
+
+
 def _plain_name(r: Rule) -> bool:
     """A valid name rule without extras (what new_rule makes); False sends it through the full check."""
     value: object = r.value

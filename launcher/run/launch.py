@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fsguard import gitguard, mounts
-from launcher import timings
+from launcher import gcpause, timings
 from launcher.config import parsecache
 from launcher.errors import RunError
 from launcher.run import daemonctl, livedenials, options, otlpenv, runstate, seam, summary, workspace
@@ -76,6 +76,7 @@ def _run(args: options.RunArgs, rt: Path, daemon: daemonctl.Daemon) -> int:
         explain.verbose(opts)
     tls = _terminating(opts)
     timings.mark("policy")
+    gcpause.resume()  # paused through the imports and the policy's compile (launcher/gcpause.py)
     paths = runstate.RunPaths(rt, os.urandom(4).hex())  # not uuid: its import (platform, ctypes) is ~1.5 ms
     audit = _open_audit(opts.audit_path)
     # The environment goes in unfiltered: confinement.plan filters it at make, under the run lock,

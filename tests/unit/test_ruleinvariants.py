@@ -369,3 +369,44 @@ def test_the_daemons_policy_cache_refuses_a_hand_edited_policy_too() -> None:
     obj["deny"][0]["inspect"] = True
     with pytest.raises(SpecError, match="only allow rules"):
         specbytes.policy_from_bytes(json.dumps(obj).encode())
+
+
+# ---- a hosts file's names checked in one pass (issue 25: 10^5 names) --------------------------------
+
+from netguard import hosts  # noqa: E402
+from netguard.hostsfile import HostsList  # noqa: E402
+from netguard.policy import DEFAULT_ALLOW_PORTS  # noqa: E402
+
+
+@given(st.lists(st.text(alphabet="abcxyz019-_.Xn\u00e9", min_size=0, max_size=12), max_size=6))
+def test_the_one_pass_check_agrees_with_the_shortcut_name_by_name(names: list[str]) -> None:
+    assert hosts.all_canonical_names(names) == all(hosts._is_canonical_name(n) for n in names)
+
+
+def test_the_one_pass_check_sends_anything_doubtful_to_the_full_check() -> None:
+    assert hosts.all_canonical_names(["pypi.org", "a-b_c.test"])
+    for odd in ("Pypi.org", "xn--bcher-kva.test", "a..b", "a" * 64 + ".test", "1.2.3.4", "a\nb", "x." * 127 + "ab"):
+        assert not hosts.all_canonical_names(["pypi.org", odd]), odd
+    assert not hosts.all_canonical_names(["pypi.org", 7])  # type: ignore[list-item]
+
+
+def _listed(*names: str) -> dict[str, HostsList]:
+    n = len(names)
+    return {"h.txt": HostsList("h.txt", tuple(range(1, n + 1)), names, (False,) * n)}
+
+
+def test_a_hosts_files_rules_made_in_one_pass_equal_those_made_one_by_one() -> None:
+    names = tuple(f"h{i}.example.test" for i in range(50))
+    pol = parse_network({"allow": [{"hosts_file": "h.txt"}]}, "p.yaml", _listed(*names))
+    ports = DEFAULT_ALLOW_PORTS
+    assert pol.allow == tuple(new_rule("host", n, ports, Origin("h.txt", i + 1)) for i, n in enumerate(names))
+
+
+@pytest.mark.parametrize("bad", ["Upper.test", "bad..name", "a" * 64 + ".test", "*.x.test", "xn--zz.test"])
+def test_a_bad_name_among_many_is_still_refused_by_the_rule_types(bad: str) -> None:
+    """A HostsList that never went through the hosts-file parser (hand-made, decoded): the one-pass check
+    misses, every name is checked alone, and the bad one refused with its line."""
+    names = ("ok.test", bad, "also.test")
+    with pytest.raises(PolicyError) as e:
+        parse_network({"allow": [{"hosts_file": "h.txt"}]}, "p.yaml", _listed(*names))
+    assert e.value.origin == Origin("h.txt", 2) or "h.txt:2" in str(e.value)
