@@ -19,7 +19,9 @@ print(paused, gc.isenabled(), gc.get_freeze_count() > before)
 
 
 def _run(argv0: str) -> str:
-    return subprocess.run([sys.executable, "-c", CODE, argv0], capture_output=True, text=True, check=True).stdout.strip()
+    return subprocess.run(
+        [sys.executable, "-c", CODE, argv0], capture_output=True, text=True, check=True
+    ).stdout.strip()
 
 
 def test_the_console_script_pauses_then_resumes_with_what_it_made_frozen() -> None:
