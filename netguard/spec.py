@@ -32,6 +32,7 @@ POLICY_KEYS = ("allow", "deny", "ask", "resolver", "resolver_origin")
 RULE_KEYS = ("kind", "value", "ports", "origin", "dns", "inspect", "http", "log_query")
 GROUP_KEYS = ("kind", "ports", "origin", "values", "lines")  # `origin` + each line: the rule's origin
 GROUP_MIN = 32  # shorter runs stay one dict per rule: the form every small policy has always had
+GROUP_KIND = "names"  # a group's kind: host names, and wildcards written `*.suffix`
 HTTP_KEYS = ("methods", "paths", "origin", "websocket")
 CA_KEYS = ("cert", "key")
 SECRET_KEYS = ("host", "header", "value", "real", "sentinel", "variable", "origin")
@@ -128,7 +129,8 @@ def _encode_secret(x: Secret) -> dict[str, Any]:
 
 
 def _encode_list(rules: tuple[Rule, ...]) -> list[dict[str, Any]]:
-    """Rule dicts; runs of GROUP_MIN or more plain name rules with one ports set and origin file as groups."""
+    """Rule dicts; runs of GROUP_MIN or more plain name rules with one ports set and origin file as groups
+    (names and wildcards together, a wildcard's suffix as `*.suffix`: a hosts file mixes them freely)."""
     out: list[dict[str, Any]] = []
     run: list[Rule] = []
     key: tuple[Any, ...] = ()
@@ -137,9 +139,9 @@ def _encode_list(rules: tuple[Rule, ...]) -> list[dict[str, Any]]:
             _flush(run, out)
             out.append(_encode_rule(r))
             continue
-        if (r.kind, r.ports, r.origin.path) != key:
+        if (r.ports, r.origin.path) != key:
             _flush(run, out)
-            key = (r.kind, r.ports, r.origin.path)
+            key = (r.ports, r.origin.path)
         run.append(r)
     _flush(run, out)
     return out
@@ -150,8 +152,9 @@ def _flush(run: list[Rule], out: list[dict[str, Any]]) -> None:
         out.extend(_encode_rule(r) for r in run)
     elif run:
         ports = run[0].ports
-        out.append({"kind": run[0].kind, "ports": sorted(ports) if ports is not None else None,
-                    "origin": run[0].origin.path, "values": "\n".join(str(r.value) for r in run),
+        values = "\n".join(f"*.{r.value}" if r.kind == "wildcard" else str(r.value) for r in run)
+        out.append({"kind": GROUP_KIND, "ports": sorted(ports) if ports is not None else None,
+                    "origin": run[0].origin.path, "values": values,
                     "lines": "\n".join("" if r.origin.line is None else str(r.origin.line) for r in run)})  # fmt: skip
     run.clear()
 
@@ -268,11 +271,15 @@ def _decode_group(obj: Any, where: str) -> list[Rule]:
         raise SpecError(f"{where}: values and lines differ in number, or the group is shorter than {GROUP_MIN}")
     if any(line and not (line.isascii() and line.isdigit() and len(line) <= MAX_LINE_DIGITS) for line in lines):
         raise SpecError(f"{where}.lines: a line that is not a line number")
-    kind = d["kind"]
+    if d["kind"] != GROUP_KIND:
+        raise SpecError(f"{where}.kind must be {GROUP_KIND!r}")
     return _built(
         where,
         lambda: [
-            new_rule(kind, v, ports, Origin(path, int(n) if n else None)) for v, n in zip(values, lines, strict=True)
+            new_rule("wildcard", v[2:], ports, Origin(path, int(n) if n else None))
+            if v.startswith("*.")  # no canonical name starts with "*": a wildcard's suffix, as written in hosts files
+            else new_rule("host", v, ports, Origin(path, int(n) if n else None))
+            for v, n in zip(values, lines, strict=True)
         ],
     )
 

@@ -183,6 +183,16 @@ def test_long_runs_travel_as_groups_and_decode_to_the_same_rules() -> None:
     assert all("values" not in x for x in encode(small)["policy"]["allow"])  # small policies: one dict a rule
 
 
+def test_names_and_wildcards_mixed_as_in_a_hosts_file_travel_as_one_group() -> None:
+    """A threat feed or a bench list mixes `*.suffix` lines among names: one group, not 10^5 dicts."""
+    names = [f"*.w{i}.example.test" if i % 8 == 7 else f"h{i}.example.test" for i in range(200)]
+    spec = BindingSpec("t", parse_network({"allow": names}, "p.yaml"))
+    allow = encode(spec)["policy"]["allow"]
+    assert len(allow) == 1 and allow[0]["kind"] == "names" and allow[0]["values"].split("\n")[7] == "*.w7.example.test"
+    assert decode(encode(spec)) == spec
+    assert [r.kind for r in spec.policy.allow[:8]] == ["host"] * 7 + ["wildcard"]
+
+
 def test_origins_with_lines_and_odd_file_names_survive() -> None:
     rs = tuple(Rule("host", n, None, Origin("dir:with:colons/f.txt", i + 1)) for i, n in enumerate(NAMES[:40]))
     odd = (Rule("host", "odd.test", None, Origin("new\nline")), Rule("host", "odd2.test", None, Origin("a:1\n2", 3)))
@@ -196,7 +206,7 @@ def test_origins_with_lines_and_odd_file_names_survive() -> None:
     [
         ("values", "\n".join(["H0.example0.test", *NAMES[1:100]]), "not in canonical form"),
         ("lines", "1\n2", "differ in number"),
-        ("kind", "cidr", "cidr rule's value is a network"),
+        ("kind", "cidr", "kind must be 'names'"),
         ("ports", [0], "port numbers"),
         ("origin", "x" * 5000, "longer than"),
     ],
