@@ -8,11 +8,11 @@ for the same socket exits at once (after telling its starter "ready": one is ser
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import signal
 import sys
+from typing import NoReturn
 
 from sgbase import dataclasscache
 
@@ -85,18 +85,58 @@ def _log(line: str) -> None:
     log(line)
 
 
+USAGE = "usage: python -m netguard.daemon --socket PATH [--ready-fd N] [--idle-exit SECONDS] [--verbose]"
+HELP = f"""{USAGE}
+
+{DESCRIPTION}
+
+  --socket PATH         control socket path (see netguard.daemon.control.socket_path)
+  --ready-fd N          write b'ready\\n' to this fd, then close it, once serving
+  --idle-exit SECONDS   exit after this many seconds without any control connection (0: never; default 300)
+  --verbose             also log every proxied connection (mitmproxy's INFO)
+"""
+
+
+class Args:
+    """The daemon's four options (its starters are sandgate's own launchers)."""
+
+    def __init__(self, socket: str, ready_fd: int | None, idle_exit: float, verbose: bool) -> None:
+        self.socket, self.ready_fd, self.idle_exit, self.verbose = socket, ready_fd, idle_exit, verbose
+
+
+def parse_args(argv: list[str]) -> Args:
+    """By hand, not argparse: its import (with gettext and locale) is ~8 ms of a cold start, before "ready".
+    A mistake ends as argparse's would: the usage and one line on stderr, exit 2."""
+    values: dict[str, str] = {}
+    verbose = False
+    items = iter(argv)
+    for item in items:
+        name, eq, value = item.partition("=")
+        if name in ("-h", "--help") and not eq:
+            print(HELP, end="")
+            raise SystemExit(0)
+        if name == "--verbose" and not eq:
+            verbose = True
+        elif name in ("--socket", "--ready-fd", "--idle-exit"):
+            values[name] = value if eq else next(items, None) or _usage(f"{name} needs a value")
+        else:
+            _usage(f"unrecognized argument: {item}")
+    if "--socket" not in values:
+        _usage("the following arguments are required: --socket")
+    fd, idle = values.get("--ready-fd"), values.get("--idle-exit", "300")
+    try:
+        return Args(values["--socket"], int(fd) if fd is not None else None, float(idle), verbose)
+    except ValueError as e:
+        _usage(f"a number is needed: {e}")
+
+
+def _usage(why: str) -> NoReturn:
+    print(f"{USAGE}\npython -m netguard.daemon: error: {why}", file=sys.stderr)
+    raise SystemExit(2)
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m netguard.daemon", description=DESCRIPTION)
-    ap.add_argument("--socket", required=True, help="control socket path (see netguard.daemon.control.socket_path)")
-    ap.add_argument("--ready-fd", type=int, help="write b'ready\\n' to this fd, then close it, once serving")
-    ap.add_argument(
-        "--idle-exit",
-        type=float,
-        default=300.0,
-        help="exit after this many seconds without any control connection (0: never)",
-    )
-    ap.add_argument("--verbose", action="store_true", help="also log every proxied connection (mitmproxy's INFO)")
-    args = ap.parse_args(argv)
+    args = parse_args(sys.argv[1:] if argv is None else argv)
     path = os.path.abspath(args.socket)
     named = re.fullmatch(r"daemon-(\d+)(?:-[0-9a-f]+)?\.sock", os.path.basename(path))
     if named and int(named.group(1)) != os.stat("/proc/self/ns/net").st_ino:
