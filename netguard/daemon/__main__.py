@@ -118,7 +118,7 @@ def parse_args(argv: list[str]) -> Args:
         if name == "--verbose" and not eq:
             verbose = True
         elif name in ("--socket", "--ready-fd", "--idle-exit"):
-            values[name] = value if eq else next(items, None) or _usage(f"{name} needs a value")
+            values[name] = (value if eq else next(items, "")) or _usage(f"{name} needs a value")
         else:
             _usage(f"unrecognized argument: {item}")
     if "--socket" not in values:

@@ -22,6 +22,7 @@ def test_the_forms_its_starters_use_and_the_equals_form() -> None:
     [
         ([], "required: --socket"),
         (["--socket"], "--socket needs a value"),
+        (["--socket="], "--socket needs a value"),
         (["--socket", "/s", "--ready-fd", "three"], "a number is needed"),
         (["--socket", "/s", "--idle-exit", "soon"], "a number is needed"),
         (["--socket", "/s", "extra"], "unrecognized argument: extra"),
