@@ -8,7 +8,6 @@ kept alive, HTTP/2 multiplexed) do, and only the bound host gets the real creden
 from __future__ import annotations
 
 import json
-import socket
 import ssl
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,41 +34,14 @@ SENTINEL = "sk-sandgate-sentinel-1234abcd"
 
 
 class H2Upstream(Upstream):
-    """An upstream that records each request: h2 as method, path and authorization; HTTP/1.1 as its head,
-    kept alive (the base class closes after one, and mitmproxy would pass that close on to the client)."""
+    """An upstream that records h2 requests as method, path and authorization; HTTP/1.1 kept alive (one
+    request per connection would make mitmproxy pass the close on to the client)."""
 
-    def _one(self, raw: socket.socket) -> None:
-        raw.settimeout(5)
-        try:
-            with self.ctx.wrap_socket(raw, server_side=True) as s:
-                if s.selected_alpn_protocol() == "h2":
-                    return self._h2(s)
-                f = s.makefile("rb")
-                while True:
-                    head = b""
-                    while (line := f.readline()) not in (b"\r\n", b""):
-                        head += line
-                    if not line:
-                        return  # the proxy closed the connection
-                    self.requests.append(head)
-                    s.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 8\r\n\r\nupstream")
-        except (OSError, ssl.SSLError):
-            return
+    def __init__(self, tmp: Path, ca: CA, name: str, alpn: tuple[str, ...]) -> None:
+        super().__init__(tmp, ca, name, alpn=alpn, keep_alive=True)
 
-    def _h2(self, s: ssl.SSLSocket) -> None:
-        conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
-        conn.initiate_connection()
-        s.sendall(conn.data_to_send())
-        while data := s.recv(65536):
-            for ev in conn.receive_data(data):
-                if isinstance(ev, h2.events.RequestReceived):
-                    hdrs = {bytes(k): bytes(v) for k, v in ev.headers or []}
-                    self.requests.append(
-                        b"%s %s %s" % (hdrs[b":method"], hdrs[b":path"], hdrs.get(b"authorization", b"-"))
-                    )
-                    conn.send_headers(ev.stream_id, [(":status", "200"), ("content-length", "8")])
-                    conn.send_data(ev.stream_id, b"upstream", end_stream=True)
-            s.sendall(conn.data_to_send())
+    def h2_record(self, headers: dict[bytes, bytes]) -> bytes:
+        return b"%s %s %s" % (headers[b":method"], headers[b":path"], headers.get(b"authorization", b"-"))
 
 
 class World:

@@ -26,10 +26,9 @@ from netguard.audit import read_records
 
 from ..support.rootless import UnprivilegedUser
 from ..support.runner import Sandgate, env, write_policy
-from ..support.world import Server, World, new_world
+from ..support.threehosts import POLICY, ThreeHosts, three_hosts
 
 ALLOWED, BLOCKED, BLOCKED2 = "198.51.100.30", "198.51.100.31", "198.51.100.32"
-POLICY = "version: 1\nnetwork:\n  allow:\n    - allowed.test\n"
 INSIDE = "/dev/sandgate-notices"
 REFUSED = {"EROFS", "EACCES", "EBUSY"}
 
@@ -83,34 +82,17 @@ print(json.dumps({"env": path, "codes": codes, "seen": seen, "tries": tries, "af
 
 
 @dataclass
-class Env:
-    world: World
-    sg: Sandgate
-    servers: dict[str, Server]
+class Env(ThreeHosts):
     agent: Path
-
-    def audit(self) -> Path:
-        return self.world.tmp / f"audit-{time.monotonic_ns()}.jsonl"
-
-    def seen(self, name: str) -> int:
-        return len(self.servers[name].log_records())
 
 
 @pytest.fixture(scope="module")
 def e() -> Iterator[Env]:
-    with new_world() as w:
-        w.add_host("allowed.test", ALLOWED)
-        w.add_host("blocked.test", BLOCKED)
-        w.add_host("blocked2.test", BLOCKED2)
-        servers = {
-            "allowed": w.serve("http", ALLOWED, 80, "allowed.test"),
-            "blocked": w.serve("http", BLOCKED, 80, "blocked.test"),
-            "blocked2": w.serve("http", BLOCKED2, 80, "blocked2.test"),
-        }
-        agent = w.tmp / "sandgate-agent.py"
+    with three_hosts((ALLOWED, BLOCKED, BLOCKED2)) as h:
+        agent = h.world.tmp / "sandgate-agent.py"
         agent.write_text(AGENT)
         agent.chmod(0o644)
-        yield Env(w, Sandgate(w, policy=write_policy(w, POLICY), cwd=w.tmp), servers, agent)
+        yield Env(h.world, h.sg, h.servers, agent)
 
 
 def _result(stdout: str) -> dict[str, Any]:

@@ -18,7 +18,6 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,38 +27,19 @@ from netguard.audit import read_records
 
 from ..support.rootless import UnprivilegedUser
 from ..support.runner import Sandgate, env, write_policy
-from ..support.world import Server, World, new_world
+from ..support.threehosts import POLICY, ThreeHosts, three_hosts
 
 ALLOWED, BLOCKED, BLOCKED2 = "198.51.100.10", "198.51.100.20", "198.51.100.21"
-POLICY = "version: 1\nnetwork:\n  allow:\n    - allowed.test\n"
 GIT_ID = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@sandgate.test", "GIT_CONFIG_NOSYSTEM": "1"}
 
 
-@dataclass
-class Env:
-    world: World
-    sg: Sandgate
-    servers: dict[str, Server]
-
-    def audit(self) -> Path:
-        return self.world.tmp / f"audit-{time.monotonic_ns()}.jsonl"
-
-    def seen(self, name: str) -> int:
-        return len(self.servers[name].log_records())
+Env = ThreeHosts
 
 
 @pytest.fixture(scope="module")
 def e() -> Iterator[Env]:
-    with new_world() as w:
-        w.add_host("allowed.test", ALLOWED)
-        w.add_host("blocked.test", BLOCKED)
-        w.add_host("blocked2.test", BLOCKED2)
-        servers = {
-            "allowed": w.serve("http", ALLOWED, 80, "allowed.test"),
-            "blocked": w.serve("http", BLOCKED, 80, "blocked.test"),
-            "blocked2": w.serve("http", BLOCKED2, 80, "blocked2.test"),
-        }
-        yield Env(w, Sandgate(w, policy=write_policy(w, POLICY), cwd=w.tmp), servers)
+    with three_hosts((ALLOWED, BLOCKED, BLOCKED2)) as h:
+        yield h
 
 
 def curl(url: str) -> str:

@@ -61,15 +61,27 @@ def loopback(q: dns.message.Message, proto: str) -> dns.message.Message:
 
 
 class Upstream:
-    """A TLS server on 127.0.0.1 speaking HTTP/1.1, and h2 when `alpn` offers it; records each request head."""
+    """A TLS server on 127.0.0.1 speaking HTTP/1.1, and h2 when `alpn` offers it (no ALPN at all when empty);
+    records each request head. One request per connection (`Connection: close`) unless `keep_alive`.
+    Subclasses change what is answered (`respond`) or recorded of an h2 request (`h2_record`)."""
 
-    def __init__(self, tmp: Path, ca: CA, *names: str, alpn: tuple[str, ...] = ("http/1.1",)) -> None:
+    def __init__(
+        self,
+        tmp: Path,
+        ca: CA,
+        *names: str,
+        alpn: tuple[str, ...] = ("http/1.1",),
+        keep_alive: bool = False,
+        timeout: float = 5,
+    ) -> None:
         leaf = ca.issue(*names)
         chain, key = leaf.write(tmp / f"{names[0]}.pem", tmp / f"{names[0]}.key")
         self.der = x509.load_pem_x509_certificate(leaf.cert_pem).public_bytes(serialization.Encoding.DER)
         self.ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         self.ctx.load_cert_chain(chain, key)
-        self.ctx.set_alpn_protocols(list(alpn))
+        if alpn:
+            self.ctx.set_alpn_protocols(list(alpn))
+        self.keep_alive, self.timeout = keep_alive, timeout
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
         self.requests: list[bytes] = []
@@ -85,22 +97,32 @@ class Upstream:
             threading.Thread(target=self._one, args=(raw,), daemon=True).start()
 
     def _one(self, raw: socket.socket) -> None:
-        raw.settimeout(5)
+        raw.settimeout(self.timeout)
         self.handshakes += 1
         try:
             with self.ctx.wrap_socket(raw, server_side=True) as s:
                 if s.selected_alpn_protocol() == "h2":
                     return self._h2(s)
-                head = b""
-                while b"\r\n\r\n" not in head:
-                    chunk = s.recv(4096)
-                    if not chunk:
+                f = s.makefile("rb")
+                while True:
+                    head = b""
+                    while (line := f.readline()) not in (b"\r\n", b""):
+                        head += line
+                    if not line:
+                        return  # the client (the proxy) closed the connection
+                    self.requests.append(head)
+                    self.respond(s, head)
+                    if not self.keep_alive:
                         return
-                    head += chunk
-                self.requests.append(head)
-                s.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 8\r\nConnection: close\r\n\r\nupstream")
         except (OSError, ssl.SSLError):
             return
+
+    def respond(self, s: ssl.SSLSocket, head: bytes) -> None:
+        close = b"" if self.keep_alive else b"Connection: close\r\n"
+        s.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 8\r\n" + close + b"\r\nupstream")
+
+    def h2_record(self, headers: dict[bytes, bytes]) -> bytes:
+        return b"h2 %s %s %s" % (headers[b":method"], headers[b":path"], headers[b":authority"])
 
     def _h2(self, s: ssl.SSLSocket) -> None:
         conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
@@ -109,8 +131,7 @@ class Upstream:
         while data := s.recv(65536):
             for ev in conn.receive_data(data):
                 if isinstance(ev, h2.events.RequestReceived):
-                    hdrs = dict((bytes(k), bytes(v)) for k, v in ev.headers or [])
-                    self.requests.append(b"h2 %s %s %s" % (hdrs[b":method"], hdrs[b":path"], hdrs[b":authority"]))
+                    self.requests.append(self.h2_record({bytes(k): bytes(v) for k, v in ev.headers or []}))
                     conn.send_headers(ev.stream_id, [(":status", "200"), ("content-length", "8")])
                     conn.send_data(ev.stream_id, b"upstream", end_stream=True)
             s.sendall(conn.data_to_send())

@@ -10,9 +10,7 @@ client negotiated (the upstream-ALPN memory that lets an h2-offering client reac
 from __future__ import annotations
 
 import hashlib
-import socket
 import ssl
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,51 +36,22 @@ def _body(n: int) -> bytes:
     return (hashlib.sha256(b"tls").digest() * (n // 32 + 1))[:n]
 
 
-class BigUpstream:
+class BigUpstream(Upstream):
     """TLS upstream: `GET /<n>` answers n bytes; `/<n>/extra` sends garbage past them, `/<n>/short` half, then ends."""
 
     def __init__(self, tmp: Path, ca: CA, name: str, alpn: tuple[str, ...]) -> None:
-        chain, key = ca.issue(name).write(tmp / f"{name}.pem", tmp / f"{name}.key")
-        self.ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        self.ctx.load_cert_chain(chain, key)
-        if alpn:
-            self.ctx.set_alpn_protocols(list(alpn))
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        threading.Thread(target=self._serve, daemon=True).start()
+        super().__init__(tmp, ca, name, alpn=alpn, timeout=20)
 
-    def _serve(self) -> None:
-        while True:
-            try:
-                raw, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._one, args=(raw,), daemon=True).start()
-
-    def _one(self, raw: socket.socket) -> None:
-        raw.settimeout(20)
-        try:
-            with self.ctx.wrap_socket(raw, server_side=True) as s:
-                head = b""
-                while b"\r\n\r\n" not in head:
-                    chunk = s.recv(4096)
-                    if not chunk:
-                        return
-                    head += chunk
-                path = head.split(b" ", 2)[1].decode().strip("/").split("/")
-                n, how = int(path[0]), path[1] if len(path) > 1 else ""
-                s.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % n)  # headers, then the body
-                body = _body(n)
-                if how == "short":
-                    s.sendall(body[: n // 2])
-                    return
-                s.sendall(body + (b"GARBAGE-PAST-THE-BODY" * 1000 if how == "extra" else b""))
-                time.sleep(0.5 if how == "extra" else 0)
-        except (OSError, ssl.SSLError):
+    def respond(self, s: ssl.SSLSocket, head: bytes) -> None:
+        path = head.split(b" ", 2)[1].decode().strip("/").split("/")
+        n, how = int(path[0]), path[1] if len(path) > 1 else ""
+        s.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % n)  # headers, then the body
+        body = _body(n)
+        if how == "short":
+            s.sendall(body[: n // 2])
             return
-
-    def close(self) -> None:
-        self.sock.close()
+        s.sendall(body + (b"GARBAGE-PAST-THE-BODY" * 1000 if how == "extra" else b""))
+        time.sleep(0.5 if how == "extra" else 0)
 
 
 class World:
