@@ -74,6 +74,10 @@ class Rule:
         return self._described
 
     @functools.cached_property
+    def origin_text(self) -> str:  # once per rule: every decision's record names where the rule was written
+        return str(self.origin)
+
+    @functools.cached_property
     def _described(self) -> str:  # once per rule: every decision's record names its rule
         pat = f"*.{self.value}" if self.kind == "wildcard" else str(self.value)
         return pat if self.ports is None else f"{pat}:{','.join(map(str, sorted(self.ports)))}"

@@ -223,13 +223,13 @@ def decide(rs: Ruleset, host: str | Address, port: int | None) -> Decision:
     denies = lookup(rs.deny)
     # A deny with ports only blocks those ports; for DNS only a port-less deny hides the name.
     if r := (_first_on_port(denies, port) if port is not None else next((d for d in denies if d.ports is None), None)):
-        return Decision("deny", str(r.origin), f"denied by rule {r.describe()}")
+        return Decision("deny", r.origin_text, f"denied by rule {r.describe()}")
     allow = lookup(rs.allow)
     if r := _first_on_port(allow, port):
-        return Decision("allow", str(r.origin), f"allowed by rule {r.describe()}")
+        return Decision("allow", r.origin_text, f"allowed by rule {r.describe()}")
     if r := _first_on_port(lookup(rs.ask), port):
         # Pure: the caller asks (netguard.asking); no channel, no answer or a refusal all mean deny.
-        return Decision("ask", str(r.origin), f"needs approval by rule {r.describe()}")
+        return Decision("ask", r.origin_text, f"needs approval by rule {r.describe()}")
     if allow:
         ports = sorted({p for r in allow if r.ports for p in r.ports})
         return Decision("deny", None, f"port {port} not allowed (allowed: {', '.join(map(str, ports))})")
