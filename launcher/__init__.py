@@ -8,8 +8,13 @@ import sys as _sys  # noqa: E402
 
 from launcher import prestart as _prestart  # noqa: E402
 
-if _prestart.wanted(_prestart.command_args(_sys.argv, _sys.orig_argv)):
-    _prestart.start()  # `sandgate run`, first: a cold daemon starts while everything below is imported
+_args = _prestart.command_args(_sys.argv, _sys.orig_argv)
+if _prestart.wanted(_args):
+    from launcher.forkserver import client as _forkclient
+
+    _forkclient.serve(_args or [])  # a warm run served by this context's fork server: it exits there
+    if _prestart.start():  # `sandgate run`, first: a cold daemon starts while everything below is imported
+        _forkclient.spawn_missed()  # a warm run without a fork server: the next ones get one
 
 from launcher import gcpause as _gcpause  # noqa: E402
 from sgbase import dataclasscache as _dataclasscache  # noqa: E402  (after the mark: it is sandgate's own cost)

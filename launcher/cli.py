@@ -221,9 +221,15 @@ def _adder(name: str) -> Callable[[Subparsers], None]:
     return found
 
 
+#: Parsers built ahead, by the first word of a command line: a fork server's (launcher/forkserver/)
+#: `run` parser, built once and used by each worker it forks (each parses one command line, in its own copy).
+PREBUILT: dict[str | None, argparse.ArgumentParser] = {}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     timings.mark("cli-imported")
-    args = build_parser(next(iter(sys.argv[1:] if argv is None else argv), None)).parse_args(argv)
+    first = next(iter(sys.argv[1:] if argv is None else argv), None)
+    args = (PREBUILT.get(first) or build_parser(first)).parse_args(argv)
     timings.mark("parsed")
     if args.command != "run":
         gcpause.resume()  # `sandgate proxy` serves until Ctrl-C; `run` resumes it after its own imports

@@ -50,14 +50,15 @@ def wanted(args: list[str] | None) -> bool:
     return not {"-h", "--help", "--dry-run"} & set(opts)  # a dry run starts nothing, no daemon either
 
 
-def start() -> None:
-    """Connect to this user's daemon or spawn one; on any trouble, leave it all to daemonctl."""
+def start() -> bool:
+    """Connect to this user's daemon or spawn one; on any trouble, leave it all to daemonctl. True when a
+    running daemon answered (a warm run)."""
     from netguard.daemon import daemonpath
 
     try:
         path = daemonpath.socket_path(daemonpath.runtime_dir())
     except (OSError, daemonpath.ControlError):
-        return  # reported by the launcher, in its own words, once it gets there
+        return False  # reported by the launcher, in its own words, once it gets there
     import socket
 
     s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
@@ -65,7 +66,7 @@ def start() -> None:
         s.settimeout(5.0)
         s.connect(path)
         _found.append(Early(path, sock=s))
-        return
+        return True
     except OSError:
         s.close()
     ready = spawn(path)
@@ -74,31 +75,44 @@ def start() -> None:
         import atexit
 
         atexit.register(_untaken)  # a usage error exits before daemonctl takes it (a run exits by os._exit)
+    return False
 
 
 def spawn(path: str) -> int | None:
     """`python -m netguard.daemon` for `path`; the read end of its ready pipe, or None if it could not start."""
     try:
         r, w = (_high(fd) for fd in os.pipe())
-        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
-        log = _high(os.open(os.path.join(os.path.dirname(path), "daemon.log"), flags, 0o600))
     except OSError:
-        return None  # (what was opened is close-on-exec and goes with this process) daemonctl says it
+        return None
     argv = [sys.executable, "-m", "netguard.daemon", "--socket", path, "--ready-fd", "3"]
     env = {k: v for k, v in os.environ.items() if k in DAEMON_ENV}
+    if not detach(argv, env, os.path.join(os.path.dirname(path), "daemon.log"), w):
+        os.close(r)
+        return None
+    os.set_blocking(r, False)
+    return r
+
+
+def detach(argv: list[str], env: dict[str, str], log_path: str, ready: int | None = None) -> bool:
+    """Start `argv` in a session of its own, output to `log_path`, `ready` (closed here) as its fd 3: a
+    per-user server that outlives this run (the daemon, the fork server). False if it could not start."""
+    try:
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
+        log = _high(os.open(log_path, flags, 0o600))
+    except OSError:
+        if ready is not None:
+            os.close(ready)
+        return False  # (what was opened is close-on-exec and goes with this process) daemonctl says it
     try:
         pid = os.fork()  # no thread runs here yet (daemonctl: before the sandbox): fork, then only os calls
     except OSError:
         pid = -1
     if pid == 0:
-        _exec_daemon(argv, env, log, w)
+        _exec_detached(argv, env, log, ready)
     os.close(log)
-    os.close(w)
-    if pid < 0:
-        os.close(r)
-        return None
-    os.set_blocking(r, False)
-    return r
+    if ready is not None:
+        os.close(ready)
+    return pid > 0
 
 
 def _high(fd: int) -> int:
@@ -114,7 +128,7 @@ def _high(fd: int) -> int:
         os.close(fd)
 
 
-def _exec_daemon(argv: list[str], env: dict[str, str], log: int, ready: int) -> None:
+def _exec_detached(argv: list[str], env: dict[str, str], log: int, ready: int | None) -> None:
     """In the child: a session of its own (the terminal's Ctrl-C is not for it), only its descriptors, exec."""
     try:
         os.setsid()
@@ -122,8 +136,9 @@ def _exec_daemon(argv: list[str], env: dict[str, str], log: int, ready: int) -> 
         os.dup2(null, 0)
         os.dup2(log, 1)
         os.dup2(log, 2)
-        os.dup2(ready, 3)
-        os.set_inheritable(3, True)  # dup2 onto itself (ready was 3) leaves close-on-exec set
+        if ready is not None:
+            os.dup2(ready, 3)
+            os.set_inheritable(3, True)  # dup2 onto itself (ready was 3) leaves close-on-exec set
         os.closerange(4, 1 << 20)  # nothing of the launcher's caller (a pipe, a terminal) may live on in the daemon
         os.chdir("/")  # hold no directory of the launcher's busy
         os.execve(argv[0], argv, env)

@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from launcher import ctty
 from netguard.approval import Answer, By, Choice, Request
 
 KEYS: dict[str, Choice] = {"o": "once", "r": "run", "a": "always", "d": "deny"}
@@ -22,7 +23,7 @@ KEYS: dict[str, Choice] = {"o": "once", "r": "run", "a": "always", "d": "deny"}
 
 def open_tty() -> int:
     """sandgate's controlling terminal, read and write; OSError when there is none."""
-    return os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
+    return ctty.open_tty(os.O_RDWR)
 
 
 def shown(text: str) -> str:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from launcher.errors import UsageError
+from launcher.forkserver import client as forkclient
 from launcher.run import daemonctl, runstate
 from launcher.run.options import resolve_user
 from netguard.daemon import control
@@ -88,6 +89,8 @@ def daemon(action: str, as_json: bool) -> int:
         d.close()
         print(f"sandgate: daemon running ({path})", file=sys.stderr)
         return 0
+    if action == "stop" and forkclient.stop_all(str(rt)):
+        print("sandgate: fork servers stopped (the runs they serve finish first)", file=sys.stderr)
     try:
         client = control.ControlClient.connect(path, timeout=2.0)
     except (OSError, control.ControlError):

@@ -35,7 +35,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from fsguard import mounts, placeholders, userns
-from launcher import timings
+from launcher import ctty, timings
 from launcher.errors import RunError
 from launcher.run import confinement, daemonctl, options, otlpenv, placeholdershare, runstate, sandbox, supervise
 from launcher.run.seam import PlatformName, SandboxRequest
@@ -348,7 +348,7 @@ def _hidden_home(conf: confinement.Confinement) -> tuple[str, ...]:
 def _tell_terminal(text: str) -> None:
     """Straight to the terminal when there is one: the sandbox may be able to read a redirected stderr."""
     try:
-        fd = os.open("/dev/tty", os.O_WRONLY | os.O_NOCTTY | os.O_CLOEXEC)
+        fd = ctty.open_tty(os.O_WRONLY)
     except OSError:
         print(text, file=sys.stderr)
         return

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import fcntl
 import os
-import socket
 import stat
 import sys
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
+TYPE_CHECKING = False  # not typing's (mypy reads any TYPE_CHECKING as true): a served run imports this module
+if TYPE_CHECKING:  # and typing alone is ~3 ms (launcher/forkserver/client.py); so is socket, imported below
+    import socket
     from collections.abc import Mapping
 
 
@@ -152,6 +152,8 @@ class DaemonSocket:
                 if not stat.S_ISSOCK(st.st_mode):  # never delete something that is not a stale socket
                     raise OSError(f"{self.path} exists and is not a socket; not touching it")
                 os.unlink(self.path)
+            import socket
+
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
             old = os.umask(0o177)  # 0600 from the start: no window in which others may connect
             try:
@@ -184,6 +186,8 @@ class DaemonSocket:
 
 def answers(path: str) -> bool:
     """True if something accepts connections on `path` (a live daemon)."""
+    import socket
+
     s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
     s.settimeout(2)
     try:

@@ -445,7 +445,10 @@ def test_stdin_and_stdout_pass_through(e: Env) -> None:
 
 def test_next_run_removes_what_a_killed_run_left(e: Env) -> None:
     ready = e.world.tmp / f"ready-{time.monotonic_ns()}"
-    p = e.sg.popen(audit=e.world.tmp / "k.jsonl", cmd=["sh", "-c", f"touch {ready}; sleep 300"])
+    # The launcher's own process SIGKILLed: the full path (a served run's worker, SIGKILLed the same way
+    # when its caller is, is tests/e2e/test_forkserver_e2e.py's).
+    full = {**env(), "SANDGATE_FORKSERVER": "0"}
+    p = e.sg.popen(audit=e.world.tmp / "k.jsonl", cmd=["sh", "-c", f"touch {ready}; sleep 300"], env=full)
     deadline = time.monotonic() + 30
     while not ready.exists() and time.monotonic() < deadline:
         time.sleep(0.1)

@@ -1,0 +1,175 @@
+"""The fork server's loop: accept a caller of our uid and context, fork its worker, watch both.
+
+One thread, one epoll: the listener; per run the worker's pidfd (reaped: its death by a signal is
+told to the caller) and the caller's connection, watched for its hang-up only (the caller gone: the
+worker is SIGKILLed, as a SIGKILLed launcher's run would be); the code watch (codewatch.py) and the
+mount table: any change and the server stops taking runs, then exits when its last one ends. Idle for `idle_exit` seconds
+with no run: it exits.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import socket
+import struct
+import sys
+import time
+from array import array
+
+from launcher.forkserver import wire, worker
+
+_PEERCRED = struct.Struct("3i")  # pid, uid, gid
+
+
+class Server:
+    def __init__(self, listener: socket.socket, key: str, watch_fd: int, idle_exit: float) -> None:
+        self.listener: socket.socket | None = listener
+        self.key, self.watch_fd, self.idle_exit = key, watch_fd, idle_exit
+        self.ep = select.epoll()
+        self.ep.register(listener.fileno(), select.EPOLLIN)
+        self.ep.register(watch_fd, select.EPOLLIN)
+        # The mount table changed (the kernel flags /proc/self/mountinfo): our view is no longer the one
+        # our key names (context.mounts), and a caller with that view may still come.
+        self.mounts_fd = os.open("/proc/self/mountinfo", os.O_RDONLY | os.O_CLOEXEC)
+        self.ep.register(self.mounts_fd, select.EPOLLPRI)
+        self.runs: dict[int, tuple[int, socket.socket]] = {}  # pidfd -> (pid, the caller's connection)
+        self.callers: dict[int, int] = {}  # connection fd -> pidfd
+        self.idle_since = time.monotonic()
+        self.stopping = False
+        # SIGTERM: take no more runs. The wake-up pipe ends the poll (PEP 475 would resume it otherwise).
+        self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        signal.set_wakeup_fd(self.wake_w)
+        self.ep.register(self.wake_r, select.EPOLLIN)
+        signal.signal(signal.SIGTERM, lambda *_: self.stop("SIGTERM"))
+
+    def serve(self) -> None:
+        while self.listener is not None or self.runs:
+            timeout = None if self.runs or self.idle_exit <= 0 else self.idle_since + self.idle_exit - time.monotonic()
+            if timeout is not None and timeout <= 0:
+                self.stop("idle")
+            else:
+                for fd, events in self.ep.poll(timeout):
+                    self._event(fd, events)
+            if self.stopping and self.listener is not None:
+                self._close_listener()
+
+    def stop(self, why: str) -> None:
+        """Take no more runs (the ones running go on to their end)."""
+        if not self.stopping:
+            print(f"sandgate fork server {os.getpid()}: stopping ({why})", file=sys.stderr, flush=True)
+        self.stopping = True
+
+    def _event(self, fd: int, events: int) -> None:
+        if self.listener is not None and fd == self.listener.fileno():
+            self._accept()
+        elif fd == self.wake_r:
+            os.read(fd, 64)  # the handler already ran
+        elif fd == self.watch_fd:
+            self.stop("its code changed")
+        elif fd == self.mounts_fd:
+            self.ep.unregister(fd)  # (it stays flagged)
+            self.stop("the mount table changed")
+        elif fd in self.runs:
+            self._reap(fd)
+        elif fd in self.callers:
+            try:
+                signal.pidfd_send_signal(self.callers[fd], signal.SIGKILL)  # the caller died: so does its run
+            except OSError:
+                pass
+            self.ep.unregister(fd)
+            del self.callers[fd]
+
+    def _close_listener(self) -> None:
+        assert self.listener is not None
+        self.ep.unregister(self.listener.fileno())
+        self.listener.close()  # (the socket file goes with __main__'s release)
+        self.listener = None
+
+    def _accept(self) -> None:
+        assert self.listener is not None
+        try:
+            conn, _ = self.listener.accept()
+        except OSError:
+            return
+        fds: list[int] = []
+        try:
+            conn.settimeout(2.0)
+            _, uid, _ = _PEERCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
+            if uid != os.geteuid():
+                conn.close()  # only our uid starts runs of ours: no answer at all
+                return
+            data, anc, flags, _ = conn.recvmsg(wire.MAX_REQUEST, socket.CMSG_SPACE((wire.FDS + 1) * 4))
+            fds = _fds(anc)
+            msg = wire.decode(data, len(fds)) if not flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC) else None
+            if msg == "stop":
+                self.stop("asked")
+            elif not isinstance(msg, wire.Request) or self.stopping or msg.key != self.key or not _same_dir(msg, fds):
+                conn.send(b"R")  # the caller takes the full path
+            else:
+                self._fork(msg, fds, conn)
+                return
+        except (OSError, wire.WireError) as e:
+            print(f"sandgate fork server: refused a request: {e}", file=sys.stderr, flush=True)
+            try:
+                conn.send(b"R")
+            except OSError:
+                pass
+        finally:
+            for fd in fds:
+                os.close(fd)
+        conn.close()
+
+    def _fork(self, req: wire.Request, fds: list[int], conn: socket.socket) -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        ours = [self.ep.fileno(), self.watch_fd, self.mounts_fd, self.wake_r, self.wake_w, *self.runs, *self.callers]
+        ours += [self.listener.fileno()] if self.listener is not None else []
+        server = os.getpid()
+        pid = os.fork()
+        if pid == 0:
+            worker.run(req, fds, conn, server, ours)
+        pidfd = os.pidfd_open(pid)
+        self.runs[pidfd] = (pid, conn)
+        self.callers[conn.fileno()] = pidfd
+        self.ep.register(pidfd, select.EPOLLIN)
+        self.ep.register(conn.fileno(), select.EPOLLRDHUP)  # hang-up only: the caller's "go" is the worker's
+        try:
+            conn.sendmsg([wire.frame(b"P", pid)], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array("i", [pidfd]))])
+        except OSError:
+            pass  # the caller is gone: its hang-up is in the epoll, and the worker sees no "go"
+
+    def _reap(self, pidfd: int) -> None:
+        pid, conn = self.runs.pop(pidfd)
+        _, status = os.waitpid(pid, 0)
+        if os.WIFSIGNALED(status):  # killed before it could say: the caller dies of the same
+            try:
+                conn.send(wire.frame(b"K", os.WTERMSIG(status)))
+            except OSError:
+                pass
+        self.ep.unregister(pidfd)
+        os.close(pidfd)
+        if self.callers.pop(conn.fileno(), None) is not None:
+            self.ep.unregister(conn.fileno())
+        conn.close()
+        self.idle_since = time.monotonic()
+
+
+def _same_dir(req: wire.Request, fds: list[int]) -> bool:
+    """The caller's directory is the one its path names here. A worker changes to the path, never to the
+    caller's descriptor: that may be a mount of another mount namespace (`ip netns exec` makes one per
+    command), whose paths would mix with ours; and where the path leads elsewhere, the views differ."""
+    try:
+        here, theirs = os.stat(req.cwd), os.fstat(fds[3])
+    except OSError:
+        return False
+    return (here.st_dev, here.st_ino) == (theirs.st_dev, theirs.st_ino)
+
+
+def _fds(anc: list[tuple[int, int, bytes]]) -> list[int]:
+    out: list[int] = []
+    for level, kind, raw in anc:
+        if (level, kind) == (socket.SOL_SOCKET, socket.SCM_RIGHTS):
+            out += array("i", raw[: len(raw) - len(raw) % 4])
+    return out
