@@ -4,9 +4,13 @@
 Rows (median and p90 wall time, interleaved so machine drift hits all alike):
   bare `true`                       the floor
   `unshare -Urn true`               the kernel's price of a user + network namespace
-  `sandgate run -- true`, warm      the proxy daemon already running (the common case: an agent
-                                    runs hundreds of commands per task)
-  `sandgate run -- true`, cold      no daemon: the run starts one (and does not wait for it)
+  `sandgate run -- true`, warm      the proxy daemon and the fork server already running (the common
+                                    case: an agent runs hundreds of commands per task; the run is
+                                    forked by the pre-imported server, launcher/forkserver/)
+  ..., warm, full path              the same with SANDGATE_FORKSERVER=0: the console script imports
+                                    and runs everything itself (what a terminal run does)
+  `sandgate run -- true`, cold      no daemon, no fork server: the run starts the daemon (and does not
+                                    wait for it)
 Targets on a 2-core machine (issue 9): warm <= 50 ms, cold <= 400 ms. No pass/fail: the
 figures are printed with their ratios. Runs as root or as an ordinary user; it creates its
 sandboxes and daemon itself and stops the daemon at the end.
@@ -36,6 +40,7 @@ old and the new tree in turn, or give `--tree` twice to interleave both in one r
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import shutil
 import statistics
@@ -49,28 +54,32 @@ REPO = Path(__file__).resolve().parent.parent
 TARGETS = {"warm": 0.050, "cold": 0.400}
 PREFIX = "sandgate-timing"  # launcher/timings.py's line prefix (not imported: --tree may be another checkout)
 
-# (label, first stamp, last stamp): "spawn" is the bench's own stamp before it starts the run, "reaped"
-# the one after; the launcher's stamps are named in launcher/timings.py's callers.
-PHASES = (
-    ("interpreter + site (spawn to first sandgate code)", "spawn", "interpreter"),
-    ("sandgate's imports (launcher.cli)", "interpreter", "cli-imported"),
-    ("argument parsing", "cli-imported", "parsed"),
-    ("sandgate's imports (launcher.run)", "parsed", "imports"),
-    ("daemon handshake: connect (or spawn a cold one)", "imports", "daemon-connect"),
-    ("CLI work: policy, options, workspace checks", "daemon-connect", "policy"),
-    ("run state, lock, confinement plan (gitguard), placeholders", "policy", "prepare"),
-    ("namespaces: fork holder + unshare", "prepare", "unshare"),
-    ("nft table + listeners inside", "unshare", "nft"),
-    ("id maps + listener handover", "nft", "handshake"),
-    ("daemon handshake: bind", "handshake", "bind"),
-    ("go", "bind", "go"),
-    ("init: mounts, /proc, keyring", "go", "mounts"),
-    ("CMD: caps, ids, Landlock, seccomp", "mounts", "confine"),
-    ("exec `true`, exit, reaped by init/holder/launcher", "confine", "cmd-exited"),
-    ("teardown (unbind, run state, placeholders)", "cmd-exited", "teardown"),
-    ("summary, flush", "teardown", "exit"),
-    ("process exit, reaped by the bench", "exit", "reaped"),
-)
+# Each phase is the span between two consecutive stamps of one run (sorted by time): "spawn" is the bench's
+# own stamp before it starts the run, "reaped" the one after; the others are named in launcher/timings.py's
+# callers. A served run and a full-path run share most of them; the first few differ.
+PHASES = {
+    ("spawn", "interpreter"): "interpreter + site (spawn to first sandgate code)",
+    ("interpreter", "forked"): "served: client imports, key, connect; server's fork",
+    ("forked", "cli-imported"): "served: the worker takes over the caller's state",
+    ("interpreter", "cli-imported"): "sandgate's imports (launcher.cli)",
+    ("cli-imported", "parsed"): "argument parsing",
+    ("parsed", "imports"): "sandgate's imports (launcher.run)",
+    ("imports", "daemon-connect"): "daemon handshake: connect (or spawn a cold one)",
+    ("daemon-connect", "policy"): "CLI work: policy, options, workspace checks",
+    ("policy", "prepare"): "run state, lock, confinement plan (gitguard), placeholders",
+    ("prepare", "unshare"): "namespaces: fork holder + unshare",
+    ("unshare", "nft"): "nft table + listeners inside",
+    ("nft", "handshake"): "id maps + listener handover",
+    ("handshake", "bind"): "daemon handshake: bind",
+    ("bind", "go"): "go",
+    ("go", "mounts"): "init: mounts, /proc, keyring",
+    ("mounts", "confine"): "CMD: caps, ids, Landlock, seccomp",
+    ("confine", "cmd-exited"): "exec `true`, exit, reaped by init/holder/launcher",
+    ("cmd-exited", "teardown"): "teardown (unbind, run state, placeholders)",
+    ("teardown", "exit"): "summary, flush",
+    ("exit", "reaped"): "process exit, reaped by the bench",
+    ("teardown", "reaped"): "summary, status to the client, exits, reaped by the bench",
+}
 
 
 def timed(cmd: list[str], cwd: Path, env: dict[str, str]) -> float:
@@ -159,12 +168,23 @@ class Tree:
 
     def __init__(self, tree: Path, python: str, env: dict[str, str], work: Path) -> None:
         self.tree, self.env = tree, {**env, "PYTHONPATH": str(tree)}
+        self.full_env = {**self.env, "SANDGATE_FORKSERVER": "0"}
         self.sandgate = sandgate_cmd(python)
         audit = ["--audit-log", str(work / "audit.jsonl")]
         self.run = [*self.sandgate, "run", "-q", "--allow", "example.test", *audit, "--", "true"]
         self.warm: list[float] = []
+        self.full: list[float] = []
         self.cold: list[float] = []
         self.stamps: list[dict[str, int]] = []
+        self.full_stamps: list[dict[str, int]] = []
+
+    def serve(self, work: Path) -> bool:
+        """Warm runs until one is served (a tree without launcher/forkserver/ never is: False)."""
+        for _ in range(10):
+            if "forked" in stamped(self.run, work, self.env):
+                return True
+            time.sleep(0.3)  # the server's own start: its imports
+        return False
 
 
 def measure(trees: list[Tree], python: str, work: Path, n: int) -> dict[str, list[float]]:
@@ -184,6 +204,8 @@ def measure(trees: list[Tree], python: str, work: Path, n: int) -> dict[str, lis
     ]
     for t in trees:
         timed(t.run, work, t.env)  # warm the page cache for the imports (and start the daemon)
+        if not t.serve(work):
+            print(f"note: no fork server served {t.tree}: its warm row is the full path", file=sys.stderr)
     for _ in range(n):
         base["bare `true`"].append(timed(["true"], work, env))
         if unshare:
@@ -197,7 +219,9 @@ def measure(trees: list[Tree], python: str, work: Path, n: int) -> dict[str, lis
         for t in trees:
             t.warm.append(timed(t.run, work, t.env))
             t.stamps.append(stamped(t.run, work, t.env))
-    for _ in range(max(1, n // 2)):  # cold: each run finds no daemon and starts one
+            t.full.append(timed(t.run, work, t.full_env))
+            t.full_stamps.append(stamped(t.run, work, t.full_env))
+    for _ in range(max(1, n // 2)):  # cold: each run finds no daemon (nor fork server) and starts one
         for t in trees:
             stop_daemon(t.sandgate, work, t.env)
             t.cold.append(timed(t.run, work, t.env))
@@ -205,8 +229,8 @@ def measure(trees: list[Tree], python: str, work: Path, n: int) -> dict[str, lis
     return base
 
 
-def breakdown(t: Tree, base: dict[str, list[float]]) -> list[str]:
-    """The warm run's phases (ms, medians over the stamped runs) and the interpreter's own rows."""
+def interpreter_rows(base: dict[str, list[float]]) -> list[str]:
+    """The interpreter's own rows: what any Python launcher pays before its first line."""
     med = statistics.median
     py_s, py = med(base["python -S"]), med(base["python"])
     lines = [
@@ -220,15 +244,23 @@ def breakdown(t: Tree, base: dict[str, list[float]]) -> list[str]:
     lines.append(
         f"  {'(for scale) the stdlib + third-party modules a run loads':<58} {foreign * 1000:7.1f} ms   (own rows)"
     )
-    total = 0.0
-    for label, a, b in PHASES:
-        spans = [(s[b] - s[a]) / 1e6 for s in t.stamps if a in s and b in s]
-        if not spans:
-            lines.append(f"  {label:<58} {'-':>7}      (no stamps: a tree without launcher/timings.py)")
-            continue
-        total += med(spans)
-        lines.append(f"  {label:<58} {med(spans):7.1f} ms   p90 {pct(spans, 0.9):6.1f}")
-    whole = [(s["reaped"] - s["spawn"]) / 1e6 for s in t.stamps]
+    return lines
+
+
+def breakdown(stamps: list[dict[str, int]]) -> list[str]:
+    """A run's phases: consecutive stamps of each run (ms, medians over the stamped runs)."""
+    med = statistics.median
+    spans: dict[tuple[str, str], list[float]] = {}
+    for s in stamps:
+        order = sorted(s, key=lambda k: s[k])
+        for a, b in itertools.pairwise(order):
+            spans.setdefault((a, b), []).append((s[b] - s[a]) / 1e6)
+    lines, total = [], 0.0
+    for pair, values in spans.items():
+        label = PHASES.get(pair, f"{pair[0]} -> {pair[1]}")
+        total += med(values) * len(values) / len(stamps)  # a phase some runs lack counts for its share
+        lines.append(f"  {label:<58} {med(values):7.1f} ms   p90 {pct(values, 0.9):6.1f}")
+    whole = [(s["reaped"] - s["spawn"]) / 1e6 for s in stamps]
     lines.append(
         f"  {'sum of the phase medians / median of the stamped runs':<58} {total:7.1f} ms / {med(whole):.1f} ms"
     )
@@ -257,10 +289,14 @@ def main() -> int:
     for t in trees:
         tag = "" if len(trees) == 1 else f" [{t.tree}]"
         print(row("sandgate run, warm", t.warm, floor) + tag)
+        print(row("sandgate run, warm, full path", t.full, floor) + tag)
         print(row("sandgate run, cold", t.cold, floor) + tag)
         print(f"added by sandgate (warm): {(statistics.median(t.warm) - floor) * 1000:.1f} ms{tag}")
         print(f"where a warm run's time goes{tag}:")
-        print("\n".join(breakdown(t, base)))
+        print("\n".join(interpreter_rows(base)))
+        print("\n".join(breakdown(t.stamps)))
+        print(f"and a warm run on the full path (SANDGATE_FORKSERVER=0){tag}:")
+        print("\n".join(breakdown(t.full_stamps)))
     return 0
 
 

@@ -13,7 +13,6 @@ import _signal
 import _socket
 import os
 import sys
-from array import array
 
 from launcher import ctty
 from launcher.forkserver import context, wire
@@ -109,7 +108,7 @@ def _connect(tty: int | None) -> _socket.socket | None:
         if len(data) > wire.MAX_REQUEST:
             sock.close()
             return None  # a huge environment or command line: the full path takes it
-        fds = array("i", [0, 1, 2, cwd, *([tty] if tty is not None else [])])
+        fds = wire.pack_fds([0, 1, 2, cwd, *([tty] if tty is not None else [])])
         sock.sendmsg([data], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, fds)])
         return _started(sock)
     except OSError:
@@ -122,12 +121,7 @@ def _connect(tty: int | None) -> _socket.socket | None:
 def _started(sock: _socket.socket) -> _socket.socket | None:
     """The server's answer: "P" and a pidfd (then we say go), or anything else (the full path)."""
     data, anc, _flags, _addr = sock.recvmsg(64, _socket.CMSG_SPACE(4))
-    pidfds = [
-        fd
-        for level, kind, raw in anc
-        if (level, kind) == (_socket.SOL_SOCKET, _socket.SCM_RIGHTS)
-        for fd in array("i", raw[: len(raw) - len(raw) % 4])
-    ]
+    pidfds = wire.unpack_fds(anc, (_socket.SOL_SOCKET, _socket.SCM_RIGHTS))
     kind, _value = wire.unframe(data)
     if kind != b"P" or len(pidfds) != 1:
         for fd in pidfds:

@@ -16,7 +16,6 @@ import socket
 import struct
 import sys
 import time
-from array import array
 
 from launcher.forkserver import wire, worker
 
@@ -101,7 +100,7 @@ class Server:
                 conn.close()  # only our uid starts runs of ours: no answer at all
                 return
             data, anc, flags, _ = conn.recvmsg(wire.MAX_REQUEST, socket.CMSG_SPACE((wire.FDS + 1) * 4))
-            fds = _fds(anc)
+            fds = wire.unpack_fds(anc, (socket.SOL_SOCKET, socket.SCM_RIGHTS))
             msg = wire.decode(data, len(fds)) if not flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC) else None
             if msg == "stop":
                 self.stop("asked")
@@ -136,7 +135,7 @@ class Server:
         self.ep.register(pidfd, select.EPOLLIN)
         self.ep.register(conn.fileno(), select.EPOLLRDHUP)  # hang-up only: the caller's "go" is the worker's
         try:
-            conn.sendmsg([wire.frame(b"P", pid)], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array("i", [pidfd]))])
+            conn.sendmsg([wire.frame(b"P", pid)], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, wire.pack_fds([pidfd]))])
         except OSError:
             pass  # the caller is gone: its hang-up is in the epoll, and the worker sees no "go"
 
@@ -165,11 +164,3 @@ def _same_dir(req: wire.Request, fds: list[int]) -> bool:
     except OSError:
         return False
     return (here.st_dev, here.st_ino) == (theirs.st_dev, theirs.st_ino)
-
-
-def _fds(anc: list[tuple[int, int, bytes]]) -> list[int]:
-    out: list[int] = []
-    for level, kind, raw in anc:
-        if (level, kind) == (socket.SOL_SOCKET, socket.SCM_RIGHTS):
-            out += array("i", raw[: len(raw) - len(raw) % 4])
-    return out

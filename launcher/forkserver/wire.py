@@ -15,6 +15,8 @@ one check of what it was sent.
 
 from __future__ import annotations
 
+import sys
+
 MAX_REQUEST = 256 * 1024  # argv and environment; a caller with more takes the full path
 FDS = 4  # 0, 1, 2 and the directory; a fifth when the caller passes its terminal
 MAGIC = "sandgate-fork-1"
@@ -60,6 +62,20 @@ def decode(data: bytes, nfds: int) -> Request | str:
     if nfds != FDS + (tty == "1"):
         raise WireError(f"expected {FDS + (tty == '1')} descriptors, got {nfds}")
     return Request(key, argv, cwd, dict(e.split("=", 1) for e in env), int(umask, 8), tty == "1")
+
+
+def pack_fds(fds: list[int]) -> bytes:
+    """SCM_RIGHTS data for `fds` (int32 each; not array: one shared library less for a served run)."""
+    return b"".join(fd.to_bytes(4, sys.byteorder, signed=True) for fd in fds)
+
+
+def unpack_fds(anc: list[tuple[int, int, bytes]], rights: tuple[int, int]) -> list[int]:
+    """The descriptors of recvmsg's ancillary data; `rights` is (SOL_SOCKET, SCM_RIGHTS)."""
+    out: list[int] = []
+    for level, kind, raw in anc:
+        if (level, kind) == rights:
+            out += [int.from_bytes(raw[i : i + 4], sys.byteorder, signed=True) for i in range(0, len(raw) - 3, 4)]
+    return out
 
 
 def frame(kind: bytes, value: int | str) -> bytes:

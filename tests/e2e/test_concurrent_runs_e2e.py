@@ -237,6 +237,7 @@ def test_a_users_run_keeps_its_protection_when_roots_run_that_made_the_placehold
             again = as_root.run(audit=w.audit("x-root2"), cmd=["true"])  # its start and end sweep too
             assert again.returncode == 0, again.stderr
             held = all(os.path.lexists(ws / m) for m in MISSING)
+            time.sleep(0.3)  # the checker's rounds after both sweeps (a served run ends in ~50 ms)
         finally:
             for s in stops:
                 s.touch()
