@@ -33,7 +33,9 @@ class Server:
         # our key names (context.mounts), and a caller with that view may still come.
         self.mounts_fd = os.open("/proc/self/mountinfo", os.O_RDONLY | os.O_CLOEXEC)
         self.ep.register(self.mounts_fd, select.EPOLLPRI)
-        self.runs: dict[int, tuple[int, socket.socket]] = {}  # pidfd -> (pid, the caller's connection)
+        # pidfd -> (pid, the caller's connection; None: the spare worker, waiting for a run)
+        self.runs: dict[int, tuple[int, socket.socket | None]] = {}
+        self.spare: tuple[int, int, socket.socket] | None = None  # pid, pidfd, the pair's end it reads
         self.callers: dict[int, int] = {}  # connection fd -> pidfd
         self.idle_since = time.monotonic()
         self.stopping = False
@@ -44,8 +46,9 @@ class Server:
         signal.signal(signal.SIGTERM, lambda *_: self.stop("SIGTERM"))
 
     def serve(self) -> None:
+        self.fork_spare()
         while self.listener is not None or self.runs:
-            timeout = None if self.runs or self.idle_exit <= 0 else self.idle_since + self.idle_exit - time.monotonic()
+            timeout = self._idle_timeout()
             if timeout is not None and timeout <= 0:
                 self.stop("idle")
             else:
@@ -53,6 +56,13 @@ class Server:
                     self._event(fd, events)
             if self.stopping and self.listener is not None:
                 self._close_listener()
+            self.fork_spare()  # here, with no caller's descriptor open: a spare must hold none of them
+
+    def _idle_timeout(self) -> float | None:
+        """Seconds left before an idle exit; None while a run lives, once stopping, or never idle-exiting."""
+        if self.stopping or self.idle_exit <= 0 or any(conn is not None for _, conn in self.runs.values()):
+            return None
+        return self.idle_since + self.idle_exit - time.monotonic()
 
     def stop(self, why: str) -> None:
         """Take no more runs (the ones running go on to their end)."""
@@ -82,6 +92,9 @@ class Server:
 
     def _close_listener(self) -> None:
         assert self.listener is not None
+        if self.spare is not None:
+            self.spare[2].close()  # the spare reads EOF and exits (reaped like a run)
+            self.spare = None
         self.ep.unregister(self.listener.fileno())
         self.listener.close()  # (the socket file goes with __main__'s release)
         self.listener = None
@@ -107,7 +120,7 @@ class Server:
             elif not isinstance(msg, wire.Request) or self.stopping or msg.key != self.key or not _same_dir(msg, fds):
                 conn.send(b"R")  # the caller takes the full path
             else:
-                self._fork(msg, fds, conn)
+                self._fork(msg, data, fds, conn)
                 return
         except (OSError, wire.WireError) as e:
             print(f"sandgate fork server: refused a request: {e}", file=sys.stderr, flush=True)
@@ -120,35 +133,60 @@ class Server:
                 os.close(fd)
         conn.close()
 
-    def _fork(self, req: wire.Request, fds: list[int], conn: socket.socket) -> None:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        ours = [self.ep.fileno(), self.watch_fd, self.mounts_fd, self.wake_r, self.wake_w, *self.runs, *self.callers]
-        ours += [self.listener.fileno()] if self.listener is not None else []
-        server = os.getpid()
-        pid = os.fork()
-        if pid == 0:
-            worker.run(req, fds, conn, server, ours)
-        pidfd = os.pidfd_open(pid)
+    def _fork(self, req: wire.Request, data: bytes, fds: list[int], conn: socket.socket) -> None:
+        """Hand the run to the spare worker (forked now if there is none), tell the caller, fork the next."""
+        spare = self.spare or self._fork_spare()
+        self.spare = None
+        pid, pidfd, sock = spare
+        try:
+            sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, wire.pack_fds([conn.fileno(), *fds]))])
+        finally:
+            sock.close()
         self.runs[pidfd] = (pid, conn)
         self.callers[conn.fileno()] = pidfd
-        self.ep.register(pidfd, select.EPOLLIN)
         self.ep.register(conn.fileno(), select.EPOLLRDHUP)  # hang-up only: the caller's "go" is the worker's
         try:
             conn.sendmsg([wire.frame(b"P", pid)], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, wire.pack_fds([pidfd]))])
         except OSError:
             pass  # the caller is gone: its hang-up is in the epoll, and the worker sees no "go"
 
+    def fork_spare(self) -> None:
+        """A worker for the next run, forked ahead: its fork and page copies are off the next run's path."""
+        if self.spare is None and not self.stopping:
+            try:
+                self.spare = self._fork_spare()
+            except OSError as e:
+                print(f"sandgate fork server: no spare worker: {e}", file=sys.stderr, flush=True)
+
+    def _fork_spare(self) -> tuple[int, int, socket.socket]:
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        server = os.getpid()
+        pid = os.fork()
+        if pid == 0:
+            worker.spare(theirs, server)  # it closes every descriptor but its end and 0-2
+        theirs.close()
+        pidfd = os.pidfd_open(pid)
+        self.ep.register(pidfd, select.EPOLLIN)
+        self.runs[pidfd] = (pid, None)  # reaped like a run; not a run until it gets one
+        return pid, pidfd, mine
+
     def _reap(self, pidfd: int) -> None:
         pid, conn = self.runs.pop(pidfd)
         _, status = os.waitpid(pid, 0)
+        self.ep.unregister(pidfd)
+        os.close(pidfd)
+        if conn is None:  # the spare (stopped, or died waiting): the next run forks its own
+            if self.spare is not None and self.spare[1] == pidfd:
+                self.spare[2].close()
+                self.spare = None
+            return
         if os.WIFSIGNALED(status):  # killed before it could say: the caller dies of the same
             try:
                 conn.send(wire.frame(b"K", os.WTERMSIG(status)))
             except OSError:
                 pass
-        self.ep.unregister(pidfd)
-        os.close(pidfd)
         if self.callers.pop(conn.fileno(), None) is not None:
             self.ep.unregister(conn.fileno())
         conn.close()

@@ -15,21 +15,40 @@ import socket
 import sys
 import time
 import traceback
-from collections.abc import Iterable
 from typing import NoReturn
 
 from fsguard import process
 from launcher import ctty, timings
 from launcher.forkserver import wire
 
+MAX_FD = 1 << 20  # closerange's end: above any descriptor a server holds
 GO_TIMEOUT = 10.0  # seconds for the caller's "go"; it sends it as soon as it has our pid
 
 
-def run(req: wire.Request, fds: list[int], conn: socket.socket, server: int, close: Iterable[int]) -> NoReturn:
-    """The worker's whole life (in the child of os.fork); never returns."""
+def spare(sock: socket.socket, server: int) -> NoReturn:
+    """A worker forked ahead of its run (in the child of os.fork); never returns.
+
+    It sheds the server's state and copies the pages a run would write, then waits on `sock` for a
+    run: the request and its descriptors, the caller's connection first. EOF: the server stopped."""
+    try:
+        _detach(server, sock.fileno())
+        _own_pages()
+        data, anc, _, _ = sock.recvmsg(wire.MAX_REQUEST, socket.CMSG_SPACE((wire.FDS + 2) * 4))
+        fds = wire.unpack_fds(anc, (socket.SOL_SOCKET, socket.SCM_RIGHTS))
+        sock.close()
+        msg = wire.decode(data, len(fds) - 1) if data and fds else None
+    except BaseException:
+        traceback.print_exc()
+        os._exit(125)
+    if not isinstance(msg, wire.Request):
+        os._exit(0)  # no run came (the server stopped): nothing ran
+    run(msg, fds[1:], socket.socket(fileno=fds[0]))
+
+
+def run(req: wire.Request, fds: list[int], conn: socket.socket) -> NoReturn:
+    """A run's whole life in its worker, from the caller's "go" to its status; never returns."""
     code = 125
     try:
-        _detach(server, close)
         if _go(conn):
             _become(req, fds)
             code = _main(req.argv)
@@ -50,15 +69,21 @@ def run(req: wire.Request, fds: list[int], conn: socket.socket, server: int, clo
         os._exit(code)
 
 
-def _detach(server: int, close: Iterable[int]) -> None:
-    """Nothing of the server's: its descriptors, session, signal handling; dead with it (fail closed: a
-    run nobody watches for its caller's death must not go on)."""
+def _own_pages() -> None:
+    """Write, before any run, the server's pages a run would write (the reference counts of what it
+    imported): ~2 ms of copy-on-write faults a run would otherwise meet along its way."""
+    gc.unfreeze()
+    gc.get_objects()  # a list of every tracked object: each one's count written, and written back
+    gc.freeze()
+
+
+def _detach(server: int, keep: int) -> None:
+    """Nothing of the server's: its descriptors (all but 0-2 and `keep`: the listener, other runs'
+    callers, their pidfds), session, signal handling; dead with it (fail closed: a run nobody watches
+    for its caller's death must not go on)."""
     process.die_with_parent(server)
-    for fd in close:
-        try:
-            os.close(fd)
-        except OSError:
-            pass
+    os.closerange(3, keep)
+    os.closerange(keep + 1, MAX_FD)
     os.setsid()
     signal.set_wakeup_fd(-1)
     for sig in signal.valid_signals():  # a fresh interpreter's dispositions
