@@ -139,14 +139,16 @@ class EnvPolicy:
 
 class NameMatcher:
     """Shell-style name patterns, case-insensitive. Plain `*` globs (all the defaults) are matched with
-    string operations: compiling them into a regex cost every run a few milliseconds."""
+    string operations: compiling them into a regex cost every run a few milliseconds. `compiled`: all
+    of them in one regex (~15x faster per name), for a process that matches for many runs (the fork
+    server compiles the defaults once for all its runs, launcher/forkserver/)."""
 
-    def __init__(self, patterns: Iterable[str]) -> None:
+    def __init__(self, patterns: Iterable[str], compiled: bool = False) -> None:
         self.simple: list[tuple[str, ...]] = []
         other: list[str] = []
         for p in patterns:
             up = p.upper()
-            if "?" in up or "[" in up:
+            if compiled or "?" in up or "[" in up:
                 other.append(fnmatch.translate(up))
             else:
                 self.simple.append(tuple(up.split("*")))
@@ -216,10 +218,19 @@ _VALUE_HINTS = (
 )
 
 
+_COMPILED: list[tuple[NameMatcher, NameMatcher]] = []  # precompile_defaults(): the defaults as one regex each
+
+
 @cache
 def _defaults() -> tuple[NameMatcher, NameMatcher]:
     """Built once, on first use: most of sandgate never filters an environment."""
-    return NameMatcher(DEFAULT_ENV_DROP), NameMatcher(DEFAULT_ENV_KEEP)
+    return _COMPILED[0] if _COMPILED else (NameMatcher(DEFAULT_ENV_DROP), NameMatcher(DEFAULT_ENV_KEEP))
+
+
+def precompile_defaults() -> None:
+    """The default patterns compiled, for every filter this process (and its forks) will run."""
+    _COMPILED[:] = [(NameMatcher(DEFAULT_ENV_DROP, compiled=True), NameMatcher(DEFAULT_ENV_KEEP, compiled=True))]
+    _defaults.cache_clear()
 
 
 @cache

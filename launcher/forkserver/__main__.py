@@ -79,7 +79,7 @@ def _warm() -> None:
 
     cli.PREBUILT["run"] = cli.build_parser("run")
     daemonpath.code_id()  # the daemon's code fingerprint: ~25 stat calls
-    env.why_dropped("PATH", "")  # the default name patterns, compiled
+    env.precompile_defaults()  # the default name patterns, one regex each
 
 
 if __name__ == "__main__":

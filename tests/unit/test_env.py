@@ -6,6 +6,7 @@ from __future__ import annotations
 import fnmatch
 import io
 import json
+import os
 import re
 from contextlib import redirect_stderr
 from pathlib import Path
@@ -444,3 +445,23 @@ def test_audit_record_and_verbose_output_name_dropped_variables_never_values(
     for v in secret.values():
         for fragment in (v, "VAL-", GHP[4:]):
             assert fragment not in text, fragment
+
+
+_GLOB = st.text(alphabet="AB_*?1", min_size=1, max_size=6)
+
+
+@given(st.lists(_GLOB, min_size=1, max_size=5), st.text(alphabet="ab_AB1-.", max_size=8))
+def test_a_compiled_matcher_decides_as_the_plain_one(patterns: list[str], name: str) -> None:
+    """The fork server's one-regex matchers (fe.precompile_defaults) and the string globs agree."""
+    assert fe.NameMatcher(patterns, compiled=True).match(name) == fe.NameMatcher(patterns).match(name)
+
+
+def test_the_defaults_compiled_decide_as_before() -> None:
+    names = [*os.environ, "AWS_SECRET_ACCESS_KEY", "GITHUB_TOKEN", "PATH", "HOME", "npm_config_cache", "X_API_KEY"]
+    before = [fe.why_dropped(n, "v") for n in names]
+    try:
+        fe.precompile_defaults()
+        assert [fe.why_dropped(n, "v") for n in names] == before
+    finally:
+        fe._COMPILED.clear()
+        fe._defaults.cache_clear()
