@@ -56,13 +56,17 @@ class Server:
                     self._event(fd, events)
             if self.stopping and self.listener is not None:
                 self._close_listener()
-            self.fork_spare()  # here, with no caller's descriptor open: a spare must hold none of them
+            if not self._busy():  # between runs: its fork and page copies must not slow a run down
+                self.fork_spare()  # (and here no caller's descriptor is open: a spare must hold none)
 
     def _idle_timeout(self) -> float | None:
         """Seconds left before an idle exit; None while a run lives, once stopping, or never idle-exiting."""
-        if self.stopping or self.idle_exit <= 0 or any(conn is not None for _, conn in self.runs.values()):
+        if self.stopping or self.idle_exit <= 0 or self._busy():
             return None
         return self.idle_since + self.idle_exit - time.monotonic()
+
+    def _busy(self) -> bool:
+        return any(conn is not None for _, conn in self.runs.values())
 
     def stop(self, why: str) -> None:
         """Take no more runs (the ones running go on to their end)."""

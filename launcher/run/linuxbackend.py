@@ -2,18 +2,19 @@
 
   make:     1. the run directory
             2. the approval broker, if a human may be asked (before the mounts are planned: its
-               socket must be hidden)
-            3. under the run lock: a killed run's state and the placeholders no run holds removed
+               socket must be hidden); on a terminal, the command's pty
+            3. the holder forked with what it needs first (sandbox.Early): it makes its
+               user+net+mount+pid+ipc+uts namespaces and the network inside while we go on
+            4. under the run lock: a killed run's state and the placeholders no run holds removed
                (first: they must not be taken for the workspace's), the confinement planned (files,
                Landlock, env), this run's state written, earlier live runs' placeholders used and
                the missing ones created, and the state rewritten to name the placeholders it uses
                (planned again if the workspace changed meanwhile; launcher/run/placeholdershare.py)
-            4. the holder forked into its own user+net+mount+pid+ipc+uts namespaces; the
-               handshake (uid/gid maps written, the listeners born inside taken)
-            5. the listeners and the audit fd handed to the daemon (now, or once it is up); the
+            5. the handshake (uid/gid maps written, the listeners born inside taken)
+            6. the listeners and the audit fd handed to the daemon (now, or once it is up); the
                broker's threads (only after the fork)
-  start:    6. the go: the holder starts init, and init CMD
-  wait:     7. supervise: signals forwarded, a late daemon bound, a dead one reported, drops recorded
+  start:    7. the go, with the rest of the plan (sandbox.Inside): the holder starts init, and init CMD
+  wait:     8. supervise: signals forwarded, a late daemon bound, a dead one reported, drops recorded
   teardown: the channel closed and the binding ended (only if the holder was started), the broker
             stopped, the daemon connection closed, the run state removed and with it its references
             (under the run lock), the placeholders no live run uses any more removed, the audit
@@ -93,6 +94,8 @@ class LinuxSandbox:
         self.chan: socket.socket | None = None  # set once the holder is forked: then the binding is ended too
         self.handover: daemonctl.Handover | None = None
         self.relay: Relay | None = None  # on a terminal: the command's pty, relayed (launcher/run/ptyrelay.py)
+        self.tty: PtyPlan | None = None  # and its plan, the holder's and init's
+        self.inside: sandbox.Inside | None = None  # what init and CMD get with the go
         self.open = True  # the daemon connection, until teardown closes it
 
 
@@ -112,9 +115,10 @@ class LinuxBackend:
     def make(self, request: SandboxRequest) -> LinuxSandbox:
         box = LinuxSandbox(request, self.run)
         try:
-            conf = _prepare(box)  # 1-3
+            _fork_holder(box)  # 1-3
+            conf = _prepare(box)  # 4
             timings.mark("prepare")
-            _enter(box, conf)  # 4-5
+            _enter(box, conf)  # 5-6
         except BaseException:  # Ctrl-C included: nothing of a failed make is left behind
             self.teardown(box)
             raise
@@ -122,9 +126,9 @@ class LinuxBackend:
 
     def start(self, sandbox: object) -> None:
         box = _box(sandbox)
-        if box.chan is None or box.handover is None:
+        if box.chan is None or box.handover is None or box.inside is None:
             raise RunError("internal: start before make finished")  # a seam misuse: never start unconfined
-        box.chan.send(b"G")  # 6: init + CMD
+        _go(box.chan, box.inside)  # 7: init + CMD
         timings.mark("go")
 
     def wait(self, sandbox: object) -> int:
@@ -133,7 +137,7 @@ class LinuxBackend:
             raise RunError("internal: wait before make finished")
         status = supervise.supervise(
             box.holder, box.chan, box.handover, box.run.audit, box.run.opts.task, box.relay
-        )  # 7
+        )  # 8
         timings.mark("cmd-exited")
         return status
 
@@ -163,19 +167,40 @@ class LinuxBackend:
         run.audit.close()  # idempotent itself
 
 
+_go = sandbox.go  # (the seam's methods name their argument `sandbox`)
+
+
 def _box(sandbox: object) -> LinuxSandbox:
     if not isinstance(sandbox, LinuxSandbox):
         raise TypeError("not a Linux sandbox")
     return sandbox
 
 
-def _prepare(box: LinuxSandbox) -> confinement.Confinement:
-    """Steps 1-3: the run's host-side state, placeholders created under the lock."""
+def _fork_holder(box: LinuxSandbox) -> None:
+    """Steps 1-3: the run directory, the broker, the terminal; the holder forked, making its namespaces
+    and network while the launcher plans the confinement (the rest of its plan comes with the go)."""
     run = box.run
-    opts, paths, rt = run.opts, run.paths, run.paths.root
+    opts, paths = run.opts, run.paths
     box.dirs = paths
     runstate.make_dirs(paths)
     box.broker = _broker(opts, paths, run.audit)  # before planning the mounts: its socket must be hidden
+    if os.isatty(0) or os.isatty(1):  # the command gets a terminal of the sandbox's own devpts
+        box.tty = _terminal(box)
+    if box.broker is not None:
+        _tell_terminal(box.broker.banner())
+    nested = opts.nested_userns or opts.weak.nested_userns  # the weakening: verify's own control
+    early = sandbox.Early(PORTS, own_netns=not opts.weak.firewall, nested_userns=nested, tty=box.tty)
+    try:
+        box.holder, box.chan = sandbox.start_holder(os.getpid(), early)  # namespaces
+    finally:
+        if box.tty is not None:
+            os.close(box.tty.sock)  # init's end: only init may hold it (its death reads as EOF here)
+
+
+def _prepare(box: LinuxSandbox) -> confinement.Confinement:
+    """Step 4: the run's host-side state, placeholders created under the lock."""
+    run = box.run
+    opts, paths, rt = run.opts, run.paths, run.paths.root
     with runstate.lock(rt):
         runstate.cleanup_stale(rt)  # first: a killed run's placeholders must not be taken for the workspace's
         box.refs = placeholders.Refs()  # from here on teardown sweeps what this run made
@@ -194,27 +219,20 @@ def _prepare(box: LinuxSandbox) -> confinement.Confinement:
 
 
 def _enter(box: LinuxSandbox, conf: confinement.Confinement) -> None:
-    """Steps 4-5: the holder and its namespaces, the listeners on their way to the daemon."""
+    """Steps 5-6: the holder's uid/gid maps, the listeners born inside on their way to the daemon."""
     run = box.run
     opts, paths = run.opts, run.paths
-    ins = _inside(opts, conf, paths, run.tls)
-    if os.isatty(0) or os.isatty(1):  # the command gets a terminal of the sandbox's own devpts
-        ins = dataclasses.replace(ins, tty=_terminal(box))
-    if box.broker is not None:
-        _tell_terminal(box.broker.banner())
-    try:
-        holder, box.chan = sandbox.start_holder(os.getpid(), ins)  # namespaces
-    finally:
-        if ins.tty is not None:
-            os.close(ins.tty.sock)  # init's end: only init may hold it (its death reads as EOF here)
-    box.holder = holder
-    fds = sandbox.handshake(holder, box.chan, ins.ident)  # id maps; the listeners born inside
+    if box.holder is None or box.chan is None:
+        raise RunError("internal: no holder")
+    box.inside = ins = dataclasses.replace(_inside(opts, conf, paths, run.tls), tty=box.tty)
+    fds = sandbox.handshake(box.holder, box.chan, ins.ident)  # id maps; the listeners born inside
     timings.mark("handshake")
     audit_fd = os.open(opts.audit_path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
     box.handover = daemonctl.Handover(run.daemon, _spec(opts, paths, box.broker, run.tls), [audit_fd, *fds])
     box.handover.try_bind()  # the daemon binding: now, or as soon as it is up
     timings.mark("bind")
     if box.broker is not None:
+        holder = box.holder
         box.broker.who = lambda ip, port: _asker(holder, ip, port)
         box.broker.start()  # threads only after the fork
 
