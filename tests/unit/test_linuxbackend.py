@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import pickle
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -100,7 +101,7 @@ def _fakes(monkeypatch: pytest.MonkeyPatch, fx: Effects, tmp_path: Path) -> None
 
         monkeypatch.setattr(mod, name, step)
 
-    def holder(parent: int, ins: sandbox.Inside) -> tuple[int, socket.socket]:
+    def holder(parent: int, early: sandbox.Early) -> tuple[int, socket.socket]:
         mine, fx.peer = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         return 4242, mine
 
@@ -129,7 +130,8 @@ def _run(tmp_path: Path, fx: Effects) -> tuple[LinuxBackend, seam.SandboxRequest
     return LinuxBackend(run), request, paths
 
 
-MADE = ["make_dirs", "_broker", "cleanup_stale", "plan", "take", "_inside", "start_holder", "handshake"]
+# The holder is forked before the plan (it makes its namespaces while the launcher plans).
+MADE = ["make_dirs", "_broker", "start_holder", "cleanup_stale", "plan", "take", "_inside", "handshake"]
 UNDO_HOST = ["broker.stop", "daemon.close"]  # then placeholders, run state and the audit log, judged on disk
 UNDO_ALL = ["daemon.end", *UNDO_HOST]  # once the holder was forked: the channel closed, the binding ended
 
@@ -139,11 +141,11 @@ UNDO_ALL = ["daemon.end", *UNDO_HOST]  # once the holder was forked: the channel
     [
         ("make_dirs", ["daemon.close"]),  # the broker was not made yet
         ("_broker", ["daemon.close"]),
-        ("cleanup_stale", UNDO_HOST),
-        ("plan", UNDO_HOST),
-        ("take", UNDO_HOST),
-        ("_inside", UNDO_HOST),
         ("start_holder", UNDO_HOST),
+        ("cleanup_stale", UNDO_ALL),  # the holder forked first: its channel closed, the binding ended
+        ("plan", UNDO_ALL),
+        ("take", UNDO_ALL),
+        ("_inside", UNDO_ALL),
         ("handshake", UNDO_ALL),
         ("bind", UNDO_ALL),
         ("broker.start", UNDO_ALL),
@@ -183,7 +185,13 @@ def test_make_start_then_teardown_twice(monkeypatch: pytest.MonkeyPatch, tmp_pat
     with pytest.raises(BlockingIOError):
         fx.peer.recv(16)  # no go before start
     backend.start(box)
-    assert fx.peer.recv(16) == b"G"
+    msg, fds, _, _ = socket.recv_fds(fx.peer, 16, 1)
+    assert msg == b"G" and len(fds) == 1  # with the rest of the plan, in a sealed memfd
+    os.lseek(fds[0], 0, os.SEEK_SET)
+    with os.fdopen(fds[0], "rb") as f:
+        inside = pickle.load(f)
+    assert isinstance(inside, sandbox.Inside) and box.inside is not None
+    assert inside.cmd == ("true",) and inside.env == box.inside.env and inside.mounts == box.inside.mounts
     backend.teardown(box)
     assert fx.log[len(MADE) + 1 :] == UNDO_ALL
     assert not paths.dir.exists() and not os.path.lexists(tmp_path / "work" / ".envrc")
