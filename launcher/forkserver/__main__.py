@@ -49,7 +49,7 @@ def main(argv: list[str]) -> int:
             sep="\n",
             file=sys.stderr,
         )
-        with open(opts["--socket"] + ".refused", "w") as f:
+        with open(opts["--socket"] + ".refused", "w") as f:  # (client.spawn_missed honours it for a while)
             f.write(own + "\n")
         return 2
     from netguard.daemon import daemonpath
@@ -62,7 +62,7 @@ def main(argv: list[str]) -> int:
         from launcher.forkserver import server
 
         gc.freeze()  # what every worker shares: no collection walks it, no copy-on-write from one
-        server.Server(sock.sock, own, watch_fd, float(opts.get("--idle-exit", "300"))).serve()
+        server.Server(sock.sock, own, watch_fd, float(opts.get("--idle-exit", "300")), sock.release).serve()
     finally:
         sock.release()
     return 0

@@ -13,10 +13,12 @@ import _signal
 import _socket
 import os
 import sys
+import time
 
 from launcher import ctty
 from launcher.forkserver import context, wire
 
+REFUSED_FOR = 600.0  # seconds a refused key is not started again (client._refused_lately)
 REPLY_TIMEOUT = 5.0  # seconds to be accepted and forked; a server that slow leaves the run to the full path
 # Signals a user sends to sandgate that the run should get: what launcher/run/supervise.py forwards
 # (a served run has no terminal of its own to deliver them; see _terminal).
@@ -178,9 +180,9 @@ def spawn_missed() -> None:
     if not missed:
         return
     path, key = missed.pop()
-    if os.path.exists(path + ".refused"):
+    if _refused_lately(path + ".refused"):
         return  # a server started for this key found itself another context (its log says why): not again
-    if not _missed_twice(os.path.join(os.path.dirname(path), context.socket_prefix() + "missed"), key):
+    if not _missed_twice(os.path.join(os.path.dirname(path), "fork-missed"), key):
         return
     from launcher import prestart
 
@@ -189,10 +191,19 @@ def spawn_missed() -> None:
     prestart.detach(argv, env, os.path.join(os.path.dirname(path), "forkserver.log"))
 
 
+def _refused_lately(marker: str) -> bool:
+    """A server started for this key refused it within REFUSED_FOR seconds (its context changed between
+    the caller's key and its own: a mount came or went, say); after that, it may be tried again."""
+    try:
+        return os.stat(marker).st_mtime > time.time() - REFUSED_FOR
+    except OSError:
+        return False
+
+
 def _missed_twice(marker: str, key: str) -> bool:
     """True the second time in a row a warm run of this context finds no server. A context made anew for
     each command (a mount namespace with fresh tmpfs covers, say) would start a server for nobody at
-    every run; one file per network namespace remembers the last key that missed."""
+    every run; one file remembers the last key that missed (the key names the network namespace)."""
     try:
         with open(marker) as f:
             if f.read() == key:
@@ -208,6 +219,28 @@ def _missed_twice(marker: str, key: str) -> bool:
     finally:
         os.close(fd)
     return False
+
+
+def stale_files(runtime_dir: str) -> list[str]:
+    """What `sandgate cleanup` removes: sockets no server answers (a server SIGKILLed while serving),
+    refusal markers past REFUSED_FOR."""
+    paths = [os.path.join(runtime_dir, n) for n in sorted(os.listdir(runtime_dir)) if n.startswith("fork-")]
+    old = [p for p in paths if p.endswith(".refused") and not _refused_lately(p)]
+    return old + [p for p in paths if p.endswith(".sock") and not _answers(p)]
+
+
+def _answers(path: str) -> bool:
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_SEQPACKET | _socket.SOCK_CLOEXEC)
+    sock.settimeout(2.0)
+    try:
+        sock.connect(path)
+        return True
+    except (FileNotFoundError, ConnectionRefusedError):
+        return False
+    except OSError:
+        return True  # busy, or not ours to judge: kept
+    finally:
+        sock.close()
 
 
 def stop_all(runtime_dir: str) -> int:

@@ -16,6 +16,7 @@ import socket
 import struct
 import sys
 import time
+from collections.abc import Callable
 
 from launcher.forkserver import wire, worker
 
@@ -23,8 +24,11 @@ _PEERCRED = struct.Struct("3i")  # pid, uid, gid
 
 
 class Server:
-    def __init__(self, listener: socket.socket, key: str, watch_fd: int, idle_exit: float) -> None:
+    def __init__(
+        self, listener: socket.socket, key: str, watch_fd: int, idle_exit: float, release: Callable[[], None]
+    ) -> None:
         self.listener: socket.socket | None = listener
+        self.release = release  # the socket closed and its file removed (daemonpath.DaemonSocket.release)
         self.key, self.watch_fd, self.idle_exit = key, watch_fd, idle_exit
         self.ep = select.epoll()
         self.ep.register(listener.fileno(), select.EPOLLIN)
@@ -100,7 +104,7 @@ class Server:
             self.spare[2].close()  # the spare reads EOF and exits (reaped like a run)
             self.spare = None
         self.ep.unregister(self.listener.fileno())
-        self.listener.close()  # (the socket file goes with __main__'s release)
+        self.release()  # the file goes now: a server killed while its last runs end leaves none behind
         self.listener = None
 
     def _accept(self) -> None:

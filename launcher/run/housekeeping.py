@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 
 
 def cleanup() -> int:
-    """Remove what killed runs left: placeholders, state, dead daemons' sockets, a killed verify's worlds."""
+    """Remove what killed runs left: placeholders, state, dead daemons' and fork servers' sockets, a killed
+    verify's worlds."""
     if sys.platform == "win32":  # there: the ACL journals of killed runs (launcher/run/windows)
         from launcher.run.windows import runner
 
@@ -35,6 +36,9 @@ def cleanup() -> int:
         except (OSError, control.ControlError):
             sock.unlink(missing_ok=True)  # a dead daemon's socket
             removed.append(f"dead daemon socket {sock}")
+    for path in forkclient.stale_files(str(rt)):  # a SIGKILLed fork server's socket, old refusals
+        Path(path).unlink(missing_ok=True)
+        removed.append(f"stale fork server file {path}")
     if os.geteuid() == 0 and shutil.which("ip"):
         from launcher.run import staleworlds
 

@@ -168,6 +168,9 @@ class DaemonSocket:
             fcntl.flock(self.lock_fd, fcntl.LOCK_UN)
 
     def release(self) -> None:
+        """Remove PATH (if still ours) and close; once (a second call does nothing)."""
+        if self.lock_fd < 0:
+            return
         fcntl.flock(self.lock_fd, fcntl.LOCK_EX)
         try:
             try:
@@ -182,6 +185,7 @@ class DaemonSocket:
         finally:
             fcntl.flock(self.lock_fd, fcntl.LOCK_UN)
             os.close(self.lock_fd)
+            self.lock_fd = -1
 
 
 def answers(path: str) -> bool:

@@ -13,6 +13,7 @@ import _socket
 import os
 import select
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -428,3 +429,41 @@ def test_descriptors_are_packed_as_the_kernel_reads_them() -> None:
     rights = (_socket.SOL_SOCKET, _socket.SCM_RIGHTS)
     anc = [(rights[0], rights[1], wire.pack_fds(fds)), (rights[0], 99, b"\x01\x00\x00\x00")]
     assert wire.unpack_fds(anc, rights) == fds  # other ancillary data ignored
+
+
+def test_cleanup_finds_dead_sockets_and_old_refusals_only(runtime: Path) -> None:
+    path, _, proc = _start_server(runtime)  # a live one: kept
+    rt = runtime / "sandgate"
+    dead = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    dead.bind(str(rt / "fork-1-dead.sock"))  # bound, never listening: what a SIGKILLed server leaves
+    dead.close()
+    (rt / "fork-1-old.sock.refused").write_text("x")
+    os.utime(rt / "fork-1-old.sock.refused", (0, 0))
+    (rt / "fork-1-new.sock.refused").write_text("x")  # refused just now: still honoured
+    try:
+        assert client.stale_files(str(rt)) == [str(rt / "fork-1-old.sock.refused"), str(rt / "fork-1-dead.sock")]
+        assert not client._refused_lately(str(rt / "fork-1-old.sock.refused"))
+        assert client._refused_lately(str(rt / "fork-1-new.sock.refused"))
+    finally:
+        client.stop_all(str(rt))
+        proc.wait(timeout=20)
+    assert not os.path.exists(path)
+
+
+def test_a_stopping_server_removes_its_socket_before_its_last_run_ends(runtime: Path, tmp_path: Path) -> None:
+    """Its file goes with the stop, not with the process: a server killed while its runs end leaves none."""
+    path, key, proc = _start_server(runtime)
+    cwd = os.open(tmp_path, os.O_PATH | os.O_DIRECTORY)
+    env = {**SERVER_ENV, "XDG_RUNTIME_DIR": str(runtime), "PYTHONPATH": str(REPO)}
+    s = _connect(path)
+    try:
+        data, pidfds = _send(s, wire.Request(key, DRY, str(tmp_path), env, 0o22, False), [0, 1, 2, cwd])
+        assert data[:1] == b"P"  # a worker waits for our "go": a run in progress
+        client.stop_all(str(runtime / "sandgate"))
+        assert eventually(lambda: not os.path.exists(path), timeout=10)
+        assert proc.poll() is None  # still there for its run
+    finally:
+        s.close()  # no go: the worker ends, then the server
+        for fd in (cwd, *pidfds):
+            os.close(fd)
+        assert proc.wait(timeout=20) == 0
