@@ -41,13 +41,16 @@ def _ns(name: str) -> str:
 def mounts(mountinfo: str) -> list[str]:
     """The filesystem a process sees: each mount's device, root, place, options and source, without the
     numbers a new mount namespace renumbers (mount ids, propagation peers), and what the mount point
-    is now (device and inode: a file bound over /etc/hosts from a file since replaced is another view)."""
+    is now (device and inode: a file bound over /etc/hosts from a file since replaced is another view).
+    Namespace files (nsfs) are left out: every `ip netns add` or container start mounts one."""
     out = []
     for line in mountinfo.splitlines():
         fields = line.split()
         if "-" not in fields[6:]:
             continue
         sep = fields.index("-", 6)
+        if fields[sep + 1 : sep + 2] == ["nsfs"]:
+            continue  # a namespace pinned by a file (`ip netns add`, a container): no file a run reads
         point = fields[4]
         try:
             st = os.stat(point.replace("\\040", " ")) if "\\" not in point.replace("\\040", "") else None

@@ -18,7 +18,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from launcher.forkserver import wire, worker
+from launcher.forkserver import codewatch, context, wire, worker
 
 _PEERCRED = struct.Struct("3i")  # pid, uid, gid
 
@@ -36,6 +36,7 @@ class Server:
         # The mount table changed (the kernel flags /proc/self/mountinfo): our view is no longer the one
         # our key names (context.mounts), and a caller with that view may still come.
         self.mounts_fd = os.open("/proc/self/mountinfo", os.O_RDONLY | os.O_CLOEXEC)
+        self.view = self._view()
         self.ep.register(self.mounts_fd, select.EPOLLPRI)
         # pidfd -> (pid, the caller's connection; None: the spare worker, waiting for a run)
         self.runs: dict[int, tuple[int, socket.socket | None]] = {}
@@ -69,6 +70,14 @@ class Server:
             return None
         return self.idle_since + self.idle_exit - time.monotonic()
 
+    def _view(self) -> list[str]:
+        """What our mount table shows, as a key has it (context.mounts); read from the start."""
+        os.lseek(self.mounts_fd, 0, os.SEEK_SET)
+        chunks = []
+        while chunk := os.read(self.mounts_fd, 65536):
+            chunks.append(chunk)
+        return context.mounts(b"".join(chunks).decode(errors="replace"))
+
     def _busy(self) -> bool:
         return any(conn is not None for _, conn in self.runs.values())
 
@@ -84,9 +93,10 @@ class Server:
         elif fd == self.wake_r:
             os.read(fd, 64)  # the handler already ran
         elif fd == self.watch_fd:
-            self.stop("its code changed")
-        elif fd == self.mounts_fd:
-            self.ep.unregister(fd)  # (it stays flagged)
+            if codewatch.changed(fd):  # (not the imports' own byte-code cache)
+                self.stop("its code changed")
+        elif fd == self.mounts_fd and self._view() != self.view:  # (reading it again clears the flag)
+            self.ep.unregister(fd)
             self.stop("the mount table changed")
         elif fd in self.runs:
             self._reap(fd)
@@ -123,6 +133,8 @@ class Server:
             data, anc, flags, _ = conn.recvmsg(wire.MAX_REQUEST, socket.CMSG_SPACE((wire.FDS + 1) * 4))
             fds = wire.unpack_fds(anc, (socket.SOL_SOCKET, socket.SCM_RIGHTS))
             msg = wire.decode(data, len(fds)) if not flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC) else None
+            if codewatch.changed(self.watch_fd):  # a change queued before this caller came: not served
+                self.stop("its code changed")
             if msg == "stop":
                 self.stop("asked")
             elif not isinstance(msg, wire.Request) or self.stopping or msg.key != self.key or not _same_dir(msg, fds):

@@ -467,3 +467,38 @@ def test_a_stopping_server_removes_its_socket_before_its_last_run_ends(runtime: 
         for fd in (cwd, *pidfds):
             os.close(fd)
         assert proc.wait(timeout=20) == 0
+
+
+def test_a_change_queued_before_a_request_is_never_served(runtime: Path, tmp_path: Path) -> None:
+    """An edit, then at once a request: whichever the server reads first, the old code serves nothing."""
+    tree = tmp_path / "tree"
+    for part in (*codewatch.PACKAGES, "allowlists"):
+        shutil.copytree(REPO / part, tree / part, ignore=shutil.ignore_patterns("__pycache__"))
+    env = {**SERVER_ENV, "XDG_RUNTIME_DIR": str(runtime), "PYTHONPATH": str(tree)}
+    key = context.key(env, str(tree / "launcher"))
+    (runtime / "sandgate").mkdir(mode=0o700)
+    path = str(runtime / "sandgate" / context.socket_name(key))
+    argv = [sys.executable, "-P", "-m", "launcher.forkserver", "--socket", path, "--key", key]
+    proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, cwd="/")
+    cwd = os.open(tmp_path, os.O_PATH | os.O_DIRECTORY)
+    try:
+        assert eventually(lambda: os.path.exists(path) or proc.poll() is not None, timeout=30)
+        s = _connect(path)  # in the loop once it answers
+        s.send(_raw(wire.MAGIC, "not-a-key", "/", "22", "0", "2", "s", "run"))
+        assert s.recv(8) == b"R"
+        s.close()
+        with open(tree / "sgbase" / "__init__.py", "a") as f:
+            f.write("# changed\n")
+        try:
+            s = _connect(path)
+            data, fds = _send(s, wire.Request(key, DRY, str(tmp_path), env, 0o22, False), [0, 1, 2, cwd])
+            s.close()
+        except (FileNotFoundError, ConnectionRefusedError, ConnectionResetError):
+            data, fds = b"R", []  # already gone: not served either
+        assert data in (b"R", b"") and fds == []  # refused, or closed unanswered as it stopped
+        assert proc.wait(timeout=20) == 0 and not os.path.exists(path)
+    finally:
+        os.close(cwd)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
