@@ -226,21 +226,17 @@ def stale_files(runtime_dir: str) -> list[str]:
     refusal markers past REFUSED_FOR."""
     paths = [os.path.join(runtime_dir, n) for n in sorted(os.listdir(runtime_dir)) if n.startswith("fork-")]
     old = [p for p in paths if p.endswith(".refused") and not _refused_lately(p)]
-    return old + [p for p in paths if p.endswith(".sock") and not _answers(p)]
+    return old + [p for p in paths if p.endswith(".sock") and _dead(p)]
 
 
-def _answers(path: str) -> bool:
-    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_SEQPACKET | _socket.SOCK_CLOEXEC)
-    sock.settimeout(2.0)
+def _dead(path: str) -> bool:
+    """Nothing listens there (another error, busy or not ours to judge: kept)."""
+    from netguard.daemon import daemonpath
+
     try:
-        sock.connect(path)
-        return True
-    except (FileNotFoundError, ConnectionRefusedError):
-        return False
+        return not daemonpath.answers(path)
     except OSError:
-        return True  # busy, or not ours to judge: kept
-    finally:
-        sock.close()
+        return False
 
 
 def stop_all(runtime_dir: str) -> int:
