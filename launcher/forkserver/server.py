@@ -154,7 +154,8 @@ class Server:
         conn.close()
 
     def _fork(self, req: wire.Request, data: bytes, fds: list[int], conn: socket.socket) -> None:
-        """Hand the run to the spare worker (forked now if there is none), tell the caller, fork the next."""
+        """Hand the run to the spare worker (forked now if there is none) and tell the caller; the next spare
+        is forked once no run is in progress (serve)."""
         spare = self.spare or self._fork_spare()
         self.spare = None
         pid, pidfd, sock = spare
