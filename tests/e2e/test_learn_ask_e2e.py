@@ -304,6 +304,60 @@ def test_the_terminal_prompt_carries_the_runs_code_and_takes_the_answer(net: Net
     assert [(a["answer"], a["by"]) for a in answers] == [("once", "terminal")]
 
 
+SERVED_DRIVER = """\
+# TERMINAL_DRIVER's person, for a command whose streams do not go to the terminal: this driver keeps the
+# terminal's other end open, or the master would read EIO as soon as no stream of the command is on it.
+import fcntl, os, re, select, sys, termios, time
+primary, secondary = os.openpty()
+pid = os.fork()
+if pid == 0:
+    os.setsid()
+    fcntl.ioctl(secondary, termios.TIOCSCTTY, 0)
+    for i in range(3):
+        os.dup2(secondary, i)
+    os.execvp(sys.argv[1], sys.argv[1:])
+out, answered, deadline = b"", False, time.time() + 60
+while time.time() < deadline and os.waitpid(pid, os.WNOHANG) == (0, 0):
+    if not select.select([primary], [], [], 0.2)[0]:
+        continue
+    out += os.read(primary, 4096)
+    code = re.search(rb"genuine prompts carry the code \\[([0-9A-F]{4})\\]", out)
+    if code and not answered and re.search(rb"sandgate \\[" + code.group(1) + rb"\\] allow ask.test:443 .*\\?", out):
+        os.write(primary, b"o\\n")
+        answered = True
+print(out.decode(errors="replace").replace("\\r", ""))
+"""
+
+
+def test_a_served_run_prompts_on_the_terminal_its_caller_passed(net: Net) -> None:
+    """An agent's case: a terminal in raw mode (no ISIG: it cannot signal sandgate), the streams
+    redirected. The run is served by the fork server (launcher/forkserver/), whose worker has no
+    terminal of its own: the prompt must reach the caller's, and the answer come back from it."""
+    for _ in range(30):  # warm: the daemon, then a fork server for this context
+        warmup = net.sg.run(cmd=["true"], env={**env(), "SANDGATE_TIMINGS": "1"})
+        if "sandgate-timing forked" in warmup.stderr:
+            break
+        time.sleep(0.2)
+    else:
+        pytest.fail("no run was served by a fork server")
+    pol = policy(net, "version: 1\nnetwork:\n  ask: [ask.test]\n", "served-tty")
+    audit = net.world.tmp / f"audit-served-tty-{time.monotonic_ns()}.jsonl"
+    out = net.world.tmp / f"served-tty-{time.monotonic_ns()}.out"
+    line = net.sg.argv(policy=pol, audit=audit, cmd=["sh", "-c", net.curl("https://ask.test/")])
+    shell = 'stty -isig; exec "$@" </dev/null >"$OUT" 2>&1'
+    r = net.world.run(
+        [sys.executable, "-c", SERVED_DRIVER, "sh", "-c", shell, "sh", *line],
+        cwd=net.world.tmp,
+        env={**env(), "OUT": str(out), "SANDGATE_TIMINGS": "1"},
+        timeout=90,
+    )
+    text = out.read_text()
+    assert "https://ask.test/ 200" in text, (text, r.stdout)
+    assert "sandgate-timing forked" in text  # it was served, not the launcher's own run
+    answers = [a for a in records(audit, "approval") if a["stage"] == "answer"]
+    assert [(a["answer"], a["by"]) for a in answers] == [("once", "terminal")]
+
+
 def test_without_a_terminal_or_channel_an_ask_is_denied_at_once(net: Net) -> None:
     pol = policy(net, "version: 1\nnetwork:\n  ask: [ask.test]\n", "notty")
     t0 = time.monotonic()
