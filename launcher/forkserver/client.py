@@ -20,17 +20,6 @@ from launcher.forkserver import context, wire
 
 REFUSED_FOR = 600.0  # seconds a refused key is not started again (client._refused_lately)
 REPLY_TIMEOUT = 5.0  # seconds to be accepted and forked; a server that slow leaves the run to the full path
-# Signals a user sends to sandgate that the run should get: what launcher/run/supervise.py forwards
-# (a served run has no terminal of its own to deliver them; see _terminal).
-FORWARDED = (
-    _signal.SIGTERM,
-    _signal.SIGHUP,
-    _signal.SIGUSR1,
-    _signal.SIGUSR2,
-    _signal.SIGINT,
-    _signal.SIGQUIT,
-    _signal.SIGCONT,
-)
 LAUNCHER_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 #: (socket path, key) of a server this run looked for and did not find: started for the next run.
@@ -90,6 +79,7 @@ def _connect(tty: int | None) -> _socket.socket | None:
         rt = daemonpath.runtime_dir()
     except daemonpath.ControlError:
         return None  # the full path says why, in its words
+    here = os.getcwd()  # a deleted directory (FileNotFoundError): the full path says so
     key = context.key(os.environ, LAUNCHER_DIR)
     path = os.path.join(rt, context.socket_name(key))
     sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_SEQPACKET | _socket.SOCK_CLOEXEC)
@@ -100,8 +90,11 @@ def _connect(tty: int | None) -> _socket.socket | None:
         sock.close()
         missed.append((path, key))
         return None
-    here = os.getcwd()  # a deleted directory (FileNotFoundError): the full path says so
-    cwd = os.open(".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        cwd = os.open(".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        sock.close()
+        return None
     try:
         umask = os.umask(0o022)
         os.umask(umask)
@@ -131,7 +124,7 @@ def _started(sock: _socket.socket) -> _socket.socket | None:
         sock.close()
         return None
     pidfd = pidfds[0]
-    for sig in FORWARDED:  # from here on the run is the worker's: what we are sent is for it
+    for sig in ctty.FORWARDED:  # from here on the run is the worker's: what we are sent is for it
         _signal.signal(sig, lambda s, _f: _forward(pidfd, s))
     sock.send(b"G")  # committed: the worker starts the run
     return sock

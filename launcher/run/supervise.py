@@ -16,6 +16,7 @@ import socket
 import sys
 from typing import TYPE_CHECKING
 
+from launcher import ctty
 from launcher.errors import render
 from launcher.run import daemonctl
 from netguard.audit import AuditLog, decision_record
@@ -23,17 +24,7 @@ from netguard.audit import AuditLog, decision_record
 if TYPE_CHECKING:  # imported only when sandgate runs on a terminal
     from launcher.run.ptyrelay import Relay
 
-# Signals a user sends to sandgate that CMD should get. Terminal-generated ones (Ctrl-C, Ctrl-\)
-# already reach CMD directly because it is in the terminal's foreground process group.
-FORWARDED = (
-    signal.SIGTERM,
-    signal.SIGHUP,
-    signal.SIGUSR1,
-    signal.SIGUSR2,
-    signal.SIGINT,
-    signal.SIGQUIT,
-    signal.SIGCONT,
-)
+FORWARDED = ctty.FORWARDED  # (terminal-generated ones reach CMD directly in the terminal's foreground group)
 TTY_SIGNALS = (signal.SIGINT, signal.SIGQUIT)
 
 
