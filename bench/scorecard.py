@@ -151,6 +151,7 @@ def cold_rows(r: sb.Runner, srv: c.Servers, n: int) -> list[Row]:
     for _ in range(n):
         r.stop_daemon()
         cold.append(r.timed(["run", "-q", *allow, "--", *curl]))
+    r.settle()
     warm = statistics.median(r.timed(["run", "-q", *allow, "--", *curl]) for _ in range(n))
     med = statistics.median(cold)
     return [

@@ -34,7 +34,7 @@ class Relay:
         self._pair: splice.Pair | None = None
         self._moved: relaypool.Moved | None = None
         pool = relaypool.pool()
-        pool.start()  # workers boot (if none yet) while this flow's first bytes go by here
+        pool.soon()  # workers boot (if none yet) while this flow and the next go by here
         if MOVE_AFTER <= 0 or Relay.live >= IN_PROCESS_MAX:
             self._moved = pool.place(a, b, idle, self._ended)
         if self._moved is None:

@@ -27,6 +27,10 @@ from netguard.relay import relaywire
 INITIAL = min(2, os.cpu_count() or 1)  # started at once: a second core for big transfers
 MAX_WORKERS = 8  # more only when the others are three quarters full (each holds ~10,000 flows here)
 RESPAWN = 1.0  # seconds between starts after a failure or a death: a crashing worker must not spin
+#: Seconds after the first flow finds no worker before the workers start: their start (~50 ms of CPU each)
+#: would otherwise run beside a cold start's first run, its command and its teardown, on the same cores;
+#: meanwhile flows splice in-process, as they do whenever no worker can take them.
+LAZY = 0.5
 _ROOT = str(Path(__file__).resolve().parents[2])  # the directory holding the netguard package
 
 
@@ -138,10 +142,20 @@ class Pool:
         self.away = 0  # flows in workers: fds this process does not hold (the daemon's netguard.daemon.fdlimit.Budget)
         self._next = 1
         self._after = 0.0  # no start before this (monotonic)
+        self._later: asyncio.TimerHandle | None = None  # the start LAZY seconds after a flow found no worker
 
     def start(self, n: int = INITIAL) -> None:
         while len(self.workers) < n and self._spawn():
             pass
+
+    def soon(self) -> None:
+        """Start the workers LAZY seconds from now, if none is there or on its way."""
+        if not self.workers and self._later is None:
+            self._later = asyncio.get_running_loop().call_later(LAZY, self._start_later)
+
+    def _start_later(self) -> None:
+        self._later = None
+        self.start()
 
     def _spawn(self) -> bool:
         if time.monotonic() < self._after or len(self.workers) >= MAX_WORKERS:
@@ -178,7 +192,8 @@ class Pool:
     def place(self, a: int, b: int, idle: float, on_done: OnDone) -> Moved | None:
         """Send `a`, `b` to a worker (they are then closed here); None: nothing sent, they are still the caller's."""
         if not self.workers:
-            self.start()
+            self.soon()  # none yet: they come LAZY seconds from now, this flow stays with the caller
+            return None
         ready = [w for w in self.workers if len(w.flows) < w.capacity and not w.chan.closed]
         starting = any(not w.hello for w in self.workers)
         if not starting and (not ready or min(len(w.flows) / w.capacity for w in ready) > 0.75):
@@ -198,6 +213,9 @@ class Pool:
         on_done(why)
 
     def stop(self) -> None:
+        if self._later is not None:
+            self._later.cancel()
+            self._later = None
         for w in list(self.workers):
             w.stop()
 

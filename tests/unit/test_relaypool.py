@@ -269,3 +269,40 @@ def test_a_worker_imports_nothing_planted_beside_the_netguard_package(tmp_path: 
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == str(tmp_path / "netguard" / "__init__.py")  # netguard came from there
     assert not marker.exists()  # and nothing else did
+
+
+def test_the_first_flow_starts_no_worker_at_once_and_the_workers_come_lazy_seconds_later() -> None:
+    """A cold daemon's first flow must not boot worker processes beside the run that made it (issue 25:
+    their start slowed a cold run's command and teardown on 2 cores); the flow stays with the caller."""
+    loop = Loop()
+    try:
+        a, b = socket.socketpair()
+        t0 = time.monotonic()
+        assert loop.call(lambda: loop.pool.place(a.fileno(), b.fileno(), 0, lambda why: None)) is None
+        assert loop.pool.workers == []  # nothing spawned with the first flow
+        a.send(b"x")
+        assert b.recv(1) == b"x"  # the caller's fds are untouched: it splices them itself
+        assert loop.ready(relaypool.INITIAL)  # ...and the workers come by themselves
+        assert time.monotonic() - t0 >= relaypool.LAZY
+        f = Flow(loop)  # the next flow is taken by one
+        f.client.sendall(b"later")
+        assert f.server.recv(5) == b"later"
+        f.close()
+        a.close()
+        b.close()
+    finally:
+        loop.close()
+
+
+def test_a_stopped_pool_starts_no_worker_later() -> None:
+    loop = Loop()
+    try:
+        a, b = socket.socketpair()
+        assert loop.call(lambda: loop.pool.place(a.fileno(), b.fileno(), 0, lambda why: None)) is None
+        loop.call(loop.pool.stop)
+        time.sleep(relaypool.LAZY + 0.2)
+        assert loop.pool.workers == []  # a proxy that stopped leaves no worker behind
+        a.close()
+        b.close()
+    finally:
+        loop.close()
