@@ -93,18 +93,14 @@ def daemon(action: str, as_json: bool) -> int:
         d.close()
         print(f"sandgate: daemon running ({path})", file=sys.stderr)
         return 0
-    if action == "stop" and forkclient.stop_all(str(rt)):
-        print("sandgate: fork servers stopped (the runs they serve finish first)", file=sys.stderr)
+    if action == "stop":
+        return _stop(rt, path)
     try:
         client = control.ControlClient.connect(path, timeout=2.0)
     except (OSError, control.ControlError):
         print(f"sandgate: no daemon running ({path})", file=sys.stderr)
-        return 3 if action == "status" else 0
+        return 3
     try:
-        if action == "stop":
-            client.stop()
-            print("sandgate: daemon stopped", file=sys.stderr)
-            return 0
         st = client.status()
     finally:
         client.close()
@@ -112,6 +108,34 @@ def daemon(action: str, as_json: bool) -> int:
         print(json.dumps(st))
     else:
         _print_status(st, path)
+    return 0
+
+
+def _stop(rt: Path, path: Path) -> int:
+    """`daemon stop`: this sandgate's daemon and an older sandgate's of this network namespace too (an
+    upgrade or a checkout that moved on leaves the old one serving nobody until its idle exit; a user who
+    says stop means every one). Another network namespace's daemons are theirs."""
+    if forkclient.stop_all(str(rt)):
+        print("sandgate: fork servers stopped (the runs they serve finish first)", file=sys.stderr)
+    netns = os.stat("/proc/self/ns/net").st_ino
+    stopped = 0
+    for sock in sorted(rt.glob(f"daemon-{netns}-*.sock"), key=lambda p: p != path):  # this code's first
+        try:
+            client = control.ControlClient.connect(sock, timeout=2.0)
+        except (OSError, control.ControlError):
+            continue  # a dead daemon's socket: `sandgate cleanup` removes it
+        try:
+            client.stop()
+        except (OSError, control.ControlError) as e:
+            print(f"sandgate: could not stop the daemon at {sock}: {e}", file=sys.stderr)
+            continue
+        finally:
+            client.close()
+        stopped += 1
+        older = "" if sock == path else f" (an older sandgate's, {sock})"
+        print(f"sandgate: daemon stopped{older}", file=sys.stderr)
+    if not stopped:
+        print(f"sandgate: no daemon running ({path})", file=sys.stderr)
     return 0
 
 

@@ -177,3 +177,31 @@ def no_daemon_for_a_while(w: World) -> None:
     while time.monotonic() < deadline:
         assert bindings(w) == -1
         time.sleep(0.1)
+
+
+def test_daemon_stop_also_stops_an_older_sandgates_daemon_of_this_netns(w: World) -> None:
+    """An upgrade changes the daemon's socket name (its code id): the old daemon must not outlive a `daemon
+    stop` that says it stopped every daemon, serving nobody until its idle exit."""
+    assert w.run([*SANDGATE, "daemon", "start"], cwd=w.tmp, env=env()).returncode == 0
+    ino = w.run(["stat", "-L", "-c", "%i", "/proc/self/ns/net"]).stdout.strip()
+    (current,) = Path("/run/sandgate").glob(f"daemon-{ino}-*.sock")
+    older = current.with_name(f"daemon-{ino}-0000000000.sock")  # what an older code id names
+    old = w.popen(
+        [SANDGATE[0], "-m", "netguard.daemon", "--socket", str(older)],
+        env=env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for(lambda: older.exists())
+        r = w.run([*SANDGATE, "daemon", "stop"], cwd=w.tmp, env=env())
+        assert r.returncode == 0, r.stderr
+        assert "sandgate: daemon stopped\n" in r.stderr and f"an older sandgate's, {older}" in r.stderr, r.stderr
+        assert old.wait(20) == 0  # the older daemon exited by itself, asked to
+        wait_for(lambda: bindings(w) == -1)  # and this sandgate's too
+        assert not older.exists()
+    finally:
+        if old.poll() is None:
+            old.kill()
+            old.wait(5)
+        older.unlink(missing_ok=True)
