@@ -3,22 +3,28 @@
   make:     1. setup present (sandbox user, sealed password, persistent WFP filters): else refuse,
                fail closed, "run 'sandgate setup' as administrator"
             2. replay ACL journals left by dead runs (crash recovery)
+            2b. sweep what a dead run's command left outside its job (sweep.py), unless another run
+               is live; leftovers that survive refuse the run (they would share its grants)
             3. the proxy: `sandgate proxy` as a child on the filters' loopback port, ready line awaited
             4. the ACL plan: each change journalled (write-ahead), then applied
             5. the job (job.check_job: kill on close, no breakaway, no UI limits: they cannot nest)
             5b. the run's private window station and desktop (desktop.py: not the user's desktop)
             5c. `--transparent` only: the redirect loop started (transparent.py; its resolver
                listens before step 3, its check runs with step 1)
-  start:    6. CMD suspended, as the sandbox user, on that desktop, its executable resolved here
+  start:    5d. the run's sweep marked pending (write-ahead: a killed sandgate leaves the mark)
+            6. CMD suspended, as the sandbox user, on that desktop, its executable resolved here
                (exesearch.py), its std handles sandgate's pipes, with the env block (filtered env
                without the real user's profile, plus the sandbox user's profile and proxy vars)
             7. into the job; refused -> terminated, never resumed
             8. resumed
   wait:     9. CMD's exit code
   teardown: the reverse, each step once and whatever failed: stop the redirect loop (permits
-            first: fail closed), close the job (kills the tree), close the desktop, restore
-            the DACLs and remove placeholders (acljournal.restore_action), delete the journal, stop
-            the proxy, close the loop's resolver. A failure inside make tears down what make did before it is raised.
+            first: fail closed), close the job (kills the tree), close the desktop, **sweep** as the
+            sandbox user (sweep.py: its tasks deleted, its processes outside the job ended; one
+            `sandgate: teardown: ...` line for anything that survived, the mark kept for the next
+            run and `sandgate cleanup`), restore the DACLs and remove placeholders
+            (acljournal.restore_action), delete the journal, stop the proxy, close the loop's
+            resolver. A failure inside make tears down what make did before it is raised.
 
 Why the proxy is a child: the per-user daemon's control socket is AF_UNIX, which CPython lacks on
 Windows; the standalone proxy (netguard/daemon/standalone.py) listens on 127.0.0.1 itself. Every
@@ -28,10 +34,11 @@ effect goes through api.WinApi, so all of this runs on Linux against a fake.
 from __future__ import annotations
 
 import dataclasses
+import ntpath
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from fsguard.windows import acl, aclapply, desktop, envblock, exesearch, profileenv, winpath
+from fsguard.windows import acl, aclapply, desktop, envblock, exesearch, profileenv, sweep, winpath
 from fsguard.windows.launch import Launch
 from launcher.run.seam import PlatformName, SandboxRequest
 from launcher.run.windows import plan
@@ -58,6 +65,7 @@ class WinSandbox:
     desktop: int | None = None
     proc: Proc | None = None
     capture: tp.Capture | None = None  # `--transparent` only: the redirect loop and its resolver
+    mark: str | None = None  # the pending-sweep mark, set before CMD exists (sweep.marker)
     notes: list[str] = field(default_factory=list)  # teardown problems, said by the caller
 
 
@@ -86,6 +94,12 @@ class WindowsBackend:
         appdata = api.local_appdata()
         for line in aclapply.replay_left(api, appdata, self.warn):  # 2
             self.warn(f"restored {line} left by a killed run")
+        left = sweep_left(api, ready, appdata)  # 2b: before anything of this run exists
+        if left is not None and not left.clean:
+            raise WinApiError(
+                f"{sweep.describe(left)}; left by an earlier run, they would share this run's grants: "
+                "end them (Task Manager, schtasks /delete as administrator), then run again"
+            )
         journal = state.journal_path(appdata, api.own_pid(), request.task)
         box = WinSandbox(request, ready, aclapply.Applied(journal))
         try:
@@ -117,7 +131,10 @@ class WindowsBackend:
         box = _box(sandbox)
         if box.plan is None or box.job is None:
             raise WinApiError("start before make finished")  # a seam misuse: never start unconfined
-        box.proc = self.api.start_suspended(_launch(self.api, box, box.plan))  # 6
+        launch = _launch(self.api, box, box.plan)
+        box.mark = sweep.marker(box.applied.journal)
+        self.api.write_file(box.mark, b"")  # 5d: before CMD exists, so a killed sandgate leaves it
+        box.proc = self.api.start_suspended(launch)  # 6
         try:
             self.api.assign(box.job, box.proc)  # 7
         except WinApiError:
@@ -136,6 +153,7 @@ class WindowsBackend:
         if box.capture is not None:  # first: the permits go before anything else (fail closed)
             self._step(box, "stop the transparent capture", lambda b: tp.stop(b.capture) if b.capture else None)
         self._step(box, "close the job", self._close_job)
+        self._step(box, "sweep the sandbox user's leftovers", self._sweep)  # after the job: what escaped it
         self._step(box, "restore the ACLs", lambda b: aclapply.finish(self.api, b.applied, b.notes.append))
         self._step(box, "stop the proxy", self._stop_proxy)
         if box.capture is not None:
@@ -162,10 +180,45 @@ class WindowsBackend:
             desk, box.desktop = box.desktop, None
             self.api.close_desktop(desk)
 
+    def _sweep(self, box: WinSandbox) -> None:
+        """As the sandbox user, after the job closed: its tasks deleted, its escaped processes ended.
+        While another run of that user is live nothing is swept (those are its command's); this
+        run's mark stays, and whoever runs next after both have ended sweeps."""
+        if box.mark is None:
+            return  # CMD never started: nothing of it can be left
+        dead, other = sweep.pending(self.api, ntpath.dirname(box.mark))
+        if other:
+            return
+        done = _swept(self.api, box.ready)
+        line = sweep.describe(done)
+        if line is not None:
+            box.notes.append(line)  # the mark stays: the next run and `sandgate cleanup` sweep again
+            return
+        for path in (box.mark, *dead):
+            self.api.remove_file(path)
+        box.mark = None
+
     def _stop_proxy(self, box: WinSandbox) -> None:
         if box.proxy is not None:
             proxy, box.proxy = box.proxy, None
             self.api.stop_proxy(proxy)
+
+
+def _swept(api: WinApi, ready: winsetup.Ready) -> sweep.Swept:
+    return sweep.sweep(api, ready.record.name, ready.password, ready.record.sid, api.own_pid())
+
+
+def sweep_left(api: WinApi, ready: winsetup.Ready, appdata: str) -> sweep.Swept | None:
+    """The sweep of runs that died with theirs pending (their marks removed once it is clean);
+    None: nothing pending, or another run is live (its command's processes are not leftovers)."""
+    dead, other = sweep.pending(api, state.journal_dir(appdata))
+    if not dead or other:
+        return None
+    done = _swept(api, ready)
+    if done.clean:
+        for path in dead:
+            api.remove_file(path)
+    return done
 
 
 def _box(sandbox: object) -> WinSandbox:

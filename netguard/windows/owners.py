@@ -6,6 +6,16 @@ port where the platform reports it: WinDivert at ALE_AUTH_CONNECT does, eBPFDive
 runs before the port is bound and reports 0). A SYN is reflected only if every event it could be
 is the job's, passed only if none is, and dropped otherwise: unknown owner, or an ambiguous mix.
 A dropped SYN costs a retransmit, never an escape.
+
+Whose a connect is (`judge`, the table below) is decided from its process, looked up once when its
+event is read: in the run's job -> reflect (the command's: the proxy decides, audited); outside the
+job -> pass only if its token user is another user's. A process of the sandbox SID outside the job
+(an interactive-token task, anything the teardown sweep is for) is dropped: the run's permits match
+the SID, so passing it would be direct, unaudited off-host TCP, and reflecting it would put a
+stranger's flow under the command's policy. An owner that cannot be opened or whose SID cannot be
+read is dropped too (fail closed). A lookup keeps its process handle while a connect event of that
+pid waits for its SYN: "the identifier may be reused" only once "all handles to the process are
+closed" (PROCESS_INFORMATION docs), so a cached answer can never be a reused pid's.
 """
 
 from __future__ import annotations
@@ -16,8 +26,39 @@ from dataclasses import dataclass
 from typing import Literal
 
 Verdict = Literal["reflect", "pass", "drop"]
+#: "unseen": no connect event matches the SYN (yet); the loop looks once more, then drops.
+Decision = Literal["reflect", "pass", "drop", "unseen"]
+#: "unknown": the process could not be opened or asked (gone, or its DACL refuses the loop).
+Membership = Literal["job", "outside", "unknown"]
 #: How long a connect event waits for its SYN (a SYN follows its connect within milliseconds).
 EVENT_TTL = 10.0
+
+
+@dataclass(frozen=True)
+class Owner:
+    """What the loop learned about a connect's process, read through one handle."""
+
+    membership: Membership
+    sid: str | None  # its token user; None: unreadable
+
+
+@dataclass(frozen=True)
+class Held:
+    """A lookup and the process handle it keeps open (0: none, nothing pinned, never cached)."""
+
+    owner: Owner
+    handle: int = 0
+
+
+def judge(owner: Owner, sandbox_sid: str) -> Verdict:
+    """The verdict for one connect by its owner (pure, the whole table)."""
+    if owner.membership == "job":
+        return "reflect"  # the command's, whatever its token says: the proxy decides
+    if owner.membership == "unknown" or owner.sid is None:
+        return "drop"  # cannot tell whose: never passed on a guess
+    if owner.sid.upper() == sandbox_sid.upper():
+        return "drop"  # escaped the job: its decision would be unaudited (H3)
+    return "pass"  # another user's: the loop sees the machine's traffic
 
 
 @dataclass(frozen=True)
@@ -30,29 +71,65 @@ class ConnectEvent:
 
 
 class Owners:
-    def __init__(self, in_job: Callable[[int], bool]) -> None:
-        self._in_job = in_job
-        self._events: list[ConnectEvent] = []
+    """Connect events with their owners, matched to SYNs. `look(pid)`: the WinApi lookup;
+    `release(handle)`: closes a handle it kept."""
+
+    def __init__(
+        self, look: Callable[[int], Held], sandbox_sid: str, release: Callable[[int], None] = lambda _: None
+    ) -> None:
+        self._look, self._sid, self._release = look, sandbox_sid, release
+        self._events: list[tuple[ConnectEvent, Held]] = []
+        self._held: dict[int, tuple[Held, int]] = {}  # pid -> (its lookup, events pending on it)
 
     def add(self, event: ConnectEvent) -> None:
-        self._events.append(event)
+        """Look the owner up now, while it has just connected (or reuse a lookup whose handle
+        still pins that pid)."""
+        held, n = self._held.get(event.pid) or (self._look(event.pid), 0)
+        if held.handle:
+            self._held[event.pid] = (held, n + 1)
+        self._events.append((event, held))
 
-    def _candidates(self, dst_addr: str, dst_port: int, src_port: int, now: float) -> list[ConnectEvent]:
-        self._events = [e for e in self._events if now - e.at < EVENT_TTL]
-        same = [e for e in self._events if e.remote_addr == dst_addr and e.remote_port == dst_port]
-        exact = [e for e in same if e.local_port == src_port]
-        return exact or [e for e in same if e.local_port == 0]
+    def _drop(self, item: tuple[ConnectEvent, Held]) -> None:
+        self._events.remove(item)
+        event, held = item
+        if not held.handle:
+            return
+        _, n = self._held[event.pid]
+        if n > 1:
+            self._held[event.pid] = (held, n - 1)
+        else:
+            del self._held[event.pid]
+            self._release(held.handle)
 
-    def decide(self, dst_addr: str, dst_port: int, src_port: int, now: float) -> Verdict:
-        """The verdict for one SYN; a decided SYN consumes the event it was matched to."""
+    def _candidates(self, dst_addr: str, dst_port: int, src_port: int, now: float) -> list[tuple[ConnectEvent, Held]]:
+        for old in [i for i in self._events if now - i[0].at >= EVENT_TTL]:
+            self._drop(old)
+        same = [i for i in self._events if i[0].remote_addr == dst_addr and i[0].remote_port == dst_port]
+        exact = [i for i in same if i[0].local_port == src_port]
+        return exact or [i for i in same if i[0].local_port == 0]
+
+    def decide(self, dst_addr: str, dst_port: int, src_port: int, now: float) -> Decision:
+        """The decision for one SYN; a reflected or passed SYN consumes the event it was matched to
+        (a dropped one keeps it: its retransmit is dropped again, until the event expires)."""
         found = self._candidates(dst_addr, dst_port, src_port, now)
         if not found:
-            return "drop"  # unknown owner
-        members = {self._in_job(e.pid) for e in found}
-        if len(members) != 1:
+            return "unseen"  # unknown owner
+        verdicts = {judge(held.owner, self._sid) for _, held in found}
+        if len(verdicts) != 1:
             return "drop"  # the job's and someone else's connect to one destination: cannot tell
-        self._events.remove(found[0])
-        return "reflect" if members == {True} else "pass"
+        (verdict,) = verdicts
+        if verdict != "drop":
+            self._drop(found[0])
+        return verdict
+
+    def close(self) -> None:
+        """Forget every event and close every handle kept (the loop has ended)."""
+        for item in list(self._events):
+            self._drop(item)
+
+    def held(self) -> int:
+        """How many process handles are kept (tests: none outlives its events)."""
+        return len(self._held)
 
     def __len__(self) -> int:
         return len(self._events)

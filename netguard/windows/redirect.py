@@ -6,8 +6,8 @@ Not a boundary on its own: WinDivert fails open when its handle closes, so on Wi
 user's off-host TCP is permitted only by dynamic WFP filters that die with this process
 (wfp.transparent_permits); everything else the persistent filters still block.
 
-Per packet: a SYN is decided once per flow (owners.Owners: the job's -> reflect, someone else's ->
-pass, unknown or ambiguous -> drop); a reflected flow's later segments and the proxy's replies are
+Per packet: a SYN is decided once per flow (owners.Owners: the job's -> reflect, another user's ->
+pass; the sandbox user's outside the job, unknown or ambiguous -> drop); a reflected flow's later segments and the proxy's replies are
 rewritten (reflect.py); every other packet passes unchanged. A mid-flow packet of an undecided
 flow passes: it cannot be the sandbox's, whose connects are possible only while this loop runs,
 and whose reflected flows are remembered until FLOW_TTL after they close (bounded memory).
@@ -67,11 +67,11 @@ class Redirector:
         network: DivertHandle,
         socket_events: DivertHandle,
         proxy_port: int,
-        in_job: Callable[[int], bool],
+        who: owners.Owners,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.network, self.socket_events, self.proxy_port = network, socket_events, proxy_port
-        self.owners = owners.Owners(in_job)
+        self.owners = who
         self.nat = reflect.NatTable()
         self.decided: dict[Flow, Outcome] = {}
         self._since: dict[Flow, float] = {}  # pass: decided at; reflect: closed (FIN/RST) at
@@ -101,10 +101,11 @@ class Redirector:
             n, timeout = n + 1, 0.0
 
     def _syn(self, f: reflect.Fields) -> Outcome:
-        verdict = self.owners.decide(f.dst_addr, f.dst_port, f.src_port, self._clock())
-        if verdict == "drop":
+        decision = self.owners.decide(f.dst_addr, f.dst_port, f.src_port, self._clock())
+        if decision == "unseen":
             self.take_events(0.05)  # the event may be a moment behind its SYN: one more look
-            verdict = self.owners.decide(f.dst_addr, f.dst_port, f.src_port, self._clock())
+            decision = self.owners.decide(f.dst_addr, f.dst_port, f.src_port, self._clock())
+        verdict: Outcome = "drop" if decision == "unseen" else decision  # still no owner
         if verdict == "reflect" and not self.nat.add(f):
             verdict = "drop"  # collides with a live reflected flow: never mis-route
         return verdict
@@ -158,11 +159,15 @@ class Redirector:
             c.returned += 1
 
     def serve(self, stop: threading.Event, poll: float = 0.05) -> None:
-        """Until `stop`: connect events first, then one packet, so an event is seen before its SYN."""
-        while not stop.is_set():
-            self.take_events(0.0)
-            try:
-                pkt = self.network.recv(timeout=poll)
-            except TimeoutError:
-                continue
-            self.handle(pkt)
+        """Until `stop`: connect events first, then one packet, so an event is seen before its SYN.
+        However it ends, the owners' process handles are closed."""
+        try:
+            while not stop.is_set():
+                self.take_events(0.0)
+                try:
+                    pkt = self.network.recv(timeout=poll)
+                except TimeoutError:
+                    continue
+                self.handle(pkt)
+        finally:
+            self.owners.close()

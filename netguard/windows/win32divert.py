@@ -17,7 +17,6 @@ pydivert is imported lazily and only on Windows: it loads WinDivert's DLL and dr
 
 from __future__ import annotations
 
-import ctypes
 import json
 import socket
 import sys
@@ -26,9 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from netguard.windows import redirect, wfp
+from netguard.windows import owners, redirect, wfp
 from netguard.windows.divertfilter import DivertFilters
-from sgbase.windows import win32
 
 
 class DivertError(OSError):
@@ -69,28 +67,6 @@ def open_handles(filters: DivertFilters) -> tuple[Handle, Handle]:
     return network, events
 
 
-PROCESS_QUERY_LIMITED_INFORMATION = 0x1000
-
-
-def job_member(job: int) -> Callable[[int], bool]:
-    """in_job for the loop: is `pid` in the run's job (IsProcessInJob against the job's handle)?
-    A process that cannot be opened (elevated, that is almost only one that is gone) counts as
-    the job's: its SYN goes to the proxy and its policy, never out unchanged (a job process that
-    connects and exits at once must not be passed on a guess)."""
-
-    def in_job(pid: int) -> bool:
-        h = win32.fn("OpenProcess")(PROCESS_QUERY_LIMITED_INFORMATION, False, pid)
-        if not h:
-            return True
-        try:
-            flag = ctypes.c_int32()
-            return bool(win32.fn("IsProcessInJob")(h, job, ctypes.byref(flag)) and flag.value)
-        finally:
-            win32.fn("CloseHandle")(h)
-
-    return in_job
-
-
 @dataclass(frozen=True)
 class Permits:
     """The dynamic WFP session (win32wfp.open_dynamic / close_dynamic in production)."""
@@ -109,14 +85,19 @@ class TransparentPath:
         sid: str,
         filters: DivertFilters,
         proxy_port: int,
-        in_job: Callable[[int], bool],
+        look: Callable[[int], owners.Held],
         *,
         permits: Permits,
+        release: Callable[[int], None] = lambda _: None,
         opener: Opener = open_handles,
         on_fail: Callable[[str], None] = lambda _: None,
     ) -> None:
+        """`look(pid)`: a connect's owner (win32owner.look against the run's job), `release` closes
+        the process handle it kept; `sid`: the sandbox user's (its permits, and whose flows outside
+        the job are dropped)."""
         self._plan, self._sid, self._filters, self._port = plan, sid, filters, proxy_port
-        self._in_job, self._permits, self._opener, self._on_fail = in_job, permits, opener, on_fail
+        self._look, self._release = look, release
+        self._permits, self._opener, self._on_fail = permits, opener, on_fail
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._session: int | None = None
@@ -129,7 +110,8 @@ class TransparentPath:
         """Handles first (diverted, nothing leaves undecided), then the permits, then the loop."""
         network, events = self._opener(self._filters)
         self._handles = (network, events)
-        self.redirector = redirect.Redirector(network, events, self._port, self._in_job)
+        who = owners.Owners(self._look, self._sid, self._release)
+        self.redirector = redirect.Redirector(network, events, self._port, who)
         try:
             self._session = self._permits.open(self._plan, wfp.transparent_permits(self._sid))
         except BaseException:

@@ -14,8 +14,7 @@ through a service (issue 28, H3 and H4). Bodies only; each runs inside a real sa
 - smb_webdav: the SMB redirector (kernel, SYSTEM) and the WebClient service (LOCAL SERVICE) open
   the TCP connections for `\\host\share` and `\\host@port\DavWWWRoot`, so the sandbox user's WFP
   filters and firewall rules never see them (a known gap, docs/windows.md). The body reports what
-  the attempt returned and whether WebClient runs; it passes only if both were refused for the
-  sandbox user (access denied), which nothing in sandgate does yet. Its target is TEST-NET-2
+  the attempt returned and whether WebClient runs; judge_smb says what counts as refused. Its target is TEST-NET-2
   (198.51.100.7, never routed), so a leak reaches no one; the probe cannot see the SYN itself.
 """
 
@@ -168,17 +167,26 @@ def judge_wmi(code: int, got: dict[str, Any] | None) -> Verdict:
 
 
 def judge_smb(code: int, got: dict[str, Any] | None) -> Verdict:
+    """Decision (docs/windows.md, H4): SMB counts as refused only on ERROR_ACCESS_DENIED. Any other
+    failure (bad net path, timeout, no answer) is what an unanswered SYN to the unrouted target looks
+    like, and also what a machine firewall block on 445/139 looks like: the probe cannot tell them
+    apart, so it is never counted as a refusal (fail closed). WebDAV counts as refused on access
+    denied, or when the attempt failed and WebClient is still not running after it (the attempt
+    would have trigger-started it: no service, no connection)."""
     if got is None:
         return Verdict(False, f"the probe wrote no result (exit {code}): it did not run")
     if not got.get("control"):
         return Verdict(False, "could not make a directory in its workspace: the probe proves nothing")
-    refused = all((got.get(k) or [None])[0] == ACCESS_DENIED for k in ("smb", "webdav"))
-    if refused and not got.get("webclient_running"):
-        return Verdict(True, "SMB and WebDAV paths refused to the sandbox user")
+    smb, dav = got.get("smb") or [None], got.get("webdav") or [None]
+    smb_ok = smb[0] == ACCESS_DENIED
+    dav_ok = dav[0] == ACCESS_DENIED or (dav[0] not in (0, None) and not got.get("webclient_running"))
+    if smb_ok and dav_ok:
+        return Verdict(True, "SMB refused to the sandbox user (access denied); WebDAV refused or WebClient stopped")
+    why = "" if smb_ok else " (not access denied: a firewall block on 445 cannot be told from an unanswered leak)"
     return Verdict(
         False,
         f"known gap (H4, docs/windows.md): the SMB redirector / WebClient act as SYSTEM / LOCAL SERVICE, "
-        f"outside the sandbox user's filters (smb {got.get('smb')}, webdav {got.get('webdav')}, "
+        f"outside the sandbox user's filters (smb {smb}{why}, webdav {dav}, "
         f"WebClient running: {got.get('webclient_running')})",
     )
 

@@ -24,6 +24,7 @@ class Call:
 
 
 HANDLE, DWORD, BOOL, LPVOID = c_void_p, c_uint32, c_int32, c_void_p
+SEC = DOCS + "securitybaseapi/"
 CALLS: tuple[Call, ...] = (
     # the job object: the tree dies with sandgate and cannot leave
     Call("kernel32", "CreateJobObjectW", DOCS + "jobapi2/nf-jobapi2-createjobobjectw", (LPVOID, c_wchar_p), HANDLE),
@@ -300,5 +301,49 @@ CALLS: tuple[Call, ...] = (
     ),
     Call("user32", "CloseDesktop", DOCS + "winuser/nf-winuser-closedesktop", (HANDLE,), BOOL),
     Call("user32", "CloseWindowStation", DOCS + "winuser/nf-winuser-closewindowstation", (HANDLE,), BOOL),
+    # the teardown sweep as the sandbox user (fsguard/windows/win32sweep.py, win32tasks.py; H3)
+    Call(
+        "advapi32",
+        "LogonUserW",
+        DOCS + "winbase/nf-winbase-logonuserw",
+        (c_wchar_p, c_wchar_p, c_wchar_p, DWORD, DWORD, POINTER(HANDLE)),
+        BOOL,
+    ),
+    Call("advapi32", "ImpersonateLoggedOnUser", SEC + "nf-securitybaseapi-impersonateloggedonuser", (HANDLE,), BOOL),
+    Call("advapi32", "RevertToSelf", SEC + "nf-securitybaseapi-reverttoself", (), BOOL),
+    Call(
+        "advapi32",
+        "OpenProcessToken",
+        DOCS + "processthreadsapi/nf-processthreadsapi-openprocesstoken",
+        (HANDLE, DWORD, POINTER(HANDLE)),
+        BOOL,
+    ),
+    Call(
+        "advapi32",
+        "GetTokenInformation",
+        SEC + "nf-securitybaseapi-gettokeninformation",
+        (HANDLE, c_int32, LPVOID, DWORD, POINTER(DWORD)),
+        BOOL,
+    ),
+    Call(
+        "kernel32",
+        "CreateToolhelp32Snapshot",
+        DOCS + "tlhelp32/nf-tlhelp32-createtoolhelp32snapshot",
+        (DWORD, DWORD),
+        HANDLE,
+    ),
+    Call("kernel32", "Process32FirstW", DOCS + "tlhelp32/nf-tlhelp32-process32firstw", (HANDLE, LPVOID), BOOL),
+    Call("kernel32", "Process32NextW", DOCS + "tlhelp32/nf-tlhelp32-process32nextw", (HANDLE, LPVOID), BOOL),
+    Call("ole32", "CoInitializeEx", DOCS + "combaseapi/nf-combaseapi-coinitializeex", (LPVOID, DWORD), c_int32),
+    Call("ole32", "CoUninitialize", DOCS + "combaseapi/nf-combaseapi-couninitialize", (), None),
+    Call(
+        "ole32",
+        "CoCreateInstance",
+        DOCS + "combaseapi/nf-combaseapi-cocreateinstance",
+        (LPVOID, LPVOID, DWORD, LPVOID, POINTER(LPVOID)),
+        c_int32,
+    ),
+    Call("oleaut32", "SysAllocString", DOCS + "oleauto/nf-oleauto-sysallocstring", (c_wchar_p,), LPVOID),
+    Call("oleaut32", "SysFreeString", DOCS + "oleauto/nf-oleauto-sysfreestring", (LPVOID,), None),
 )
 BY_NAME = {c.name: c for c in CALLS}

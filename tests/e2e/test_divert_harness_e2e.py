@@ -189,7 +189,7 @@ def host_side(host_ns: str, net_ns: str, cgroup: str) -> None:
     """The child: stands in for the Windows host (proxy, redirect loop, the job's and others' processes)."""
     import pydivert
 
-    from netguard.windows import divertfilter, redirect
+    from netguard.windows import divertfilter, owners, redirect
 
     internet = _confine(Harness(host_ns, net_ns, Path(cgroup)))
     _raw_syn(CONTROL_SPORT)  # before any handle: the observer must see this one
@@ -198,8 +198,12 @@ def host_side(host_ns: str, net_ns: str, cgroup: str) -> None:
     filters = divertfilter.plan_filters(PROXY_PORT)
     events = pydivert.Divert(filters.socket, pydivert.Layer.SOCKET, flags=pydivert.Flag.SNIFF | pydivert.Flag.RECV_ONLY)
     network = pydivert.Divert(filters.network)
+
+    def look(pid: int) -> owners.Held:  # outside the job: another user's (the harness has one user)
+        return owners.Held(owners.Owner("job" if pid in job else "outside", "S-1-5-21-0-0-0-1001"))
+
     with events, network:
-        r = redirect.Redirector(network, events, PROXY_PORT, job.__contains__)
+        r = redirect.Redirector(network, events, PROXY_PORT, owners.Owners(look, "S-1-5-21-0-0-0-1002"))
         stop = threading.Event()
         threading.Thread(target=r.serve, args=(stop,), daemon=True).start()
         threading.Thread(target=_proxy, args=(proxy, r), daemon=True).start()

@@ -10,7 +10,18 @@ connect (`tcp_connect`): the sandbox user's connect is refused by the persistent
 a live dynamic WFP session permits it (FWPM_SESSION_FLAG_DYNAMIC: its filters die with the session,
 https://learn.microsoft.com/en-us/windows/win32/api/fwpmtypes/ns-fwpmtypes-fwpm_session0); a
 permitted SYN goes to the NETWORK handle if one is open, else out unchanged, which is a violation
-for the sandbox user (the fail-open window the design forbids).
+for the sandbox user (the fail-open window the design forbids); so is a sandbox-SID SYN the loop
+passes unchanged (a process that escaped the job: the permits match the SID, not the job).
+
+The loop's owner lookup (`owner_look`: OpenProcess(PROCESS_QUERY_LIMITED_INFORMATION), then
+IsProcessInJob and OpenProcessToken + TokenUser through that handle) follows the documented
+contracts: a process that is gone cannot be opened; IsProcessInJob needs a live job handle; the
+handle kept pins the pid ("the identifier may be reused" only after "all handles to the process
+are closed", PROCESS_INFORMATION docs) and must be closed exactly once. The elevated loop is
+assumed to open any live process and its token (OpenProcess checks the security descriptor unless
+SeDebugPrivilege is enabled: unverified on Windows); `owner_refused[pid]` = "process" (its DACL
+refuses, or the System process/CSRSS) or "token" (the token's DACL refuses TOKEN_QUERY) models
+what an administrator cannot open.
 """
 
 from __future__ import annotations
@@ -22,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from netguard.windows import wfp
 from netguard.windows.divertfilter import DivertFilters
+from netguard.windows.owners import Held, Membership, Owner
 from netguard.windows.win32divert import ResolverServer, TransparentPath
 from sgbase.windows.api import WinApiError
 
@@ -42,6 +54,7 @@ class FakeWinDivert:
         self.sent: list[Any] = []
         self.cv = threading.Condition()
         self.elevated = True
+        self.asks = self.taken = self.asks_at_take = 0  # recv calls; packets handed out; asks then
 
     def open(self) -> FakeWinDivert:
         if not self.elevated:  # "a program using WinDivert must have Administrator access rights"
@@ -63,12 +76,19 @@ class FakeWinDivert:
 
     def recv(self, bufsize: int = 0, timeout: float | None = None) -> Any:
         with self.cv:
+            self.asks += 1
+            self.cv.notify_all()  # a reader asking again has finished with the last packet
             self.cv.wait_for(lambda: self.inbox or self.closed, timeout)
             if self.closed:
                 raise OSError(ERROR_INVALID_HANDLE, "The handle is invalid")
             if not self.inbox:
                 raise TimeoutError
+            self.taken, self.asks_at_take = self.taken + 1, self.asks
             return self.inbox.pop(0)
+
+    def handled(self, taken: int) -> bool:
+        """The packet handed out after `taken` earlier ones is done with (sent or dropped)."""
+        return self.taken > taken and self.asks > self.asks_at_take
 
     def send(self, packet: Any, recalculate_checksum: bool = True) -> int:
         if self.closed:
@@ -109,6 +129,8 @@ class DivertFake:
         self.resolvers: list[ResolverServer] = []
         self.divert_driver = True  # False: WinDivert64.sys missing
         self._session = 90_000
+        self.owner_refused: dict[int, str] = {}  # pid -> "process" | "token": what the loop cannot open
+        self.owner_handles: dict[int, int] = {}  # the loop's kept process handles -> pid
 
     def divert_open(self, filters: DivertFilters) -> tuple[FakeWinDivert, FakeWinDivert]:
         self._hit("divert_open")
@@ -143,10 +165,38 @@ class DivertFake:
         if self.dynamic.pop(session, None) is None:  # FwpmEngineClose0 on a closed handle
             raise WinApiError("FwpmEngineClose0: The handle is invalid")
 
-    def in_job(self, job: int, pid: int) -> bool:
-        if pid not in self.m.procs and pid not in self.alive:
-            return True  # OpenProcess fails for a process that is gone: counted as the job's
-        return self.m.in_job.get(pid) == job
+    def user_of(self, pid: int) -> str | None:
+        """The token user of a live process (CMD: the sandbox user; `m.running`: its own; `alive`:
+        sandgate's and other runs' launchers, the real user's), else None."""
+        if self.m.procs.get(pid) in ("suspended", "running") and pid in self.launches:
+            return self.m.users[self.launches[pid][0].user][0]
+        p = self.m.running.get(pid)
+        if p is not None:
+            return p.user if p.alive else None
+        from tests.support.winfake import REAL_SID  # here: winfake imports this module
+
+        return REAL_SID if pid in self.alive else None
+
+    def owner_look(self, job: int, pid: int) -> Held:
+        self._hit("owner_look", pid)
+        sid = self.user_of(pid)
+        if sid is None or self.owner_refused.get(pid) == "process":
+            return Held(Owner("unknown", None))  # OpenProcess: gone, or access denied
+        self._session += 1
+        self.owner_handles[self._session] = pid
+        member: Membership = "unknown"  # IsProcessInJob on a closed job handle fails
+        if job in self.m.jobs:
+            member = "job" if self.m.in_job.get(pid) == job else "outside"
+        readable = self.owner_refused.get(pid) != "token"
+        return Held(Owner(member, sid if readable else None), self._session)
+
+    def owner_release(self, handle: int) -> None:
+        self._hit("owner_release")
+        if self.owner_handles.pop(handle, None) is None:
+            self.violations.append(f"process handle {handle} closed twice or never opened")
+
+    def sandbox_sids(self) -> set[str]:
+        return {sid for sid, _ in self.m.users.values()}
 
     def serve_resolver(self, path: TransparentPath) -> ResolverServer:
         self._hit("serve_resolver")
@@ -165,12 +215,10 @@ class DivertFake:
     def tcp_connect(self, pid: int, dst: str, dport: int, sport: int) -> str:
         """One TCP connect by `pid`: 'refused' (WFP, WSAEACCES), 'proxy' (reflected into the
         transparent port), 'direct' (left unchanged), or 'dropped' (by the loop)."""
-        sandboxed = pid in self.launches
-        if sandboxed:
-            user = self.launches[pid][0].user
-            sid = self.m.users[user][0]
-            if not self._permitted(sid):
-                return "refused"  # the persistent hard block at ALE_AUTH_CONNECT
+        sid = self.m.users[self.launches[pid][0].user][0] if pid in self.launches else self.user_of(pid)
+        sandboxed = sid in self.sandbox_sids()  # WFP and the firewall match the SID, not the job
+        if sid is not None and sandboxed and not self._permitted(sid):
+            return "refused"  # the persistent hard block at ALE_AUTH_CONNECT
         live = [h for h in self.divert_handles if h.layer == NETWORK and not h.closed]
         if not live:
             if sandboxed:
@@ -179,15 +227,19 @@ class DivertFake:
                 )
             return "direct"
         net, ev = live[-1], self.divert_handles[self.divert_handles.index(live[-1]) + 1]
-        before = len(net.sent)
+        before, taken = len(net.sent), net.taken
         ev.push(connect_event(pid, dst, dport, sport))
         net.push(syn(HOST_ADDR, sport, dst, dport))
-        with net.cv:
-            net.cv.wait_for(lambda: len(net.sent) > before, 2.0)  # a drop sends nothing (slow under load)
+        with net.cv:  # sent, or dropped: the loop asked for the next packet without sending this one
+            net.cv.wait_for(lambda: len(net.sent) > before or net.handled(taken), 5.0)
         if len(net.sent) == before:
             return "dropped"
         pkt = net.sent[before]
-        return "proxy" if (pkt.direction, pkt.dst_addr) == (1, HOST_ADDR) else "direct"
+        if (pkt.direction, pkt.dst_addr) == (1, HOST_ADDR):
+            return "proxy"
+        if sandboxed:
+            self.violations.append(f"a sandbox user's SYN to {dst}:{dport} (pid {pid}) passed unchanged")
+        return "direct"
 
     def divert_crash(self) -> None:
         """WinDivert's driver unloaded under the loop: every handle is invalid from now on."""

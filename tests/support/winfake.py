@@ -22,6 +22,7 @@ from netguard.windows.wfp import WfpPlan
 from sgbase.windows.api import Proc, WinApiError
 from tests.support import ntfsmodel, winkernel
 from tests.support.servicesdfake import ServiceSdFake, default_sds
+from tests.support.sweepfake import Running, SweepFake, Task
 from tests.support.windivertfake import DivertFake
 
 REAL_SID = "S-1-5-21-1111111111-2222222222-3333333333-1000"
@@ -49,6 +50,8 @@ class Machine:
     denied_rights: dict[str, set[str]] = field(default_factory=dict)  # SID -> LSA deny rights held
     desktops: dict[int, str] = field(default_factory=dict)  # open private desktops: handle -> "station\\desktop"
     sds: dict[str, str] = field(default_factory=default_sds)  # WMI namespaces, DCOM limits (H3)
+    running: dict[int, Running] = field(default_factory=dict)  # processes in no job (sweepfake.py)
+    tasks: dict[str, Task] = field(default_factory=dict)  # the Task Scheduler's store: path -> task
 
 
 def workspace() -> Machine:
@@ -71,7 +74,7 @@ def workspace() -> Machine:
     return m
 
 
-class FakeWinApi(DivertFake, ServiceSdFake):
+class FakeWinApi(DivertFake, ServiceSdFake, SweepFake):
     """WinApi over a Machine. `fail = ("set_dacl", 2)`: the second set_dacl raises. The transparent
     path's effects (WinDivert, the dynamic WFP session) are DivertFake's (windivertfake.py)."""
 
@@ -366,9 +369,9 @@ class FakeWinApi(DivertFake, ServiceSdFake):
 
     def wait(self, proc: Proc) -> int:
         self._hit("wait")
-        self.m.procs[proc.pid] = "exited"
         launch, desk = self.launches[proc.pid]
-        code = self.program(self, launch, desk) if self.program else self.exit_code
+        code = self.program(self, launch, desk) if self.program else self.exit_code  # it runs, then exits
+        self.m.procs[proc.pid] = "exited"
         # Without STARTF_USESTDHANDLES the command wrote to a console of its own (W6):
         # https://learn.microsoft.com/windows/win32/api/winbase/nf-winbase-createprocesswithlogonw
         (self.stdout if launch.stdio else self.lost_output).append(self.output)

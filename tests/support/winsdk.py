@@ -33,8 +33,11 @@ from typing import Any
 
 #: Windows 10 (the oldest the backend supports): mingw's default target is older and hides WFP's flags.
 DEFINES = ("-D_WIN32_WINNT=0x0A00", "-DWINVER=0x0A00", "-DNTDDI_VERSION=0x0A000000")
-#: ntstatus.h's STATUS_* beside windows.h's subset: the documented WIN32_NO_STATUS dance.
-HEAD = "#define WIN32_NO_STATUS\n#include <windows.h>\n#undef WIN32_NO_STATUS\n#include <ntstatus.h>\n"
+#: ntstatus.h's STATUS_* beside windows.h's subset: the documented WIN32_NO_STATUS dance. CINTERFACE: COM
+#: interfaces as C vtables (`<iface>Vtbl`), what method_checks compares the slots with.
+HEAD = (
+    "#define CINTERFACE\n#define WIN32_NO_STATUS\n#include <windows.h>\n#undef WIN32_NO_STATUS\n#include <ntstatus.h>\n"
+)
 HEADERS = (
     "winsock2.h",
     "windows.h",
@@ -48,6 +51,8 @@ HEADERS = (
     "shlobj.h",
     "wincrypt.h",
     "dpapi.h",
+    "tlhelp32.h",
+    "taskschd.h",
 )
 PRELUDE = """
 #include <cstddef>
@@ -59,16 +64,18 @@ template <class R, class... A> struct fn<R (*)(A...)> {
   static constexpr std::size_t arity = sizeof...(A);
   template <std::size_t i> using arg = std::tuple_element_t<i, std::tuple<A...>>;
 };
-// 0 integer (or enum), 1 pointer, 2 floating, 3 aggregate, 9 void
+// 0 integer (or enum), 1 pointer, 2 floating, 3 aggregate, 9 void; a C++ reference (REFCLSID) is passed as a pointer
 template <class T> constexpr int kind() {
   if constexpr (std::is_void_v<T>) return 9;
-  else if constexpr (std::is_pointer_v<T>) return 1;
+  else if constexpr (std::is_pointer_v<T> || std::is_reference_v<T>) return 1;
   else if constexpr (std::is_integral_v<T> || std::is_enum_v<T>) return 0;
   else if constexpr (std::is_floating_point_v<T>) return 2;
   else return 3;
 }
 template <class T> constexpr std::size_t size() {
-  if constexpr (std::is_void_v<T>) return 0; else return sizeof(T);
+  if constexpr (std::is_void_v<T>) return 0;
+  else if constexpr (std::is_reference_v<T>) return sizeof(void*);
+  else return sizeof(T);
 }
 """
 KINDS = {0: "integer", 1: "pointer", 2: "floating", 3: "aggregate", 9: "void"}
@@ -100,6 +107,7 @@ class Bindings:
     modules: list[ModuleType] = field(default_factory=list)
     structs: dict[str, type] = field(default_factory=dict)  # SDK-style name -> ctypes class
     calls: list[Any] = field(default_factory=list)  # the Call records of the call table
+    methods: list[Any] = field(default_factory=list)  # COM vtable Method records (win32tasks.METHODS)
     constants: dict[str, tuple[int, str]] = field(default_factory=dict)  # name -> (value, module)
 
 
@@ -123,6 +131,8 @@ def collect(modules: list[ModuleType]) -> Bindings:
                     b.structs[name] = v
             elif name == "CALLS" and isinstance(v, tuple):
                 b.calls.extend(v)
+            elif name == "METHODS" and isinstance(v, tuple):
+                b.methods.extend(v)
             elif _CONST.match(name) and type(v) is int:
                 b.constants.setdefault(name, (v, mod.__name__))
     return b
@@ -222,6 +232,26 @@ def call_checks(b: Bindings, skip: set[str]) -> list[str]:
     return out
 
 
+def method_checks(b: Bindings) -> list[str]:
+    """COM methods called by vtable slot: the slot's offset in the SDK's C vtable (`<iface>Vtbl`,
+    declared under CINTERFACE), the arity with `this`, each argument's and the result's size and kind."""
+    out = []
+    for m in b.methods:
+        vt, f = f"{m.iface}Vtbl", f"fn<decltype({m.iface}Vtbl::{m.name})>"
+        where = f"{m.iface}::{m.name}"
+        out.append(f'static_assert(offsetof({vt}, {m.name}) == {8 * m.slot}, "{where}: vtable slot {m.slot}");')
+        out.append(f'static_assert({f}::arity == {len(m.argtypes) + 1}, "{where}: {len(m.argtypes)} arguments");')
+        for i, t in enumerate(m.argtypes, start=1):
+            lay = layout(t)
+            what = f"{where}: argument {i} is {lay.size} bytes, {KINDS[lay.kind]}"
+            out.append(f'static_assert(size<{f}::arg<{i}>>() == {lay.size}, "{what}");')
+            out.append(f'static_assert(kind<{f}::arg<{i}>>() == {lay.kind}, "{what}");')
+        r = layout(m.restype)
+        what = f"{where}: result is {r.size} bytes, {KINDS[r.kind]}"
+        out.append(f'static_assert(size<{f}::ret>() == {r.size} && kind<{f}::ret>() == {r.kind}, "{what}");')
+    return out
+
+
 #: Our names for constants the SDK spells in mixed case.
 SDK_SPELLING = {"NERR_SUCCESS": "NERR_Success", "NERR_USER_NOT_FOUND": "NERR_UserNotFound"}
 
@@ -239,7 +269,7 @@ def constant_checks(b: Bindings, skip: set[str]) -> list[str]:
 
 def translation_unit(b: Bindings, skip: set[str], coverage: bool = False) -> str:
     head = HEAD + "".join(f"#include <{h}>\n" for h in HEADERS)
-    body = struct_checks(b, skip, coverage) + call_checks(b, skip) + constant_checks(b, skip)
+    body = struct_checks(b, skip, coverage) + call_checks(b, skip) + method_checks(b) + constant_checks(b, skip)
     return head + PRELUDE + "\n".join(body) + "\n"
 
 

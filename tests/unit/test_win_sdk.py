@@ -160,3 +160,25 @@ def test_no_binding_module_names_a_type_whose_width_differs() -> None:
     """c_long, c_ulong and ctypes.wintypes are 4 bytes on Windows and 8 here: layouts computed here would lie."""
     mods = winsdk.windows_modules(tuple(p for p in PACKAGES if _importable(p)))
     assert winsdk.ambiguous_types(mods) == []
+
+
+def test_com_vtable_slots_are_checked_and_a_slip_fails(bindings: winsdk.Bindings, tmp_path: Path) -> None:
+    """The sweep's Task Scheduler calls go by vtable slot (win32tasks.METHODS): each slot, arity and
+    argument is compared with mingw-w64's C vtables (taskschd.h under CINTERFACE); a wrong slot or
+    a missing argument fails."""
+    from fsguard.windows import win32tasks
+
+    assert len(bindings.methods) >= 15 and {"PROCESSENTRY32W", "VARIANT"} <= set(bindings.structs)
+    b = winsdk.Bindings()
+    slips = (
+        win32tasks.Method("ITaskFolder", "DeleteTask", 14, (c_void_p, ctypes.c_int32)),  # GetTasks' slot
+        win32tasks.Method("ITaskService", "Connect", 10, (win32tasks.VARIANT,) * 3),  # one VARIANT missing
+        win32tasks.Method("IPrincipal", "get_UserId", 11, (c_uint32,)),  # a BSTR* taken as a DWORD
+    )
+    b.methods = [*slips, win32tasks.METHODS[-1]]
+    failed = _check(b, tmp_path, coverage=False).failed
+    text = "\n".join(failed)
+    assert "ITaskFolder::DeleteTask: vtable slot 14" in text
+    assert "ITaskService::Connect: 3 arguments" in text
+    assert "IPrincipal::get_UserId: argument 1 is 4 bytes, integer" in text
+    assert len(set(failed)) == 3  # the right record (the table's last) passes

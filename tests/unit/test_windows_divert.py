@@ -66,13 +66,97 @@ def test_nat_gives_the_proxy_the_original_destination_and_refuses_collisions() -
     assert len(nat) == 0
 
 
+SANDBOX_SID, OTHER_SID = "S-1-5-21-9-9-9-1002", "S-1-5-21-9-9-9-1001"
+ESCAPED_PID = 300  # the sandbox user's, outside the job
+
+
+def _look(pid: int) -> owners.Held:
+    if pid == SID_PID:
+        return owners.Held(owners.Owner("job", SANDBOX_SID))
+    if pid == ESCAPED_PID:
+        return owners.Held(owners.Owner("outside", SANDBOX_SID))
+    return owners.Held(owners.Owner("outside", OTHER_SID))
+
+
 def _owners() -> owners.Owners:
-    return owners.Owners(lambda pid: pid == SID_PID)
+    return owners.Owners(_look, SANDBOX_SID)
+
+
+JOB, OUT, UNKNOWN = "job", "outside", "unknown"
+
+
+@pytest.mark.parametrize(
+    ("membership", "sid", "verdict"),
+    [
+        (JOB, SANDBOX_SID, "reflect"),  # the command's
+        (JOB, SANDBOX_SID.lower(), "reflect"),
+        (JOB, OTHER_SID, "reflect"),  # in the job is the command's, whatever its token
+        (JOB, None, "reflect"),  # its token unreadable: still the job's, to the proxy and its audit
+        (OUT, OTHER_SID, "pass"),  # another user's: the machine's traffic, untouched
+        (OUT, SANDBOX_SID, "drop"),  # escaped the job: neither passed (unaudited) nor reflected
+        (OUT, SANDBOX_SID.lower(), "drop"),  # SIDs compare case-insensitively ("s-1-5-...")
+        (OUT, None, "drop"),  # token unreadable: cannot tell whose
+        (UNKNOWN, OTHER_SID, "drop"),  # membership unreadable
+        (UNKNOWN, SANDBOX_SID, "drop"),
+        (UNKNOWN, None, "drop"),  # could not be opened at all (gone, or refused)
+    ],
+)
+def test_the_verdict_table(membership: owners.Membership, sid: str | None, verdict: str) -> None:
+    assert owners.judge(owners.Owner(membership, sid), SANDBOX_SID) == verdict
+
+
+def test_an_escaped_sandbox_process_is_dropped_and_stays_dropped() -> None:
+    o = _owners()
+    o.add(owners.ConnectEvent(ESCAPED_PID, "1.2.3.4", 443, 40000, 0.0))
+    o.add(owners.ConnectEvent(SID_PID, "1.2.3.4", 443, 40001, 0.0))
+    assert o.decide("1.2.3.4", 443, 40000, 0.1) == "drop"
+    assert o.decide("1.2.3.4", 443, 40000, 1.0) == "drop"  # its retransmit too: the event is kept
+    assert o.decide("1.2.3.4", 443, 40001, 0.1) == "reflect"  # the job's, same destination, same moment
+    assert o.decide("1.2.3.4", 443, 40000, owners.EVENT_TTL + 1) == "unseen"  # expired at last
+    # Without local ports, the escaped process and another user's to one destination: dropped.
+    o.add(owners.ConnectEvent(ESCAPED_PID, "5.6.7.8", 80, 0, 20.0))
+    o.add(owners.ConnectEvent(HOST_PID, "5.6.7.8", 80, 0, 20.0))
+    assert o.decide("5.6.7.8", 80, 40002, 20.1) == "drop"
+
+
+def test_a_lookup_is_kept_only_while_its_handle_pins_the_pid() -> None:
+    """One lookup per pid while a handle is held (the pid cannot be reused then); released with
+    the last event that needed it, or when the loop ends. A lookup without a handle (the process
+    could not be opened) is never reused: that pid may be anybody's next time."""
+    looked: list[int] = []
+    released: list[int] = []
+
+    def look(pid: int) -> owners.Held:
+        looked.append(pid)
+        if pid == 7:
+            return owners.Held(owners.Owner("unknown", None))
+        return owners.Held(owners.Owner("outside", OTHER_SID), 1000 + pid)
+
+    o = owners.Owners(look, SANDBOX_SID, released.append)
+    o.add(owners.ConnectEvent(5, "1.2.3.4", 443, 40000, 0.0))
+    o.add(owners.ConnectEvent(5, "1.2.3.4", 443, 40001, 0.0))
+    o.add(owners.ConnectEvent(7, "1.2.3.4", 443, 40002, 0.0))
+    o.add(owners.ConnectEvent(7, "1.2.3.4", 443, 40003, 0.0))
+    assert looked == [5, 7, 7] and o.held() == 1
+    assert o.decide("1.2.3.4", 443, 40000, 0.1) == "pass" and released == []  # one event still needs it
+    assert o.decide("1.2.3.4", 443, 40001, 0.1) == "pass" and released == [1005] and o.held() == 0
+    o.add(owners.ConnectEvent(5, "9.9.9.9", 443, 40004, 1.0))
+    assert looked[-1] == 5  # looked up again: the old handle is closed, the pid may be another process
+    assert o.decide("1.2.3.4", 443, 40002, 0.2) == "drop"
+    o.close()
+    assert released == [1005, 1005] and o.held() == 0 and len(o) == 0
+
+
+def test_expired_events_release_their_handles() -> None:
+    released: list[int] = []
+    o = owners.Owners(lambda pid: owners.Held(owners.Owner("job", None), 42), SANDBOX_SID, released.append)
+    o.add(owners.ConnectEvent(5, "1.2.3.4", 443, 0, 0.0))
+    assert o.decide("5.6.7.8", 443, 40000, owners.EVENT_TTL) == "unseen" and released == [42]
 
 
 def test_owner_decisions() -> None:
     o = _owners()
-    assert o.decide("1.2.3.4", 443, 40000, 0.0) == "drop"  # unknown owner
+    assert o.decide("1.2.3.4", 443, 40000, 0.0) == "unseen"  # unknown owner (the loop then drops)
     o.add(owners.ConnectEvent(SID_PID, "1.2.3.4", 443, 40000, 0.0))
     o.add(owners.ConnectEvent(HOST_PID, "1.2.3.4", 443, 40001, 0.0))
     assert o.decide("1.2.3.4", 443, 40001, 0.1) == "pass"  # exact local port wins
@@ -93,7 +177,7 @@ def test_without_local_ports_a_mix_is_dropped_and_agreement_decides() -> None:
 def test_stale_events_expire() -> None:
     o = _owners()
     o.add(owners.ConnectEvent(SID_PID, "1.2.3.4", 443, 0, 0.0))
-    assert o.decide("1.2.3.4", 443, 40000, owners.EVENT_TTL + 1) == "drop"
+    assert o.decide("1.2.3.4", 443, 40000, owners.EVENT_TTL + 1) == "unseen"
 
 
 def test_socket_layer_addresses() -> None:
@@ -136,7 +220,7 @@ def _pkt(src: str, sport: int, dst: str, dport: int, *, syn: bool = False) -> An
 
 def test_the_loop_reflects_passes_drops_and_returns() -> None:
     net, sock = FakeHandle(), FakeHandle()
-    r = redirect.Redirector(net, sock, PROXY, lambda pid: pid == SID_PID, clock=lambda: 0.0)
+    r = redirect.Redirector(net, sock, PROXY, _owners(), clock=lambda: 0.0)
     sock.inbox += [_event(SID_PID, "1.2.3.4", 80), _event(HOST_PID, "5.6.7.8", 80)]
     r.take_events(0.0)
     syn = _pkt("10.0.0.1", 40000, "1.2.3.4", 80, syn=True)
@@ -166,7 +250,7 @@ def test_the_loop_reflects_passes_drops_and_returns() -> None:
 def test_flows_are_forgotten_only_long_after_they_close() -> None:
     now = [0.0]
     net, sock = FakeHandle(), FakeHandle()
-    r = redirect.Redirector(net, sock, PROXY, lambda pid: pid == SID_PID, clock=lambda: now[0])
+    r = redirect.Redirector(net, sock, PROXY, _owners(), clock=lambda: now[0])
     sock.inbox += [_event(SID_PID, "1.2.3.4", 80), _event(HOST_PID, "5.6.7.8", 80)]
     r.take_events(0.0)
     assert r.handle(_pkt("10.0.0.1", 40000, "1.2.3.4", 80, syn=True)) == "reflect"

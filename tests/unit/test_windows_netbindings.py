@@ -17,7 +17,7 @@ MODULES = (
     "fsguard/windows/win32lsa.py",
     "fsguard/windows/win32profile.py",
     "fsguard/windows/win32session.py",
-    "netguard/windows/win32divert.py",
+    "launcher/run/windows/win32owner.py",
 )
 
 

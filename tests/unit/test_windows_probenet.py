@@ -47,3 +47,17 @@ def test_smb_webdav_is_a_known_gap_unless_refused() -> None:
     assert not gap.ok and "known gap" in gap.detail
     assert not j(0, {"control": False, "smb": [5, ""], "webdav": [5, ""], "webclient_running": False}).ok
     assert j(0, {"control": True, "smb": [5, ""], "webdav": [5, ""], "webclient_running": False}).ok
+
+
+def test_smb_counts_only_access_denied_and_webdav_a_stopped_webclient() -> None:
+    """The decision (docs/windows.md, H4): a firewall block on 445 shows as bad net path or a
+    timeout, as an unanswered leak does; neither is a refusal. A WebDAV attempt that failed while
+    WebClient stayed stopped had no service to carry it."""
+    j = probenet.judge_smb
+    for smb in ([53, "bad netpath"], [121, "semaphore timeout"], [-1, "no answer within 15 s"], [65, "net denied"]):
+        v = j(0, {"control": True, "smb": smb, "webdav": [5, ""], "webclient_running": False})
+        assert not v.ok and "cannot be told" in v.detail
+    assert j(0, {"control": True, "smb": [5, ""], "webdav": [67, "bad net name"], "webclient_running": False}).ok
+    running = j(0, {"control": True, "smb": [5, ""], "webdav": [67, ""], "webclient_running": True})
+    assert not running.ok and "cannot be told" not in running.detail
+    assert not j(0, {"control": True, "smb": [5, ""], "webdav": [0, "listed"], "webclient_running": False}).ok

@@ -10,8 +10,10 @@ import pytest
 from fsguard.windows.launch import Launch
 from launcher import cli
 from launcher.run.windows import runner
-from netguard.windows import win32divert
-from tests.support.winfake import FakeWinApi
+from netguard.windows import owners, win32divert
+from tests.support.winfake import FakeWinApi, sandbox_sid
+
+OTHER_SID = "S-1-5-21-1111111111-2222222222-3333333333-1007"  # another user of the machine
 
 RUN = ["run", "--transparent", "--allow", "example.test", "--", "tool"]
 
@@ -50,6 +52,7 @@ def _refused(capsys: pytest.CaptureFixture[str], *words: str) -> str:
 
 def _nothing_left(api: FakeWinApi) -> None:
     assert api.dynamic == {} and all(h.closed for h in api.divert_handles)
+    assert api.owner_handles == {}  # every process handle the loop kept was closed
     assert all(r._sock.fileno() == -1 for r in api.resolvers)
     assert (api.m.proxies, api.m.jobs, api.m.desktops) == (set(), set(), {})
     assert not api.violations
@@ -104,6 +107,77 @@ def test_the_loop_dying_mid_run_blocks_the_commands_traffic_and_the_run_says_so(
     assert len(said) == 1 and said[0].startswith("sandgate: error:") and "blocked from now on" in said[0]
     assert "handle is invalid" in said[0]
     _nothing_left(ready)
+
+
+def _left(api: FakeWinApi, dst: str) -> list[object]:
+    """The SYNs to `dst` that left the host unchanged (sent by the loop, not reflected inward)."""
+    return [p for h in api.divert_handles for p in h.sent if getattr(p, "dst_addr", None) == dst]
+
+
+def test_a_sandbox_process_outside_the_job_is_dropped_while_the_job_and_others_go_their_way(
+    ready: FakeWinApi, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The hole the sweep's author found: the run's permits match the sandbox SID, not the job, so
+    a process of that SID that escaped the job (an interactive-token task's action) would have had
+    direct off-host TCP, unaudited, until teardown. Now its SYN is dropped, in the same run in
+    which the job's connect reaches the proxy and another user's passes untouched."""
+    seen: dict[str, str] = {}
+
+    def program(api: FakeWinApi, launch: Launch, desk: str) -> int:
+        sid = sandbox_sid(api)
+        escaped, other = api.spawn_outside(sid), api.spawn_outside(OTHER_SID)
+        seen["job"] = api.tcp_connect(_pid(api, launch), "198.18.0.7", 443, 50000)
+        seen["escaped"] = api.tcp_connect(escaped, "198.18.0.8", 443, 50001)
+        seen["again"] = api.tcp_connect(escaped, "198.18.0.8", 443, 50001)  # its retransmit
+        seen["other"] = api.tcp_connect(other, "198.18.0.9", 443, 50002)
+        return 0
+
+    ready.program = program
+    assert cli.main(RUN) == 0
+    assert seen == {"job": "proxy", "escaped": "dropped", "again": "dropped", "other": "direct"}
+    assert _left(ready, "198.18.0.8") == []  # no SYN of the escaped process left the host
+    assert len(_left(ready, "198.18.0.9")) == 1  # another user's went out as it was
+    _nothing_left(ready)  # no violation: no sandbox-SID SYN passed unchanged
+    assert ready.live(sandbox_sid(ready)) == []  # and the sweep ended the escaped process
+
+
+@pytest.mark.parametrize("refused", ["process", "token"])
+@pytest.mark.parametrize("whose", ["sandbox", "other"])
+def test_an_owner_the_loop_cannot_read_is_dropped(
+    ready: FakeWinApi, capsys: pytest.CaptureFixture[str], refused: str, whose: str
+) -> None:
+    """OpenProcess refused (its DACL, or the System process/CSRSS), or its token's DACL refusing
+    TOKEN_QUERY: whose flow it is cannot be told, so it is dropped, whoever it really is."""
+    seen: list[str] = []
+
+    def program(api: FakeWinApi, launch: Launch, desk: str) -> int:
+        pid = api.spawn_outside(sandbox_sid(api) if whose == "sandbox" else OTHER_SID)
+        api.owner_refused[pid] = refused
+        seen.append(api.tcp_connect(pid, "198.18.0.8", 443, 50001))
+        seen.append(api.tcp_connect(_pid(api, launch), "198.18.0.7", 443, 50000))  # control
+        return 0
+
+    ready.program = program
+    assert cli.main(RUN) == 0
+    assert seen == ["dropped", "proxy"] and _left(ready, "198.18.0.8") == []
+    _nothing_left(ready)
+
+
+def test_the_fake_catches_a_loop_that_passes_the_sandbox_users_flows(
+    ready: FakeWinApi, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check behind the tests above: the old verdict (outside the job -> pass) lets the escaped
+    process's SYN out unchanged, and the fake records it."""
+    monkeypatch.setattr(owners, "judge", lambda owner, sid: "reflect" if owner.membership == "job" else "pass")
+    seen: list[str] = []
+
+    def program(api: FakeWinApi, launch: Launch, desk: str) -> int:
+        seen.append(api.tcp_connect(api.spawn_outside(sandbox_sid(api)), "198.18.0.8", 443, 50001))
+        return 0
+
+    ready.program = program
+    assert cli.main(RUN) == 0
+    assert seen == ["direct"] and any("passed unchanged" in v for v in ready.violations), ready.violations
 
 
 def test_the_fake_catches_a_loop_that_dies_and_leaves_its_permits(

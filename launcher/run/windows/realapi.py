@@ -20,9 +20,12 @@ from fsguard.windows import win32dcom, win32job, win32lsa, win32proc, win32profi
 from fsguard.windows.desktop import DesktopPlan
 from fsguard.windows.job import JobLimits
 from fsguard.windows.launch import Launch
+from launcher.run.windows import win32owner
+from launcher.run.windows.realsweep import RealSweepApi
 from netguard.windows import firewall, win32divert, win32wfp
 from netguard.windows.divertfilter import DivertFilters
 from netguard.windows.firewall import FirewallRule
+from netguard.windows.owners import Held
 from netguard.windows.wfp import WfpFilter, WfpPlan
 from sgbase.windows import win32
 from sgbase.windows.api import Proc, WinApiError
@@ -52,8 +55,9 @@ def _ready_then_drain(stream: IO[bytes] | None, got: list[bytes], line: threadin
         pass
 
 
-class RealWinApi:
-    """WinApi on Windows. Child processes (the proxy) are kept by pid to stop them later."""
+class RealWinApi(RealSweepApi):
+    """WinApi on Windows. Child processes (the proxy) are kept by pid to stop them later; the
+    teardown sweep's effects are RealSweepApi's (realsweep.py)."""
 
     def __init__(self) -> None:
         self._children: dict[int, subprocess.Popen[bytes]] = {}
@@ -334,8 +338,12 @@ class RealWinApi:
     def wfp_close_dynamic(self, session: int) -> None:
         _call("FwpmEngineClose0", win32wfp.close_dynamic, session)
 
-    def in_job(self, job: int, pid: int) -> bool:
-        return win32divert.job_member(job)(pid)  # never raises: an unopenable pid counts as the job's
+    def owner_look(self, job: int, pid: int) -> Held:
+        held: Held = _call("the owner of a connect", win32owner.look, job, pid)  # unreadable: said, not raised
+        return held
+
+    def owner_release(self, handle: int) -> None:
+        _call("CloseHandle", win32owner.release, handle)
 
     def serve_resolver(self, path: win32divert.TransparentPath) -> win32divert.ResolverServer:
         server: win32divert.ResolverServer = _call(

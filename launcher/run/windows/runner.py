@@ -19,12 +19,12 @@ from typing import TYPE_CHECKING
 
 from fsguard import env as fsenv
 from fsguard import policy as fspolicy
-from fsguard.windows import aclapply
+from fsguard.windows import aclapply, sweep
 from launcher.errors import RunError, UsageError
 from launcher.run import seam
 from launcher.run.windows import setup as winsetup
 from launcher.run.windows.winapi import WinApi
-from launcher.run.windowsbackend import WindowsBackend
+from launcher.run.windowsbackend import WindowsBackend, sweep_left
 from sgbase.windows import state
 from sgbase.windows.api import WinApiError
 
@@ -112,14 +112,31 @@ def setup(remove: bool = False, transparent: bool = False, platform: str | None 
 
 
 def cleanup(say: Callable[[str], None] = _say) -> int:
-    """`sandgate cleanup` on Windows: the ACL journals of killed runs, replayed and removed."""
+    """`sandgate cleanup` on Windows: the ACL journals of killed runs, replayed and removed; then
+    the sweep those runs left pending (their command's tasks and escaped processes, sweep.py).
+    Exit 1 when something survived the sweep (said in one line)."""
     api = make_api()
     try:
-        done = aclapply.replay_left(api, api.local_appdata(), lambda line: say(f"warning: {line}"))
+        appdata = api.local_appdata()
+        done = aclapply.replay_left(api, appdata, lambda line: say(f"warning: {line}"))
+        left = _sweep_left(api, appdata)
     except WinApiError as e:
         raise UsageError(str(e)) from None
     for item in done:
         say(f"removed {item}")
-    if not done:
+    if left is not None and left.clean:
+        say(f"swept {len(left.killed)} process(es) and {len(left.deleted)} scheduled task(s) of killed runs")
+    elif left is not None:
+        say(f"warning: {sweep.describe(left)}; end them as administrator, then run 'sandgate cleanup' again")
+        return 1
+    if not done and left is None:
         say("nothing to clean up")
     return 0
+
+
+def _sweep_left(api: WinApi, appdata: str) -> sweep.Swept | None:
+    try:
+        ready = winsetup.check(api)
+    except winsetup.NotSetUp:
+        return None  # no sandbox user: nothing of it can run
+    return sweep_left(api, ready, appdata)

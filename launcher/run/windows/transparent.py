@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from launcher.run.windows import setup
 from launcher.run.windows.winapi import WinApi
-from netguard.windows import divertfilter, firewall, wfp, win32divert
+from netguard.windows import divertfilter, firewall, owners, wfp, win32divert
 from sgbase.windows import state
 from sgbase.windows.api import WinApiError
 
@@ -64,12 +64,25 @@ def prepare(
     api: WinApi, record: state.SetupRecord, job: Callable[[], int | None], say: Callable[[str], None]
 ) -> Capture:
     """The loop (not started) and its resolver, listening. `job`: the run's job once it exists; a
-    connect before that (none of CMD's: CMD starts later) counts as the job's, so goes to the proxy."""
+    connect before that (none of CMD's: CMD starts later) counts as the job's, so goes to the proxy.
+    A connect of the sandbox user from outside the job, or whose owner cannot be read, is dropped
+    (owners.judge): the permits match the SID, not the job."""
     plan = wfp.plan_filters(record.sid, (record.port,), owner=api.current_user_sid())
 
-    def in_job(pid: int) -> bool:
+    def look(pid: int) -> owners.Held:
         j = job()
-        return True if j is None else api.in_job(j, pid)
+        if j is None:
+            return owners.Held(owners.Owner("job", None))
+        try:
+            return api.owner_look(j, pid)
+        except WinApiError:
+            return owners.Held(owners.Owner("unknown", None))  # dropped; the loop goes on
+
+    def release(handle: int) -> None:
+        try:
+            api.owner_release(handle)
+        except WinApiError:
+            pass  # a handle already gone: nothing pinned any more, and no reason to stop the loop
 
     capture: Capture | None = None
 
@@ -83,8 +96,9 @@ def prepare(
         record.sid,
         divertfilter.plan_filters(setup.TRANSPARENT_PORT),
         setup.TRANSPARENT_PORT,
-        in_job,
+        look,
         permits=win32divert.Permits(api.wfp_open_dynamic, api.wfp_close_dynamic),
+        release=release,
         opener=api.divert_open,
         on_fail=failed,
     )

@@ -15,17 +15,20 @@ from typing import TYPE_CHECKING, Protocol
 from fsguard.windows.desktop import DesktopPlan
 from fsguard.windows.job import JobLimits
 from fsguard.windows.launch import Launch
+from fsguard.windows.sweep import SweepApi
 from netguard.windows.firewall import FirewallRule
 from netguard.windows.wfp import WfpFilter, WfpPlan
 from sgbase.windows.api import FileApi, Proc
 
 if TYPE_CHECKING:  # the transparent path's types only: run without --transparent never loads it
     from netguard.windows.divertfilter import DivertFilters
+    from netguard.windows.owners import Held
     from netguard.windows.win32divert import Handle, ResolverServer, TransparentPath
 
 
-class WinApi(FileApi, Protocol):
-    """The effects, grouped by what they touch (FileApi's: who and where, files and DACLs). Paths are Windows paths."""
+class WinApi(FileApi, SweepApi, Protocol):
+    """The effects, grouped by what they touch (FileApi's: who and where, files and DACLs; SweepApi's:
+    the teardown sweep as the sandbox user, fsguard/windows/sweep.py). Paths are Windows paths."""
 
     # the sandbox user and its sealed password (DPAPI, user scope)
     def user_sid(self, name: str) -> str | None: ...
@@ -69,5 +72,6 @@ class WinApi(FileApi, Protocol):
     def divert_open(self, filters: DivertFilters) -> tuple[Handle, Handle]: ...  # (NETWORK, SOCKET sniff)
     def wfp_open_dynamic(self, plan: WfpPlan, filters: tuple[WfpFilter, ...]) -> int: ...  # the permits' session
     def wfp_close_dynamic(self, session: int) -> None: ...  # BFE deletes the session's filters
-    def in_job(self, job: int, pid: int) -> bool: ...  # IsProcessInJob; unopenable: True (to the proxy)
+    def owner_look(self, job: int, pid: int) -> Held: ...  # IsProcessInJob + TokenUser, one handle kept
+    def owner_release(self, handle: int) -> None: ...  # that handle closed: the pid may be reused
     def serve_resolver(self, path: TransparentPath) -> ResolverServer: ...  # 127.0.0.1:8085, before the proxy
