@@ -110,13 +110,14 @@ def open_process(pid: int) -> tuple[int, str] | None:
         if not fn("GetExitCodeProcess")(h, ctypes.byref(code)) or code.value != STILL_ACTIVE:
             close(h)
             return None
-        return int(h), _token_user(h)
+        return int(h), token_user(h)
     except BaseException:
         close(h)
         raise
 
 
-def _token_user(process: int) -> str:
+def token_user(process: int) -> str:
+    """The SID of the user `process` (a handle with at least limited query access) runs as."""
     token = c_void_p()
     check("OpenProcessToken", fn("OpenProcessToken")(process, TOKEN_QUERY, ctypes.byref(token)))
     try:
@@ -149,4 +150,4 @@ def terminate(handle: int) -> None:
         raise Win32Error(1460, "the process did not exit after TerminateProcess")  # ERROR_TIMEOUT
 
 
-__all__ = ["as_user", "close", "logon", "open_process", "pids", "terminate"]
+__all__ = ["as_user", "close", "logon", "open_process", "pids", "terminate", "token_user"]

@@ -8,8 +8,9 @@ is the job's, passed only if none is, and dropped otherwise: unknown owner, or a
 A dropped SYN costs a retransmit, never an escape.
 
 Whose a connect is (`judge`, the table below) is decided from its process, looked up once when its
-event is read: in the run's job -> reflect (the command's: the proxy decides, audited); outside the
-job -> pass only if its token user is another user's. A process of the sandbox SID outside the job
+event is read (`held`): in the run's job, by the job's own pid list, asked after the process handle
+is taken (so both answers are one process's) -> reflect (the command's: the proxy decides, audited);
+outside the job -> pass only if its token user is another user's. A process of the sandbox SID outside the job
 (an interactive-token task, anything the teardown sweep is for) is dropped: the run's permits match
 the SID, so passing it would be direct, unaudited off-host TCP, and reflecting it would put a
 stranger's flow under the command's policy. An owner that cannot be opened or whose SID cannot be
@@ -48,6 +49,22 @@ class Held:
 
     owner: Owner
     handle: int = 0
+
+
+@dataclass(frozen=True)
+class Opened:
+    """One process as the loop opened it: its handle (0: gone or refused) and token user (None: unreadable)."""
+
+    handle: int = 0
+    sid: str | None = None
+
+
+def held(pid: int, opened: Opened, listed: frozenset[int] | None) -> Held:
+    """The lookup of `pid` from its opened process and the job's pid list (None: the list could not
+    be read). The list decides membership, so the job's processes are the job's even when their
+    DACL refuses the loop; a pid it does not list is "outside", judged by the SID read."""
+    membership: Membership = "unknown" if listed is None else ("job" if pid in listed else "outside")
+    return Held(Owner(membership, opened.sid), opened.handle)
 
 
 def judge(owner: Owner, sandbox_sid: str) -> Verdict:

@@ -345,5 +345,27 @@ CALLS: tuple[Call, ...] = (
     ),
     Call("oleaut32", "SysAllocString", DOCS + "oleauto/nf-oleauto-sysallocstring", (c_wchar_p,), LPVOID),
     Call("oleaut32", "SysFreeString", DOCS + "oleauto/nf-oleauto-sysfreestring", (LPVOID,), None),
+    # the transparent loop: SeDebugPrivilege in sandgate's own token (launcher/run/windows/win32debug.py)
+    Call(
+        "advapi32",
+        "LookupPrivilegeValueW",
+        DOCS + "winbase/nf-winbase-lookupprivilegevaluew",
+        (c_wchar_p, c_wchar_p, LPVOID),
+        BOOL,
+    ),
+    Call(
+        "advapi32",
+        "AdjustTokenPrivileges",
+        SEC + "nf-securitybaseapi-adjusttokenprivileges",
+        (HANDLE, BOOL, LPVOID, DWORD, LPVOID, POINTER(DWORD)),
+        BOOL,
+    ),
+    Call(
+        "kernel32",
+        "GetCurrentProcess",
+        DOCS + "processthreadsapi/nf-processthreadsapi-getcurrentprocess",
+        (),
+        HANDLE,
+    ),
 )
 BY_NAME = {c.name: c for c in CALLS}

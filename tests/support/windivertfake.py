@@ -13,15 +13,21 @@ permitted SYN goes to the NETWORK handle if one is open, else out unchanged, whi
 for the sandbox user (the fail-open window the design forbids); so is a sandbox-SID SYN the loop
 passes unchanged (a process that escaped the job: the permits match the SID, not the job).
 
-The loop's owner lookup (`owner_look`: OpenProcess(PROCESS_QUERY_LIMITED_INFORMATION), then
-IsProcessInJob and OpenProcessToken + TokenUser through that handle) follows the documented
-contracts: a process that is gone cannot be opened; IsProcessInJob needs a live job handle; the
-handle kept pins the pid ("the identifier may be reused" only after "all handles to the process
-are closed", PROCESS_INFORMATION docs) and must be closed exactly once. The elevated loop is
-assumed to open any live process and its token (OpenProcess checks the security descriptor unless
-SeDebugPrivilege is enabled: unverified on Windows); `owner_refused[pid]` = "process" (its DACL
-refuses, or the System process/CSRSS) or "token" (the token's DACL refuses TOKEN_QUERY) models
-what an administrator cannot open.
+The loop's owner lookup follows the documented contracts. `owner_open` is
+OpenProcess(PROCESS_QUERY_LIMITED_INFORMATION) then OpenProcessToken + TokenUser through that
+handle: a process that is gone cannot be opened; OpenProcess is an access check against the
+process's DACL (its token's default DACL: its user and SYSTEM; `m.running[pid].grants` where
+wider), and the elevated loop's token (the real user, Administrators, Everyone) passes it only if
+the DACL grants one of those, or "if the caller has enabled the SeDebugPrivilege privilege, the
+requested access is granted regardless of the contents of the security descriptor" (OpenProcess
+docs). `debug_privilege` is AdjustTokenPrivileges on sandgate's token: enabling a privilege the
+token does not hold (`debug_held` False: not elevated, or no "Debug programs") fails. The handle
+kept pins the pid ("the identifier may be reused" only after "all handles to the process are
+closed", PROCESS_INFORMATION docs) and must be closed exactly once. `job_pids` is
+QueryInformationJobObject(JobObjectBasicProcessIdList): the live processes assigned to the job,
+on a live job handle only. `owner_refused[pid]` = "process" (the System process/CSRSS: refused even
+with the privilege) or "token" (the token's DACL refuses TOKEN_QUERY) models what the loop cannot
+open either way.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from netguard.windows import wfp
 from netguard.windows.divertfilter import DivertFilters
-from netguard.windows.owners import Held, Membership, Owner
+from netguard.windows.owners import Opened
 from netguard.windows.win32divert import ResolverServer, TransparentPath
 from sgbase.windows.api import WinApiError
 
@@ -130,6 +136,8 @@ class DivertFake:
         self.divert_driver = True  # False: WinDivert64.sys missing
         self._session = 90_000
         self.owner_refused: dict[int, str] = {}  # pid -> "process" | "token": what the loop cannot open
+        self.debug_held = True  # sandgate's elevated token holds SeDebugPrivilege (disabled by default)
+        self.debug_enabled = False
         self.owner_handles: dict[int, int] = {}  # the loop's kept process handles -> pid
 
     def divert_open(self, filters: DivertFilters) -> tuple[FakeWinDivert, FakeWinDivert]:
@@ -177,18 +185,37 @@ class DivertFake:
 
         return REAL_SID if pid in self.alive else None
 
-    def owner_look(self, job: int, pid: int) -> Held:
-        self._hit("owner_look", pid)
+    def debug_privilege(self, enable: bool) -> bool:
+        self._hit("debug_privilege", enable)
+        if not self.debug_held:  # AdjustTokenPrivileges "succeeds" with ERROR_NOT_ALL_ASSIGNED
+            raise WinApiError("AdjustTokenPrivileges: not all privileges are assigned (error 1300)")
+        was, self.debug_enabled = self.debug_enabled, enable
+        return was
+
+    def _dacl(self, pid: int, sid: str) -> tuple[str, ...]:
+        p = self.m.running.get(pid)
+        return p.grants if p is not None else (sid, "S-1-5-18")  # a token's default DACL: its user, SYSTEM
+
+    def owner_open(self, pid: int) -> Opened:
+        self._hit("owner_open", pid)
+        from tests.support.winfake import REAL_SID  # here: winfake imports this module
+
         sid = self.user_of(pid)
         if sid is None or self.owner_refused.get(pid) == "process":
-            return Held(Owner("unknown", None))  # OpenProcess: gone, or access denied
+            return Opened()  # OpenProcess: gone, or the System process/CSRSS
+        caller = {REAL_SID, "S-1-1-0"} | ({"S-1-5-32-544"} if self.admin else set())
+        if not self.debug_enabled and not caller & set(self._dacl(pid, sid)):
+            return Opened()  # ERROR_ACCESS_DENIED: the DACL grants this token nothing
         self._session += 1
         self.owner_handles[self._session] = pid
-        member: Membership = "unknown"  # IsProcessInJob on a closed job handle fails
-        if job in self.m.jobs:
-            member = "job" if self.m.in_job.get(pid) == job else "outside"
-        readable = self.owner_refused.get(pid) != "token"
-        return Held(Owner(member, sid if readable else None), self._session)
+        return Opened(self._session, sid if self.owner_refused.get(pid) != "token" else None)
+
+    def job_pids(self, job: int) -> frozenset[int]:
+        self._hit("job_pids", job)
+        if job not in self.m.jobs:
+            raise WinApiError("QueryInformationJobObject: The handle is invalid")
+        live = ("suspended", "running")
+        return frozenset(pid for pid, j in self.m.in_job.items() if j == job and self.m.procs.get(pid) in live)
 
     def owner_release(self, handle: int) -> None:
         self._hit("owner_release")

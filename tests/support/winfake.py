@@ -11,12 +11,16 @@ import copy
 import ntpath
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from fsguard.windows import sddl
 from fsguard.windows.desktop import DesktopPlan
 from fsguard.windows.job import JobLimits
 from fsguard.windows.launch import Launch
 from netguard.windows import wfp
+
+if TYPE_CHECKING:
+    from pytest import MonkeyPatch
 from netguard.windows.firewall import FirewallRule
 from netguard.windows.wfp import WfpPlan
 from sgbase.windows.api import Proc, WinApiError
@@ -404,6 +408,18 @@ def set_up(api: FakeWinApi) -> None:
     # as after its first run: the sandbox user's profile, made at its first logon, outlives every run
     api.m.profiles |= {sid for sid, _ in api.m.users.values()}
     api.calls.clear()
+
+
+def installed(monkeypatch: MonkeyPatch) -> FakeWinApi:
+    """A set-up machine as the Windows entry points' WinApi, with sys.platform = "win32": what
+    `sandgate run/setup/cleanup` on Windows see in the tests that drive them through the CLI."""
+    from launcher.run.windows import runner
+
+    fake = FakeWinApi()
+    set_up(fake)
+    monkeypatch.setattr("sys.platform", "win32")
+    monkeypatch.setattr(runner, "make_api", lambda: fake)
+    return fake
 
 
 def sandbox_sid(api: FakeWinApi) -> str:

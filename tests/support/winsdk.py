@@ -26,6 +26,7 @@ import ctypes
 import importlib
 import pkgutil
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -221,14 +222,21 @@ def call_checks(b: Bindings, skip: set[str]) -> list[str]:
             continue
         f = f"fn<decltype(&{c.name})>"
         out.append(f'static_assert({f}::arity == {len(c.argtypes)}, "{c.name}: {len(c.argtypes)} arguments");')
-        for i, t in enumerate(c.argtypes):
-            lay = layout(t)
-            what = f"{c.name}: argument {i + 1} is {lay.size} bytes, {KINDS[lay.kind]}"
-            out.append(f'static_assert(size<{f}::arg<{i}>>() == {lay.size}, "{what}");')
-            out.append(f'static_assert(kind<{f}::arg<{i}>>() == {lay.kind}, "{what}");')
-        r = layout(c.restype)
-        what = f"{c.name}: result is {r.size} bytes, {KINDS[r.kind]}"
-        out.append(f'static_assert(size<{f}::ret>() == {r.size} && kind<{f}::ret>() == {r.kind}, "{what}");')
+        out += _signature(f, c.name, c.argtypes, c.restype, 0)
+    return out
+
+
+def _signature(f: str, where: str, argtypes: Sequence[Any], restype: Any, first: int) -> list[str]:
+    """Each argument's (from index `first` of `f`'s) and the result's size and kind."""
+    out = []
+    for i, t in enumerate(argtypes, start=first):
+        lay = layout(t)
+        what = f"{where}: argument {i + 1 - first} is {lay.size} bytes, {KINDS[lay.kind]}"
+        out.append(f'static_assert(size<{f}::arg<{i}>>() == {lay.size}, "{what}");')
+        out.append(f'static_assert(kind<{f}::arg<{i}>>() == {lay.kind}, "{what}");')
+    r = layout(restype)
+    what = f"{where}: result is {r.size} bytes, {KINDS[r.kind]}"
+    out.append(f'static_assert(size<{f}::ret>() == {r.size} && kind<{f}::ret>() == {r.kind}, "{what}");')
     return out
 
 
@@ -241,14 +249,7 @@ def method_checks(b: Bindings) -> list[str]:
         where = f"{m.iface}::{m.name}"
         out.append(f'static_assert(offsetof({vt}, {m.name}) == {8 * m.slot}, "{where}: vtable slot {m.slot}");')
         out.append(f'static_assert({f}::arity == {len(m.argtypes) + 1}, "{where}: {len(m.argtypes)} arguments");')
-        for i, t in enumerate(m.argtypes, start=1):
-            lay = layout(t)
-            what = f"{where}: argument {i} is {lay.size} bytes, {KINDS[lay.kind]}"
-            out.append(f'static_assert(size<{f}::arg<{i}>>() == {lay.size}, "{what}");')
-            out.append(f'static_assert(kind<{f}::arg<{i}>>() == {lay.kind}, "{what}");')
-        r = layout(m.restype)
-        what = f"{where}: result is {r.size} bytes, {KINDS[r.kind]}"
-        out.append(f'static_assert(size<{f}::ret>() == {r.size} && kind<{f}::ret>() == {r.kind}, "{what}");')
+        out += _signature(f, where, m.argtypes, m.restype, 1)  # argument 0 is `this`
     return out
 
 

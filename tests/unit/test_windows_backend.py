@@ -23,11 +23,7 @@ from tests.support.winfake import APPDATA, WS, FakeWinApi
 
 @pytest.fixture
 def api(monkeypatch: pytest.MonkeyPatch) -> FakeWinApi:
-    fake = FakeWinApi()
-    winfake.set_up(fake)
-    monkeypatch.setattr("sys.platform", "win32")
-    monkeypatch.setattr(runner, "make_api", lambda: fake)
-    return fake
+    return winfake.installed(monkeypatch)
 
 
 def _run(*argv: str) -> int:

@@ -18,7 +18,7 @@ from fsguard.windows import desktop, envblock, exesearch, job, launch, profileen
 from fsguard.windows.job import JobLimits
 from fsguard.windows.launch import Launch
 from launcher import cli
-from launcher.run.windows import plan, runner
+from launcher.run.windows import plan
 from launcher.run.windows.realapi import RealWinApi
 from sgbase.windows import state, win32
 from sgbase.windows.api import Proc, WinApiError
@@ -30,11 +30,7 @@ SANDBOX_PROFILE = "C:\\Users\\" + state.sandbox_user_name(winfake.REAL_SID)
 
 @pytest.fixture
 def api(monkeypatch: pytest.MonkeyPatch) -> FakeWinApi:
-    fake = FakeWinApi()
-    winfake.set_up(fake)
-    monkeypatch.setattr("sys.platform", "win32")
-    monkeypatch.setattr(runner, "make_api", lambda: fake)
-    return fake
+    return winfake.installed(monkeypatch)
 
 
 def _run(*cmd: str) -> int:

@@ -24,11 +24,7 @@ OTHER = "S-1-5-21-1111111111-2222222222-3333333333-1077"  # another local user
 
 @pytest.fixture
 def api(monkeypatch: pytest.MonkeyPatch) -> FakeWinApi:
-    fake = FakeWinApi()
-    winfake.set_up(fake)
-    monkeypatch.setattr("sys.platform", "win32")
-    monkeypatch.setattr(runner, "make_api", lambda: fake)
-    return fake
+    return winfake.installed(monkeypatch)
 
 
 def _neighbours(api: FakeWinApi) -> dict[str, object]:
@@ -106,13 +102,19 @@ def test_the_sandbox_token_cannot_touch_what_the_contracts_refuse(api: FakeWinAp
     api.sweep_end(token)
 
 
-def test_a_sweep_that_cannot_start_is_one_line_and_the_next_run_sweeps_first(
-    api: FakeWinApi, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _run_whose_sweep_cannot_log_on(api: FakeWinApi) -> dict[str, int]:
+    """A run whose command escapes (a task and a process) and whose teardown sweep is refused its logon."""
     seen = dict[str, int]()
     _escaping(api, seen)
     api.fail = ("sweep_logon", 1)
     assert cli.main(["run", "--allow", "example.test", "--", "tool"]) == 0
+    return seen
+
+
+def test_a_sweep_that_cannot_start_is_one_line_and_the_next_run_sweeps_first(
+    api: FakeWinApi, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen = _run_whose_sweep_cannot_log_on(api)
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("sandgate: teardown")]
     assert len(lines) == 1 and "not swept" in lines[0] and "'sandgate cleanup' retries" in lines[0]
     sid = winfake.sandbox_sid(api)
@@ -130,10 +132,7 @@ def test_a_sweep_that_cannot_start_is_one_line_and_the_next_run_sweeps_first(
 def test_cleanup_sweeps_what_a_failed_sweep_left(
     api: FakeWinApi, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    seen = dict[str, int]()
-    _escaping(api, seen)
-    api.fail = ("sweep_logon", 1)
-    assert cli.main(["run", "--allow", "example.test", "--", "tool"]) == 0
+    _run_whose_sweep_cannot_log_on(api)
     api.fail = None
     _next_sandgate(api, monkeypatch)
     capsys.readouterr()
@@ -215,3 +214,69 @@ def test_a_run_that_never_started_cmd_does_not_sweep(api: FakeWinApi) -> None:
     with pytest.raises(SystemExit):
         cli.main(["run", "--allow", "example.test", "--", TOOL])
     assert "sweep_logon" not in api.names() and _pending(api) == []
+
+
+def _left_behind(api: FakeWinApi) -> tuple[str, int]:
+    """What a killed run's command left: an interactive-token task and a process outside any job."""
+    sid = winfake.sandbox_sid(api)
+    api.register_task(sid, "\\sandgate-escape")
+    return sid, api.spawn_outside(sid)
+
+
+@pytest.mark.parametrize("sealed", [True, False])
+def test_setup_remove_sweeps_before_the_user_is_deleted(
+    api: FakeWinApi, capsys: pytest.CaptureFixture[str], sealed: bool
+) -> None:
+    """Deleting the user first would orphan its SID's task and process: nobody could log on as it
+    to end them. The sweep runs first (with a fresh password when the sealed one is gone)."""
+    others = _neighbours(api)
+    sid, _ = _left_behind(api)
+    if not sealed:
+        del api.m.files[state.sealed_password(APPDATA)]
+    assert cli.main(["setup", "--remove"]) == 0
+    said = capsys.readouterr().err
+    assert "sandgate: swept 1 process(es) and 1 scheduled task(s) of the sandbox user" in said
+    assert api.live(sid) == [] and set(api.m.tasks) == others["tasks"] and not api.m.users
+    assert api.live(REAL_SID) == [others["real"]] and api.live(OTHER) == [others["other"]]
+    names = api.names()
+    assert names.index("sweep_end") < names.index("firewall_remove") < names.index("delete_user")
+    assert api.sweep_leaks() == [] and not api.violations
+
+
+def test_setup_remove_stops_before_deleting_anything_when_the_sweep_leaves_survivors(
+    api: FakeWinApi, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sid, pid = _left_behind(api)
+
+    def refuse(token: int, handle: int) -> None:  # a process TerminateProcess cannot end
+        raise WinApiError("TerminateProcess: access denied")
+
+    monkeypatch.setattr(api, "sweep_terminate", refuse)
+    before = (dict(api.m.users), set(api.m.filters), dict(api.m.rules), api.m.files.get(state.setup_record(APPDATA)))
+    with pytest.raises(SystemExit) as e:
+        cli.main(["setup", "--remove"])
+    err = capsys.readouterr().err
+    assert e.value.code != 0 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith("sandgate: error:") and f"(pid {pid}) survived the sweep" in err and "not removed" in err
+    assert (
+        dict(api.m.users),
+        set(api.m.filters),
+        dict(api.m.rules),
+        api.m.files.get(state.setup_record(APPDATA)),
+    ) == before
+    assert api.live(sid) == [pid] and "\\sandgate-escape" not in api.m.tasks  # what could be done was done
+    monkeypatch.undo()  # ended by hand: now the removal goes through
+    monkeypatch.setattr("sys.platform", "win32")
+    monkeypatch.setattr(runner, "make_api", lambda: api)
+    assert cli.main(["setup", "--remove"]) == 0 and not api.m.users and api.live(sid) == []
+
+
+def test_setup_remove_waits_for_a_live_run(api: FakeWinApi, capsys: pytest.CaptureFixture[str]) -> None:
+    """A live run's processes are its command, not leftovers: nothing swept, nothing removed."""
+    sid, pid = _left_behind(api)
+    api.m.files[state.journal_path(APPDATA, 5151, "othertask")] = b""
+    api.alive.add(5151)
+    with pytest.raises(SystemExit):
+        cli.main(["setup", "--remove"])
+    assert "still running" in capsys.readouterr().err
+    assert api.live(sid) == [pid] and api.m.users and "sweep_logon" not in api.names()

@@ -53,6 +53,7 @@ def _refused(capsys: pytest.CaptureFixture[str], *words: str) -> str:
 def _nothing_left(api: FakeWinApi) -> None:
     assert api.dynamic == {} and all(h.closed for h in api.divert_handles)
     assert api.owner_handles == {}  # every process handle the loop kept was closed
+    assert not api.debug_enabled  # SeDebugPrivilege off again: the token as the run found it
     assert all(r._sock.fileno() == -1 for r in api.resolvers)
     assert (api.m.proxies, api.m.jobs, api.m.desktops) == (set(), set(), {})
     assert not api.violations
@@ -246,3 +247,109 @@ def test_the_flag_is_windows_only(monkeypatch: pytest.MonkeyPatch) -> None:
         cli.build_parser("run").parse_args(RUN)
     monkeypatch.setattr("sys.platform", "win32")
     assert cli.build_parser("run").parse_args(RUN).transparent is True
+
+
+def _connects(api: FakeWinApi, launch: Launch) -> dict[str, str]:
+    """The job's connect and another user's, in one run (their process DACLs grant only their users)."""
+    other = api.spawn_outside(OTHER_SID)
+    return {
+        "job": api.tcp_connect(_pid(api, launch), "198.18.0.7", 443, 50000),
+        "other": api.tcp_connect(other, "198.18.0.9", 443, 50002),
+    }
+
+
+def test_the_loop_runs_with_debug_privilege_enabled_and_turns_it_off_after(
+    ready: FakeWinApi, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """OpenProcess on another user's process is checked against its DACL (its user and SYSTEM):
+    the elevated loop opens it only with SeDebugPrivilege enabled, which the run enables before the
+    loop starts and disables when it stops."""
+    seen: dict[str, object] = {}
+
+    def program(api: FakeWinApi, launch: Launch, desk: str) -> int:
+        seen["enabled"] = api.debug_enabled
+        seen.update(_connects(api, launch))
+        return 0
+
+    ready.program = program
+    assert cli.main(RUN) == 0
+    assert seen == {"enabled": True, "job": "proxy", "other": "direct"}
+    names = ready.names()
+    on, off = [i for i, n in enumerate(names) if n == "debug_privilege"]
+    assert on < names.index("divert_open") and names.index("wfp_close_dynamic") < off
+    assert [a for n, a in ready.calls if n == "debug_privilege"] == [(True,), (False,)]
+    _nothing_left(ready)
+
+
+def test_a_privilege_enabled_before_the_run_stays_enabled(ready: FakeWinApi) -> None:
+    ready.debug_enabled = True  # sandgate started from a debugger's shell, say: left as it was found
+    assert cli.main(RUN) == 7
+    assert ready.debug_enabled and [a for n, a in ready.calls if n == "debug_privilege"] == [(True,)]
+
+
+def test_a_token_without_debug_privilege_refuses_the_run_in_one_line(
+    ready: FakeWinApi, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """AdjustTokenPrivileges "succeeds" with ERROR_NOT_ALL_ASSIGNED when the token lacks the privilege:
+    said, and the run refused before the loop or CMD exists (else every other user's flow, and
+    perhaps the command's, would be dropped: no network, silently)."""
+    ready.debug_held = False
+    _refused(capsys, "SeDebugPrivilege", "error 1300", "without --transparent")
+    assert not {"divert_open", "wfp_open_dynamic", "start_suspended"} & set(ready.names())
+    _nothing_left(ready)
+
+
+def test_the_fake_refuses_other_users_processes_to_a_loop_without_the_privilege(
+    ready: FakeWinApi, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check behind the tests above: a loop that never enables SeDebugPrivilege cannot open
+    another user's process, so that user's flow is dropped; the job's still reaches the proxy, by
+    the job's own pid list (its process's DACL refuses the loop too)."""
+    monkeypatch.setattr(FakeWinApi, "debug_privilege", lambda self, enable: False)  # the old loop
+    seen: dict[str, str] = {}
+
+    def program(api: FakeWinApi, launch: Launch, desk: str) -> int:
+        assert api.owner_open(_pid(api, launch)) == owners.Opened()  # the sandbox user's DACL: refused
+        seen.update(_connects(api, launch))
+        return 0
+
+    ready.program = program
+    assert cli.main(RUN) == 0
+    assert seen == {"job": "proxy", "other": "dropped"} and _left(ready, "198.18.0.9") == []
+    _nothing_left(ready)
+
+
+def test_the_job_is_told_by_its_pid_list_even_when_its_process_cannot_be_opened(
+    ready: FakeWinApi, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Membership is the job's own answer (QueryInformationJobObject), not the process's: the
+    command's connect is reflected even when OpenProcess on it is refused outright."""
+    seen: list[str] = []
+
+    def program(api: FakeWinApi, launch: Launch, desk: str) -> int:
+        pid = _pid(api, launch)
+        api.owner_refused[pid] = "process"
+        seen.append(api.tcp_connect(pid, "198.18.0.7", 443, 50000))
+        return 0
+
+    ready.program = program
+    assert cli.main(RUN) == 0
+    assert seen == ["proxy"]
+    _nothing_left(ready)
+
+
+def test_membership_is_the_job_lists_and_an_unreadable_list_is_dropped() -> None:
+    """owners.held, the pure part: listed -> the job's whatever the handle; not listed -> outside,
+    judged by the SID; no list -> unknown (dropped), the handle kept for release either way."""
+    sid = "S-1-5-21-1-2-3-1001"
+    opened = owners.Opened(44, OTHER_SID)
+    assert owners.held(7, owners.Opened(), frozenset({7})) == owners.Held(owners.Owner("job", None))
+    assert owners.held(8, opened, frozenset({7})) == owners.Held(owners.Owner("outside", OTHER_SID), 44)
+    assert owners.held(8, opened, None) == owners.Held(owners.Owner("unknown", OTHER_SID), 44)
+    assert [
+        owners.judge(owners.held(8, opened, listed).owner, sid) for listed in (frozenset({8}), frozenset(), None)
+    ] == [
+        "reflect",
+        "pass",
+        "drop",
+    ]

@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 
-from launcher.run.windows import win32owner
 from netguard.windows import divertfilter, owners, wfp, win32divert
 from tests.support.windivertfake import NETWORK, RECV_ONLY, SNIFF, SOCKET, FakeWinDivert, connect_event, syn
 
@@ -258,53 +257,3 @@ def test_the_proxy_childs_own_resolver_gets_the_original_destination(monkeypatch
     finally:
         path.stop()
         server.close()
-
-
-def test_the_owner_is_read_through_one_handle_and_what_cannot_be_read_is_said(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """IsProcessInJob against the run's job and TokenUser through the same process handle, which
-    stays open (it pins the pid) until released; a process that cannot be opened, a failed
-    IsProcessInJob and an unreadable token are "unknown" / None, never a guess."""
-    from fsguard.windows import win32sweep
-    from sgbase.windows import win32
-    from sgbase.windows.win32 import Win32Error
-
-    members, closed = {101}, list[int]()
-
-    def token_user(h: int) -> str:
-        if h == 10_303:
-            raise Win32Error(5, "Access is denied")  # OpenProcessToken: the token's DACL refuses
-        return f"S-1-5-21-{h}"
-
-    def fn(name: str) -> Callable[..., Any]:
-        def open_process(access: int, inherit: bool, pid: int) -> int | None:
-            assert access == win32owner.PROCESS_QUERY_LIMITED_INFORMATION == 0x1000
-            return None if pid == 999 else pid + 10_000
-
-        def in_job(h: int, job: int, out: Any) -> int:
-            assert job == 77
-            if h == 10_404:
-                return 0  # IsProcessInJob failed
-            out._obj.value = int(h - 10_000 in members)
-            return 1
-
-        table: dict[str, Callable[..., Any]] = {
-            "OpenProcess": open_process,
-            "IsProcessInJob": in_job,
-            "CloseHandle": closed.append,
-        }
-        return table[name]
-
-    monkeypatch.setattr(win32owner, "fn", fn)
-    monkeypatch.setattr(win32, "fn", fn)
-    monkeypatch.setattr(win32sweep, "_token_user", token_user)
-    job = win32owner.look(77, 101)
-    assert job == owners.Held(owners.Owner("job", "S-1-5-21-10101"), 10_101)
-    assert win32owner.look(77, 202) == owners.Held(owners.Owner("outside", "S-1-5-21-10202"), 10_202)
-    assert win32owner.look(77, 303) == owners.Held(owners.Owner("outside", None), 10_303)
-    assert win32owner.look(77, 404).owner == owners.Owner("unknown", "S-1-5-21-10404")
-    assert win32owner.look(77, 999) == owners.Held(owners.Owner("unknown", None))  # nothing kept
-    assert closed == []  # every handle stays open until the loop releases it
-    win32owner.release(10_101)
-    assert closed == [10_101]

@@ -20,12 +20,12 @@ from fsguard.windows import win32dcom, win32job, win32lsa, win32proc, win32profi
 from fsguard.windows.desktop import DesktopPlan
 from fsguard.windows.job import JobLimits
 from fsguard.windows.launch import Launch
-from launcher.run.windows import win32owner
+from launcher.run.windows import win32debug, win32owner
 from launcher.run.windows.realsweep import RealSweepApi
 from netguard.windows import firewall, win32divert, win32wfp
 from netguard.windows.divertfilter import DivertFilters
 from netguard.windows.firewall import FirewallRule
-from netguard.windows.owners import Held
+from netguard.windows.owners import Opened
 from netguard.windows.wfp import WfpFilter, WfpPlan
 from sgbase.windows import win32
 from sgbase.windows.api import Proc, WinApiError
@@ -338,9 +338,17 @@ class RealWinApi(RealSweepApi):
     def wfp_close_dynamic(self, session: int) -> None:
         _call("FwpmEngineClose0", win32wfp.close_dynamic, session)
 
-    def owner_look(self, job: int, pid: int) -> Held:
-        held: Held = _call("the owner of a connect", win32owner.look, job, pid)  # unreadable: said, not raised
-        return held
+    def debug_privilege(self, enable: bool) -> bool:
+        was: bool = _call("SeDebugPrivilege", win32debug.set_debug, enable)
+        return was
+
+    def owner_open(self, pid: int) -> Opened:
+        opened: Opened = _call("the owner of a connect", win32owner.open_owner, pid)  # unreadable: said
+        return opened
+
+    def job_pids(self, job: int) -> frozenset[int]:
+        pids: frozenset[int] = _call("the job's process list", win32owner.job_pids, job)
+        return pids
 
     def owner_release(self, handle: int) -> None:
         _call("CloseHandle", win32owner.release, handle)

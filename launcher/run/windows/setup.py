@@ -8,7 +8,9 @@ server) -> the setup record (name, SID, port: written before any filter,
 so a crashed setup can still be removed) -> the persistent WFP filters (wfp plan, one
 transaction) -> the firewall rules (firewall.py, in their order). Every step first looks whether
 its piece is already there, so a second setup changes nothing (uuid5 keys, fixed rule names).
-Remove is the reverse, and a missing piece is not an error. Threats: see docs/windows.md (a
+Remove is the reverse, and a missing piece is not an error; it sweeps first (fsguard/windows/sweep.py:
+the sandbox user's scheduled tasks and processes outside any job, ended as that user), and stops
+before deleting anything if something survives. Threats: see docs/windows.md (a
 separate user whom WFP and the firewall can match by SID; a password only the real user can read).
 """
 
@@ -18,7 +20,7 @@ import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from fsguard.windows import logonrights, servicedeny
+from fsguard.windows import logonrights, servicedeny, sweep
 from launcher.run.windows.winapi import WinApi
 from netguard.windows import firewall, wfp
 from sgbase.windows import state
@@ -176,6 +178,7 @@ def remove(api: WinApi, say: Callable[[str], None]) -> None:
         sid = api.user_sid(name)
         record = state.SetupRecord(name, sid, state.PROXY_PORT) if sid else None
     if record is not None:
+        _sweep_first(api, appdata, record, say)  # before anything of the user goes (its SID's leftovers)
         for rule in reversed(firewall.plan_rules(record.sid, (record.port,))):
             if api.firewall_has(rule.name):
                 api.firewall_remove(rule.name)
@@ -194,6 +197,40 @@ def remove(api: WinApi, say: Callable[[str], None]) -> None:
         say("nothing to remove: no sandbox user and no setup record")
     api.remove_file(state.sealed_password(appdata))
     api.remove_file(state.setup_record(appdata))
+
+
+def _sweep_first(api: WinApi, appdata: str, record: state.SetupRecord, say: Callable[[str], None]) -> None:
+    """The teardown sweep as the sandbox user, before it is deleted. Threat: a scheduled task or an
+    escaped process of a deleted account outlives it, orphaned: nobody can log on as that SID any
+    more to end it, and a task's action runs again with whatever the SID still has. What the sweep
+    leaves (or a sweep that cannot run) stops the removal in one line, nothing deleted yet."""
+    if api.user_sid(record.name) != record.sid:
+        return  # deleted (or re-created) by hand: nothing can log on as this SID to sweep it
+    _, live = sweep.pending(api, state.journal_dir(appdata))
+    if live:  # its processes are a live run's command, not leftovers: never ended under it
+        raise WinApiError("a sandgate run is still running; let it finish, then run 'sandgate setup --remove' again")
+    done = sweep.sweep(api, record.name, _sweep_password(api, appdata, record.name), record.sid, api.own_pid())
+    left = sweep.describe(done)
+    if left is not None:
+        raise WinApiError(
+            f"{left}; the sandbox user was not removed: end them as administrator (Task Manager, "
+            "schtasks /delete), then run 'sandgate setup --remove' again"
+        )
+    if done.killed or done.deleted:
+        say(f"swept {len(done.killed)} process(es) and {len(done.deleted)} scheduled task(s) of the sandbox user")
+
+
+def _sweep_password(api: WinApi, appdata: str, name: str) -> str:
+    """The sealed password, or (missing, unreadable) a fresh one set now: the sweep logs on with it."""
+    sealed = api.read_file(state.sealed_password(appdata))
+    if sealed is not None:
+        try:
+            return api.unprotect(sealed).decode()
+        except (WinApiError, UnicodeDecodeError):
+            pass  # sealed by another user or machine: renewed below (the user is going anyway)
+    password = _password()
+    api.set_password(name, password)
+    return password
 
 
 def _record(api: WinApi, appdata: str) -> state.SetupRecord | None:

@@ -9,10 +9,13 @@ checks first. Order, each step for a threat:
   prepare  the resolver on 127.0.0.1:8085 BEFORE the proxy starts: else mitmproxy's own
            transparent setup finds the port free and starts its own WinDivert redirector (it
            reflects every process's traffic, for everyone)
-  start    after the job exists and before CMD is created: handles open, then the dynamic
-           permits (never permits without diversion); a failure refuses the run
+  start    after the job exists and before CMD is created: SeDebugPrivilege enabled in sandgate's
+           own token (win32debug.py: else another user's process refuses the loop's OpenProcess
+           and its flows are dropped; refused in one line if it cannot be), handles open, then
+           the dynamic permits (never permits without diversion); a failure refuses the run
   stop     first thing in teardown: permits out, then the handles (the persistent block applies
-           again), then, after the proxy is gone, the resolver
+           again), then SeDebugPrivilege disabled (unless it was enabled before the run), then,
+           after the proxy is gone, the resolver
 A loop that dies mid-run (recv fails: the driver unloaded, a handle closed) removes its permits
 itself (fail closed: CMD's connections are refused by the persistent WFP block from then on) and
 the run says so in one line. Every effect is the WinApi's, so all of it runs against the fake.
@@ -39,8 +42,10 @@ class Capture:
     """One run's transparent capture; `failure` is set (by the loop's thread) if it died mid-run."""
 
     path: win32divert.TransparentPath
+    api: WinApi
     resolver: win32divert.ResolverServer | None = None
     failure: str | None = None
+    debug: bool = False  # SeDebugPrivilege enabled by this run: disabled again at stop
 
 
 def check(api: WinApi, has_proxy: bool) -> None:
@@ -68,15 +73,7 @@ def prepare(
     A connect of the sandbox user from outside the job, or whose owner cannot be read, is dropped
     (owners.judge): the permits match the SID, not the job."""
     plan = wfp.plan_filters(record.sid, (record.port,), owner=api.current_user_sid())
-
-    def look(pid: int) -> owners.Held:
-        j = job()
-        if j is None:
-            return owners.Held(owners.Owner("job", None))
-        try:
-            return api.owner_look(j, pid)
-        except WinApiError:
-            return owners.Held(owners.Owner("unknown", None))  # dropped; the loop goes on
+    look = _looker(api, job)
 
     def release(handle: int) -> None:
         try:
@@ -102,13 +99,44 @@ def prepare(
         opener=api.divert_open,
         on_fail=failed,
     )
-    capture = Capture(path)
+    capture = Capture(path, api)
     capture.resolver = api.serve_resolver(path)
     return capture
 
 
+def _looker(api: WinApi, job: Callable[[], int | None]) -> Callable[[int], owners.Held]:
+    """The loop's owner lookup: the process opened first (its handle pins the pid), then the job's
+    pid list asked about it (owners.held decides); a failure is "cannot tell", never raised."""
+
+    def look(pid: int) -> owners.Held:
+        j = job()
+        if j is None:
+            return owners.Held(owners.Owner("job", None))
+        try:
+            opened = api.owner_open(pid)
+        except WinApiError:
+            opened = owners.Opened()  # refused or gone: the job's list may still name it
+        try:
+            listed: frozenset[int] | None = api.job_pids(j)
+        except WinApiError:
+            listed = None  # membership unknown: dropped (owners.judge); the loop goes on
+        return owners.held(pid, opened, listed)
+
+    return look
+
+
 def start(capture: Capture) -> None:
-    """Handles, then permits, then the loop's thread; any failure is the run's one line (refused)."""
+    """SeDebugPrivilege, then handles, then permits, then the loop's thread; any failure is the
+    run's one line (refused; teardown's stop undoes what was done)."""
+    try:
+        was = capture.api.debug_privilege(True)
+    except WinApiError as e:
+        raise WinApiError(
+            f"--transparent could not enable SeDebugPrivilege ({e}); without it the loop cannot tell "
+            "whose connections other users' processes make; run it from an elevated terminal of an "
+            "administrator that holds 'Debug programs' (the default), or run without --transparent"
+        ) from None
+    capture.debug = not was
     try:
         capture.path.start()
     except (OSError, WinApiError) as e:
@@ -118,8 +146,12 @@ def start(capture: Capture) -> None:
 
 
 def stop(capture: Capture) -> None:
-    """Permits first, then the handles (idempotent; win32divert.TransparentPath.stop)."""
+    """Permits first, then the handles (idempotent; win32divert.TransparentPath.stop), then
+    SeDebugPrivilege back off if this run enabled it (sandgate's token as the run found it)."""
     capture.path.stop()
+    if capture.debug:
+        capture.debug = False
+        capture.api.debug_privilege(False)
 
 
 def close_resolver(capture: Capture) -> None:

@@ -22,7 +22,7 @@ from sgbase.windows.api import FileApi, Proc
 
 if TYPE_CHECKING:  # the transparent path's types only: run without --transparent never loads it
     from netguard.windows.divertfilter import DivertFilters
-    from netguard.windows.owners import Held
+    from netguard.windows.owners import Opened
     from netguard.windows.win32divert import Handle, ResolverServer, TransparentPath
 
 
@@ -72,6 +72,8 @@ class WinApi(FileApi, SweepApi, Protocol):
     def divert_open(self, filters: DivertFilters) -> tuple[Handle, Handle]: ...  # (NETWORK, SOCKET sniff)
     def wfp_open_dynamic(self, plan: WfpPlan, filters: tuple[WfpFilter, ...]) -> int: ...  # the permits' session
     def wfp_close_dynamic(self, session: int) -> None: ...  # BFE deletes the session's filters
-    def owner_look(self, job: int, pid: int) -> Held: ...  # IsProcessInJob + TokenUser, one handle kept
+    def debug_privilege(self, enable: bool) -> bool: ...  # SeDebugPrivilege in our token; was it on before
+    def owner_open(self, pid: int) -> Opened: ...  # OpenProcess + TokenUser, the handle kept (0: refused)
+    def job_pids(self, job: int) -> frozenset[int]: ...  # QueryInformationJobObject(BasicProcessIdList)
     def owner_release(self, handle: int) -> None: ...  # that handle closed: the pid may be reused
     def serve_resolver(self, path: TransparentPath) -> ResolverServer: ...  # 127.0.0.1:8085, before the proxy
