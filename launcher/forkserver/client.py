@@ -180,8 +180,16 @@ def spawn_missed() -> None:
     from launcher import prestart
 
     env = {k: v for k, v in os.environ.items() if k in prestart.DAEMON_ENV or k.startswith(("PYTHON", "LC_"))}
-    argv = [sys.executable, "-P", "-m", "launcher.forkserver", "--socket", path, "--key", key]
+    argv = [sys.executable, *server_flags(), "-m", "launcher.forkserver", "--socket", path, "--key", key]
     prestart.detach(argv, env, os.path.join(os.path.dirname(path), "forkserver.log"))
+
+
+def server_flags() -> list[str]:
+    """The server's interpreter flags: no script directory on sys.path (-P), and the caller's UTF-8 mode.
+    A caller in the C or POSIX locale (`env -i`, cron, many CI runners and agents) starts in UTF-8 mode
+    (PEP 540) and exports LC_CTYPE=C.UTF-8 (PEP 538), with which a child would not be: without -X utf8
+    its server would be another context, refuse, and nobody of that locale would ever be served."""
+    return ["-P", "-X", f"utf8={sys.flags.utf8_mode}"]
 
 
 def _refused_lately(marker: str) -> bool:

@@ -73,7 +73,9 @@ def parts(environ: dict[str, str] | os._Environ[str], launcher_dir: str) -> list
         sys.prefix,
         launcher_dir,  # where `launcher` was imported from: a checkout on PYTHONPATH is another program
         repr([getattr(sys.flags, f) for f in FLAGS]),
-        repr(sorted(sys._xoptions.items())),  # -X importtime, -X dev: measured or checked, not forked
+        # -X importtime, -X dev: measured or checked, not forked; -X utf8 is the utf8_mode flag above (the
+        # server gets its caller's: client.server_flags), however the caller came by it
+        repr(sorted((k, v) for k, v in sys._xoptions.items() if k != "utf8")),
         repr(sorted((k, v) for k, v in environ.items() if k.startswith(("PYTHON", "LC_")) or k == "LANG")),
     ]
     creds = [repr(os.getresuid()), repr(os.getresgid()), repr(sorted(os.getgroups()))]

@@ -502,3 +502,25 @@ def test_a_change_queued_before_a_request_is_never_served(runtime: Path, tmp_pat
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@pytest.mark.parametrize("locale", [{}, {"LANG": "C"}, {"LANG": "C.UTF-8"}, {"PYTHONUTF8": "0"}, {"PYTHONUTF8": "1"}])
+def test_a_server_started_by_a_caller_has_that_callers_key_in_any_locale(locale: dict[str, str]) -> None:
+    """`env -i` (the C locale: UTF-8 mode and a coerced LC_CTYPE, PEP 538/540) once made every server
+    another context than its caller: it refused, and such callers were never served."""
+    code = (
+        "import os, subprocess, sys\n"
+        "from launcher.forkserver import context, client\n"
+        "mine = context.key(os.environ, client.LAUNCHER_DIR)\n"
+        "env = {k: v for k, v in os.environ.items() if k.startswith(('PYTHON', 'LC_')) or k in ('PATH', 'LANG')}\n"
+        "show = 'from launcher.forkserver import context, client; import os; "
+        "print(context.key(os.environ, client.LAUNCHER_DIR))'\n"
+        "theirs = subprocess.run([sys.executable, *client.server_flags(), '-c', show], env=env,\n"
+        "                        capture_output=True, text=True, check=True).stdout.strip()\n"
+        "print(mine == theirs, sys.flags.utf8_mode)\n"
+    )
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), **locale}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, env=env, timeout=30)
+    assert r.returncode == 0, r.stderr
+    same, utf8 = r.stdout.split()
+    assert same == "True", (locale, utf8)
