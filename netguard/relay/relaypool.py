@@ -24,7 +24,7 @@ from pathlib import Path
 
 from netguard.relay import relaywire
 
-INITIAL = min(2, os.cpu_count() or 1)  # started at once: a second core for big transfers
+INITIAL = min(2, os.cpu_count() or 1)  # started together (LAZY): a second core for big transfers
 MAX_WORKERS = 8  # more only when the others are three quarters full (each holds ~10,000 flows here)
 RESPAWN = 1.0  # seconds between starts after a failure or a death: a crashing worker must not spin
 #: Seconds after the first flow finds no worker before the workers start: their start (~50 ms of CPU each)
