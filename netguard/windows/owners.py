@@ -96,27 +96,23 @@ class Owners:
     ) -> None:
         self._look, self._sid, self._release = look, sandbox_sid, release
         self._events: list[tuple[ConnectEvent, Held]] = []
-        self._held: dict[int, tuple[Held, int]] = {}  # pid -> (its lookup, events pending on it)
+        self._held: dict[int, Held] = {}  # pid -> its lookup, while an event of that pid is pending
 
     def add(self, event: ConnectEvent) -> None:
         """Look the owner up now, while it has just connected (or reuse a lookup whose handle
         still pins that pid)."""
-        held, n = self._held.get(event.pid) or (self._look(event.pid), 0)
+        held = self._held.get(event.pid) or self._look(event.pid)
         if held.handle:
-            self._held[event.pid] = (held, n + 1)
+            self._held[event.pid] = held
         self._events.append((event, held))
 
     def _drop(self, item: tuple[ConnectEvent, Held]) -> None:
         self._events.remove(item)
         event, held = item
-        if not held.handle:
-            return
-        _, n = self._held[event.pid]
-        if n > 1:
-            self._held[event.pid] = (held, n - 1)
-        else:
-            del self._held[event.pid]
-            self._release(held.handle)
+        if not held.handle or any(e.pid == event.pid for e, _ in self._events):
+            return  # no handle, or another pending event of that pid still needs it pinned
+        del self._held[event.pid]
+        self._release(held.handle)
 
     def _candidates(self, dst_addr: str, dst_port: int, src_port: int, now: float) -> list[tuple[ConnectEvent, Held]]:
         for old in [i for i in self._events if now - i[0].at >= EVENT_TTL]:
