@@ -338,11 +338,14 @@ def test_teardown_removes_everything_even_when_the_test_fails() -> None:
 
 
 def _alive_as(pid: int, uid: int) -> bool:
+    """Running as `uid`; a zombie is dead (killed, only not yet reaped by PID 1, which may take seconds)."""
     try:
         text = Path(f"/proc/{pid}/status").read_text()
     except FileNotFoundError:
         return False
-    return any(line.startswith("Uid:") and str(uid) in line.split() for line in text.splitlines())
+    lines = text.splitlines()
+    zombie = any(line.startswith("State:") and line.split()[1:2] == ["Z"] for line in lines)
+    return not zombie and any(line.startswith("Uid:") and str(uid) in line.split() for line in lines)
 
 
 PROBE = textwrap.dedent("""

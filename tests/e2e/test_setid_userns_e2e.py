@@ -32,6 +32,7 @@ from netguard.audit import read_records
 
 from ..support.rootless import UnprivilegedUser
 from ..support.runner import Sandgate, env, write_policy
+from ..support.verifyruns import Rows, VerifyRun
 from ..support.world import World, _NetnsRunner, new_world
 
 PLANT = """
@@ -302,17 +303,25 @@ def test_nested_user_namespaces_fail_by_default_and_work_when_asked(side: Side) 
 VERIFY_PROBES = "file_caps,nested_userns,setuid_plant"
 
 
-def _verify(runner: _NetnsRunner, weaken: str = "") -> tuple[int, list[dict[str, object]], str]:
+def _verify(runner: _NetnsRunner, weaken: str = "") -> tuple[int, Rows, str]:
     e = {**env(), **({"SANDGATE_INTERNAL_WEAKEN": weaken} if weaken else {})}
     r = runner.run([sys.executable, "-m", "launcher.cli", "verify", "--json", "--only", VERIFY_PROBES], env=e, cwd="/")
     return r.returncode, (json.loads(r.stdout) if r.stdout.strip() else []), r.stderr
 
 
-def test_verify_rows_hold_and_the_nested_userns_weakening_flips_exactly_its_rows(world: World) -> None:
-    code, rows, err = _verify(world)
-    assert code == 0 and len(rows) == 3 * 3 * 2 and all(r["ok"] for r in rows), (rows, err[-2000:])
-    code, rows, err = _verify(world, weaken="nested-userns")  # the control: the same probes see a missing boundary
+def _ours(run: VerifyRun) -> Rows:
+    """This module's rows of a whole run (support/verifyruns.py: made once, shared with test_verify)."""
+    return [r for r in run.rows if r["probe"] in VERIFY_PROBES.split(",")]
+
+
+def test_verify_rows_hold_and_the_nested_userns_weakening_flips_exactly_its_rows(
+    world: World, verify_as_root: VerifyRun
+) -> None:
+    rows = _ours(verify_as_root)  # the control: the whole run's rows of these probes all hold
+    assert len(rows) == 3 * 3 * 2 and all(r["ok"] for r in rows), (rows, verify_as_root.err[-2000:])
+    code, rows, err = _verify(world, weaken="nested-userns")  # the same probes see a missing boundary
     assert code == 1, err[-2000:]
+    assert {r["probe"] for r in rows} == set(VERIFY_PROBES.split(","))
     failed = {(r["probe"], r["context"], r["identity"]) for r in rows if not r["ok"]}
     assert failed == {
         ("nested_userns", ctx, who) for ctx in ("child", "grandchild", "daemon") for who in ("root", "user")
@@ -320,6 +329,6 @@ def test_verify_rows_hold_and_the_nested_userns_weakening_flips_exactly_its_rows
     assert all("CapEff 000001ffffffffff" in str(r["evidence"]) for r in rows if not r["ok"]), rows
 
 
-def test_an_ordinary_user_verifies_the_same_rows_without_sudo(world: World, user: UnprivilegedUser) -> None:
-    code, rows, err = _verify(user.runner(world))
-    assert code == 0 and len(rows) == 3 * 3 * 2 and all(r["ok"] for r in rows), (rows, err[-2000:])
+def test_an_ordinary_user_verifies_the_same_rows_without_sudo(verify_as_user: VerifyRun) -> None:
+    rows = _ours(verify_as_user)
+    assert len(rows) == 3 * 3 * 2 and all(r["ok"] for r in rows), (rows, verify_as_user.err[-2000:])

@@ -7,45 +7,23 @@ without sudo (its world then lives in a user namespace of its own)."""
 
 from __future__ import annotations
 
-import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
-
-import pytest
 
 from fsguard import landlock
 from selftest import verify
 from selftest.probes import core
 
-from ..support.rootless import UnprivilegedUser
-from ..support.world import World
+from ..support.verifyruns import Rows, VerifyRun, sandgate_verify
 
 REPO = Path(__file__).resolve().parent.parent.parent
 IDENTITIES = ("root", "user")
 ROW_KEYS = {"group", "probe", "context", "expected", "observed", "ok", "evidence", "identity"}
 
 
-def sandgate_verify(*args: str, weaken: str = "") -> tuple[int, list[dict[str, object]], str]:
-    if os.geteuid() != 0:
-        pytest.fail("sandgate verify needs root", pytrace=False)
-    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "PYTHONPATH": str(REPO), "LANG": "C.UTF-8"}
-    if weaken:
-        env["SANDGATE_INTERNAL_WEAKEN"] = weaken
-    r = subprocess.run(
-        [sys.executable, "-m", "launcher.cli", "verify", "--json", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd="/",
-        timeout=300,
-    )
-    return r.returncode, (json.loads(r.stdout) if r.stdout.strip() else []), r.stderr
-
-
-def _assert_complete(rows: list[dict[str, object]]) -> None:
+def _assert_complete(rows: Rows) -> None:
     """Every probe, in every context it declares, for both identities: nothing silently skipped."""
     seen = {(r["group"], r["probe"], r["context"], r["identity"]) for r in rows}
     for group, probe, _ in core.probe_list():
@@ -58,19 +36,9 @@ def _assert_complete(rows: list[dict[str, object]]) -> None:
     assert all(set(r) == ROW_KEYS for r in rows)  # the v1 keys unchanged, plus "identity"
 
 
-def _host_keys_and_segments() -> tuple[set[str], set[str]]:
-    keys = {
-        line
-        for line in Path("/proc/keys").read_text().splitlines()  # live ones: not invalidated/dead/revoked
-        if "sandgate-verify:" in line and not set(line.split()[1]) & set("iDR")
-    }
-    shm = {line.split()[1] for line in Path("/proc/sysvipc/shm").read_text().splitlines()[1:]}
-    return keys, shm
-
-
-def test_every_probe_behaves_as_expected_in_every_context() -> None:
-    hostname, (_, shm_before) = socket.gethostname(), _host_keys_and_segments()
-    code, rows, err = sandgate_verify()
+def test_every_probe_behaves_as_expected_in_every_context(verify_as_root: VerifyRun) -> None:
+    run = verify_as_root  # the whole run, shared with test_setid_userns_e2e (support/verifyruns.py)
+    code, rows, err = run.code, run.rows, run.err
     bad = [r for r in rows if not r["ok"]]
     assert code == 0 and rows and not bad, (bad, err[-2000:])
     _assert_complete(rows)
@@ -91,11 +59,11 @@ def test_every_probe_behaves_as_expected_in_every_context() -> None:
             assert "on 1 connection(s)" in rules and "403 sandgate: request refused" in rules, rules  # kept alive
             assert "attempted credential leak" in by["sentinel_leak", ctx, who]
             assert "sandgate inspection CA" in by["inspected_ca_trusted", ctx, who]
-    # What verify planted outside is gone again, and the host's name never changed.
-    keys, shm_after = _host_keys_and_segments()
-    assert socket.gethostname() == hostname and not keys and not (shm_after - shm_before)
-    leftovers = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    assert "sandgate-v" not in leftovers
+    # What verify planted outside is gone again right after it, and the host's name never changed.
+    before, after = run.before, run.after
+    assert before is not None and after is not None
+    assert after.hostname == before.hostname and not after.keys and not (after.shm - before.shm)
+    assert "sandgate-v" not in after.netns
 
 
 #: Without a network namespace of its own (the "firewall" weakening) the command shares the world's:
@@ -274,14 +242,11 @@ def test_ctrl_c_removes_everything_verify_built() -> None:
     assert subprocess.run(["pgrep", "-f", runners], capture_output=True).returncode == 1
 
 
-def test_an_ordinary_user_runs_verify_without_sudo(world: World, unprivileged: UnprivilegedUser) -> None:
+def test_an_ordinary_user_runs_verify_without_sudo(verify_as_user: VerifyRun) -> None:
     """No root anywhere: verify builds its world in a user namespace of its own, runs the rootless path."""
-    r = unprivileged.runner(world).run(
-        [sys.executable, "-m", "launcher.cli", "verify", "--json"], env={"PYTHONPATH": str(REPO)}, timeout=300
-    )
-    rows = json.loads(r.stdout) if r.stdout.strip() else []
+    rows = verify_as_user.rows  # the whole run, shared with test_setid_userns_e2e (support/verifyruns.py)
     bad = [x for x in rows if not x["ok"]]
-    assert r.returncode == 0 and rows and not bad, (bad, r.stderr[-2000:])
+    assert verify_as_user.code == 0 and rows and not bad, (bad, verify_as_user.err[-2000:])
     _assert_complete(rows)
     setns = [str(x["evidence"]) for x in rows if x["probe"] == "setns_host_netns"]
     # Its world has no /run/netns name: the setns target is the rootless world's own bound handle.

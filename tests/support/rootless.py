@@ -236,7 +236,10 @@ def plan_paths(paths: Iterable[Path | str]) -> tuple[list[tuple[str, bool]], lis
 
 
 def _status_ids(pid: int) -> tuple[set[int], int] | None:
-    """({real, effective, saved, fs uid}, ppid) of a live process, None if it is gone."""
+    """({real, effective, saved, fs uid}, ppid) of a live process, None if it is gone.
+
+    A zombie is gone: it holds no files, mounts or namespaces and userdel does not count it, and here
+    PID 1 reaps an orphan's zombie only after ~1.5 s (waiting for that cost ~2 s per user teardown)."""
     try:
         text = Path(f"/proc/{pid}/status").read_text()
     except (FileNotFoundError, ProcessLookupError, PermissionError):
@@ -244,6 +247,8 @@ def _status_ids(pid: int) -> tuple[set[int], int] | None:
     uids: set[int] = set()
     ppid = 0
     for line in text.splitlines():
+        if line.startswith("State:") and line.split()[1:2] == ["Z"]:
+            return None
         if line.startswith("Uid:"):
             uids = {int(x) for x in line.split()[1:]}
         elif line.startswith("PPid:"):
