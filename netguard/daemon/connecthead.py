@@ -17,7 +17,7 @@ MAX_FIELDS = 64
 
 _LINE = re.compile(rb"CONNECT ([A-Za-z0-9.-]{1,253}):([1-9][0-9]{0,4}) HTTP/1\.([01])")
 _LABEL = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
-_FIELD = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+:[\x20-\x7e\t]*")  # a token, a colon, visible ASCII
+FIELD = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+:[\x20-\x7e\t]*")  # a token, a colon, visible ASCII
 _BODY = (b"content-length", b"transfer-encoding")  # a CONNECT with a body is not plain: mitmproxy decides it
 
 
@@ -49,11 +49,11 @@ def parse(buf: bytes) -> Head | Incomplete | None:
     if m is None or len(lines) - 1 > MAX_FIELDS:
         return None
     for line in lines[1:]:
-        if _FIELD.fullmatch(line) is None or line.split(b":", 1)[0].lower() in _BODY:
+        if FIELD.fullmatch(line) is None or line.split(b":", 1)[0].lower() in _BODY:
             return None
     host = m.group(1).decode("ascii")  # as mitmproxy reads it (its idna decode keeps ASCII as sent)
     port = int(m.group(2))
-    if port > 65535 or not _valid_host(host):
+    if port > 65535 or not valid_host(host):
         return None
     return Head(host, port, "HTTP/1.1" if m.group(3) == b"1" else "HTTP/1.0", size)
 
@@ -64,6 +64,6 @@ def _could_be(buf: bytes) -> bool:
     return b"CONNECT "[: len(first)] == first[:8] and b"\n" not in buf.replace(b"\r\n", b"")
 
 
-def _valid_host(host: str) -> bool:
+def valid_host(host: str) -> bool:
     """LDH labels (or a dotted IPv4 address, whose labels are digits): no empty label, no trailing dot."""
     return len(host) <= 253 and all(_LABEL.fullmatch(label) for label in host.lower().split("."))

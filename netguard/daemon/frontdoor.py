@@ -7,13 +7,12 @@ plainest flows never enter mitmproxy:
                there; an SNI that the policy allows by itself, not inspected, is decided here
   explicit     the request head is peeked until it is one plain `CONNECT host:port HTTP/1.x`;
                allowed, not inspected: only then is the head (and only the head: what follows is
-               the tunnel's, as in mitmproxy) read, the upstream connect started and the `200` sent
-               at the same time
-Both are decided by the same code as the Gate (netguard.decision.decide: same verdict, pin, record),
-then relayed by the kernel (netguard.relay.relay) with the same close record, and reached by a
-sandbox's drop through handoff's registry. Everything else (inspection, a policy that does not allow
-the name by itself, not TLS) is handed to mitmproxy as the socket it would have accepted: nothing
-was consumed, its layers decide as before, and the first head or hello they read is already whole.
+               the tunnel's) read, the upstream connect started and the `200` sent at the same time;
+               a plain `GET http://...` the same way: netguard.daemon.plainhttp forwards it
+All are decided by the same code as the Gate (netguard.decision.decide: same verdict, pin, record) and
+reached by a sandbox's drop (tunnels through handoff's registry). Everything else (inspection, a policy
+that does not allow the name by itself) is handed to mitmproxy as the socket it would have accepted:
+nothing was consumed, and the first head or hello its layers read is already whole.
 
 The shared daemon's limits start here (netguard.decision.limits): a connection past its sandbox's share
 is closed at accept; one that has not sent a whole ClientHello or request head within the deadline,
@@ -33,18 +32,18 @@ import socket
 import sys
 import time
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any, Literal
 
 from mitmproxy import platform
 
 from netguard import hosts, rules
 from netguard.audit import Kind, Limit, close_record
-from netguard.daemon import connecthead, dial, firstbytes, peek, viaproxy
+from netguard.daemon import connecthead, dial, firstbytes, peek, plainhead, plainhttp, tlshello, viaproxy
 from netguard.daemon.fdlimit import Budget
-from netguard.daemon.tlshello import Hello, client_hello, starts_like_record
 from netguard.decision import answers, limits
 from netguard.decision.binding import Binding
-from netguard.decision.decide import Conn, Decided, Decider
+from netguard.decision.decide import Conn, Decided, Decider, norm_key
 from netguard.relay import handoff, splice
 from netguard.relay.relay import Relay
 
@@ -242,19 +241,24 @@ class FrontDoor:
         except Exception:
             return _HANDOVER  # mitmproxy logs it and closes, as before
         dst_ip, dst_port = str(dst[0]), int(dst[1])
+        first: bytes | None = None
         if _plain(b, dst_ip, dst_port):  # cidr-allowed: judged by its address, whatever it sends, if anything
             if not peek.now(conn):
                 return await self._relay(conn, b, "tcp", dst_ip, dst_port) if _FAST() else _HANDOVER
-            hello = _hello((await peek.until(conn, _hello_done, PEEK_WAIT))[0])  # an SNI, if any, is judged instead
+            seen = (await peek.until(conn, tlshello.whole, PEEK_WAIT))[0]
+            hello = tlshello.hello_or_none(seen)  # an SNI, if any, is judged instead; plain HTTP by its Host (below)
+            if hello is None and firstbytes.looks_like_http(seen) and (first := await self._first(conn)) is None:
+                return None
         else:
             first = await self._first(conn)  # judged by its SNI or Host: nothing goes on before it is whole
             if first is None:
                 return None
-            hello = _hello(first)
+            hello = tlshello.hello_or_none(first)
         if not _FAST():
             return _HANDOVER  # no kernel relay on this OS: mitmproxy relays everything
-        if hello is None:
-            return _HANDOVER  # not TLS (plain HTTP is judged by its Host header), incomplete or malformed
+        if hello is None:  # not TLS: plain HTTP is judged by its Host header; else incomplete or malformed
+            req = _takes(b, first, dst_port) if first is not None else None
+            return await self._plain_http(conn, b, req, dst_port) if req is not None else _HANDOVER
         # The name is what is judged (a client sending SNI allowed.test to a blocked IP reaches allowed.test);
         # without SNI, the original address, as mitmproxy does.
         host = hello.sni or dst_ip
@@ -302,11 +306,20 @@ class FrontDoor:
             await peek.linger(conn)
         return None
 
+    async def _plain_http(
+        self, conn: socket.socket, b: Binding, req: plainhead.Request, port: int | None
+    ) -> Handover | None:
+        """Plain HTTP/1.1 requests forwarded in turn (netguard.daemon.plainhttp); mitmproxy's from the first it won't take."""
+        client = plainhttp.Client(conn, b, self._decider, _peer(conn))
+        return _HANDOVER if await client.serve(req, self._first, partial(_takes, b, port=port), self._idle) else None
+
     async def _explicit(self, conn: socket.socket, b: Binding) -> _Flow | Handover | None:
         data = await self._first(conn)
         if data is None:
             return None
         head = connecthead.parse(data)
+        if not isinstance(head, connecthead.Head) and (req := _takes(b, data, None)):
+            return await self._plain_http(conn, b, req, None)
         if not _FAST() or not isinstance(head, connecthead.Head) or not _plain(b, head.host, head.port):
             return _HANDOVER
         if len(conn.recv(head.size)) != head.size:  # the head only: it was all there (peeked)
@@ -319,7 +332,7 @@ class FrontDoor:
         if (proxy := b.via(d.host)) is not None:  # the tunnel first: a refusal is the client's 502, not a 200
             up, why = await viaproxy.dial_via(b, d, proxy, "connect")
             if up is None:
-                await self._loop.sock_sendall(conn, viaproxy.bad_gateway(why or "no tunnel"))
+                await self._loop.sock_sendall(conn, answers.bad_gateway(why or "no tunnel"))
                 return None
             return await self._established(conn, b, d, up, head.version)
         up = dial.start(d)  # the SYN leaves before the 200: the handshake overlaps the client's turn
@@ -364,31 +377,21 @@ def _plain(b: Binding, host: str, port: int) -> bool:
     return v.decision.action == "allow" and v.by == "policy"
 
 
+def _takes(b: Binding, head: bytes, port: int | None) -> plainhead.Request | None:
+    """The plain-HTTP path's case: a plain head (plainhead.request), `_plain`, no credential to scan for and no
+    corporate proxy to go through."""
+    req = plainhead.request(head, port) if _FAST() else None
+    if req is None or b.secrets or not _plain(b, req.host, req.port) or b.via(norm_key(req.host, 0)[0], True):
+        return None
+    return req
+
+
 def _peer(conn: socket.socket) -> tuple[str, int] | None:
     try:
         p = conn.getpeername()
     except OSError:
         return None
     return (str(p[0]), int(p[1]))
-
-
-def _hello_done(buf: bytes) -> bool:
-    """Enough bytes to tell: not TLS, a whole ClientHello, or one that cannot be parsed."""
-    if len(buf) < 3 or not starts_like_record(buf):
-        return len(buf) >= 3
-    try:
-        return client_hello(buf) is not None
-    except ValueError:
-        return True
-
-
-def _hello(buf: bytes) -> Hello | None:
-    if not buf or not starts_like_record(buf):
-        return None
-    try:
-        return client_hello(buf)
-    except ValueError:
-        return None
 
 
 def _FAST() -> bool:  # reads the module switch at call time (tests flip FAST)

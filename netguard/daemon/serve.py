@@ -389,7 +389,7 @@ class Daemon:
         from netguard.relay import handoff  # spliced flows hold no transport here: cut them where they run
 
         handoff.cut_slots(sb.slots, "closed by the proxy")
-        waits = [*sb.conns, *(f for door in sb.doors for f in door.relayed)]
+        waits = [*sb.conns, *(f for door in sb.doors for f in (*door.relayed, *door.deciding))]
         if waits:  # let the cut connections write their close records
             await asyncio.wait(waits, timeout=2)
         if sb.binding.refusals is not None:

@@ -88,3 +88,23 @@ def _sni(parsed: object) -> str | None:
         if len(names) == 1 and names[0].name_type == 0 and check.is_valid_host(names[0].host_name):
             return str(names[0].host_name.decode("ascii"))
     return None
+
+
+def whole(buf: bytes) -> bool:
+    """Enough bytes to tell: not TLS, a whole ClientHello, or one that cannot be parsed."""
+    if len(buf) < 3 or not starts_like_record(buf):
+        return len(buf) >= 3
+    try:
+        return client_hello(buf) is not None
+    except ValueError:
+        return True
+
+
+def hello_or_none(buf: bytes) -> Hello | None:
+    """The ClientHello `buf` starts with; None when it is not TLS, not whole yet or malformed."""
+    if not buf or not starts_like_record(buf):
+        return None
+    try:
+        return client_hello(buf)
+    except ValueError:
+        return None

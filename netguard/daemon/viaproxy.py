@@ -125,16 +125,6 @@ async def _handshake(up: socket.socket, proxy: Proxy, target: str, wait: float) 
         raise TunnelError(f"{reply.status} {reply.reason}".rstrip())
 
 
-def bad_gateway(why: str) -> bytes:
-    """The 502 an explicit CONNECT gets when the upstream proxy refused its tunnel; then the close."""
-    body = f"sandgate: {why}\n".encode()
-    head = (
-        "HTTP/1.1 502 Bad Gateway\r\nContent-Type: text/plain; charset=utf-8\r\nX-Sandgate: upstream-proxy\r\n"
-        f"Connection: close\r\ncontent-length: {len(body)}\r\n\r\n"
-    )
-    return head.encode() + body
-
-
 def close_quietly(s: socket.socket | None) -> None:
     if s is not None:
         with contextlib.suppress(OSError):

@@ -23,6 +23,13 @@ def forbidden(host: str, port: int, decision: rules.Decision) -> bytes:
     return _response("403 Forbidden", headers, body)
 
 
+def bad_gateway(why: str, source: str = "upstream-proxy") -> bytes:
+    """The 502 for an upstream that failed the client (`source`: which one), then the close."""
+    body = f"sandgate: {why}\n".encode()
+    headers = (("Content-Type", "text/plain; charset=utf-8"), ("X-Sandgate", source), ("Connection", "close"))
+    return _response("502 Bad Gateway", headers, body)
+
+
 _TOO_LARGE_BODY = f"sandgate: request head larger than {HEAD_MAX} bytes\n".encode()
 #: The answer to a request head past HEAD_MAX (netguard.decision.headlimit, the front door), then the close.
 TOO_LARGE = (

@@ -51,6 +51,19 @@ def fronted(flow: http.HTTPFlow, host: str) -> str | None:
     return _fronted_target(req, tls)
 
 
+def misdirected(flow: http.HTTPFlow, host: str) -> str | None:
+    """Why an explicit proxy's plain request is domain fronting (its Host names another site than its URL), or None.
+
+    The threat: the URL's host is what was judged and connected to, but a shared server (a CDN, a virtual
+    host) serves by Host, so `GET http://allowed.test/` + `Host: evil.test` would reach evil.test."""
+    if not isinstance(flow.client_conn.proxy_mode, RegularMode):
+        return None  # transparent: the Host header is what was judged
+    named = hosts.split_host_port((flow.request.host_header or "").strip())[0]
+    if named and norm_key(named, 0)[0] != norm_key(host, 0)[0]:
+        return f"Host header names {named}, not {host}, the host this request was judged for (domain fronting)"
+    return None
+
+
 def _fronted_target(req: http.Request, tls: str) -> str | None:
     """An absolute-form target (`GET https://other.test/x`) names the origin a server must serve, Host aside
     (RFC 9112 3.2.2; nginx picks its server by it): it must be the TLS name and port too (issue 24 review:

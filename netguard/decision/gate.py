@@ -139,13 +139,7 @@ class Gate:
         assert st is not None
         req = flow.request
         if not isinstance(flow.client_conn.proxy_mode, RegularMode):
-            # Transparent: the Host header names the destination; the original IP is not trusted.
-            name, _ = hosts.split_host_port((req.host_header or "").strip())
-            if name:
-                try:
-                    req.host = str(rules.normalise(name))  # cached: a kept-alive connection asks per request
-                except hosts.HostError:
-                    req.host = name
+            _named_by_host(req)  # transparent: the Host header names the destination; the original IP is not trusted
         b = st.binding
         host, port = flowview.norm_key(req.host, req.port)
         https = req.scheme == "https"
@@ -159,10 +153,14 @@ class Gate:
         sent = req.data.method.decode(flowview.ENC, flowview.ESC)  # req.method is upper-cased; `post` goes as sent
         readable = bool(b.secrets) or insp is not None or https  # plain, uninspected, no credential: the hot path
         fields = flowview.fields(req.headers) if readable else []
-        j = None  # a denied destination is judged for leaks only: refused anyway, but a key sent there must show
-        if readable:
-            j = inspected.judge(insp if d.allowed else None, b.secrets, host, sent, req.path, fields, https)
-        if https and d.allowed and (j is None or j.allowed) and (front := flowview.fronted(flow, host)):
+        # A denied destination is judged for leaks only: refused anyway, but a key sent there must show.
+        j = (
+            inspected.judge(insp if d.allowed else None, b.secrets, host, sent, req.path, fields, https)
+            if readable
+            else None
+        )
+        front = (flowview.fronted(flow, host) if https else flowview.misdirected(flow, host)) if d.allowed else None
+        if front and (j is None or j.allowed):
             j = inspected.Judged(False, insp.origin if insp else None, front)
         ex = _Exchange(d, time.monotonic(), bodycopy.Counter(), bodycopy.Counter())
         if j is not None:
@@ -360,3 +358,13 @@ class Gate:
             )
 
         return layers.Relay(ctx, closed, self.handlers)
+
+
+def _named_by_host(req: http.Request) -> None:
+    """A transparent request's host becomes its Host header's name (normalised; as sent if it is none)."""
+    name, _ = hosts.split_host_port((req.host_header or "").strip())
+    if name:
+        try:
+            req.host = str(rules.normalise(name))  # cached: a kept-alive connection asks per request
+        except hosts.HostError:
+            req.host = name

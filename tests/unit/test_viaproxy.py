@@ -11,6 +11,7 @@ import pytest
 
 from netguard.daemon import viaproxy
 from netguard.daemon.viaproxy import TunnelError
+from netguard.decision import answers
 from netguard.upstreamproxy import Proxy
 
 Answer = Callable[[bytes], Awaitable[bytes | None]]  # the head it got -> what it sends (None: close at once)
@@ -111,7 +112,7 @@ def test_a_proxy_nobody_listens_on_is_a_tunnel_error() -> None:
 
 
 def test_the_502_an_explicit_client_gets() -> None:
-    raw = viaproxy.bad_gateway("upstream proxy http://p:1 did not tunnel CONNECT 1.2.3.4:443: 407 Proxy Auth")
+    raw = answers.bad_gateway("upstream proxy http://p:1 did not tunnel CONNECT 1.2.3.4:443: 407 Proxy Auth")
     head, _, body = raw.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 502 Bad Gateway\r\n") and b"Connection: close" in head
     assert body == b"sandgate: upstream proxy http://p:1 did not tunnel CONNECT 1.2.3.4:443: 407 Proxy Auth\n"
