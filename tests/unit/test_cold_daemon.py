@@ -2,9 +2,10 @@
 
 The daemon (netguard.daemon.serve) runs in this process's main thread with mitmproxy's load held
 (netguard.daemon.mitmload) until the test lets it go: while held, an allowed CONNECT is relayed by
-the front door (the upstream sees it) and `status` says "loading"; a plain-HTTP request, which only
-mitmproxy serves, waits in its socket and is answered once the load is released. If the load fails,
-what mitmproxy would have served is closed unanswered (the upstream sees nothing) and the daemon stops.
+the front door (the upstream sees it), and so is a plain HTTP/1.1 GET (netguard.daemon.plainhttp), and
+`status` says "loading"; an HTTP/1.0 request, which only mitmproxy serves, waits in its socket and is
+answered once the load is released. If the load fails, what mitmproxy would have served is closed
+unanswered (the upstream sees nothing) and the daemon stops.
 """
 
 from __future__ import annotations
@@ -88,11 +89,22 @@ def connect_get(port: int, web: Web) -> bytes:
     return data
 
 
+def get_10(port: int, web: Web) -> tuple[int, str]:
+    """An HTTP/1.0 GET through the explicit proxy: not the front door's (plainhead takes HTTP/1.1 only)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(f"GET http://127.0.0.1:{web.port}/ HTTP/1.0\r\nHost: 127.0.0.1:{web.port}\r\n\r\n".encode())
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split()[1]), body.decode()
+
+
 def allow(web: Web) -> dict[str, Any]:
     return {"allow": [{"cidr": "127.0.0.0/8", "ports": [web.port]}]}
 
 
-def test_a_connect_is_served_while_mitmproxy_loads_and_plain_http_waits_for_it(
+def test_a_connect_and_plain_http_are_served_while_mitmproxy_loads_and_the_rest_waits_for_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, web: Web
 ) -> None:
     def body(d: Held, release: threading.Event) -> None:
@@ -100,18 +112,20 @@ def test_a_connect_is_served_while_mitmproxy_loads_and_plain_http_waits_for_it(
         assert raw(b.client, {"op": "status"})["mitmproxy"] == "loading"
         assert connect_get(b.regular, web).endswith(b"hello from web")  # the front door: no mitmproxy needed
         assert web.hits[0] == 1
+        assert b.get(f"http://127.0.0.1:{web.port}/") == (200, "hello from web")  # plain HTTP/1.1: the front door's
+        assert web.hits[0] == 2
         got: list[tuple[int, str]] = []
-        t = threading.Thread(target=lambda: got.append(b.get(f"http://127.0.0.1:{web.port}/")))
+        t = threading.Thread(target=lambda: got.append(get_10(b.regular, web)))
         t.start()
         t.join(0.5)
-        assert not got and web.hits[0] == 1  # plain HTTP is mitmproxy's: it waits, queued in its socket
+        assert not got and web.hits[0] == 2  # HTTP/1.0 is mitmproxy's: it waits, queued in its socket
         assert raw(b.client, {"op": "status"})["mitmproxy"] == "loading"
         release.set()
         t.join(20)
-        assert got == [(200, "hello from web")] and web.hits[0] == 2
+        assert got == [(200, "hello from web")] and web.hits[0] == 3
         assert eventually(lambda: raw(b.client, {"op": "status"})["mitmproxy"] == "ready")
         kinds = [(r["kind"], r["action"]) for r in b.decisions()]
-        assert kinds == [("connect", "allow"), ("http", "allow")]
+        assert kinds == [("connect", "allow"), ("http", "allow"), ("http", "allow")]
         b.client.close()
 
     assert run_held(tmp_path, monkeypatch, body) == "ready"
@@ -128,7 +142,7 @@ def test_a_daemon_that_cannot_load_mitmproxy_closes_what_needs_it_and_stops(
 
         def plain() -> None:
             try:
-                got.append(b.get(f"http://127.0.0.1:{web.port}/"))
+                got.append(get_10(b.regular, web))
             except (OSError, IndexError, ValueError) as e:  # closed unanswered: nothing to parse
                 got.append(e)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import select
 import socket
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -270,6 +271,35 @@ def test_plain_http_to_a_cidr_allowed_address_is_judged_by_its_host_as_mitmproxy
     assert got[0].endswith(BODY) and got[1].startswith(b"HTTP/1.1 403") and len(fast.served) == 1
     assert [r["host"] for r in fast.records() if r["event"] == "decision"] == ["127.0.0.1", "denied.test"]
     assert fast.origin.got == [b"GET /len HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"]  # as sent; denied.test's never
+
+
+def test_many_clients_at_once_each_get_their_own_answers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, origin: tuple[HttpOrigin, FakeDns]
+) -> None:
+    """40 kept-alive clients, three requests each, all at once: no answer crosses to another client."""
+    w = Http(tmp_path, monkeypatch, True, *origin)
+    try:
+        want = {"/len": httpfake.ANSWERS["/len"][0] + BODY, "/big": httpfake.ANSWERS["/big"][0] + BIG}
+        paths = [["/len", "/big", "/len"] if i % 2 else ["/big", "/len", "/big"] for i in range(40)]
+
+        def client(ps: list[str]) -> bool:
+            s = socket.create_connection(("127.0.0.1", w.regular), timeout=10)
+            with s:
+                for p in ps:
+                    s.sendall(w.get(p))
+                    got = b""
+                    while len(got) < len(want[p]) and (data := s.recv(1 << 20)):
+                        got += data
+                    if got != want[p]:
+                        return False
+            return True
+
+        with ThreadPoolExecutor(40) as pool:
+            assert all(pool.map(client, paths))
+        assert len(w.served) == 120 and origin[0].conns == 40
+        assert len([r for r in w.settled(240) if r["event"] == "close"]) == 120
+    finally:
+        w.close()
 
 
 # ---- the path alone: where mitmproxy itself is wrong or says something else ----------------------------
