@@ -8,7 +8,8 @@ no corporate proxy), is forwarded here instead:
   - its head sent upstream as mitmproxy sends it (origin-form, the fields as the client sent them),
     its Content-Length body copied beside the response (a server may answer before reading it);
   - the response forwarded byte for byte as it arrives, framed by plainhead.response (a length, chunks
-    counted by netguard.daemon.chunks, or the close), and one close record written per request;
+    counted by netguard.daemon.chunks, or the close; a large length moved by a counted splice), and
+    one close record written per request;
   - kept alive: the next request is peeked and judged in turn. One this path does not take (another
     kind, a host that needs mitmproxy) goes to mitmproxy with the connection, its head still unread.
 An upstream connection is reused only for the same checked address, and never after a response whose
@@ -30,8 +31,10 @@ from netguard.daemon.chunks import Chunked
 from netguard.decision import answers
 from netguard.decision.binding import Binding
 from netguard.decision.decide import Conn, Decided, Decider
+from netguard.relay import countedsplice, splice
 
 READ = 256 * 1024
+SPLICE_MIN = 256 * 1024  # bytes of a known-length body left: from here a counted splice is cheaper than copies
 _SOURCE = "upstream"  # the 502's X-Sandgate: the origin failed, not a corporate proxy
 First = Callable[[socket.socket], Awaitable[bytes | None]]  # the front door's deadline-bound head peek
 Take = Callable[[bytes], plainhead.Request | None]  # the next head, if this path takes it (parsed, policy)
@@ -46,6 +49,9 @@ class _Moved:
     up: int = 0
     down: int = 0
     reusable: bool = True  # the upstream connection ended exactly where the response did
+
+    def add_down(self, n: int) -> None:
+        self.down += n
 
 
 class Client:
@@ -189,6 +195,11 @@ class Client:
                 await self.loop.sock_sendall(self.conn, piece)
             if done:
                 return len(piece) == len(data)  # bytes past the end: not a keep-alive partner to trust
+            if left > SPLICE_MIN and splice.AVAILABLE:  # a large known length: the kernel moves it, not Python
+                why = await countedsplice.copy(up, self.conn, left, idle, moved.add_down)
+                if why is not None:
+                    raise OSError(why)
+                return True
             data = await self._recv(up, idle)
             if not data:
                 if resp.body == "close":

@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import time
 from collections.abc import Mapping
 from typing import Any, cast
 
@@ -33,13 +32,13 @@ from mitmproxy import ctx, http
 from OpenSSL import SSL
 
 from netguard.relay import splice, streams, tlsbody
-from netguard.relay.bodycopy import BodyCopy, Counter, OnDone
+from netguard.relay.bodycopy import Counter
+from netguard.relay.countedsplice import CountedSplice
 
 #: An inspected connection's two TLS sessions, (upstream, client): the objects mitmproxy's TLS layers use.
 Sessions = tuple[SSL.Connection, SSL.Connection]
 
 THRESHOLD = 256 * 1024  # smaller bodies are cheaper through mitmproxy than a takeover
-_BURST = 8  # pipes moved per wakeup at most: one download must not starve other connections
 
 
 def length(flow: http.HTTPFlow) -> int | None:
@@ -72,7 +71,7 @@ class BodyRelay:
         self._server: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
         self._client: asyncio.StreamWriter | None = None
         self._task: asyncio.Task[None] | None = None
-        self._copy: _Copy | tlsbody.TlsCopy | None = None
+        self._copy: CountedSplice | tlsbody.TlsCopy | None = None
         self._disarmed: contextlib.AbstractContextManager[None] | None = None
         self.over = False
         self.moved = 0  # bytes the splice delivered (mitmproxy relayed the rest)
@@ -138,7 +137,7 @@ class BodyRelay:
             os.close(fds[0])  # the client is written through its transport, in order with mitmproxy's writes
             self._copy = tlsbody.TlsCopy(fds[1], self._tls, (writer, self._server[1]), left, self._ended, idle)
         else:
-            self._copy = _Copy(fds[1], fds[0], left, self._ended, idle)
+            self._copy = CountedSplice(fds[1], fds[0], left, self._ended, idle)
         self._copy.start()
 
     def cut(self) -> None:
@@ -159,70 +158,3 @@ class BodyRelay:
             self._disarmed = None
         if self._server is not None:
             self._server[1].transport.abort()  # mitmproxy sees the upstream end: the flow ends, the client closes
-
-
-class _Copy(BodyCopy):
-    """Exactly `limit` bytes from `src` to `dst` through one pooled pipe; closes both fds when done."""
-
-    def __init__(self, src: int, dst: int, limit: int, on_done: OnDone, idle: float) -> None:
-        super().__init__(src, limit, on_done, idle)
-        self.dst, self.held = dst, 0
-        self.pipe: splice.Pipe | None = None
-
-    def _readable(self) -> None:
-        for _ in range(_BURST):
-            if self.pipe is None:
-                try:
-                    self.pipe = splice.POOL.take()
-                except OSError:
-                    self._loop.remove_reader(self.src)  # all pipes lent: try again shortly
-                    self._loop.call_later(0.05, self._loop.add_reader, self.src, self._readable)
-                    return
-            want = min(self.pipe.size - self.held, self.left - self.held)
-            try:
-                n = os.splice(self.src, self.pipe.w, want, flags=splice.FLAGS)
-            except BlockingIOError:
-                return
-            except OSError as e:
-                self.finish(f"upstream read failed: {os.strerror(e.errno or 0)}")
-                return
-            if n == 0:
-                self.finish("upstream closed before the end of the body")
-                return
-            self.held += n
-            self._last = time.monotonic()
-            if not self._flush() or n < want:
-                return
-
-    def _flush(self) -> bool:
-        """Move the pipe's bytes to `dst`; False while `dst` is full (then only its writability wakes us)."""
-        assert self.pipe is not None
-        while self.held:
-            try:
-                m = os.splice(self.pipe.r, self.dst, self.held, flags=splice.FLAGS)
-            except BlockingIOError:
-                self._loop.remove_reader(self.src)  # backpressure: no read until the client took the pipe
-                self._loop.add_writer(self.dst, self._writable)
-                return False
-            except OSError as e:
-                self.finish(f"send failed: {os.strerror(e.errno or 0)}")
-                return False
-            self.held -= m
-            self.moved += m
-            self.left -= m
-        if self.left == 0:
-            self.finish(None)
-            return False
-        return True
-
-    def _writable(self) -> None:
-        self._loop.remove_writer(self.dst)
-        if self._flush():
-            self._loop.add_reader(self.src, self._readable)
-
-    def _release(self) -> None:
-        self._loop.remove_writer(self.dst)
-        if self.pipe is not None:
-            splice.POOL.give(self.pipe, empty=self.held == 0)  # a cut body's bytes never reach another connection
-            self.pipe = None
-        os.close(self.dst)

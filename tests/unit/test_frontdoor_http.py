@@ -21,7 +21,7 @@ import pytest
 from netguard import rules
 from netguard.daemon import peek, plainhttp
 from netguard.policy import parse_network
-from netguard.relay import handoff
+from netguard.relay import countedsplice, handoff
 
 from ..support import httpfake
 from ..support.dnsfake import FakeDns
@@ -327,9 +327,18 @@ def test_trailers_and_chunk_extensions_go_through_byte_for_byte(
 def test_a_large_body_is_streamed_and_the_connection_kept_alive(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, origin: tuple[HttpOrigin, FakeDns]
 ) -> None:
+    spliced: list[int] = []
+    copy = countedsplice.copy
+
+    async def counted(*a: Any) -> str | None:
+        spliced.append(a[2])
+        return await copy(*a)
+
+    monkeypatch.setattr(countedsplice, "copy", counted)
     w = fast_only(tmp_path, monkeypatch, origin)
     try:
         got = exchange(w, w.get("/big"), w.get("/len"))  # mitmproxy's body takeover closes after it instead
+        assert len(spliced) == 1 and spliced[0] > plainhttp.SPLICE_MIN  # the kernel moved the rest of the body
         assert got == [httpfake.ANSWERS["/big"][0] + BIG, httpfake.ANSWERS["/len"][0] + BODY]
         assert [r["bytes_down"] for r in w.settled(4)[1::2]] == [len(BIG), len(BODY)] and origin[0].conns == 1
     finally:
