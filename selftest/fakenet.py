@@ -12,7 +12,7 @@ from selftest import inspectnet, markers
 from selftest.errors import VerifyError
 from selftest.planted import root_device
 from selftest.probes.core import CONTEXTS
-from selftest.world import DUMMY_IF, World
+from selftest.world import DUMMY_IF, Canary, World
 
 ALLOWED, BLOCKED, ROGUE = "198.51.100.10", "198.51.100.20", "198.51.100.54"
 ALLOWED_HOST, BLOCKED_HOST = "allowed.verify.test", "blocked.verify.test"
@@ -49,41 +49,54 @@ class WorldFacts:
     inspect: inspectnet.InspectFacts
 
 
+#: The fake hosts' canaries (the world's own DNS server aside), started all at once with the others.
+CANARIES = (
+    Canary("http", ALLOWED, 80, ALLOWED_HOST),
+    Canary("https", ALLOWED, 443, ALLOWED_HOST),
+    Canary("tcp", ALLOWED, OTHER_PORT, ALLOWED_HOST),
+    Canary("http", BLOCKED, 80, BLOCKED_HOST),
+    Canary("https", BLOCKED, 443, BLOCKED_HOST),
+    Canary("tcp", BLOCKED, TCP_PORT, BLOCKED_HOST),
+    Canary("udp", BLOCKED, UDP_PORT, BLOCKED_HOST),
+    Canary("udp", BLOCKED, QUIC_PORT, BLOCKED_HOST),
+    Canary("dns", ROGUE, 53, "rogue-resolver"),
+    Canary("http", "127.0.0.1", 80, "loopback"),
+    # the sandgate host's own loopback services: inside, 127.0.0.1 is the sandbox's
+    Canary("tcp", "127.0.0.1", HOST_LOOPBACK_PORT, "host-loopback"),
+    Canary("udp", "127.0.0.1", HOST_LOOPBACK_PORT, "host-loopback"),
+    # on an address the world holds outside TEST-NET-2: the own-address veto's case
+    Canary("http", OWN_IP, 80, OWN_HOST),
+)
+
+
 def build_world(w: World, scratch: Path, sockdir: Path, token: str) -> WorldFacts:
-    """Fake hosts and canaries, shared by every pass."""
+    """Fake hosts and canaries, shared by every pass: every address and name first, then all canaries at once
+    (started one by one they cost each verify run seconds), then the controls that need them."""
     # A routing host is the worst case: without sandgate's rules, packets would reach the canaries.
     w.admin(["sysctl", "-q", "-w", "net.ipv4.ip_forward=1"])
     w.add_host(ALLOWED_HOST, ALLOWED)
     w.add_host(BLOCKED_HOST, BLOCKED)
     w.add_host(LOOPBACK_HOST, "127.0.0.1")
     w.add_host(METADATA_HOST, "169.254.169.254")
-    for kind, ip, port, name in (
-        ("http", ALLOWED, 80, ALLOWED_HOST),
-        ("https", ALLOWED, 443, ALLOWED_HOST),
-        ("tcp", ALLOWED, OTHER_PORT, ALLOWED_HOST),
-        ("http", BLOCKED, 80, BLOCKED_HOST),
-        ("https", BLOCKED, 443, BLOCKED_HOST),
-        ("tcp", BLOCKED, TCP_PORT, BLOCKED_HOST),
-        ("udp", BLOCKED, UDP_PORT, BLOCKED_HOST),
-        ("udp", BLOCKED, QUIC_PORT, BLOCKED_HOST),
-        ("dns", ROGUE, 53, "rogue-resolver"),
-        ("http", "127.0.0.1", 80, "loopback"),
-        # the sandgate host's own loopback services: inside, 127.0.0.1 is the sandbox's
-        ("tcp", "127.0.0.1", HOST_LOOPBACK_PORT, "host-loopback"),
-        ("udp", "127.0.0.1", HOST_LOOPBACK_PORT, "host-loopback"),
-    ):
-        w.serve(kind, ip, port, name)
-    abstract = f"sandgate-verify-{token}"
-    path_sock = sockdir / "agent.sock"
-    w.serve_unix("abstract", abstract, "abstract-socket")  # the host's netns: where X11 and D-Bus listen
-    w.serve_unix("unix", str(path_sock), "path-socket")
-    _control_unix(w, ["\0" + abstract, str(path_sock)])
-    _own_address_canary(w)
+    w.admin(["ip", "addr", "add", f"{OWN_IP}/32", "dev", DUMMY_IF])  # before its canary binds it
+    w.add_host(OWN_HOST, OWN_IP)
     for ctx in CONTEXTS:  # the canary answers exact names only: the controls of wildcard_dns_types
         for who in IDENTITIES:
             w.add_host(wild_control(ctx, who), ALLOWED)
+    abstract = f"sandgate-verify-{token}"
+    path_sock = sockdir / "agent.sock"
+    upstreams = inspectnet.prepare(w)
+    canaries = [
+        *CANARIES,
+        Canary("abstract", path=abstract, name="abstract-socket"),  # the host's netns: where X11 and D-Bus listen
+        Canary("unix", path=str(path_sock), name="path-socket"),
+        *upstreams.canaries,
+    ]
+    started = dict(zip(canaries, w.serve_many(canaries), strict=True))
+    _control_unix(w, ["\0" + abstract, str(path_sock)])
+    _control_own_address(w)
     dev, dev_path = root_device()
-    inspect = inspectnet.build(w, (ALLOWED_HOST, ALLOWED))
+    inspect = inspectnet.build(w, upstreams, started, (ALLOWED_HOST, ALLOWED))
     return WorldFacts(abstract, str(path_sock), str(w.netns_file(scratch / "world-netns")), dev, dev_path, inspect)
 
 
@@ -100,12 +113,9 @@ with opener.open(f"http://{sys.argv[1]}{sys.argv[3]}", timeout=5) as r:
 """
 
 
-def _own_address_canary(w: World) -> None:
-    """An http canary on an address the world holds outside TEST-NET-2 (the own-address veto's case);
-    outside the sandbox it answers, so a refusal inside is the proxy's doing."""
-    w.admin(["ip", "addr", "add", f"{OWN_IP}/32", "dev", DUMMY_IF])
-    w.add_host(OWN_HOST, OWN_IP)
-    w.serve("http", OWN_IP, 80, OWN_HOST)
+def _control_own_address(w: World) -> None:
+    """Outside the sandbox the canary on OWN_IP (held outside TEST-NET-2) answers: so a refusal inside
+    is the proxy's own-address veto."""
     path = markers.http_path("control", "rebind_own_address")
     r = w.run([sys.executable, "-c", OWN_CONTROL, OWN_IP, f"hello from {OWN_HOST}", path])
     if r.returncode != 0:

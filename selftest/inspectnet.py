@@ -21,6 +21,7 @@ import hashlib
 import secrets
 import subprocess
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,7 +30,7 @@ from selftest import markers
 from selftest.errors import VerifyError
 from selftest.probes.core import CONTEXTS
 from selftest.servers import Server
-from selftest.world import World
+from selftest.world import Canary, World
 
 GIT_HOST, GIT_IP = "git.verify.test", "198.51.100.30"
 API_HOST, API_IP = "api.verify.test", "198.51.100.31"
@@ -83,21 +84,35 @@ class InspectFacts:
         return hashlib.sha256(self.real_secret.encode()).hexdigest()
 
 
-def build(w: World, passthrough: tuple[str, str]) -> InspectFacts:
-    """The three upstreams, the repository and the controls; `passthrough` is (host, ip) of a plain https canary."""
+@dataclass(frozen=True)
+class Upstreams:
+    """What prepare made: the repository the git host serves, and the three canaries (git, api, other) to start."""
+
+    repo: Path
+    git_head: str
+    canaries: tuple[Canary, Canary, Canary]
+
+
+def prepare(w: World) -> Upstreams:
+    """The three upstreams' names and repository; their canaries start with verify's others (serve_many)."""
     repo, head = _repository(w.tmp / "git", w.tmp / "seed")
     w.add_host(GIT_HOST, GIT_IP)
     w.add_host(API_HOST, API_IP)
     w.add_host(OTHER_HOST, OTHER_IP)
-    git = w.serve("git", GIT_IP, 443, GIT_HOST, git_root=w.tmp / "git")
-    api = w.serve("upstream", API_IP, 443, API_HOST)
-    other = w.serve("upstream", OTHER_IP, 443, OTHER_HOST)
+    git = Canary("git", GIT_IP, 443, GIT_HOST, git_root=w.tmp / "git")
+    api, other = Canary("upstream", API_IP, 443, API_HOST), Canary("upstream", OTHER_IP, 443, OTHER_HOST)
+    return Upstreams(repo, head, (git, api, other))
+
+
+def build(w: World, ups: Upstreams, started: Mapping[Canary, Server], passthrough: tuple[str, str]) -> InspectFacts:
+    """The controls, once ups' canaries (`started`, by Canary) are ready; `passthrough`: (host, ip), an https canary."""
+    git, api, other = (started[c] for c in ups.canaries)
     _control_push(w, w.tmp / "control")
     for host in (API_HOST, OTHER_HOST):
         _control_get(w, host)
     fingerprint = _fingerprint(w, *passthrough)
     real = CRED_PREFIX + secrets.token_hex(16)
-    return InspectFacts(git, api, other, repo, head, real, fingerprint)
+    return InspectFacts(git, api, other, ups.repo, ups.git_head, real, fingerprint)
 
 
 def _git(*args: str, cwd: Path | None = None) -> str:

@@ -27,6 +27,7 @@ net and ``cleanup_stale()`` for runs that were SIGKILLed.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import ipaddress
 import json
 import os
@@ -60,6 +61,18 @@ from selftest.userns import UserNs
 TEST_NET = ipaddress.IPv4Network("198.51.100.0/24")
 DNS_IP = "198.51.100.53"
 DUMMY_IF = "sgw0"
+
+
+@dataclasses.dataclass(frozen=True)
+class Canary:
+    """One canary for World.serve_many: serve()'s arguments, or serve_unix()'s (`path`) for unix kinds."""
+
+    kind: str
+    ip: str = ""
+    port: int = 0
+    name: str = ""
+    path: str = ""
+    git_root: Path | None = None
 
 
 _REGISTRY: Registry[World] = Registry()
@@ -264,26 +277,7 @@ class World(NetnsRunner):
         """
         if kind not in SERVER_KINDS:
             raise ValueError(f"unknown server kind {kind!r}; expected one of {SERVER_KINDS}")
-        if self._closed:
-            raise RuntimeError(f"{self!r} is closed")
-        ip = str(ipaddress.IPv4Address(ip))
-        if ipaddress.IPv4Address(ip) in TEST_NET:
-            self._hold(ip)
-        if not name:
-            name = next((n for n, a in sorted(self.records.items()) if a == ip), ip)
-        log = self.tmp / f"{kind}-{ip}-{port}-{self._next_file_id()}.jsonl"
-        args = [kind, "--ip", ip, "--port", str(port), "--log", str(log), "--name", name]
-        if kind in TLS_KINDS:
-            names = [name] if name == ip else [name, ip]
-            chain, key = self.cert_for(*names)
-            args += ["--cert", str(chain), "--key", str(key)]
-        if kind == "dns":
-            args += ["--records", str(self._records_path)]
-        if kind == "git":
-            if git_root is None:
-                raise ValueError("a git canary needs git_root")
-            args += ["--git-root", str(git_root)]
-        return self._start(args, kind=kind, ip=ip, port=port, name=name, log=log)
+        return self.serve_many([Canary(kind, ip, port, name, git_root=git_root)])[0]
 
     def serve_unix(self, kind: str, path: str, name: str = "") -> Server:
         """Start a unix-socket canary inside the world (like serve(); it answers b"unix-canary\\n").
@@ -295,23 +289,69 @@ class World(NetnsRunner):
         """
         if kind not in UNIX_KINDS:
             raise ValueError(f"unknown unix server kind {kind!r}; expected one of {UNIX_KINDS}")
+        return self.serve_many([Canary(kind, path=path, name=name)])[0]
+
+    def serve_many(self, canaries: Sequence[Canary]) -> list[Server]:
+        """Start canaries all at once, then wait for each (READY_TIMEOUT from its wait): one by one cost verify seconds.
+
+        All are checked and their addresses held before any starts. A failure raises serve()'s error (with
+        stderr) after stopping every server of the batch not yet ready; those ready run until the world closes.
+        """
+        prepared = [self._prepare(c) for c in canaries]
+        started: list[Server] = []
+        ready = 0
+        try:
+            for canary, args, log in prepared:
+                started.append(self._launch(canary, args, log))
+            for server in started:
+                server._wait_ready(READY_TIMEOUT)
+                ready += 1
+        except BaseException:
+            for server in started[ready:]:  # idempotent: the one that failed has stopped itself
+                server.stop()
+            raise
+        return started
+
+    def _prepare(self, c: Canary) -> tuple[Canary, list[str], Path]:
+        """Check one canary, hold its address and issue its certificate: (resolved canary, argv, log)."""
         if self._closed:
             raise RuntimeError(f"{self!r} is closed")
+        if c.kind in UNIX_KINDS:
+            return self._prepare_unix(c)
+        if c.kind not in SERVER_KINDS:
+            raise ValueError(f"unknown server kind {c.kind!r}; expected one of {SERVER_KINDS + UNIX_KINDS}")
+        if c.kind == "git" and c.git_root is None:
+            raise ValueError("a git canary needs git_root")
+        ip = str(ipaddress.IPv4Address(c.ip))
+        if ipaddress.IPv4Address(ip) in TEST_NET:
+            self._hold(ip)  # before the server binds it
+        name = c.name or next((n for n, a in sorted(self.records.items()) if a == ip), ip)
+        log = self.tmp / f"{c.kind}-{ip}-{c.port}-{self._next_file_id()}.jsonl"
+        args = [c.kind, "--ip", ip, "--port", str(c.port), "--log", str(log), "--name", name]
+        if c.kind in TLS_KINDS:
+            chain, key = self.cert_for(*([name] if name == ip else [name, ip]))
+            args += ["--cert", str(chain), "--key", str(key)]
+        if c.kind == "dns":
+            args += ["--records", str(self._records_path)]
+        if c.kind == "git":
+            args += ["--git-root", str(c.git_root)]
+        return dataclasses.replace(c, ip=ip, name=name, path=""), args, log
+
+    def _prepare_unix(self, c: Canary) -> tuple[Canary, list[str], Path]:
+        path, kind = c.path, c.kind
         if not path or "\0" in path:
             raise ValueError("path must be non-empty and contain no NUL")
         if kind == "unix" and not os.path.isabs(path):
             raise ValueError(f"unix socket path {path!r} must be absolute")
         if len(os.fsencode(path)) > (107 if kind == "unix" else 106):  # sun_path is 108 bytes
             raise ValueError(f"unix socket path {path!r} is too long")
-        name = name or ("@" + path if kind == "abstract" else path)
+        name = c.name or ("@" + path if kind == "abstract" else path)
         log = self.tmp / f"{kind}-{self._next_file_id()}.jsonl"
         args = [kind, "--path", path, "--log", str(log), "--name", name]
-        return self._start(args, kind=kind, path=path, name=name, log=log)
+        return Canary(kind, path=path, name=name), args, log
 
-    def _start(
-        self, args: list[str], *, kind: str, name: str, log: Path, ip: str = "", port: int = 0, path: str = ""
-    ) -> Server:
-        """Run `python -m selftest.canary ARGS` in the world; the Server is stopped when the world closes."""
+    def _launch(self, c: Canary, args: list[str], log: Path) -> Server:
+        """Run `python -m selftest.canary ARGS` in the world, not waiting; stopped when the world closes."""
         cmd = [sys.executable, "-P", "-m", CANARY_MODULE, *args]  # -P: no cwd on sys.path, only PYTHONPATH
         if threading.current_thread() is threading.main_thread():
             # PR_SET_PDEATHSIG fires when the parent *thread* exits, so only tie servers to the main thread.
@@ -329,10 +369,9 @@ class World(NetnsRunner):
                 env=env,
                 start_new_session=True,
             )
-        server = Server(kind, ip, port, name, log, err, proc, path=path)
+        server = Server(c.kind, c.ip, c.port, c.name, log, err, proc, path=c.path)
         self._stack.callback(server.stop)
         self.servers.append(server)
-        server._wait_ready(READY_TIMEOUT)
         return server
 
     def sandbox(self, name_suffix: str = "") -> Client:

@@ -18,8 +18,9 @@ from typing import Any
 import pytest
 
 from selftest.certs import CA
+from selftest.world import Canary
 
-from ..support.world import NETNS_ETC, VERIFY_PREFIXES, World, _NetnsRunner, cleanup_stale
+from ..support.world import NETNS_ETC, VERIFY_PREFIXES, Server, World, _NetnsRunner, cleanup_stale
 
 PY = sys.executable
 
@@ -348,6 +349,54 @@ def test_world_is_sealed(world: World) -> None:
 def test_server_start_failure_reports_stderr(world: World) -> None:
     with pytest.raises(RuntimeError, match="Cannot assign requested address"):
         world.serve("tcp", "198.18.250.1", 80)  # not an address of the world
+
+
+def test_serve_many_starts_the_whole_batch_before_waiting(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Concurrent start (verify's canaries): when the first is waited for, every one of the batch runs."""
+    running_at_first_wait: list[int] = []
+    real_wait = Server._wait_ready
+
+    def spy(server: Server, timeout: float) -> None:
+        if not running_at_first_wait:
+            running_at_first_wait.append(sum(s.proc.poll() is None for s in world.servers[before:]))
+        real_wait(server, timeout)
+
+    monkeypatch.setattr(Server, "_wait_ready", spy)
+    before = len(world.servers)
+    sock = str(world.tmp / "many.sock")
+    batch = [Canary("tcp", "198.51.100.34", 7002), Canary("udp", "198.51.100.35", 5002), Canary("unix", path=sock)]
+    servers = world.serve_many(batch)
+    assert running_at_first_wait == [3]
+    assert world.servers[before:] == servers and [s.address for s in servers] == [
+        "198.51.100.34:7002",
+        "198.51.100.35:5002",
+        sock,
+    ]
+    # every one is ready and answers (the addresses were held on sgw0 before the canaries bound them)
+    assert probe(world, TCP_PROBE, "198.51.100.34", 7002, 2, "ping-tcp") == "reply tcp-canary"
+    assert probe(world, UDP_PROBE, "198.51.100.35", 5002, 2, "ping-udp") == "reply ping-udp"
+    assert probe(world, UNIX_PROBE, sock, "ping-unix") == "reply unix-canary"
+
+
+def test_serve_many_failure_stops_the_rest_of_the_batch(world: World) -> None:
+    """One canary of a batch fails: its stderr is the error; the ones not yet ready are stopped at once,
+    the one already ready runs on (as after earlier serve()s) until the world closes."""
+    before = len(world.servers)
+    batch = [
+        Canary("tcp", "198.51.100.36", 7004),
+        Canary("tcp", "198.18.250.1", 80),  # not an address of the world
+        Canary("tcp", "198.51.100.37", 7005),
+    ]
+    with pytest.raises(RuntimeError, match="Cannot assign requested address"):
+        world.serve_many(batch)
+    ready, failed, rest = world.servers[before:]
+    assert ready.proc.poll() is None and failed.proc.returncode is not None and rest.proc.returncode is not None
+    assert probe(world, TCP_PROBE, "198.51.100.36", 7004, 2, "x") == "reply tcp-canary"
+    assert probe(world, TCP_PROBE, "198.51.100.37", 7005, 2, "x").split()[:2] == ["error", "ConnectionRefusedError"]
+    # A bad canary is refused before any of the batch starts.
+    with pytest.raises(ValueError, match="unknown server kind"):
+        world.serve_many([Canary("tcp", "198.51.100.38", 7006), Canary("bogus", "198.51.100.38", 7007)])
+    assert len(world.servers) == before + 3
 
 
 def test_log_records_tolerate_partial_last_line(world: World) -> None:
