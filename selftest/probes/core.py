@@ -80,6 +80,7 @@ ORDER = (
     "connect_ip_literal",
     "sni_spoof",
     "host_mismatch",
+    "host_fronting",
     "rebind_loopback",
     "rebind_metadata",
     "udp",

@@ -151,6 +151,21 @@ def host_mismatch(c: Ctx) -> Result:
     )
 
 
+@probe("network", "host_fronting", "blocked", contexts=("child",))
+def host_fronting(c: Ctx) -> Result:
+    """Plain HTTP to an allowed URI with a Host header naming a blocked host: domain fronting on a shared server.
+
+    A CDN picks its site by Host, so the daemon must refuse it. One context: the daemon decides, whoever
+    asks. Evidence: the allowed canary must not log the marker."""
+    host, port = proxy_address("http")
+    try:
+        with socket.create_connection((host, port), timeout=HTTP_TIMEOUT) as s:
+            status, body = http_exchange(s, f"http://{c.spec.allowed_host}{c.path}", c.spec.blocked_host)
+    except OSError as e:
+        raise net_failure(e) from e
+    return http_verdict(status, body)
+
+
 @probe("network", "rebind_loopback", "blocked")
 def rebind_loopback(c: Ctx) -> Result:
     """An allowed name resolving to 127.0.0.1 (DNS rebinding): SSRF into the proxy host's own services."""

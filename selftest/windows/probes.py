@@ -25,6 +25,7 @@ PROBES: dict[str, tuple[Coverage, str]] = {
     "connect_ip_literal": ("same", "the same daemon decides"),
     "sni_spoof": ("same", "the same daemon decides by name"),
     "host_mismatch": ("same", "the same daemon decides by name"),
+    "host_fronting": ("same", "the same daemon refuses a Host naming another site than the URL"),
     "rebind_loopback": ("same", "the daemon's veto"),
     "rebind_metadata": ("same", "the daemon's veto"),
     "udp": ("same", "WFP catch-all block"),
