@@ -134,12 +134,12 @@ class Client:
         try:
             resp, rest = await self._heads(up, req, idle)
             moved.reusable = await self._body(up, resp, rest, moved, idle)
-            if body is not None and not body.done():
-                moved.reusable = False  # answered before the body was read: the rest of it is not a request
+            if body is not None and (not body.done() or body.exception() is not None):
+                moved.reusable = False  # answered before the whole body was read: the rest of it is not a request
                 return False
             return moved.reusable and not resp.close and not req.close
         finally:
-            if body is not None and not body.done():
+            if body is not None:  # ended, and its failure (the client went away) read: never left unretrieved
                 body.cancel()
                 with contextlib.suppress(asyncio.CancelledError, OSError):
                     await body
