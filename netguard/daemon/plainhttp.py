@@ -33,7 +33,9 @@ from netguard.decision.binding import Binding
 from netguard.decision.decide import Conn, Decided, Decider
 from netguard.relay import countedsplice, splice
 
-READ = 256 * 1024
+READ = 64 * 1024
+CHUNKED_READ = 16 * 1024  # a chunked body is parsed in Python: tiny chunks cost ~1 us each, so a hostile
+# upstream's 1-byte chunks hold the loop at most ~5 ms per read, not ~80 ms (measured)
 SPLICE_MIN = 256 * 1024  # bytes of a known-length body left: from here a counted splice is cheaper than copies
 _SOURCE = "upstream"  # the 502's X-Sandgate: the origin failed, not a corporate proxy
 First = Callable[[socket.socket], Awaitable[bytes | None]]  # the front door's deadline-bound head peek
@@ -147,6 +149,7 @@ class Client:
     async def _copy_body(self, up: socket.socket, length: int, moved: _Moved) -> None:
         left = length
         while left:
+            await asyncio.sleep(0)  # a loop turn per piece, as in _recv
             data = await self.loop.sock_recv(self.conn, min(left, READ))
             if not data:
                 raise ConnectionError("the client closed inside its request body")
@@ -154,8 +157,11 @@ class Client:
             left -= len(data)
             moved.up += len(data)
 
-    async def _recv(self, up: socket.socket, idle: float) -> bytes:
-        return await asyncio.wait_for(self.loop.sock_recv(up, READ), idle)
+    async def _recv(self, up: socket.socket, idle: float, size: int = READ) -> bytes:
+        """The upstream's next bytes. A loop turn first: sock_recv and sock_sendall do not yield while both
+        sockets are ready, and one fast download would otherwise hold the daemon's loop from every sandbox."""
+        await asyncio.sleep(0)
+        return await asyncio.wait_for(self.loop.sock_recv(up, size), idle)
 
     async def _heads(self, up: socket.socket, req: plainhead.Request, idle: float) -> tuple[plainhead.Response, bytes]:
         """Interim (1xx) heads forwarded, then the final head; returned with the body bytes read after it."""
@@ -200,7 +206,7 @@ class Client:
                 if why is not None:
                     raise OSError(why)
                 return True
-            data = await self._recv(up, idle)
+            data = await self._recv(up, idle, CHUNKED_READ if chunks is not None else READ)
             if not data:
                 if resp.body == "close":
                     return False
