@@ -147,11 +147,11 @@ class Box:
         return [r for r in read_records(self.audit) if r["event"] == "decision"]
 
 
-def http_get(port: int, url: str, host: str | None = None) -> tuple[int, str]:
+def http_get(port: int, url: str, host: str | None = None, version: str = "HTTP/1.1") -> tuple[int, str]:
     """A request through the explicit proxy on `port`: (status, body)."""
     host = host or url.split("/")[2]
     with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
-        s.sendall(f"GET {url} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
+        s.sendall(f"GET {url} {version}\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
         data = b""
         while chunk := s.recv(65536):
             data += chunk

@@ -23,7 +23,7 @@ from netguard.daemon import control, mitmload, serve
 from netguard.daemon.control import ControlClient, DaemonSocket
 from netguard.relay import relaypool
 
-from ..support.daemonfake import Box, Web, eventually, raw
+from ..support.daemonfake import Box, Web, eventually, http_get, raw
 
 
 class Held:
@@ -91,13 +91,7 @@ def connect_get(port: int, web: Web) -> bytes:
 
 def get_10(port: int, web: Web) -> tuple[int, str]:
     """An HTTP/1.0 GET through the explicit proxy: not the front door's (plainhead takes HTTP/1.1 only)."""
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
-        s.sendall(f"GET http://127.0.0.1:{web.port}/ HTTP/1.0\r\nHost: 127.0.0.1:{web.port}\r\n\r\n".encode())
-        data = b""
-        while chunk := s.recv(65536):
-            data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    return int(head.split()[1]), body.decode()
+    return http_get(port, f"http://127.0.0.1:{web.port}/", version="HTTP/1.0")
 
 
 def allow(web: Web) -> dict[str, Any]:

@@ -221,19 +221,35 @@ def issuer(s: ssl.SSLSocket) -> str:
 Scenario = Callable[[World], tuple[Any, int]]  # what the client got, and how many audit records to wait for
 
 
+#: One run of a scenario: its world, what its client got, its records, what the upstream saw.
+type Seen[W: World] = tuple[W, Any, list[dict[str, Any]], list[bytes]]
+
+
+def twice[W: World](
+    mp: pytest.MonkeyPatch,
+    make: Callable[[pytest.MonkeyPatch, bool], W],
+    upstream_saw: Callable[[], list[bytes]],
+    scenario: Callable[[W], tuple[Any, int]],
+) -> tuple[Seen[W], Seen[W]]:
+    """`scenario` through mitmproxy alone (fast=False), then through the front door: what each run saw."""
+    out: list[Seen[W]] = []
+    for fast in (False, True):
+        with mp.context() as m:
+            w = make(m, fast)
+            try:
+                got, n = scenario(w)
+                out.append((w, got, w.settled(n), upstream_saw()))
+            finally:
+                w.close()
+    return out[0], out[1]
+
+
 def both(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, scenario: Scenario) -> tuple[World, Any]:
     """Run `scenario` through mitmproxy alone, then through the front door; they must agree."""
-    out: list[tuple[World, Any, list[dict[str, Any]], list[bytes]]] = []
     with upstream() as (up, dns):
-        for fast in (False, True):
-            with monkeypatch.context() as m:
-                w = World(tmp_path, m, fast, up, dns)
-                try:
-                    got, n = scenario(w)
-                    out.append((w, got, w.settled(n), sorted(up.got)))
-                finally:
-                    w.close()
-    (mitm, got_m, rec_m, up_m), (fast_w, got_f, rec_f, up_f) = out
+        (mitm, got_m, rec_m, up_m), (fast_w, got_f, rec_f, up_f) = twice(
+            monkeypatch, lambda m, fast: World(tmp_path, m, fast, up, dns), lambda: sorted(up.got), scenario
+        )
     assert got_f == got_m
     assert rec_f == rec_m
     assert up_f == up_m

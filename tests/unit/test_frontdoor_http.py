@@ -9,6 +9,7 @@ fail if it never takes any. Where mitmproxy itself is wrong (trailers, 1xx), the
 
 from __future__ import annotations
 
+import contextlib
 import select
 import socket
 from collections.abc import Callable, Iterator
@@ -27,7 +28,7 @@ from ..support import httpfake
 from ..support.dnsfake import FakeDns
 from ..support.httpfake import BIG, BODY, HttpOrigin
 from ..support.tlsharness import loopback
-from .test_frontdoor import World, eventually
+from .test_frontdoor import World, eventually, twice
 
 Scenario = Callable[["Http"], tuple[Any, int]]  # what the client got, and how many audit records to wait for
 
@@ -109,17 +110,12 @@ def both(
     """`scenario` through mitmproxy alone, then through the front door: everything seen must agree (the
     origin's bytes too, unless `same_upstream` is False: then the caller checks them)."""
     up, dns = origin
-    out = []
-    for fast in (False, True):
+
+    def make(m: pytest.MonkeyPatch, fast: bool) -> Http:
         up.got, up.conns = [], 0
-        with mp.context() as m:
-            w = Http(tmp, m, fast, up, dns)
-            try:
-                got, n = scenario(w)
-                out.append((w, got, w.settled(n), list(up.got)))
-            finally:
-                w.close()
-    (mitm, got_m, rec_m, up_m), (fast_w, got_f, rec_f, up_f) = out
+        return Http(tmp, m, fast, up, dns)
+
+    (mitm, got_m, rec_m, up_m), (fast_w, got_f, rec_f, up_f) = twice(mp, make, lambda: list(up.got), scenario)
     assert got_f == got_m
     assert rec_f == rec_m
     assert up_f == up_m or not same_upstream
@@ -305,23 +301,26 @@ def test_many_clients_at_once_each_get_their_own_answers(
 # ---- the path alone: where mitmproxy itself is wrong or says something else ----------------------------
 
 
-def fast_only(tmp: Path, mp: pytest.MonkeyPatch, origin: tuple[HttpOrigin, FakeDns]) -> Http:
-    return Http(tmp, mp, True, *origin)
+@contextlib.contextmanager
+def fast_only(tmp: Path, mp: pytest.MonkeyPatch, origin: tuple[HttpOrigin, FakeDns]) -> Iterator[Http]:
+    """The front door alone: where mitmproxy itself answers wrongly or differently."""
+    w = Http(tmp, mp, True, *origin)
+    try:
+        yield w
+    finally:
+        w.close()
 
 
 def test_trailers_and_chunk_extensions_go_through_byte_for_byte(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, origin: tuple[HttpOrigin, FakeDns]
 ) -> None:
-    w = fast_only(tmp_path, monkeypatch, origin)
-    try:
+    with fast_only(tmp_path, monkeypatch, origin) as w:
         # mitmproxy re-chunks (extensions dropped) and fails on a trailer: "HTTP trailers are not implemented yet"
         got = exchange(w, w.get("/chunked"), w.get("/len"))
         head, chunks, _ = httpfake.ANSWERS["/chunked"]
         assert got == [head + b"".join(chunks), httpfake.ANSWERS["/len"][0] + BODY]
         close = w.settled(4)[1]
         assert close["bytes_down"] == 12 and origin[0].conns == 1
-    finally:
-        w.close()
 
 
 def test_a_large_body_is_streamed_and_the_connection_kept_alive(
@@ -335,50 +334,38 @@ def test_a_large_body_is_streamed_and_the_connection_kept_alive(
         return await copy(*a)
 
     monkeypatch.setattr(countedsplice, "copy", counted)
-    w = fast_only(tmp_path, monkeypatch, origin)
-    try:
+    with fast_only(tmp_path, monkeypatch, origin) as w:
         got = exchange(w, w.get("/big"), w.get("/len"))  # mitmproxy's body takeover closes after it instead
         assert len(spliced) == 1 and spliced[0] > plainhttp.SPLICE_MIN  # the kernel moved the rest of the body
         assert got == [httpfake.ANSWERS["/big"][0] + BIG, httpfake.ANSWERS["/len"][0] + BODY]
         assert [r["bytes_down"] for r in w.settled(4)[1::2]] == [len(BIG), len(BODY)] and origin[0].conns == 1
-    finally:
-        w.close()
 
 
 def test_an_interim_answer_is_forwarded_then_the_final_one(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, origin: tuple[HttpOrigin, FakeDns]
 ) -> None:
-    w = fast_only(tmp_path, monkeypatch, origin)
-    try:
+    with fast_only(tmp_path, monkeypatch, origin) as w:
         got = exchange(w, w.get("/early"), w.get("/len"))  # mitmproxy takes the 103 for the answer
         assert got[0] == httpfake.ANSWERS["/early"][0] + httpfake.ANSWERS["/len"][0] + BODY
         assert got[1].endswith(BODY) and w.settled(4)[1]["bytes_down"] == len(BODY)
-    finally:
-        w.close()
 
 
 def test_an_unframeable_answer_is_a_502_and_the_end_of_the_connection(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, origin: tuple[HttpOrigin, FakeDns]
 ) -> None:
-    w = fast_only(tmp_path, monkeypatch, origin)
-    try:
+    with fast_only(tmp_path, monkeypatch, origin) as w:
         (got,) = exchange(w, w.get("/bad"), w.get("/len"))
         assert got.startswith(b"HTTP/1.1 502 Bad Gateway\r\n") and b"X-Sandgate: upstream" in got
         assert got.endswith(b"<EOF>") and b"abcd" not in got and len(origin[0].got) == 1
         assert [r["event"] for r in w.settled(2)] == ["decision", "close"]
-    finally:
-        w.close()
 
 
 def test_an_origin_that_refuses_the_connection_is_a_502(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, origin: tuple[HttpOrigin, FakeDns]
 ) -> None:
-    w = fast_only(tmp_path, monkeypatch, origin)
-    try:
+    with fast_only(tmp_path, monkeypatch, origin) as w:
         origin[0].close()  # nothing listens on the allowed port any more
         assert eventually(lambda: socket.socket().connect_ex(("127.0.0.1", w.p)) != 0)
         (got,) = exchange(w, w.get("/len"))
         assert got.startswith(b"HTTP/1.1 502 Bad Gateway\r\n") and b"cannot connect to allowed.test" in got
         assert [(r["event"], r.get("bytes_down")) for r in w.settled(2)] == [("decision", None), ("close", 0)]
-    finally:
-        w.close()
