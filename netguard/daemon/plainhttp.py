@@ -24,6 +24,7 @@ import socket
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 
 from netguard.audit import close_record
 from netguard.daemon import dial, peek, plainhead
@@ -133,6 +134,8 @@ class Client:
     async def _exchange(self, up: socket.socket, req: plainhead.Request, moved: _Moved, idle: float) -> bool:
         await self.loop.sock_sendall(up, req.head)
         body = self.loop.create_task(self._copy_body(up, req.length, moved)) if req.length else None
+        if body is not None:
+            body.add_done_callback(partial(_abandoned, up))
         try:
             resp, rest = await self._heads(up, req, idle)
             moved.reusable = await self._body(up, resp, rest, moved, idle)
@@ -211,6 +214,14 @@ class Client:
                 if resp.body == "close":
                     return False
                 raise OSError("the upstream closed inside the body")
+
+
+def _abandoned(up: socket.socket, body: asyncio.Task[None]) -> None:
+    """The client left inside its request body: the upstream waits for the rest and will not answer, so its
+    socket is shut and the wait for its answer ends now, not at the idle limit (the connection's share with it)."""
+    if not body.cancelled() and body.exception() is not None:
+        with contextlib.suppress(OSError):
+            up.shutdown(socket.SHUT_RDWR)
 
 
 def _feed(chunks: Chunked, data: bytes) -> int | None:

@@ -36,7 +36,8 @@ ANSWERS: dict[str, tuple[bytes, tuple[bytes, ...], bool]] = {
 class HttpOrigin:
     """An HTTP/1.1 server on 127.0.0.1 answering ANSWERS by path; `got` holds each request's bytes in order."""
 
-    def __init__(self) -> None:
+    def __init__(self, wait: float = 5.0) -> None:
+        self.wait = wait  # seconds a connection waits for bytes (a body that never comes)
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.port = int(self.sock.getsockname()[1])
         self.got: list[bytes] = []
@@ -50,7 +51,7 @@ class HttpOrigin:
     def _serve(self, c: socket.socket) -> None:
         with self._lock:
             self.conns += 1
-        c.settimeout(5)
+        c.settimeout(self.wait)
         buf = b""
         with c:
             try:

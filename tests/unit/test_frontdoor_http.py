@@ -341,6 +341,24 @@ def test_a_large_body_is_streamed_and_the_connection_kept_alive(
         assert [r["bytes_down"] for r in w.settled(4)[1::2]] == [len(BIG), len(BODY)] and origin[0].conns == 1
 
 
+def test_a_client_leaving_inside_its_body_ends_the_upstream_wait_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The origin waits 60 s for the rest of the body; the front door must not wait for its answer as long."""
+    up, dns = HttpOrigin(wait=60), FakeDns(loopback)
+    try:
+        with fast_only(tmp_path, monkeypatch, (up, dns)) as w:
+            s = socket.create_connection(("127.0.0.1", w.regular), timeout=5)
+            s.sendall(w.get("/len", method=b"POST", extra=b"Content-Length: 100\r\n") + b"only ten b")
+            s.close()
+            close = w.settled(2)[1]
+            assert (close["event"], close["bytes_up"], close["bytes_down"]) == ("close", 10, 0)
+            assert up.got == []  # the origin never had a whole request to answer
+    finally:
+        up.close()
+        dns.close()
+
+
 def test_an_interim_answer_is_forwarded_then_the_final_one(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, origin: tuple[HttpOrigin, FakeDns]
 ) -> None:
