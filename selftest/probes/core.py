@@ -81,6 +81,7 @@ ORDER = (
     "sni_spoof",
     "host_mismatch",
     "host_fronting",
+    "keepalive_blocked_host",
     "rebind_loopback",
     "rebind_metadata",
     "udp",

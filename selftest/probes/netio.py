@@ -91,12 +91,13 @@ def http_verdict(status: int, body: bytes) -> Result:
     return ("permitted" if 200 <= status < 300 else "blocked"), f"HTTP {status}: {body[:120]!r}"
 
 
-def http_exchange(sock: socket.socket, target: str, host: str) -> tuple[int, bytes]:
-    """One hand-written GET over an open (TLS or plain) socket: (status, body)."""
+def http_exchange(sock: socket.socket, target: str, host: str, *, close: bool = True) -> tuple[int, bytes]:
+    """One hand-written GET over an open (TLS or plain) socket: (status, body). `close` False: the
+    connection is kept alive for another request (the body is read by its length)."""
     sock.sendall(
         (
             f"GET {target} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: {USER_AGENT}\r\nAccept: */*\r\n"
-            f"Connection: close\r\n\r\n"
+            f"Connection: {'close' if close else 'keep-alive'}\r\n\r\n"
         ).encode("ascii")
     )
     resp = http.client.HTTPResponse(sock, method="GET")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import http.client
 import socket
 
-from selftest.probes.core import Blocked, Ctx, Result, attempt, combine, describe, probe
+from selftest.probes.core import Blocked, Ctx, Result, Unsupported, attempt, combine, describe, probe
 from selftest.probes.netio import (
     BODY_LIMIT,
     HTTP_TIMEOUT,
@@ -161,6 +161,28 @@ def host_fronting(c: Ctx) -> Result:
     try:
         with socket.create_connection((host, port), timeout=HTTP_TIMEOUT) as s:
             status, body = http_exchange(s, f"http://{c.spec.allowed_host}{c.path}", c.spec.blocked_host)
+    except OSError as e:
+        raise net_failure(e) from e
+    return http_verdict(status, body)
+
+
+@probe("network", "keepalive_blocked_host", "blocked", contexts=("child",))
+def keepalive_blocked_host(c: Ctx) -> Result:
+    """A request for a blocked host on a plain-HTTP connection kept alive after an allowed one: each is judged.
+
+    The first request (no marker: the allowed canary may log it) must be answered, or the row proves
+    nothing; the second names the blocked host, and its canary must not see it."""
+    host, port = proxy_address("http")
+    try:
+        s = socket.create_connection((host, port), timeout=HTTP_TIMEOUT)
+        with s:
+            status, _ = http_exchange(s, f"http://{c.spec.allowed_host}/", c.spec.allowed_host, close=False)
+            if status != 200:
+                raise Unsupported(f"the allowed control request got HTTP {status}")
+            try:  # a connection cut here is no refusal: the second request was never judged
+                status, body = http_exchange(s, f"http://{c.spec.blocked_host}{c.path}", c.spec.blocked_host)
+            except (OSError, http.client.HTTPException) as e:
+                raise Unsupported(f"the kept-alive connection ended before its second answer: {describe(e)}") from e
     except OSError as e:
         raise net_failure(e) from e
     return http_verdict(status, body)

@@ -26,6 +26,7 @@ PROBES: dict[str, tuple[Coverage, str]] = {
     "sni_spoof": ("same", "the same daemon decides by name"),
     "host_mismatch": ("same", "the same daemon decides by name"),
     "host_fronting": ("same", "the same daemon refuses a Host naming another site than the URL"),
+    "keepalive_blocked_host": ("same", "the same daemon judges every request of a kept-alive connection"),
     "rebind_loopback": ("same", "the daemon's veto"),
     "rebind_metadata": ("same", "the daemon's veto"),
     "udp": ("same", "WFP catch-all block"),

@@ -110,7 +110,7 @@ def test_contexts_skip_terminal_probe_outside_child() -> None:
     child = {p.name for p in core.select_probes("child")}
     heavy = {"git_fetch_inspected", "git_push_refused", "secret_brokered", "ca_key_hidden"}  # INSPECTION_CONTEXTS
     heavy |= {"other_daemon_control", "starvation", "endless_head"}  # the shared daemon's: the command only
-    heavy |= {"host_fronting"}  # the daemon refuses it whoever asks
+    heavy |= {"host_fronting", "keepalive_blocked_host"}  # the daemon refuses them whoever asks
     heavy |= {"path_spellings", "method_override", "websocket_upgrade", "sentinel_prefix"}  # issue 24, inspection
     for ctx in ("grandchild", "daemon"):
         assert {p.name for p in core.select_probes(ctx)} == child - {"tiocsti"} - heavy

@@ -204,6 +204,31 @@ def test_host_header_cannot_redirect_an_explicit_request(net: Net) -> None:
     assert net.untouched(before, "blocked")
 
 
+def test_every_request_of_a_kept_alive_plain_connection_is_judged(net: Net) -> None:
+    """The front door's plain-HTTP path keeps a connection alive: a later request for a blocked host on it
+    is judged (403, the blocked canary sees nothing) while the allowed ones before and after it were served."""
+    before = net.mark()
+    out = net.world.run(
+        [
+            "python3",
+            "-c",
+            textwrap.dedent("""\
+        import http.client
+        c = http.client.HTTPConnection("127.0.0.1", 3128, timeout=5)
+        for host in ("allowed.test", "allowed.test", "blocked.test"):
+            c.request("GET", f"http://{host}/kept", headers={"Host": host})
+            r = c.getresponse()
+            print(r.status, r.read().decode().splitlines()[0])"""),
+        ]
+    )
+    lines = out.stdout.splitlines()
+    assert lines[:2] == ["200 hello from allowed.test"] * 2, out
+    assert lines[2].startswith("403 sandgate: blocked blocked.test:80"), out
+    assert net.untouched(before, "blocked")
+    kept = [r for r in net.proxy.records() if (r.get("url") or "").endswith("/kept")]
+    assert [(r["host"], r["action"]) for r in kept] == [("allowed.test", "allow")] * 2 + [("blocked.test", "deny")]
+
+
 def test_allowed_name_resolving_to_loopback_or_metadata_is_refused(net: Net) -> None:
     before = net.mark()
     r = curl(net.world, "http://rebind.test/", "-x", net.proxy.url)
