@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
+from netguard import hosts
 from netguard.daemon.connecthead import FIELD, MAX_FIELDS, valid_host
 from netguard.decision.limits import HEAD_MAX
 
@@ -117,14 +118,11 @@ def request(buf: bytes, port: int | None = None) -> Request | None:
 
 
 def _authority(value: bytes) -> tuple[str, int] | None:
-    """A Host field's (name as sent, port)."""
-    name, colon, port = value.partition(b":")
-    if not name or (colon and (not port.isdigit() or len(port) > 5)):
+    """A Host field's (name as sent, port): taken apart by the project's one splitter (netguard.hosts)."""
+    name, port = hosts.split_host_port(value.decode("ascii"))  # FIELD admits visible ASCII only
+    if not name or (port is not None and (not port.isdigit() or len(port) > 5)):
         return None
-    try:
-        return name.decode("ascii"), int(port) if colon else 80
-    except UnicodeDecodeError:
-        return None
+    return name, int(port) if port is not None else 80
 
 
 def response(buf: bytes, method: str) -> Response | Incomplete | None:

@@ -36,32 +36,23 @@ def answerable(req: http.Request) -> bool:
 
 
 def fronted(flow: http.HTTPFlow, host: str) -> str | None:
-    """Why a decrypted request is domain fronting (its Host or :authority is not the TLS name), or None.
+    """Why a request is domain fronting (its Host or :authority is not the name it was judged for), or None.
 
-    The threat: a CDN routes by the inner Host, so `CONNECT allowed.test` + `Host: evil.test` reaches evil.test."""
+    The threat: a shared server (a CDN, a virtual host) serves by the Host, so `CONNECT allowed.test` +
+    `Host: evil.test` inside TLS, or plain `GET http://allowed.test/` + `Host: evil.test`, reaches evil.test.
+    Explicit proxy: the name judged is the CONNECT's or the URL's. Transparent: the Host itself was judged,
+    so only TLS has a second name (the SNI) to differ from it."""
     req = flow.request
     if isinstance(flow.client_conn.proxy_mode, RegularMode):
-        named, tls = hosts.split_host_port((req.host_header or "").strip())[0], host  # host: the CONNECT name
+        named, judged = hosts.split_host_port((req.host_header or "").strip())[0], host  # the CONNECT's or URL's
     else:
-        named, tls = host, flow.client_conn.sni or ""  # host: already taken from the Host header
-    if not named or not tls:
+        # host: already taken from the Host header; only a TLS request has a second name, its SNI
+        named, judged = host, (flow.client_conn.sni or "") if req.scheme == "https" else ""
+    if not named or not judged:
         return None
-    if norm_key(named, 0)[0] != norm_key(tls, 0)[0]:
-        return f"Host header names {named}, not {tls}, the name this TLS connection is for (domain fronting)"
-    return _fronted_target(req, tls)
-
-
-def misdirected(flow: http.HTTPFlow, host: str) -> str | None:
-    """Why an explicit proxy's plain request is domain fronting (its Host names another site than its URL), or None.
-
-    The threat: the URL's host is what was judged and connected to, but a shared server (a CDN, a virtual
-    host) serves by Host, so `GET http://allowed.test/` + `Host: evil.test` would reach evil.test."""
-    if not isinstance(flow.client_conn.proxy_mode, RegularMode):
-        return None  # transparent: the Host header is what was judged
-    named = hosts.split_host_port((flow.request.host_header or "").strip())[0]
-    if named and norm_key(named, 0)[0] != norm_key(host, 0)[0]:
-        return f"Host header names {named}, not {host}, the host this request was judged for (domain fronting)"
-    return None
+    if norm_key(named, 0)[0] != norm_key(judged, 0)[0]:
+        return f"Host header names {named}, not {judged}, the name this connection was judged for (domain fronting)"
+    return _fronted_target(req, judged)
 
 
 def _fronted_target(req: http.Request, tls: str) -> str | None:

@@ -159,7 +159,7 @@ class Gate:
             if readable
             else None
         )
-        front = (flowview.fronted(flow, host) if https else flowview.misdirected(flow, host)) if d.allowed else None
+        front = flowview.fronted(flow, host) if d.allowed else None
         if front and (j is None or j.allowed):
             j = inspected.Judged(False, insp.origin if insp else None, front)
         ex = _Exchange(d, time.monotonic(), bodycopy.Counter(), bodycopy.Counter())
