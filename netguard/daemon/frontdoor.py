@@ -26,26 +26,26 @@ never relayed.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
 import socket
 import sys
-import time
 from collections.abc import Awaitable, Callable
 from functools import partial
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from mitmproxy import platform
 
 from netguard import hosts, rules
-from netguard.audit import Kind, Limit, close_record
+from netguard.audit import Kind, Limit
 from netguard.daemon import connecthead, dial, firstbytes, peek, plainhead, plainhttp, tlshello, viaproxy
+from netguard.daemon.doorflow import Flow
 from netguard.daemon.fdlimit import Budget
 from netguard.decision import answers, limits
 from netguard.decision.binding import Binding
 from netguard.decision.decide import Conn, Decided, Decider, norm_key
-from netguard.relay import handoff, splice
-from netguard.relay.relay import Relay
+from netguard.relay import splice
+
+if TYPE_CHECKING:  # loaded with mitmproxy (netguard.daemon.mitmload): never imported by a cold daemon's door
+    from netguard.decision.tlsinspect import Material
 
 Mode = Literal["regular", "transparent"]
 Handover = Literal["mitmproxy"]  # nothing read, nothing decided: mitmproxy takes the connection
@@ -60,50 +60,6 @@ FAST = True  # False: every connection goes to mitmproxy (what the tests compare
 
 def _stderr(line: str) -> None:
     print(f"sandgate: front door: {line}", file=sys.stderr, flush=True)
-
-
-class _Flow:
-    """One connection the front door relays: its decision, and the close record once the relay ends."""
-
-    def __init__(self, b: Binding, d: Decided, kind: Kind, slot: int, done: Callable[[], None]) -> None:
-        self.b, self.d, self.kind, self.slot = b, d, kind, slot
-        self.t0 = time.monotonic()
-        self.relay: handoff.Relayed | None = None
-        self.over: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._done = done
-
-    def start(self, a: socket.socket, up: socket.socket, idle: float) -> None:
-        """Both sockets go to the kernel relay (here, then a worker's once big: netguard.relay.relay)."""
-        fa, fb = a.detach(), up.detach()
-        try:
-            relay = Relay(fa, fb, idle, self.ended)
-        except BaseException:
-            for fd in (fa, fb):
-                with contextlib.suppress(OSError):
-                    os.close(fd)
-            raise
-        self.relay = relay
-        handoff.track(self.slot, self)
-
-    def cut(self, why: str) -> None:
-        if self.relay is not None:
-            self.relay.cut(why)
-
-    def ended(self, why: str | None) -> None:
-        if self.over.done():
-            return
-        handoff.untrack(self.slot, self)
-        assert self.relay is not None
-        d, ms = self.d, int((time.monotonic() - self.t0) * 1000)
-        try:
-            self.b.audit.write(
-                close_record(
-                    self.b.task, d.id, self.kind, d.host, d.port, d.verdict.ip, self.relay.up, self.relay.down, ms
-                )
-            )
-        finally:
-            self.over.set_result(None)
-            self._done()
 
 
 class FrontDoor:
@@ -123,10 +79,12 @@ class FrontDoor:
         share: limits.Share | None = None,
         refusals: limits.Refusals | None = None,
         log: Callable[[str], None] = _stderr,
+        tls: Callable[[Binding], Material | None] | None = None,
     ) -> None:
         self.sock, self.slot, self.mode = sock, slot, mode
         self._bindings, self._decider, self._fallback = bindings, decider, fallback
         self._idle, self._budget, self._log = idle, budget, log
+        self._tls = tls  # a sandbox's TLS material once mitmproxy is loaded: the inspected path (tlshttp)
         self._share, self._refusals = share or limits.Share(), refusals
         self._kind: Kind = "connect" if mode == "regular" else "tcp"  # what a refusal here is recorded as
         self.deciding: set[asyncio.Task[None]] = set()  # not yet relayed nor handed over: cancelled by close()
@@ -192,7 +150,7 @@ class FrontDoor:
 
     async def _serve(self, conn: socket.socket) -> None:
         """One connection: relayed here, handed to mitmproxy, or closed (refused, failed, or an error: fail closed)."""
-        flow: _Flow | Handover | None = None
+        flow: Flow | Handover | None = None
         try:
             b = self._bindings.get(self.slot)
             if b is not None:  # else a listener without a policy: refused (fail closed)
@@ -205,7 +163,7 @@ class FrontDoor:
                 conn.close()
                 self._give()  # a relayed flow gives it back when its relay ends, a handed one when mitmproxy is done
         task = asyncio.current_task()
-        if isinstance(flow, _Flow):
+        if isinstance(flow, Flow):
             self.deciding.discard(task)  # from now on a drop cuts it through handoff
             self.relayed.add(flow.over)
             flow.over.add_done_callback(self.relayed.discard)
@@ -234,7 +192,7 @@ class FrontDoor:
 
     # ---- the two listeners ----------------------------------------------------------------------
 
-    async def _transparent(self, conn: socket.socket, b: Binding) -> _Flow | Handover | None:
+    async def _transparent(self, conn: socket.socket, b: Binding) -> Flow | Handover | None:
         """mitmproxy's choice (layers.choose) for the cases it relays untouched; anything else is its own."""
         try:
             dst = platform.original_addr(conn)  # type: ignore[misc]  # None only off Linux
@@ -262,11 +220,16 @@ class FrontDoor:
         # The name is what is judged (a client sending SNI allowed.test to a blocked IP reaches allowed.test);
         # without SNI, the original address, as mitmproxy does.
         host = hello.sni or dst_ip
-        if not _plain(b, host, dst_port):
+        if _plain(b, host, dst_port):
+            return await self._relay(conn, b, "tls", host, dst_port)
+        material = self._inspects(b, host, dst_port, hello)
+        if material is None:
             return _HANDOVER
-        return await self._relay(conn, b, "tls", host, dst_port)
+        st = Conn(b, _peer(conn), "tls")
+        await _tlshttp().Inspected(conn, st, host, dst_port, material, self._decider).serve(self._idle)
+        return None
 
-    async def _relay(self, conn: socket.socket, b: Binding, kind: Kind, host: str, port: int) -> _Flow | None:
+    async def _relay(self, conn: socket.socket, b: Binding, kind: Kind, host: str, port: int) -> Flow | None:
         """Decide (the Gate's code, its record), connect to the pinned address, splice; None: refused or failed."""
         d = await self._decider.authorize(Conn(b, _peer(conn), kind), kind, host, port)
         if not d.allowed:
@@ -277,7 +240,7 @@ class FrontDoor:
             up = await dial.connect(d)
         if up is None:
             return None
-        flow = _Flow(b, d, kind, self.slot, self._give)
+        flow = Flow(b, d, kind, self.slot, self._give)
         flow.start(conn, up, self._idle)
         return flow
 
@@ -313,13 +276,17 @@ class FrontDoor:
         client = plainhttp.Client(conn, b, self._decider, _peer(conn))
         return _HANDOVER if await client.serve(req, self._first, partial(_takes, b, port=port), self._idle) else None
 
-    async def _explicit(self, conn: socket.socket, b: Binding) -> _Flow | Handover | None:
+    async def _explicit(self, conn: socket.socket, b: Binding) -> Flow | Handover | None:
         data = await self._first(conn)
         if data is None:
             return None
         head = connecthead.parse(data)
         if not isinstance(head, connecthead.Head) and (req := _takes(b, data, None)):
             return await self._plain_http(conn, b, req, None)
+        if isinstance(head, connecthead.Head) and (material := self._inspects(b, head.host, head.port)):
+            st = Conn(b, _peer(conn), "connect")
+            await _tlshttp().tunnel(conn, st, head, material, self._decider, self._idle, self._log)
+            return None
         if not _FAST() or not isinstance(head, connecthead.Head) or not _plain(b, head.host, head.port):
             return _HANDOVER
         if len(conn.recv(head.size)) != head.size:  # the head only: it was all there (peeked)
@@ -340,6 +307,11 @@ class FrontDoor:
             return None
         return await self._established(conn, b, d, up, head.version, dial.connected)
 
+    def _inspects(self, b: Binding, host: str, port: int, hello: tlshello.Hello | None = None) -> Material | None:
+        """The run's TLS material when the inspected path takes `host:port` (tlshttp.takes), else None."""
+        material = self._tls(b) if _FAST() and self._tls is not None else None
+        return material if material is not None and _tlshttp().takes(b, material, host, port, hello) else None
+
     async def _established(
         self,
         conn: socket.socket,
@@ -348,7 +320,7 @@ class FrontDoor:
         up: socket.socket,
         version: str,
         pending: Callable[[socket.socket], Awaitable[bool]] | None = None,
-    ) -> _Flow | None:
+    ) -> Flow | None:
         """A CONNECT's 200, then the relay. `pending`: the upstream's connect is still under way, awaited
         after the 200 (None: the tunnel is open already, e.g. through the corporate proxy)."""
         try:
@@ -358,7 +330,7 @@ class FrontDoor:
         except BaseException:
             up.close()
             raise
-        flow = _Flow(b, d, "connect", self.slot, self._give)
+        flow = Flow(b, d, "connect", self.slot, self._give)
         flow.start(conn, up, self._idle)
         return flow
 
@@ -384,6 +356,13 @@ def _takes(b: Binding, head: bytes, port: int | None) -> plainhead.Request | Non
     if req is None or b.secrets or not _plain(b, req.host, req.port) or b.via(norm_key(req.host, 0)[0], True):
         return None
     return req
+
+
+def _tlshttp() -> Any:
+    """netguard.daemon.tlshttp, imported once mitmproxy's TLS material exists (it needs pyOpenSSL's)."""
+    from netguard.daemon import tlshttp
+
+    return tlshttp
 
 
 def _peer(conn: socket.socket) -> tuple[str, int] | None:

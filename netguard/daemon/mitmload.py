@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from mitmproxy.master import Master
 
     from netguard.decision.gate import Gate
+    from netguard.decision.tlsinspect import Material, TlsInspect
 
 #: mitmproxy's default `tcp_timeout`, set on it explicitly: a relayed flow and a mitmproxy flow idle out alike.
 IDLE = 600.0
@@ -56,6 +57,7 @@ class Mitm:
         self.master: Master | None = None
         self.proxyserver: Proxyserver | None = None
         self.gate: Gate | None = None
+        self.tls: TlsInspect | None = None
         self._task: asyncio.Task[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
 
@@ -77,6 +79,7 @@ class Mitm:
             self.master, self.proxyserver, self.gate = master.make_master(self._bindings, [])
             self.master.options.update(tcp_timeout=int(IDLE))
             self.gate.decider = self.decider  # one decider for both paths: one resolver, one set of local addresses
+            self.tls = self.master.addons.get("tlsinspect")
             await self.master.running()
             self._on_loaded()
             dataclasscache.save()  # every record class the daemon makes exists now: the next start reads them
@@ -86,6 +89,11 @@ class Mitm:
         finally:
             sys.setswitchinterval(switch)
             self._loaded.set()
+
+    def material(self, b: Binding) -> Material | None:
+        """Sandbox `b`'s TLS material for the front door's inspected path (netguard.daemon.tlshttp); None until
+        mitmproxy is loaded (until then its connections wait for mitmproxy)."""
+        return self.tls.material(b) if self.tls is not None and self.failed is None else None
 
     def state(self) -> str:
         """For `status`: "loading", "ready" or "failed"."""

@@ -22,12 +22,12 @@ from netguard.daemon.connecthead import FIELD, MAX_FIELDS, valid_host
 from netguard.decision.limits import HEAD_MAX
 
 Incomplete = Literal["incomplete"]
-Body = Literal["none", "length", "chunked", "close"]
+Body = Literal["none", "length", "chunked", "close", "switch"]
 
 _LINE = re.compile(rb"([A-Z]{1,20}) http://([A-Za-z0-9.-]{1,253})(?::([1-9][0-9]{0,4}))?(/[\x21-\x7e]*) HTTP/1\.1")
 _ORIGIN = re.compile(rb"([A-Z]{1,20}) (/[\x21-\x7e]*) HTTP/1\.1")
 _STATUS = re.compile(rb"HTTP/1\.([01]) ([1-9][0-9]{2})(?: [\t\x20-\x7e\x80-\xff]*)?")
-_RFIELD = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+:[\t\x20-\x7e\x80-\xff]*")  # obs-text: real servers send it
+RFIELD = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+:[\t\x20-\x7e\x80-\xff]*")  # obs-text: real servers send it
 _NOT_PLAIN = (b"transfer-encoding", b"expect", b"upgrade")  # a chunked body, 100-continue, a protocol switch
 _DIGITS = re.compile(rb"[0-9]{1,18}")
 
@@ -58,7 +58,7 @@ class Response:
     interim: bool  # 1xx: the final head follows
 
 
-def _fields(lines: list[bytes], pattern: re.Pattern[bytes]) -> list[tuple[bytes, bytes]] | None:
+def field_pairs(lines: list[bytes], pattern: re.Pattern[bytes]) -> list[tuple[bytes, bytes]] | None:
     """(lower-cased name, stripped value) per field line; None for a line that is no plain field."""
     if len(lines) > MAX_FIELDS:
         return None
@@ -71,11 +71,11 @@ def _fields(lines: list[bytes], pattern: re.Pattern[bytes]) -> list[tuple[bytes,
     return out
 
 
-def _tokens(fields: list[tuple[bytes, bytes]], name: bytes) -> set[bytes]:
+def tokens(fields: list[tuple[bytes, bytes]], name: bytes) -> set[bytes]:
     return {t.strip().lower() for n, v in fields if n == name for t in v.split(b",")}
 
 
-def _length(fields: list[tuple[bytes, bytes]]) -> int | Literal[False] | None:
+def content_length(fields: list[tuple[bytes, bytes]]) -> int | Literal[False] | None:
     """The one Content-Length (None: there is none; False: several that differ, or not a number)."""
     values = {t.strip() for n, v in fields if n == b"content-length" for t in v.split(b",")}
     if not values:
@@ -95,11 +95,11 @@ def request(buf: bytes, port: int | None = None) -> Request | None:
         return None
     lines = buf[:end].split(b"\r\n")
     m = (_LINE if port is None else _ORIGIN).fullmatch(lines[0])
-    fields = _fields(lines[1:], FIELD)
+    fields = field_pairs(lines[1:], FIELD)
     if m is None or fields is None or any(n in _NOT_PLAIN for n, _ in fields):
         return None
     hosts_ = [v for n, v in fields if n == b"host"]
-    named = _authority(hosts_[0]) if len(hosts_) == 1 else None
+    named = authority(hosts_[0]) if len(hosts_) == 1 else None
     if named is None:
         return None
     if port is None:
@@ -110,14 +110,14 @@ def request(buf: bytes, port: int | None = None) -> Request | None:
     else:
         # The Host's name (lower-cased, as the Gate judges it) with the destination's port; the head goes as sent.
         host, dst, path, head = named[0].lower(), port, m.group(2), buf[: end + 4]
-    method, length, connection = m.group(1).decode(), _length(fields), _tokens(fields, b"connection")
+    method, length, connection = m.group(1).decode(), content_length(fields), tokens(fields, b"connection")
     if method == "CONNECT" or dst > 65535 or not valid_host(host) or length is False or b"upgrade" in connection:
         return None
     url = f"http://{named[0] if port is None else host}{'' if dst == 80 else f':{dst}'}{path.decode('ascii')}"
     return Request(method, host, dst, url, end + 4, length or 0, b"close" in connection, head)
 
 
-def _authority(value: bytes) -> tuple[str, int] | None:
+def authority(value: bytes) -> tuple[str, int] | None:
     """A Host field's (name as sent, port): taken apart by the project's one splitter (netguard.hosts)."""
     name, port = hosts.split_host_port(value.decode("ascii"))  # FIELD admits visible ASCII only
     if not name or (port is not None and (not port.isdigit() or len(port) > 5)):
@@ -125,26 +125,28 @@ def _authority(value: bytes) -> tuple[str, int] | None:
     return name, int(port) if port is not None else 80
 
 
-def response(buf: bytes, method: str) -> Response | Incomplete | None:
-    """The response head `buf` starts with (RFC 9112 section 6.3's framing), "incomplete", or None: unframeable."""
+def response(buf: bytes, method: str, switch: bool = False) -> Response | Incomplete | None:
+    """The response head `buf` starts with (RFC 9112 section 6.3's framing), "incomplete", or None: unframeable.
+
+    `switch`: the request asked to upgrade and was allowed to; its 101 ends HTTP on the connection."""
     end = buf.find(b"\r\n\r\n")
     if end < 0:
         return "incomplete" if len(buf) < HEAD_MAX else None
     lines = buf[:end].split(b"\r\n")
     m = _STATUS.fullmatch(lines[0])
-    fields = _fields(lines[1:], _RFIELD)
+    fields = field_pairs(lines[1:], RFIELD)
     if m is None or fields is None:
         return None
     status, size = int(m.group(2)), end + 4
-    close = m.group(1) == b"0" or b"close" in _tokens(fields, b"connection")
+    close = m.group(1) == b"0" or b"close" in tokens(fields, b"connection")
     if status == 101:
-        return None  # no request of this path asked to switch protocols
+        return Response(size, status, "switch", 0, True, False) if switch else None  # else nobody asked
     if status < 200:
         return Response(size, status, "none", 0, False, True)
     if method == "HEAD" or status in (204, 304):
         return Response(size, status, "none", 0, close, False)
-    length = _length(fields)
-    coding = _tokens(fields, b"transfer-encoding")
+    length = content_length(fields)
+    coding = tokens(fields, b"transfer-encoding")
     if coding:
         if length is not None:
             return None  # both: the classic smuggling shape; mitmproxy refuses it too

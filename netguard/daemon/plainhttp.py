@@ -19,42 +19,21 @@ end was not certain. Fail closed: an unframeable response is a 502 and the end o
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import socket
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from functools import partial
 
 from netguard.audit import close_record
-from netguard.daemon import dial, peek, plainhead
-from netguard.daemon.chunks import Chunked
+from netguard.daemon import dial, httpexchange, peek, plainhead
+from netguard.daemon.httpexchange import Unframed
+from netguard.daemon.pipes import SockPipe
 from netguard.decision import answers
 from netguard.decision.binding import Binding
 from netguard.decision.decide import Conn, Decided, Decider
-from netguard.relay import countedsplice, splice
 
-READ = 64 * 1024
-CHUNKED_READ = 16 * 1024  # a chunked body is parsed in Python: tiny chunks cost ~1 us each, so a hostile
-# upstream's 1-byte chunks hold the loop at most ~5 ms per read, not ~80 ms (measured)
-SPLICE_MIN = 256 * 1024  # bytes of a known-length body left: from here a counted splice is cheaper than copies
 _SOURCE = "upstream"  # the 502's X-Sandgate: the origin failed, not a corporate proxy
 First = Callable[[socket.socket], Awaitable[bytes | None]]  # the front door's deadline-bound head peek
 Take = Callable[[bytes], plainhead.Request | None]  # the next head, if this path takes it (parsed, policy)
-
-
-class Unframed(Exception):
-    """The upstream's answer cannot be framed: the client gets a 502 if nothing was sent yet."""
-
-
-@dataclass
-class _Moved:
-    up: int = 0
-    down: int = 0
-    reusable: bool = True  # the upstream connection ended exactly where the response did
-
-    def add_down(self, n: int) -> None:
-        self.down += n
 
 
 class Client:
@@ -64,6 +43,7 @@ class Client:
         self.conn, self.b, self.decider = conn, b, decider
         self.st = Conn(b, peer, "http")
         self.loop = asyncio.get_running_loop()
+        self._client = SockPipe(conn)
         self._up: socket.socket | None = None
         self._key: tuple[str, int, str | None] | None = None
 
@@ -95,7 +75,7 @@ class Client:
         if not d.allowed:  # allowed by the rules, then vetoed (rebinding) or unresolved: mitmproxy's 403
             await self.loop.sock_sendall(self.conn, answers.forbidden(d.host, d.port, d.verdict.decision))
             return False
-        moved, t0 = _Moved(), time.monotonic()
+        moved, t0 = httpexchange.Moved(), time.monotonic()
         try:
             up = await self._upstream(d)
             if up is None:
@@ -131,104 +111,11 @@ class Client:
             self._up.close()
             self._up = None
 
-    async def _exchange(self, up: socket.socket, req: plainhead.Request, moved: _Moved, idle: float) -> bool:
-        await self.loop.sock_sendall(up, req.head)
-        body = self.loop.create_task(self._copy_body(up, req.length, moved)) if req.length else None
-        if body is not None:
-            body.add_done_callback(partial(_abandoned, up))
-        try:
-            resp, rest = await self._heads(up, req, idle)
-            moved.reusable = await self._body(up, resp, rest, moved, idle)
-            if body is not None and (not body.done() or body.exception() is not None):
-                moved.reusable = False  # answered before the whole body was read: the rest of it is not a request
-                return False
-            return moved.reusable and not resp.close and not req.close
-        finally:
-            if body is not None:  # ended, and its failure (the client went away) read: never left unretrieved
-                body.cancel()
-                with contextlib.suppress(asyncio.CancelledError, OSError):
-                    await body
-
-    async def _copy_body(self, up: socket.socket, length: int, moved: _Moved) -> None:
-        left = length
-        while left:
-            await asyncio.sleep(0)  # a loop turn per piece, as in _recv
-            data = await self.loop.sock_recv(self.conn, min(left, READ))
-            if not data:
-                raise ConnectionError("the client closed inside its request body")
-            await self.loop.sock_sendall(up, data)
-            left -= len(data)
-            moved.up += len(data)
-
-    async def _recv(self, up: socket.socket, idle: float, size: int = READ) -> bytes:
-        """The upstream's next bytes. A loop turn first: sock_recv and sock_sendall do not yield while both
-        sockets are ready, and one fast download would otherwise hold the daemon's loop from every sandbox."""
-        await asyncio.sleep(0)
-        return await asyncio.wait_for(self.loop.sock_recv(up, size), idle)
-
-    async def _heads(self, up: socket.socket, req: plainhead.Request, idle: float) -> tuple[plainhead.Response, bytes]:
-        """Interim (1xx) heads forwarded, then the final head; returned with the body bytes read after it."""
-        buf = b""
-        while True:
-            resp = plainhead.response(buf, req.method)
-            if resp == "incomplete":
-                data = await self._recv(up, idle)
-                if not data:
-                    raise Unframed(f"the upstream closed before a whole response head ({len(buf)} bytes)")
-                buf += data
-                continue
-            if resp is None:
-                raise Unframed("the upstream's response head cannot be framed")
-            await self.loop.sock_sendall(self.conn, buf[: resp.size])
-            buf = buf[resp.size :]
-            if not resp.interim:
-                return resp, buf
-
-    async def _body(self, up: socket.socket, resp: plainhead.Response, rest: bytes, moved: _Moved, idle: float) -> bool:
-        """The body forwarded as it comes; True when the upstream connection ended exactly with it."""
-        if resp.body == "none":
-            return not rest
-        chunks = Chunked() if resp.body == "chunked" else None
-        left = resp.length if resp.body == "length" else -1  # -1: until the close
-        data = rest
-        while True:
-            if chunks is not None:
-                end = _feed(chunks, data)
-                piece, done = data[:end], end is not None
-                moved.down = chunks.data  # the payload, as mitmproxy counts a chunked body
-            else:
-                piece = data if left < 0 else data[:left]
-                left, done = (left, False) if left < 0 else (left - len(piece), left == len(piece))
-                moved.down += len(piece)
-            if piece:
-                await self.loop.sock_sendall(self.conn, piece)
-            if done:
-                return len(piece) == len(data)  # bytes past the end: not a keep-alive partner to trust
-            if left > SPLICE_MIN and splice.AVAILABLE:  # a large known length: the kernel moves it, not Python
-                why = await countedsplice.copy(up, self.conn, left, idle, moved.add_down)
-                if why is not None:
-                    raise OSError(why)
-                return True
-            data = await self._recv(up, idle, CHUNKED_READ if chunks is not None else READ)
-            if not data:
-                if resp.body == "close":
-                    return False
-                raise OSError("the upstream closed inside the body")
-
-
-def _abandoned(up: socket.socket, body: asyncio.Task[None]) -> None:
-    """The client left inside its request body: the upstream waits for the rest and will not answer, so its
-    socket is shut and the wait for its answer ends now, not at the idle limit (the connection's share with it)."""
-    if not body.cancelled() and body.exception() is not None:
-        with contextlib.suppress(OSError):
-            up.shutdown(socket.SHUT_RDWR)
-
-
-def _feed(chunks: Chunked, data: bytes) -> int | None:
-    try:
-        return chunks.feed(data)
-    except ValueError as e:
-        raise OSError(str(e)) from None  # mid-body: the client's connection ends, as after an upstream reset
+    async def _exchange(
+        self, up: socket.socket, req: plainhead.Request, moved: httpexchange.Moved, idle: float
+    ) -> bool:
+        sent = httpexchange.Sent(req.head, req.length, req.method, req.close)
+        return await httpexchange.exchange(self._client, SockPipe(up), sent, moved, idle)
 
 
 def _idle_open(up: socket.socket) -> bool:

@@ -162,8 +162,7 @@ class Daemon:
             self.stopping.set()
 
     def _arm_idle(self) -> None:
-        # Idle means no control connection at all (every binding has one): a launcher that has just
-        # connected is not cut off before its bind arrives.
+        # Idle: no control connection at all (every binding has one): a launcher just connected keeps its bind.
         if self.idle_exit > 0 and not self.peers and self._idle is None and not self.stopping.is_set():
             self._idle = asyncio.get_running_loop().call_later(self.idle_exit, self._stop, "idle")
 
@@ -354,7 +353,8 @@ class Daemon:
     def _door_args(self, sb: Sandbox) -> dict[str, Any]:
         from netguard.daemon.mitmload import IDLE
 
-        return {"idle": IDLE, "budget": self.budget, "share": sb.share, "refusals": sb.binding.refusals, "log": log}
+        limits = {"budget": self.budget, "share": sb.share, "refusals": sb.binding.refusals}
+        return {"idle": IDLE, "log": log, "tls": self.mitm.material, **limits}
 
     def _slot(self, binding: Binding) -> int:
         for _ in range(MAX_SLOT):

@@ -18,6 +18,7 @@ from netguard.daemon.frontdoor import FrontDoor, Mode
 from netguard.daemon.master import make_master
 from netguard.decision import dns, limits
 from netguard.decision.binding import Binding
+from netguard.decision.tlsinspect import TlsInspect
 from netguard.relay import handoff, relaypool
 
 
@@ -128,6 +129,7 @@ async def serve(
     here; what they do not relay themselves goes to mitmproxy's handler for that mode spec."""
     bindings, planned, dns_addrs = _plan(sandboxes)
     master, proxyserver, gate = make_master(bindings, [])
+    tls: TlsInspect = master.addons.get("tlsinspect")  # type: ignore[no-untyped-call]
     doors: list[FrontDoor] = []
     services: list[dns.DnsService] = []
     try:
@@ -139,8 +141,9 @@ async def serve(
             if b.refusals is None:  # the deadline and head limits are said in this proxy's log too
                 b.refusals = limits.Refusals(b.task, b.audit.write)
             door = FrontDoor(
-                sock, p.addr[1], p.mode, bindings, gate.decider, instance.handle_stream, idle=idle, refusals=b.refusals
-            )
+                sock, p.addr[1], p.mode, bindings, gate.decider, instance.handle_stream, idle=idle, refusals=b.refusals,
+                tls=tls.material,
+            )  # fmt: skip
             doors.append(door)
             door.start(1024)
         gate_dns = dns.DnsGate()

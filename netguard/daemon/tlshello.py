@@ -30,9 +30,11 @@ def starts_like_record(d: bytes) -> bool:
 
 @dataclass(frozen=True)
 class Hello:
-    """What the front door needs of a ClientHello: the name it asks for, if it names a valid one."""
+    """What the front door needs of a ClientHello: the name it asks for, if it names a valid one, and the
+    application protocols it offers (None: no ALPN extension)."""
 
     sni: str | None
+    alpn: tuple[bytes, ...] | None = None
 
 
 def client_hello(data: bytes) -> Hello | None:
@@ -44,7 +46,7 @@ def client_hello(data: bytes) -> Hello | None:
         parsed = tls_client_hello.TlsClientHello(KaitaiStream(io.BytesIO(raw[4:])))  # type: ignore[no-untyped-call]
     except EOFError as e:
         raise ValueError("Invalid ClientHello") from e
-    return Hello(_sni(parsed))
+    return Hello(_sni(parsed), _alpn(parsed))
 
 
 def _records(data: bytes) -> Iterator[bytes]:
@@ -108,3 +110,17 @@ def hello_or_none(buf: bytes) -> Hello | None:
         return client_hello(buf)
     except ValueError:
         return None
+
+
+def _alpn(parsed: object) -> tuple[bytes, ...] | None:
+    """The protocols of the ALPN extension (16), in the client's order; None without one."""
+    ext = getattr(parsed, "extensions", None)
+    for e in ext.extensions if ext else ():
+        if e.type == 0x10:
+            return tuple(bytes(p.name) for p in e.body.alpn_protocols)
+    return None
+
+
+def offers_http1(hello: Hello) -> bool:
+    """The client can speak HTTP/1.1 with a server that terminates its TLS: it offers it, or no ALPN at all."""
+    return not hello.alpn or b"http/1.1" in hello.alpn

@@ -11,16 +11,30 @@ from netguard import rules, verdict
 from netguard.decision.limits import HEAD_MAX
 
 
-def _response(status: str, headers: tuple[tuple[str, str], ...], body: bytes) -> bytes:
-    lines = [f"HTTP/1.1 {status}", *(f"{n}: {v}" for n, v in headers), f"content-length: {len(body)}"]
+def _response(status: str, headers: tuple[tuple[str, str], ...], body: bytes, version: str = "HTTP/1.1") -> bytes:
+    lines = [f"{version} {status}", *(f"{n}: {v}" for n, v in headers), f"content-length: {len(body)}"]
     return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
 
 
-def forbidden(host: str, port: int, decision: rules.Decision) -> bytes:
-    """The 403 a refused CONNECT gets: the body names host:port, the reason and the rule; then the close."""
+def forbidden(host: str, port: int, decision: rules.Decision, close: bool = True) -> bytes:
+    """The 403 a refused CONNECT gets: the body names host:port, the reason and the rule; then the close
+    (`close` False: a request inside TLS, whose connection goes on, as flowview.refusal's)."""
     body = (verdict.refusal_text(host, port, decision) + "\n").encode()
+    headers = (("Content-Type", "text/plain; charset=utf-8"), ("X-Sandgate", "blocked"))
+    return _response("403 Forbidden", (*headers, ("Connection", "close")) if close else headers, body)
+
+
+def refused_request(text: str, version: str = "HTTP/1.1") -> bytes:
+    """The 403 for one judged request (netguard.decision.inspected.refusal_text); the connection stays open."""
+    headers = (("Content-Type", "text/plain; charset=utf-8"), ("X-Sandgate", "blocked"))
+    return _response("403 Forbidden", headers, text.encode(), version)
+
+
+def bad_request(status: int, why: str) -> bytes:
+    """The answer to a request head the front door's inspected path refuses to read (400, 431, 501), then the close."""
+    reason = {400: "Bad Request", 431: "Request Header Fields Too Large", 501: "Not Implemented"}[status]
     headers = (("Content-Type", "text/plain; charset=utf-8"), ("X-Sandgate", "blocked"), ("Connection", "close"))
-    return _response("403 Forbidden", headers, body)
+    return _response(f"{status} {reason}", headers, f"sandgate: {why}\n".encode())
 
 
 def bad_gateway(why: str, source: str = "upstream-proxy") -> bytes:
@@ -37,3 +51,5 @@ TOO_LARGE = (
     + f"Content-Length: {len(_TOO_LARGE_BODY)}\r\n\r\n".encode()
     + _TOO_LARGE_BODY
 )
+#: The answer to a request head not whole within the deadline (netguard.decision.limits), then the close.
+TIMEOUT = b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"

@@ -10,6 +10,7 @@ from mitmproxy.proxy.mode_specs import RegularMode
 from mitmproxy.utils import human
 
 from netguard import hosts, rules, verdict
+from netguard.decision import fronting
 from netguard.decision.decide import norm_key as norm_key  # the pins' key: one definition, the decider's
 
 ENC, ESC = "utf-8", "surrogateescape"
@@ -36,12 +37,9 @@ def answerable(req: http.Request) -> bool:
 
 
 def fronted(flow: http.HTTPFlow, host: str) -> str | None:
-    """Why a request is domain fronting (its Host or :authority is not the name it was judged for), or None.
-
-    The threat: a shared server (a CDN, a virtual host) serves by the Host, so `CONNECT allowed.test` +
-    `Host: evil.test` inside TLS, or plain `GET http://allowed.test/` + `Host: evil.test`, reaches evil.test.
-    Explicit proxy: the name judged is the CONNECT's or the URL's. Transparent: the Host itself was judged,
-    so only TLS has a second name (the SNI) to differ from it."""
+    """Why a request is domain fronting (netguard.decision.fronting), or None. Explicit proxy: the name judged
+    is the CONNECT's or the URL's. Transparent: the Host itself was judged, so only TLS has a second name
+    (the SNI) to differ from it."""
     req = flow.request
     if isinstance(flow.client_conn.proxy_mode, RegularMode):
         named, judged = hosts.split_host_port((req.host_header or "").strip())[0], host  # the CONNECT's or URL's
@@ -50,21 +48,11 @@ def fronted(flow: http.HTTPFlow, host: str) -> str | None:
         named, judged = host, (flow.client_conn.sni or "") if req.scheme == "https" else ""
     if not named or not judged:
         return None
-    if norm_key(named, 0)[0] != norm_key(judged, 0)[0]:
-        return f"Host header names {named}, not {judged}, the name this connection was judged for (domain fronting)"
-    return _fronted_target(req, judged)
-
-
-def _fronted_target(req: http.Request, tls: str) -> str | None:
-    """An absolute-form target (`GET https://other.test/x`) names the origin a server must serve, Host aside
-    (RFC 9112 3.2.2; nginx picks its server by it): it must be the TLS name and port too (issue 24 review:
-    `--request-target https://pass.test/...` in a tunnel to api.test carried api.test's credential)."""
+    if (why := fronting.by_host(named, judged)) is not None:
+        return why
     if not req.authority or req.is_http2:  # HTTP/2's :authority is what the Host check above read
         return None
-    named, port = hosts.split_host_port(req.authority)
-    if norm_key(named or "", 0)[0] == norm_key(tls, 0)[0] and port in (None, str(req.port)):
-        return None
-    return f"request target names {req.authority}, not {tls}:{req.port}, the origin of this TLS connection"
+    return fronting.by_target(req.authority, judged, req.port)
 
 
 def refusal(host: str, port: int, decision: rules.Decision, close: bool = True) -> http.Response:

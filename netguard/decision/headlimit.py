@@ -31,12 +31,11 @@ from mitmproxy.proxy.layers.http import _http1
 
 from netguard.audit import Kind, Limit
 from netguard.decision import limits
-from netguard.decision.answers import TOO_LARGE
+from netguard.decision.answers import TIMEOUT, TOO_LARGE
 from netguard.decision.limits import HEAD_MAX
 
 PIPELINE_MAX = 1 << 20  # what a client may send ahead while its previous response is pending
 
-TIMEOUT = b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
 
 Refused = Callable[[connection.Client, Limit, Kind, str], None]
 _installed: list[Refused] = []

@@ -32,7 +32,7 @@ _OPTIONS = SSL.OP_CIPHER_SERVER_PREFERENCE | SSL.OP_NO_COMPRESSION | SSL.OP_NO_R
 
 
 @dataclass
-class _Contexts:
+class Material:
     """One sandbox's TLS material: built once (loading a trust store per connection is slow)."""
 
     binding: Binding  # held so its id() is not reused while this entry lives
@@ -90,7 +90,7 @@ def _client_context() -> SSL.Context:
     return client
 
 
-def _contexts(b: Binding) -> _Contexts:
+def _contexts(b: Binding) -> Material:
     assert b.ca is not None
     server = SSL.Context(SSL.TLS_CLIENT_METHOD)
     server.set_min_proto_version(SSL.TLS1_2_VERSION)
@@ -98,7 +98,7 @@ def _contexts(b: Binding) -> _Contexts:
     # MITM of the proxy itself: the upstream must prove it is the host; there is no switch to turn this off.
     server.set_verify(SSL.VERIFY_PEER)
     trust_store(server, b.upstream_ca)
-    return _Contexts(b, Issuer(b.ca.cert, b.ca.key), server)
+    return Material(b, Issuer(b.ca.cert, b.ca.key), server)
 
 
 def verify_name(conn: SSL.Connection, name: str) -> None:
@@ -115,6 +115,13 @@ def verify_name(conn: SSL.Connection, name: str) -> None:
         ok = SSL._lib.X509_VERIFY_PARAM_set1_ip(param, ip, len(ip))  # type: ignore[attr-defined]
     if ok != 1:
         raise SSL.Error(f"cannot verify upstream name {name!r}")
+
+
+def upstream_failure(name: str, port: int, why: str) -> str:
+    """What a refused upstream TLS connection's request record and error say, on either path."""
+    if "verify failed" in why.lower():
+        return f"sandgate: upstream certificate verify failed for {name}:{port} ({why})"
+    return f"sandgate: upstream TLS failed for {name}:{port} ({why})"
 
 
 def _port(context: Context) -> int:
@@ -139,15 +146,18 @@ class TlsInspect:
 
     def __init__(self, bindings: dict[int, Binding]) -> None:
         self.bindings = bindings
-        self._ctx: dict[int, _Contexts] = {}
+        self._ctx: dict[int, Material] = {}
         self._failed: dict[tuple[str, str], str] = {}  # (client id, host) -> why its upstream was refused
         # Each connection's TLS session by connection id, for the Gate's body takeover (netguard.relay.tlsbody);
         # weak: a session lives exactly as long as mitmproxy's TLS layer holds it.
         self.sessions: weakref.WeakValueDictionary[str, SSL.Connection] = weakref.WeakValueDictionary()
 
-    def _for(self, client: connection.Client) -> _Contexts | None:
+    def _for(self, client: connection.Client) -> Material | None:
         slot = client.proxy_mode.listen_port()
-        b = self.bindings.get(slot) if slot is not None else None
+        return self.material(self.bindings.get(slot)) if slot is not None else None
+
+    def material(self, b: Binding | None) -> Material | None:
+        """Sandbox `b`'s TLS material, made once; shared with the front door's inspected path (netguard.daemon.tlshttp)."""
         if b is None or b.ca is None:
             return None
         entry = self._ctx.get(id(b))
@@ -213,11 +223,7 @@ class TlsInspect:
         assert isinstance(server, connection.Server)
         name = _name(server.sni or "?")
         port = server.address[1] if server.address else 0
-        why = server.error or "handshake failed"
-        if "verify failed" in why.lower():
-            why = f"sandgate: upstream certificate verify failed for {name}:{port} ({why})"
-        else:
-            why = f"sandgate: upstream TLS failed for {name}:{port} ({why})"
+        why = upstream_failure(name, port, server.error or "handshake failed")
         server.error = why  # a later request reusing this connection gets the same message
         self._failed[(data.context.client.id, name)] = why
 

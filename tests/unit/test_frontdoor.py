@@ -26,7 +26,7 @@ from mitmproxy import platform
 
 from netguard import rules
 from netguard.audit import AuditLog, read_records
-from netguard.daemon import frontdoor, standalone
+from netguard.daemon import doorflow, frontdoor, standalone
 from netguard.decision import decide, limits
 from netguard.decision.binding import Binding
 from netguard.policy import parse_network
@@ -111,14 +111,14 @@ class World:
         monkeypatch.setattr(frontdoor, "FAST", fast)
         self.took: list[str] = []
         self.nodelay: list[int] = []  # TCP_NODELAY of the client's and the upstream's socket, last flow taken
-        start = frontdoor._Flow.start
+        start = doorflow.Flow.start
 
-        def counted(flow: frontdoor._Flow, *a: Any) -> None:
+        def counted(flow: doorflow.Flow, *a: Any) -> None:
             self.took.append(flow.kind)
             self.nodelay = [s.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) for s in a[:2]]
             start(flow, *a)
 
-        monkeypatch.setattr(frontdoor._Flow, "start", counted)
+        monkeypatch.setattr(doorflow.Flow, "start", counted)
         self._stop: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
         for _ in range(5):  # a free port can be taken by another test before the proxy binds it
             self.regular, self.transparent = _free_port(), _free_port()

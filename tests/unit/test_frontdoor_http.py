@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from netguard import rules
-from netguard.daemon import peek, plainhttp
+from netguard.daemon import httpexchange, peek, plainhttp
 from netguard.policy import parse_network
 from netguard.relay import countedsplice, handoff
 
@@ -336,7 +336,7 @@ def test_a_large_body_is_streamed_and_the_connection_kept_alive(
     monkeypatch.setattr(countedsplice, "copy", counted)
     with fast_only(tmp_path, monkeypatch, origin) as w:
         got = exchange(w, w.get("/big"), w.get("/len"))  # mitmproxy's body takeover closes after it instead
-        assert len(spliced) == 1 and spliced[0] > plainhttp.SPLICE_MIN  # the kernel moved the rest of the body
+        assert len(spliced) == 1 and spliced[0] > httpexchange.SPLICE_MIN  # the kernel moved the rest of the body
         assert got == [httpfake.ANSWERS["/big"][0] + BIG, httpfake.ANSWERS["/len"][0] + BODY]
         assert [r["bytes_down"] for r in w.settled(4)[1::2]] == [len(BIG), len(BODY)] and origin[0].conns == 1
 

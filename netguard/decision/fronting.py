@@ -1,0 +1,29 @@
+"""Domain fronting: a request naming another origin than the one its connection was judged for. Pure.
+
+The threat: a shared server (a CDN, a virtual host) serves by the Host, so `CONNECT allowed.test` +
+`Host: evil.test` inside TLS, or plain `GET http://allowed.test/` + `Host: evil.test`, reaches evil.test.
+Both paths that read requests ask here: the Gate (netguard.decision.flowview) and the front door's
+inspected path (netguard.daemon.tlshttp).
+"""
+
+from __future__ import annotations
+
+from netguard import hosts
+from netguard.decision.decide import norm_key
+
+
+def by_host(named: str, judged: str) -> str | None:
+    """Why a Host naming `named` on a connection judged for `judged` is fronting, or None (either unknown: None)."""
+    if not named or not judged or norm_key(named, 0)[0] == norm_key(judged, 0)[0]:
+        return None
+    return f"Host header names {named}, not {judged}, the name this connection was judged for (domain fronting)"
+
+
+def by_target(authority: str, tls: str, port: int) -> str | None:
+    """An absolute-form target (`GET https://other.test/x`) names the origin a server must serve, Host aside
+    (RFC 9112 3.2.2; nginx picks its server by it): it must be the TLS name and port too (issue 24 review:
+    `--request-target https://pass.test/...` in a tunnel to api.test carried api.test's credential)."""
+    named, p = hosts.split_host_port(authority)
+    if norm_key(named or "", 0)[0] == norm_key(tls, 0)[0] and p in (None, str(port)):
+        return None
+    return f"request target names {authority}, not {tls}:{port}, the origin of this TLS connection"
