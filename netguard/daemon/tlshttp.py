@@ -53,7 +53,9 @@ def takes(b: Binding, material: Material, host: str, port: int, hello: tlshello.
     if b.secrets or b.ca is None or b.inspection(name, port) is None or b.via(name) is not None:
         return False  # a credential: leak checks, brokering, scrubbing stay mitmproxy's
     known = material.upstream_alpn.get((name, port)) == HTTP1
-    if not known and (hello is None or not hello.sni or not tlshello.offers_http1(hello) or _H2 in (hello.alpn or ())):
+    if hello is not None and (not hello.sni or not tlshello.offers_http1(hello)):
+        return False  # h2 only (gRPC): mitmproxy's, which speaks h2 to the client
+    if not known and (hello is None or _H2 in (hello.alpn or ())):
         return False
     v = b.judge(host, port)
     return v.decision.action == "allow" and v.by == "policy"
