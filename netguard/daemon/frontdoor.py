@@ -171,20 +171,27 @@ class FrontDoor:
             self.deciding.discard(task)  # from now on the fallback's owner cuts it
             self._hand_over(conn)
 
-    def _hand_over(self, conn: socket.socket) -> None:
+    def _hand_over(self, conn: socket.socket, as_if: socket.socket | None = None) -> None:
         """mitmproxy's handler on `conn` as asyncio.start_server would have started it: no loop turn more
-        (the handler's task starts as the transport connects; nothing was read from the socket)."""
+        (the handler's task starts as the transport connects; nothing was read from the socket).
+
+        `as_if`: `conn` is one end of a socketpair bridging that client's tunnel (tlshttp.tunnel): mitmproxy
+        sees the client's own addresses, and the client's connection budget stays with the client."""
 
         async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             try:
+                if as_if is not None:  # asyncio keeps a transport's addresses in _extra, read by get_extra_info
+                    writer.transport._extra.update(peername=as_if.getpeername(), sockname=as_if.getsockname())  # type: ignore[attr-defined]
                 await self._fallback(reader, writer)
             finally:
-                self._give()
+                if as_if is None:
+                    self._give()
 
         def failed(t: asyncio.Task[Any]) -> None:
             if t.cancelled() or t.exception() is not None:
                 conn.close()
-                self._give()
+                if as_if is None:
+                    self._give()
 
         proto = asyncio.StreamReaderProtocol(asyncio.StreamReader(), handle)
         t = self._loop.create_task(self._loop.connect_accepted_socket(lambda: proto, sock=conn))
@@ -285,7 +292,7 @@ class FrontDoor:
             return await self._plain_http(conn, b, req, None)
         if isinstance(head, connecthead.Head) and (material := self._inspects(b, head.host, head.port)):
             st = Conn(b, _peer(conn), "connect")
-            await _tlshttp().tunnel(conn, st, head, material, self._decider, self._idle, self._log)
+            await _tlshttp().tunnel(conn, st, head, material, self._decider, self._idle, self._hand_over)
             return None
         if not _FAST() or not isinstance(head, connecthead.Head) or not _plain(b, head.host, head.port):
             return _HANDOVER

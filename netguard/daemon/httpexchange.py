@@ -67,7 +67,7 @@ async def exchange(client: Pipe, up: Pipe, req: Sent, moved: Moved, idle: float)
     try:
         resp, rest = await _heads(client, up, req, idle, moved)
         if resp.body == "switch":
-            await _switched(client, up, rest, moved, idle)
+            await both_ways(client, up, rest, moved, idle)
             moved.reusable = False
             return False
         moved.reusable = await _body(client, up, resp, rest, moved, idle)
@@ -170,8 +170,9 @@ async def _body(client: Pipe, up: Pipe, resp: plainhead.Response, rest: bytes, m
             raise OSError("the upstream closed inside the body")
 
 
-async def _switched(client: Pipe, up: Pipe, rest: bytes, moved: Moved, idle: float) -> None:
-    """After an allowed 101: both directions copied as they are (no rule reads them) until either side ends."""
+async def both_ways(client: Pipe, up: Pipe, rest: bytes, moved: Moved, idle: float) -> None:
+    """Both directions copied as they are until either side ends (`rest`: the upstream's bytes read already).
+    After an allowed 101 (no rule reads what follows), and for a tunnel bridged to mitmproxy (tlshttp)."""
     if rest:
         await client.send(rest)
         moved.down += len(rest)

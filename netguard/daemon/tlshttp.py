@@ -29,6 +29,7 @@ from netguard.audit import Limit
 from netguard.daemon import connecthead, dial, httpexchange, innerhead, peek, tlshello
 from netguard.daemon.chunks import Chunked
 from netguard.daemon.httpexchange import Unframed
+from netguard.daemon.pipes import SockPipe
 from netguard.daemon.tlspipe import TlsError, TlsPipe
 from netguard.decision import answers, fronting, inspected, limits, tlsinspect
 from netguard.decision.binding import Binding
@@ -63,28 +64,42 @@ def takes(b: Binding, material: Material, host: str, port: int, hello: tlshello.
 
 async def tunnel(
     conn: socket.socket, st: Conn, head: connecthead.Head, material: Material, decider: Decider, idle: float,
-    log: Callable[[str], None],
+    bridge: Callable[[socket.socket, socket.socket], None],
 ) -> None:  # fmt: skip
-    """A CONNECT to an inspected host (its head peeked): decided, its 200, then the tunnel's TLS terminated here.
+    """A CONNECT to an inspected host (its head peeked, `takes` said yes): its 200 at once, then the tunnel's
+    TLS terminated here; decided at its first request, as a transparent connection is (a vetoed or unresolved
+    name then gets the Gate's 403 inside the tunnel, not at the CONNECT).
 
-    Taken only where this upstream is known to answer HTTP/1.1 (`takes`), but the ClientHello comes after
-    the 200: a client offering only h2 (gRPC, which HTTP/1.1 cannot carry anyway) is closed and logged."""
+    Only the ClientHello says whether the client speaks HTTP/1.1, and it comes after the 200: a client
+    offering only h2 (gRPC) is bridged to mitmproxy (`bridge`: its handler on one end of a socketpair, as if
+    it were this client), which gets the same CONNECT, decides it and speaks h2 to the client."""
     if len(conn.recv(head.size)) != head.size:  # the head only: it was all there (peeked)
         raise ConnectionError("the peeked request head could not be read")
-    d = await decider.authorize(st, "connect", head.host, head.port)
     loop = asyncio.get_running_loop()
-    if not d.allowed:
-        await loop.sock_sendall(conn, answers.forbidden(d.host, d.port, d.verdict.decision))
-        return
     await loop.sock_sendall(conn, f"{head.version} 200 Connection established\r\n\r\n".encode())
     hello = await _hello(conn, st.binding)
     if hello is None:
         return
-    if not tlshello.offers_http1(hello):
-        offered = ", ".join(a.decode("ascii", "replace") for a in hello.alpn or ())
-        log(f"closed a tunnel to inspected {d.host}:{d.port}: the client offers only {offered} (inspected: HTTP/1.1)")
+    if tlshello.offers_http1(hello):
+        await Inspected(conn, st, head.host, head.port, material, decider).serve(idle)
         return
-    await Inspected(conn, st, head.host, head.port, material, decider, d).serve(idle)
+    ours, theirs = socket.socketpair()
+    with ours:
+        ours.setblocking(False)
+        theirs.setblocking(False)
+        bridge(theirs, conn)
+        authority = f"{head.host}:{head.port}".encode()
+        await loop.sock_sendall(ours, b"CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n" % (authority, authority))
+        reply, up = b"", SockPipe(ours)
+        while b"\r\n\r\n" not in reply and len(reply) < limits.HEAD_MAX:
+            data = await asyncio.wait_for(up.recv(limits.HEAD_MAX), limits.DEADLINE)
+            if not data:
+                return
+            reply += data
+        head_end = reply.find(b"\r\n\r\n") + 4
+        if not reply.startswith(b"HTTP/1.1 200") or head_end < 4:
+            return  # mitmproxy refused it (vetoed since): the client has our 200 already, so it is closed
+        await httpexchange.both_ways(SockPipe(conn), up, reply[head_end:], httpexchange.Moved(), idle)
 
 
 async def _hello(conn: socket.socket, b: Binding) -> tlshello.Hello | None:

@@ -93,14 +93,15 @@ def test_an_upstream_certificate_that_does_not_verify_is_a_502_and_gets_no_reque
     ]
 
 
-@pytest.mark.parametrize("listener, taught", [("transparent", False), ("transparent", True)])
+@pytest.mark.parametrize("listener, taught", [("transparent", False), ("transparent", True), ("explicit", True)])
 def test_an_h2_only_client_is_left_to_mitmproxy(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, origin: tuple[HttpsOrigin, FakeDns], listener: str, taught: bool
 ) -> None:
     """A client offering only h2 (gRPC, Go with NextProtos ["h2"]) gets h2 from mitmproxy, which speaks
     HTTP/1.1 upstream for it; the inspected path speaks HTTP/1.1 only, so it must never take one. `taught`:
     after an HTTP/1.1 exchange taught the daemon that the upstream answers HTTP/1.1, as in any run after
-    its first connection to the host."""
+    its first connection to the host. Explicit: the front door took the CONNECT before the hello showed h2
+    only, and bridges the tunnel to mitmproxy (tlshttp.tunnel): the same answers, the same records."""
 
     def scenario(w: Tls) -> tuple[Any, int]:
         if taught:
@@ -115,22 +116,6 @@ def test_an_h2_only_client_is_left_to_mitmproxy(
 
     fast, got = same(monkeypatch, tmp_path, origin, scenario)
     assert got == ("h2", (200, BODY)) and fast.served == []
-
-
-def test_an_h2_only_client_in_a_tunnel_to_a_known_http1_upstream_is_closed_and_reaches_nothing(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, origin: tuple[HttpsOrigin, FakeDns]
-) -> None:
-    """The documented gap (docs/policy.md): a CONNECT is taken before its ClientHello shows, once the upstream
-    is known to answer HTTP/1.1; an h2-only client then finds its tunnel closed (mitmproxy would serve it h2).
-    It must fail closed: no handshake, no request at the origin, and HTTP/1.1 on the next tunnel still works."""
-    with fast_only(tmp_path, monkeypatch, origin) as w:
-        w.warm()
-        with pytest.raises((OSError, AssertionError)), w.connect("explicit", alpn=["h2"]) as c:
-            get_h2(c.s, "insp.test", "/len")
-        assert origin[0].got == [] and w.served == []
-        with w.connect("explicit", alpn=["h2", "http/1.1"]) as c:
-            assert c.ask(req("/len")) == ANSWERS["/len"][0] + BODY
-        assert w.served == ["/len"] and origin[0].got == [req("/len")]
 
 
 @pytest.mark.parametrize("listener", LISTENERS)
