@@ -66,13 +66,13 @@ async def tunnel(
     conn: socket.socket, st: Conn, head: connecthead.Head, material: Material, decider: Decider, idle: float,
     bridge: Callable[[socket.socket, socket.socket], None],
 ) -> None:  # fmt: skip
-    """A CONNECT to an inspected host (its head peeked, `takes` said yes): its 200 at once, then the tunnel's
-    TLS terminated here; decided at its first request, as a transparent connection is (a vetoed or unresolved
-    name then gets the Gate's 403 inside the tunnel, not at the CONNECT).
+    """A CONNECT to an inspected host (its head peeked, `takes` said yes): its 200, then, once the ClientHello
+    shows HTTP/1.1, decided and the upstream begun beside the client's handshake; the TLS terminated here.
+    (A name vetoed or unresolved since the policy said yes gets the Gate's 403 inside the tunnel.)
 
     Only the ClientHello says whether the client speaks HTTP/1.1, and it comes after the 200: a client
     offering only h2 (gRPC) is bridged to mitmproxy (`bridge`: its handler on one end of a socketpair, as if
-    it were this client), which gets the same CONNECT, decides it and speaks h2 to the client."""
+    it were this client), which gets the same CONNECT, decides it (its only decision record) and speaks h2."""
     if len(conn.recv(head.size)) != head.size:  # the head only: it was all there (peeked)
         raise ConnectionError("the peeked request head could not be read")
     loop = asyncio.get_running_loop()
@@ -81,7 +81,12 @@ async def tunnel(
     if hello is None:
         return
     if tlshello.offers_http1(hello):
-        await Inspected(conn, st, head.host, head.port, material, decider).serve(idle)
+        # Decided now, not before the 200: a tunnel bridged to mitmproxy below is decided (and recorded) there.
+        d = await decider.authorize(st, "connect", head.host, head.port)
+        inspected_ = Inspected(conn, st, head.host, head.port, material, decider, d)
+        if d.allowed:
+            inspected_.prepare()  # the upstream's handshake beside the client's
+        await inspected_.serve(idle)
         return
     ours, theirs = socket.socketpair()
     with ours:
@@ -130,6 +135,7 @@ class Inspected:
         self.served = 0
         self._client: TlsPipe | None = None
         self._up: TlsPipe | None = None
+        self._pending: asyncio.Future[TlsPipe] | None = None  # an upstream begun early (prepare)
 
     async def serve(self, idle: float) -> None:
         """Requests until the connection ends; every socket but the client's is closed on the way out."""
@@ -195,8 +201,9 @@ class Inspected:
     async def _one(self, client: TlsPipe, req: innerhead.Inner, idle: float) -> bool:
         """Judge one request, then forward it or refuse it; whether the connection may carry another."""
         self.served += 1
-        if self.d is None:
-            d = await self.decider.authorize(self.st, self.kind, self.name, self.port)
+        if self.d is None or not self.d.allowed:  # a refused tunnel's decision answers its first request
+            d = self.d or await self.decider.authorize(self.st, self.kind, self.name, self.port)
+            self.d = None
             if not d.allowed:  # vetoed or unresolved since the policy said yes: the Gate's 403, the connection goes on
                 await client.send(answers.forbidden(d.host, d.port, d.verdict.decision, close=False))
                 return await self._skip(client, req)
@@ -266,37 +273,55 @@ class Inspected:
             self._drop()
         return ok
 
+    def prepare(self) -> None:
+        """Start the upstream's connect and TLS handshake now, beside the client's handshake and first request
+        (a CONNECT decided already): the name is judged, so only its requests wait for their judgement."""
+        self._pending = asyncio.ensure_future(self._connect())
+
     async def _upstream(self) -> TlsPipe:
         """The kept upstream TLS connection if it is still idle and open; else a new, verified one."""
         if self._up is not None and not self._up.idle_open():
             self._drop()
         if self._up is None:
-            assert self.d is not None  # decided before the first request went on
-            sock = await dial.connect(self.d)
-            if sock is None:
-                raise TlsError(f"cannot connect to {self.d.verdict.ip}:{self.port}")
-            conn = SSL.Connection(self.material.server)
-            tlsinspect.verify_name(conn, self.name)
-            conn.set_alpn_protos([HTTP1])
-            conn.set_connect_state()
-            up = TlsPipe(sock, conn)
-            try:
-                await asyncio.wait_for(up.handshake(), limits.DEADLINE)
-            except BaseException:
-                sock.close()
-                raise
-            self._up = up
-            self.material.remember_alpn((self.name, self.port), HTTP1)  # what mitmproxy's path learns of it too
+            task, self._pending = self._pending, None
+            self._up = await (task if task is not None else self._connect())
         return self._up
+
+    async def _connect(self) -> TlsPipe:
+        assert self.d is not None  # decided before the first request went on
+        sock = await dial.connect(self.d)
+        if sock is None:
+            raise TlsError(f"cannot connect to {self.d.verdict.ip}:{self.port}")
+        conn = SSL.Connection(self.material.server)
+        tlsinspect.verify_name(conn, self.name)
+        conn.set_alpn_protos([HTTP1])
+        conn.set_connect_state()
+        up = TlsPipe(sock, conn)
+        try:
+            await asyncio.wait_for(up.handshake(), limits.DEADLINE)
+        except BaseException:
+            sock.close()
+            raise
+        self.material.remember_alpn((self.name, self.port), HTTP1)  # what mitmproxy's path learns of it too
+        return up
 
     def _drop(self) -> None:
         if self._up is not None:
             self._up.sock.close()
             self._up = None
+        if self._pending is not None:  # never used: cancelled, or closed once made
+            self._pending.cancel()
+            self._pending.add_done_callback(_close_made)
+            self._pending = None
 
     def _record(self, logged: inspected.Logged, status: int | None, up: int, down: int, ms: int) -> None:
         assert self.d is not None
         self.b.audit.write(logged.record(self.b.task, self.d.id, status, up, down, ms))
+
+
+def _close_made(task: asyncio.Future[TlsPipe]) -> None:
+    if not task.cancelled() and task.exception() is None:
+        task.result().sock.close()
 
 
 def _name(host: str) -> str:
