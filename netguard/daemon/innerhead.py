@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from netguard.daemon import plainhead
+from netguard.daemon.connecthead import valid_host
 from netguard.daemon.httpexchange import ReqBody
 from netguard.decision.limits import HEAD_MAX
 
@@ -31,7 +32,7 @@ class Inner:
     method: str  # as sent: the rules judge `post` as not POST, as mitmproxy's path does
     target: str  # origin-form (path and query), as the rules and the log read it
     authority: str | None  # an absolute-form target's authority: must name the TLS origin (the caller checks)
-    host: str | None  # the Host field's value as sent
+    host: str  # the name the Host field gives (its port aside): must be the TLS name (the caller checks)
     fields: list[tuple[str, str]]  # every field as text, in order: method overrides, upgrades
     size: int
     body: ReqBody
@@ -68,8 +69,13 @@ def parse(buf: bytes) -> Inner | Bad | Literal["incomplete"]:
     if origin is None:
         return Bad(400, "request target is neither origin-form nor absolute-form")
     hosts = [v for n, v in raw if n == b"host"]
-    if len(hosts) > 1 or (minor == b"1" and not hosts):
-        return Bad(400, "HTTP/1.1 needs exactly one Host field")
+    if len(hosts) != 1:  # HTTP/1.0 too: without one a shared server picks its default site, unjudged
+        return Bad(400, "a request needs exactly one Host field")
+    named = plainhead.authority(hosts[0]) if hosts[0].isascii() else None
+    if named is None or not valid_host(
+        named[0].lower().removesuffix(".")
+    ):  # `api.test.` is api.test  # empty or not host[:port]: nothing to check against the TLS name (fronting)
+        return Bad(400, "the Host field names no host")
     body = _body(raw)
     if isinstance(body, Bad):
         return body
@@ -79,10 +85,10 @@ def parse(buf: bytes) -> Inner | Bad | Literal["incomplete"]:
     head = b"\r\n".join([line, *lines[1:]]) + b"\r\n\r\n"
     texts = [(n.decode(ENC, ESC), v.decode(ENC, ESC)) for n, v in (ln.partition(b":")[::2] for ln in lines[1:])]
     fields = [(n, v.strip(" \t")) for n, v in texts]
-    upgrade = any(n == b"upgrade" for n, _ in raw) or b"upgrade" in connection
+    upgrade = any(n == b"upgrade" for n, _ in raw)  # what the rules judge; a 101 to anything else is refused
     expect = any(n == b"expect" for n, _ in raw)
     return Inner(
-        f"HTTP/1.{minor.decode()}", method.decode(ENC, ESC), origin.decode(ENC, ESC), authority, hosts[0].decode(ENC, ESC) if hosts else None,
+        f"HTTP/1.{minor.decode()}", method.decode(ENC, ESC), origin.decode(ENC, ESC), authority, named[0],
         fields, end + 4, body, close, expect, upgrade, head,
     )  # fmt: skip
 

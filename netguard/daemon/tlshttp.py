@@ -212,7 +212,7 @@ class Inspected:
         assert insp is not None  # `takes` made sure, and a binding's rules do not change under a connection
         j = inspected.judge(insp, (), self.name, req.method, req.target, req.fields, True)
         assert j is not None  # an inspected host is always judged
-        front = fronting.by_host(hosts.split_host_port((req.host or "").strip())[0], self.name)
+        front = fronting.by_host(req.host, self.name)
         if front is None and req.authority is not None:
             front = fronting.by_target(req.authority, self.name, self.port)
         if front is not None and j.allowed:

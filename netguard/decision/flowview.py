@@ -46,6 +46,8 @@ def fronted(flow: http.HTTPFlow, host: str) -> str | None:
     else:
         # host: already taken from the Host header; only a TLS request has a second name, its SNI
         named, judged = host, (flow.client_conn.sni or "") if req.scheme == "https" else ""
+    if not named and judged and req.scheme == "https":  # inside TLS: a shared server would pick its default site
+        return fronting.NO_HOST
     if not named or not judged:
         return None
     if (why := fronting.by_host(named, judged)) is not None:

@@ -11,6 +11,8 @@ from __future__ import annotations
 from netguard import hosts
 from netguard.decision.decide import norm_key
 
+NO_HOST = "no Host header: a shared server would answer for its default site, not the name judged (domain fronting)"
+
 
 def by_host(named: str, judged: str) -> str | None:
     """Why a Host naming `named` on a connection judged for `judged` is fronting, or None (either unknown: None)."""

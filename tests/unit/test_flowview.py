@@ -7,7 +7,7 @@ from mitmproxy import http
 from mitmproxy.proxy.mode_specs import ProxyMode
 from mitmproxy.test import tflow, tutils
 
-from netguard.decision import flowview
+from netguard.decision import flowview, fronting
 
 
 def tunnelled(target: str, host_header: str = "api.test") -> http.HTTPFlow:
@@ -36,6 +36,17 @@ def test_an_absolute_form_target_naming_another_origin_is_fronting(authority: st
 def test_a_host_header_naming_another_origin_is_fronting() -> None:
     why = flowview.fronted(tunnelled("", host_header="pass.test"), "api.test")
     assert why is not None and "Host header names pass.test" in why
+
+
+@pytest.mark.parametrize("host_header", [None, "", "  "])
+def test_gate_refuses_a_hostless_request_inside_tls(host_header: str | None) -> None:
+    """No Host (or an empty one) inside `CONNECT api.test`: a shared server answers for its default site."""
+    f = tunnelled("")
+    if host_header is None:
+        del f.request.headers["Host"]
+    else:
+        f.request.headers["Host"] = host_header
+    assert flowview.fronted(f, "api.test") == fronting.NO_HOST
 
 
 def plain(host_header: str, mode: str = "regular", url_host: str = "allowed.test") -> http.HTTPFlow:
