@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from selftest.windows import allbodies, probebody, probenet, probes
+from selftest.windows import allbodies, probebody, probenet, probes, verifyrun
+from selftest.windows.probebody import Verdict
 
 
 def test_scripts_compile_and_rows_are_registered() -> None:
@@ -44,8 +45,10 @@ def test_wmi_process() -> None:
 def test_smb_webdav_is_a_known_gap_unless_refused() -> None:
     j = probenet.judge_smb
     gap = j(0, {"control": True, "smb": [53, "bad netpath"], "webdav": [67, ""], "webclient_running": True})
-    assert not gap.ok and "known gap" in gap.detail
-    assert not j(0, {"control": False, "smb": [5, ""], "webdav": [5, ""], "webclient_running": False}).ok
+    assert not gap.ok and gap.gap and "known gap" in gap.detail
+    broken = j(0, {"control": False, "smb": [5, ""], "webdav": [5, ""], "webclient_running": False})
+    assert not broken.ok and not broken.gap  # a probe that proves nothing is a failure, not the gap
+    assert not j(1, None).ok and not j(1, None).gap
     assert j(0, {"control": True, "smb": [5, ""], "webdav": [5, ""], "webclient_running": False}).ok
 
 
@@ -61,3 +64,15 @@ def test_smb_counts_only_access_denied_and_webdav_a_stopped_webclient() -> None:
     running = j(0, {"control": True, "smb": [5, ""], "webdav": [67, ""], "webclient_running": True})
     assert not running.ok and "cannot be told" not in running.detail
     assert not j(0, {"control": True, "smb": [5, ""], "webdav": [0, "listed"], "webclient_running": False}).ok
+
+
+def test_a_known_gap_is_printed_on_every_run_never_passed_and_not_counted_as_a_failure() -> None:
+    """The H4 decision: the row stays visible (GAP, and in the summary), the exit code counts real failures."""
+    gap = probenet.judge_smb(0, {"control": True, "smb": [53, "x"], "webdav": [67, ""], "webclient_running": True})
+    ok, bad = Verdict(True, "fine"), Verdict(False, "leaked")
+    lines: list[str] = []
+    assert verifyrun.report([("a", ok), ("smb_webdav", gap)], 0, lines.append) == 0
+    assert lines[1].startswith("  GAP   smb_webdav") and "1 passed, 0 failed, 1 known gaps" in lines[-1]
+    lines.clear()
+    assert verifyrun.report([("a", bad), ("smb_webdav", gap)], 0, lines.append) == 1
+    assert lines[0].startswith("  FAIL  a") and "0 passed, 1 failed, 1 known gaps" in lines[-1]
