@@ -234,10 +234,13 @@ def _upgrade(headers: Headers) -> str | None:
     """The protocol an HTTP/1 request asks to switch to (lower case), or None.
 
     Every `Upgrade` header counts: with two (`websocket`, then `h2c`) an upstream may take the one a
-    check that read the first did not judge, so several headers, like a list, are the whole value.
+    check that read the first did not judge, so several headers, like a list, are the whole value. An
+    empty one is an upgrade too (to nothing a rule names): a server may switch on the field alone.
     """
     values = [v.strip().lower() for n, v in headers if n.lower() == "upgrade"]
-    return ", ".join(values) if len(values) > 1 or any(values) else None
+    if not values:
+        return None
+    return ", ".join(values) if any(values) else "(empty)"  # an empty field still makes some servers switch
 
 
 def _param_names(name: str) -> set[str]:

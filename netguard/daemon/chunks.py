@@ -18,7 +18,8 @@ _SIZE = re.compile(rb"([0-9A-Fa-f]{1,15})[ \t]*(?:;[\t\x20-\x7e\x80-\xff]*)?")
 class Chunked:
     """Feed the body's bytes in order; `feed` says where in a piece the body ended. `data`: payload bytes so far."""
 
-    def __init__(self) -> None:
+    def __init__(self, trailers: bool = True) -> None:
+        self.trailers = trailers  # False (a request body): a trailer field raises; no rule reads them
         self.data = 0
         self._state = "size"  # size, data, crlf, trailer, done
         self._line = b""
@@ -73,4 +74,6 @@ class Chunked:
         if not text:
             self._state = "done"
             return True
+        if not self.trailers:  # e.g. `X-HTTP-Method-Override: DELETE` after the last chunk, past the judgement
+            raise ValueError("chunked body: trailer fields in a request (not forwarded: no rule reads them)")
         return False

@@ -175,8 +175,8 @@ class FrontDoor:
         """mitmproxy's handler on `conn` as asyncio.start_server would have started it: no loop turn more
         (the handler's task starts as the transport connects; nothing was read from the socket).
 
-        `as_if`: `conn` is one end of a socketpair bridging that client's tunnel (tlshttp.tunnel): mitmproxy
-        sees the client's own addresses, and the client's connection budget stays with the client."""
+        `as_if`: `conn` is one end of a socketpair bridging that client's tunnel (tlshttp.tunnel, through
+        `_bridge`): mitmproxy sees the client's own addresses."""
 
         async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             try:
@@ -184,18 +184,26 @@ class FrontDoor:
                     writer.transport._extra.update(peername=as_if.getpeername(), sockname=as_if.getsockname())  # type: ignore[attr-defined]
                 await self._fallback(reader, writer)
             finally:
-                if as_if is None:
-                    self._give()
+                self._give()
 
         def failed(t: asyncio.Task[Any]) -> None:
             if t.cancelled() or t.exception() is not None:
                 conn.close()
-                if as_if is None:
-                    self._give()
+                self._give()
 
         proto = asyncio.StreamReaderProtocol(asyncio.StreamReader(), handle)
         t = self._loop.create_task(self._loop.connect_accepted_socket(lambda: proto, sock=conn))
         t.add_done_callback(failed)
+
+    def _bridge(self, theirs: socket.socket, client: socket.socket) -> bool:
+        """mitmproxy's handler on `theirs` for `client`'s tunnel, as one more connection of its sandbox's share:
+        the socketpair and mitmproxy's upstream are two more fds (fdlimit.PER_CONNECTION), never uncounted."""
+        why = self._budget.admit(self._share) if self._budget is not None else None
+        if why is not None:
+            self._refused("connections", self._kind, why)
+            return False
+        self._hand_over(theirs, as_if=client)  # its unit is given back when mitmproxy is done with it
+        return True
 
     # ---- the two listeners ----------------------------------------------------------------------
 
@@ -292,7 +300,7 @@ class FrontDoor:
             return await self._plain_http(conn, b, req, None)
         if isinstance(head, connecthead.Head) and (material := self._inspects(b, head.host, head.port)):
             st = Conn(b, _peer(conn), "connect")
-            await _tlshttp().tunnel(conn, st, head, material, self._decider, self._idle, self._hand_over)
+            await _tlshttp().tunnel(conn, st, head, material, self._decider, self._idle, self._bridge)
             return None
         if not _FAST() or not isinstance(head, connecthead.Head) or not _plain(b, head.host, head.port):
             return _HANDOVER

@@ -83,7 +83,7 @@ async def exchange(client: Pipe, up: Pipe, req: Sent, moved: Moved, idle: float)
 
 
 async def _copy_body(client: Pipe, up: Pipe, framing: ReqBody, moved: Moved) -> None:
-    chunks = Chunked() if framing == "chunked" else None
+    chunks = Chunked(trailers=False) if framing == "chunked" else None
     left = -1 if framing == "chunked" else framing
     while left:
         await asyncio.sleep(0)  # a loop turn per piece, as in _recv

@@ -32,7 +32,8 @@ class Inner:
     method: str  # as sent: the rules judge `post` as not POST, as mitmproxy's path does
     target: str  # origin-form (path and query), as the rules and the log read it
     authority: str | None  # an absolute-form target's authority: must name the TLS origin (the caller checks)
-    host: str  # the name the Host field gives (its port aside): must be the TLS name (the caller checks)
+    host: str  # the name the Host field gives: must be the TLS name (the caller checks)
+    host_port: int | None  # the port it names, if it names one: must be the connection's (the caller checks)
     fields: list[tuple[str, str]]  # every field as text, in order: method overrides, upgrades
     size: int
     body: ReqBody
@@ -79,6 +80,8 @@ def parse(buf: bytes) -> Inner | Bad | Literal["incomplete"]:
     body = _body(raw)
     if isinstance(body, Bad):
         return body
+    if body == "chunked" and minor == b"0":  # RFC 9112 6.1: faulty framing; an HTTP/1.0 server reads no body
+        return Bad(400, "Transfer-Encoding in an HTTP/1.0 request")
     connection = plainhead.tokens(raw, b"connection")
     close = b"close" in connection or (minor == b"0" and b"keep-alive" not in connection)
     line = b"%s %s HTTP/1.%s" % (method, origin, minor)
@@ -88,7 +91,7 @@ def parse(buf: bytes) -> Inner | Bad | Literal["incomplete"]:
     upgrade = any(n == b"upgrade" for n, _ in raw)  # what the rules judge; a 101 to anything else is refused
     expect = any(n == b"expect" for n, _ in raw)
     return Inner(
-        f"HTTP/1.{minor.decode()}", method.decode(ENC, ESC), origin.decode(ENC, ESC), authority, named[0],
+        f"HTTP/1.{minor.decode()}", method.decode(ENC, ESC), origin.decode(ENC, ESC), authority, named[0], named[1] if b":" in hosts[0] else None,
         fields, end + 4, body, close, expect, upgrade, head,
     )  # fmt: skip
 

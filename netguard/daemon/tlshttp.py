@@ -64,7 +64,7 @@ def takes(b: Binding, material: Material, host: str, port: int, hello: tlshello.
 
 async def tunnel(
     conn: socket.socket, st: Conn, head: connecthead.Head, material: Material, decider: Decider, idle: float,
-    bridge: Callable[[socket.socket, socket.socket], None],
+    bridge: Callable[[socket.socket, socket.socket], bool],
 ) -> None:  # fmt: skip
     """A CONNECT to an inspected host (its head peeked, `takes` said yes): its 200, then, once the ClientHello
     shows HTTP/1.1, decided and the upstream begun beside the client's handshake; the TLS terminated here.
@@ -92,7 +92,9 @@ async def tunnel(
     with ours:
         ours.setblocking(False)
         theirs.setblocking(False)
-        bridge(theirs, conn)
+        if not bridge(theirs, conn):  # past its sandbox's share of the daemon's fds: refused, recorded
+            theirs.close()
+            return
         authority = f"{head.host}:{head.port}".encode()
         await loop.sock_sendall(ours, b"CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n" % (authority, authority))
         reply, up = b"", SockPipe(ours)
@@ -201,6 +203,7 @@ class Inspected:
     async def _one(self, client: TlsPipe, req: innerhead.Inner, idle: float) -> bool:
         """Judge one request, then forward it or refuse it; whether the connection may carry another."""
         self.served += 1
+        await asyncio.sleep(0)  # a loop turn per request: refused ones pipelined back to back would hold the loop
         if self.d is None or not self.d.allowed:  # a refused tunnel's decision answers its first request
             d = self.d or await self.decider.authorize(self.st, self.kind, self.name, self.port)
             self.d = None
@@ -212,7 +215,7 @@ class Inspected:
         assert insp is not None  # `takes` made sure, and a binding's rules do not change under a connection
         j = inspected.judge(insp, (), self.name, req.method, req.target, req.fields, True)
         assert j is not None  # an inspected host is always judged
-        front = fronting.by_host(req.host, self.name)
+        front = fronting.by_host(req.host, self.name, req.host_port, self.port)
         if front is None and req.authority is not None:
             front = fronting.by_target(req.authority, self.name, self.port)
         if front is not None and j.allowed:
@@ -234,6 +237,7 @@ class Inspected:
         if left and not req.expect and (chunks is not None or left <= DRAIN_MAX):  # 100-continue: no body comes
             budget = DRAIN_MAX
             while left and budget > 0:
+                await asyncio.sleep(0)  # a loop turn per piece, as in httpexchange
                 data = await asyncio.wait_for(client.recv(min(budget, httpexchange.READ if left < 0 else left)), 5)
                 if not data:
                     return False
@@ -284,7 +288,11 @@ class Inspected:
             self._drop()
         if self._up is None:
             task, self._pending = self._pending, None
-            self._up = await (task if task is not None else self._connect())
+            early = await task if task is not None else None
+            if early is not None and not early.idle_open():  # begun at the CONNECT, closed by the upstream since
+                early.sock.close()
+                early = None
+            self._up = early or await self._connect()
         return self._up
 
     async def _connect(self) -> TlsPipe:
@@ -315,8 +323,8 @@ class Inspected:
             self._pending = None
 
     def _record(self, logged: inspected.Logged, status: int | None, up: int, down: int, ms: int) -> None:
-        assert self.d is not None
-        self.b.audit.write(logged.record(self.b.task, self.d.id, status, up, down, ms))
+        assert self.d is not None  # a refused request counts among the run's capped denials
+        self.b.write_decision(logged.record(self.b.task, self.d.id, status, up, down, ms))
 
 
 def _close_made(task: asyncio.Future[TlsPipe]) -> None:

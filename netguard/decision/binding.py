@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from netguard import rules, upstreamproxy, verdict
 from netguard.asking import Approver
-from netguard.audit import AuditLog, DecisionRecord
+from netguard.audit import AuditLog, DecisionRecord, RequestRecord
 from netguard.credentials import Secret
 from netguard.decision import limits
 from netguard.rules import Inspection
@@ -32,8 +32,9 @@ class Binding:
     lookups: int = field(default=0, init=False)  # its connect-path lookups in flight (limits.LOOKUPS)
     denials: int = field(default=0, init=False)  # denial records written so far (limits.DENIALS_LOGGED)
 
-    def write_decision(self, record: DecisionRecord) -> None:
-        """One decision record into this sandbox's log; past DENIALS_LOGGED denials, a count instead.
+    def write_decision(self, record: DecisionRecord | RequestRecord) -> None:
+        """One decision (or judged request) record into this sandbox's log; past DENIALS_LOGGED denials, a count
+        instead.
 
         Threat: a churn of denied connections or DNS queries fills the user's disk through the log."""
         if record["action"] == "deny" and self.refusals is not None:

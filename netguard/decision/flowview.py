@@ -41,8 +41,10 @@ def fronted(flow: http.HTTPFlow, host: str) -> str | None:
     is the CONNECT's or the URL's. Transparent: the Host itself was judged, so only TLS has a second name
     (the SNI) to differ from it."""
     req = flow.request
+    port: int | None = None
     if isinstance(flow.client_conn.proxy_mode, RegularMode):
-        named, judged = hosts.split_host_port((req.host_header or "").strip())[0], host  # the CONNECT's or URL's
+        named, p = hosts.split_host_port((req.host_header or "").strip())  # judged: the CONNECT's or URL's name
+        judged, port = host, int(p) if p and p.isdigit() and req.scheme == "https" else None
     else:
         # host: already taken from the Host header; only a TLS request has a second name, its SNI
         named, judged = host, (flow.client_conn.sni or "") if req.scheme == "https" else ""
@@ -50,7 +52,7 @@ def fronted(flow: http.HTTPFlow, host: str) -> str | None:
         return fronting.NO_HOST
     if not named or not judged:
         return None
-    if (why := fronting.by_host(named, judged)) is not None:
+    if (why := fronting.by_host(named or "", judged, port, req.port)) is not None:
         return why
     if not req.authority or req.is_http2:  # HTTP/2's :authority is what the Host check above read
         return None

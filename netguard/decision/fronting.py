@@ -14,11 +14,17 @@ from netguard.decision.decide import norm_key
 NO_HOST = "no Host header: a shared server would answer for its default site, not the name judged (domain fronting)"
 
 
-def by_host(named: str, judged: str) -> str | None:
-    """Why a Host naming `named` on a connection judged for `judged` is fronting, or None (either unknown: None)."""
-    if not named or not judged or norm_key(named, 0)[0] == norm_key(judged, 0)[0]:
+def by_host(named: str, judged: str, port: int | None = None, judged_port: int | None = None) -> str | None:
+    """Why a Host naming `named` (and `port`, if it names one) on a connection judged for `judged`:`judged_port`
+    is fronting, or None (a name unknown on either side: None). A server that routes by name and port (Envoy's
+    virtual hosts) picks its site by both."""
+    if not named or not judged:
         return None
-    return f"Host header names {named}, not {judged}, the name this connection was judged for (domain fronting)"
+    if norm_key(named, 0)[0] != norm_key(judged, 0)[0]:
+        return f"Host header names {named}, not {judged}, the name this connection was judged for (domain fronting)"
+    if port is not None and judged_port is not None and port != judged_port:
+        return f"Host header names port {port}, not {judged_port}, the port this connection was judged for (domain fronting)"
+    return None
 
 
 def by_target(authority: str, tls: str, port: int) -> str | None:

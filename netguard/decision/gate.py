@@ -286,8 +286,8 @@ class Gate:
         )
 
     def _write_request(self, st: Conn, ex: _Exchange, status: int | None, up: int, down: int, ms: int) -> None:
-        assert ex.request is not None
-        st.binding.audit.write(ex.request.record(st.binding.task, ex.decided.id, status, up, down, ms))
+        assert ex.request is not None  # a refused request counts among the run's capped denials
+        st.binding.write_decision(ex.request.record(st.binding.task, ex.decided.id, status, up, down, ms))
 
     # ---- every upstream connection ------------------------------------------------------
 

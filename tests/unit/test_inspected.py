@@ -99,6 +99,8 @@ class World:
 
 
 def flow(w: World, method: str, host: str, path: str, *, scheme: str = "https", h2: bool = False, **hdr: str) -> Any:
+    """A request as a client sends it: with a Host (HTTP/2's :authority is read the same way by mitmproxy)."""
+    hdr = {"Host": host, **hdr}
     req = tutils.treq(
         method=method.encode(),
         scheme=scheme.encode(),
