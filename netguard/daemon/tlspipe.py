@@ -34,6 +34,9 @@ class TlsPipe:
         self._loop = asyncio.get_running_loop()
         self._eof = False
         self._back = b""  # bytes read past what the caller wanted (a request head's body): recv gives them first
+        # One writer at a time: a body's copy sends while the response is read, and a read may have records to
+        # send too (a key update's answer); two sendalls at once would interleave their bytes mid-record.
+        self._sending = asyncio.Lock()
 
     async def handshake(self) -> None:
         """The whole handshake (the caller bounds it in time); TlsError when it fails."""
@@ -104,7 +107,7 @@ class TlsPipe:
         tickets a server sends after its first response) are read into OpenSSL without waiting."""
         if self._back or self._eof:
             return False
-        while True:
+        for _ in range(4):  # tickets are a few hundred bytes: an upstream that keeps sending is not idle
             try:
                 data = self.sock.recv(RAW_READ, socket.MSG_DONTWAIT)
             except (BlockingIOError, InterruptedError):
@@ -114,6 +117,8 @@ class TlsPipe:
             if not data:
                 return False  # closed
             self.conn.bio_write(data)
+        else:
+            return False
         try:
             self.conn.recv(1, socket.MSG_PEEK)  # SSL_peek: handshake records are consumed, data stays
         except SSL.WantReadError:
@@ -134,14 +139,15 @@ class TlsPipe:
         return True
 
     async def _flush(self) -> None:
-        out = []
-        while True:
-            try:
-                out.append(self.conn.bio_read(RAW_READ))
-            except SSL.WantReadError:
-                break
-        if out:
-            await self._loop.sock_sendall(self.sock, b"".join(out))
+        async with self._sending:  # records leave in the order OpenSSL made them, each whole
+            out = []
+            while True:
+                try:
+                    out.append(self.conn.bio_read(RAW_READ))
+                except SSL.WantReadError:
+                    break
+            if out:
+                await self._loop.sock_sendall(self.sock, b"".join(out))
 
 
 def _why(e: SSL.Error) -> str:
