@@ -274,6 +274,45 @@ def test_one_kept_alive_connection_is_judged_per_request(lab: Lab, path: str) ->
     )
 
 
+def test_a_hostile_sandbox_pipelining_refusals_beside_an_honest_one(lab: Lab) -> None:
+    """Two sandboxes of one daemon at once, both inspecting api.test: one pipelines 2,000 refused DELETEs on
+    one connection (the front door answers each without mitmproxy), the other makes kept-alive GETs. The
+    honest one gets every answer; the hostile one only 403s; the fake never sees a DELETE."""
+    import threading
+
+    mark = lab.fakes["api"].mark()
+    hostile = """
+        keepalive("warm", "api.test", [("GET", "/v1/hostile/warm")])  # the run learns api.test speaks HTTP/1.1:
+        c = connection("api.test")  # so the front door itself takes this CONNECT (tlshttp.takes)
+        c.connect()
+        n = 2000
+        c.sock.sendall(b"DELETE /v1/hostile/x HTTP/1.1\\r\\nHost: api.test\\r\\n\\r\\n" * n)
+        got = b""
+        while got.count(b"HTTP/1.1 403 ") < n:
+            data = c.sock.recv(1 << 20)
+            if not data:
+                break
+            got += data
+        emit("hostile", status=got.count(b"HTTP/1.1 403 "), body=str(got.count(b"HTTP/1.1 200 ")))
+        """
+    honest = 'keepalive("honest", "api.test", [("GET", f"/v1/honest/{i}") for i in range(40)])'
+    out: dict[str, dict[str, Result]] = {}
+
+    def run(name: str, script: str) -> None:
+        out[name] = lab.run(script)[0]
+
+    threads = [threading.Thread(target=run, args=a) for a in (("hostile", hostile), ("honest", honest))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert out["hostile"]["hostile"]["status"] == 2000 and out["hostile"]["hostile"]["body"] == "0", out["hostile"]
+    assert [out["honest"][f"honest.{i}"]["status"] for i in range(40)] == [200] * 40, out["honest"]
+    seen = lab.seen("api", mark)
+    want = [("GET", "/v1/hostile/warm"), *(("GET", f"/v1/honest/{i}") for i in range(40))]
+    assert sorted(seen) == sorted(want), seen[:5]
+
+
 def test_refusals_of_unknown_length_are_a_403(lab: Lab) -> None:
     mark = lab.fakes["api"].mark()
     res, _ = lab.run("""
