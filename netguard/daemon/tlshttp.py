@@ -9,8 +9,10 @@ the client offers HTTP/1.1) is served here with the Gate's own parts:
   - each request parsed strictly (netguard.daemon.innerhead), checked for fronting
     (netguard.decision.fronting) and judged by the host's `http:` rules (netguard.decision.inspected);
     a refused one gets the Gate's 403 and its request record, and never reaches the upstream;
-  - the upstream connection made only for the first allowed request (mitmproxy's "lazy" strategy),
-    kept for the next; the exchange forwarded by netguard.daemon.httpexchange; one request record each.
+  - the upstream connection made for the first allowed request (mitmproxy's "lazy" strategy), or, for a
+    CONNECT decided already, begun beside the client's handshake (the name is judged; each request still
+    waits for its own judgement); kept for the next request; the exchange forwarded by
+    netguard.daemon.httpexchange; one request record each.
 Nothing here can be handed to mitmproxy later (the TLS is ours): a head it will not read is answered
 400/431/501 and the connection ends (fail closed).
 """
@@ -135,7 +137,6 @@ class Inspected:
         self.conn, self.st, self.b, self.kind, self.material = conn, st, st.binding, st.kind, material
         self.name, self.port, self.decider, self.d = str(rules.normalise(name)), port, decider, d
         self.served = 0
-        self._client: TlsPipe | None = None
         self._up: TlsPipe | None = None
         self._pending: asyncio.Future[TlsPipe] | None = None  # an upstream begun early (prepare)
 
