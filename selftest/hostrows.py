@@ -8,5 +8,6 @@ from __future__ import annotations
 
 DAEMON_AFTER_RUN = "daemon_after_run"
 UNTRUSTED = "untrusted_workspace_policy"
+FRONT_DOOR = "inspected_front_door"
 #: Row name -> its group.
-HOST_ROWS = {DAEMON_AFTER_RUN: "process", UNTRUSTED: "filesystem"}
+HOST_ROWS = {DAEMON_AFTER_RUN: "process", UNTRUSTED: "filesystem", FRONT_DOOR: "network"}

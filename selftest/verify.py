@@ -26,7 +26,8 @@ from pathlib import Path
 
 from selftest import fakenet
 from selftest.errors import VerifyError
-from selftest.hostrows import UNTRUSTED
+from selftest.frontdoorrow import front_door_row
+from selftest.hostrows import FRONT_DOOR, UNTRUSTED
 from selftest.judge import Row
 from selftest.passes import Pass, passes, run_pass, secret_of
 from selftest.planted import Planted
@@ -74,6 +75,8 @@ def _in_world(
             rows += run_pass(w, p, base, facts, [policy, *policies], only, planted, token)
             if only.wants("filesystem", UNTRUSTED):
                 rows.append(untrusted_row(w, p, base, base / "home", secret_of(token), token))
+            if only.wants("network", FRONT_DOOR):
+                rows.append(front_door_row(w, p, base, base / "home", secret_of(token), token))
     finally:
         planted.remove()
     return rows
@@ -93,6 +96,11 @@ def coverage_markdown() -> str:
         f"| filesystem | `{UNTRUSTED}` | blocked | a checkout's own untrusted `.sandgate.yaml` allows the "
         "blocked host, every IPv4 address, every variable and the home: a separate `sandgate run` "
         "without --policy |"
+    )
+    lines.append(
+        f"| network | `{FRONT_DOOR}` | blocked | the front door's own inspected path (no credential brokered, "
+        "HTTP/1.1 learnt): a push (receive-pack POST) and a Host naming another host, each on a new connection "
+        "beside allowed GETs, in a separate `sandgate run` whose policy is the git host's read-only entry alone |"
     )
     return "\n".join(lines) + "\n"
 

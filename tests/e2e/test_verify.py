@@ -13,10 +13,14 @@ import sys
 from pathlib import Path
 
 from fsguard import landlock
-from selftest import verify
+from selftest import inspectnet, verify
+from selftest.frontdoorrow import front_door_row
+from selftest.hostrows import FRONT_DOOR
+from selftest.passes import passes
 from selftest.probes import core
 
 from ..support.verifyruns import Rows, VerifyRun, sandgate_verify
+from ..support.world import World
 
 REPO = Path(__file__).resolve().parent.parent.parent
 IDENTITIES = ("root", "user")
@@ -32,6 +36,7 @@ def _assert_complete(rows: Rows) -> None:
                 assert (group, probe, ctx, who) in seen, (probe, ctx, who)
     for who in IDENTITIES:
         assert ("process", "daemon_after_run", "daemon", who) in seen
+        assert ("network", FRONT_DOOR, "child", who) in seen
     assert not [r for r in rows if r["observed"] == "unsupported"]
     assert all(set(r) == ROW_KEYS for r in rows)  # the v1 keys unchanged, plus "identity"
 
@@ -179,6 +184,34 @@ def test_widening_the_http_rules_makes_exactly_the_refusal_rows_fail_with_upstre
             rules = failed["http_rule_refusals", ctx, who]
             assert rules["observed"] == "permitted" and "canary saw it" in str(rules["evidence"]), rules
     assert {r["probe"] for r in rows if r["ok"]} == probes - refused
+
+
+#: The front door row's policy widened (every request on the git host allowed): its push must then
+#: reach the git canary, and the row must say so from the canary's log.
+WIDE_GIT = f"version: 1\nnetwork:\n  allow:\n    - host: {inspectnet.GIT_HOST}\n      inspect: true\n"
+
+
+def test_the_front_door_row_holds_and_fails_once_its_policy_lets_the_push_through(world: World) -> None:
+    ups = inspectnet.prepare(world)
+    world.serve_many([ups.canaries[0]])  # the git host alone: the row's only upstream
+    root = passes()[0]  # the command as root inside: verify's first pass
+    bases = [world.tmp / "fd-tight", world.tmp / "fd-wide"]
+    for base in bases:
+        (base / "home").mkdir(parents=True)
+    # The tight run first: both use the pass's marker, and the wide run's push stays in the canary's log.
+    row = front_door_row(world, root, bases[0], bases[0] / "home", "FAKE-KEY-t", "t0ken")
+    assert row.ok and row.observed == "blocked", row
+    assert "(domain fronting)" in row.evidence and "git-receive-pack" in row.evidence, row
+    wide = front_door_row(world, root, bases[1], bases[1] / "home", "FAKE-KEY-t", "t0ken", policy=WIDE_GIT)
+    assert not wide.ok and wide.observed == "permitted", wide
+    assert wide.evidence.startswith('canary saw it: {"body": "0000/verify/frontdoor-root/'), wide  # the push's body
+    pushes = [r for r in _git_requests(world) if r["method"] == "POST"]
+    assert [r["path"] for r in pushes] == [f"{inspectnet.REPO_PATH}/git-receive-pack"]  # the wide run's only
+
+
+def _git_requests(world: World) -> list[dict[str, object]]:
+    """The git canary's request records."""
+    return [r for s in world.servers if s.kind == "git" for r in s.log_records("request")]
 
 
 def test_docs_coverage_table_is_generated_from_the_probe_list() -> None:
