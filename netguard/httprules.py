@@ -63,6 +63,9 @@ OVERRIDE_HEADERS = frozenset(
     {"x-http-method-override", "x-http-method", "x-method-override", "x-original-method", "x-forwarded-method"}
 )
 Headers = Sequence[tuple[str, str]]
+#: Methods whose body no server is bound to read (RFC 9110 9.3.1-2): one sent with a body on a host with rules
+#: is refused, since an endpoint that ignores the length leaves the body to be parsed as the next request.
+BODILESS = frozenset({"GET", "HEAD"})
 _PHP_NAME = str.maketrans(" .[", "___")  # what PHP turns into '_' in a parameter name
 
 
@@ -243,6 +246,15 @@ def _upgrade(headers: Headers) -> str | None:
     return ", ".join(values) if any(values) else "(empty)"  # an empty field still makes some servers switch
 
 
+def _has_body(headers: Headers) -> bool:
+    """The request says it carries a body: a Transfer-Encoding, or a Content-Length other than 0."""
+    for n, v in headers:
+        name = n.lower()
+        if name == "transfer-encoding" or (name == "content-length" and v.strip() not in ("", "0")):
+            return True
+    return False
+
+
 def _param_names(name: str) -> set[str]:
     """The names a server may give a query parameter: PHP decodes it, drops leading spaces, turns space
     and '.' into '_' and reads `_method[]` as `_method` (or an unclosed '[' as '_'); others keep them."""
@@ -287,6 +299,13 @@ def decide_request(
         return RequestDecision(False, None, f"{method} {shown}: {why}")
     if rules is None:
         return RequestDecision(True, None, "inspected, every request allowed")
+    if method in BODILESS and _has_body(headers):
+        return RequestDecision(
+            False,
+            None,
+            f"{method} {shown}: a {method} with a body is refused: an upstream that ignores its length would"
+            " read the body as a request no rule judged (CL.0 request smuggling)",
+        )
     r = _covering(tuple(r for r in rules if r.websocket) if upgrade else rules, method, c)
     if r is not None:
         return RequestDecision(True, str(r.origin), f"allowed by http rule {r.describe()}")

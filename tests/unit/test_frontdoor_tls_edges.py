@@ -185,3 +185,24 @@ def test_a_run_with_a_brokered_credential_is_left_to_mitmproxy_which_brokers_it(
     assert got == ANSWERS["/len"][0] + BODY and fast.served == []
     assert b"\r\nAuthorization: Bearer " + REAL.encode() + b"\r\n" in origin[0].got[-1]  # brokered on its way
     assert SECRET.sentinel.encode() not in origin[0].got[-1]
+
+
+@pytest.mark.parametrize("listener", LISTENERS)
+def test_a_get_whose_body_hides_a_request_is_refused_on_both_paths(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, origin: tuple[HttpsOrigin, FakeDns], listener: str
+) -> None:
+    """CL.0 smuggling: `GET /len` whose body is `DELETE /len ...`. An origin endpoint that ignored the length
+    would run the DELETE, which no rule judged; so the GET is refused (httprules.BODILESS) and never sent."""
+    smuggled = req("/len", "DELETE")
+
+    def scenario(w: Tls) -> tuple[Any, int]:
+        if listener == "explicit":
+            w.warm()  # the front door takes the CONNECT (tlshttp.takes)
+        with w.connect(listener) as c:
+            got = c.ask(req("/len", extra=b"Content-Length: %d\r\n" % len(smuggled)) + smuggled)
+            after = c.ask(req("/len"))  # the refused body was drained, not read as a request
+        return (got.split(b"\r\n", 1)[0], b"CL.0 request smuggling" in got, after), records(listener, 1, 2)
+
+    fast, got = same(monkeypatch, tmp_path, origin, scenario)
+    assert got == (b"HTTP/1.1 403 Forbidden", True, ANSWERS["/len"][0] + BODY)
+    assert fast.served == ["/len", "/len"] and fast.origin.got == [req("/len")]

@@ -329,6 +329,29 @@ def test_read_only_refuses_every_other_method_and_other_spellings(method: str) -
     assert not decide_request(ro, "h.test", method, "/x").allowed
 
 
+@pytest.mark.parametrize(
+    "headers, allowed",
+    [
+        ((), True),
+        ((("Content-Length", "0"),), True),
+        ((("Content-Length", "48"),), False),
+        ((("content-length", " 7 "),), False),
+        ((("Transfer-Encoding", "chunked"),), False),
+        ((("transfer-encoding", "identity"),), False),
+    ],
+)
+@pytest.mark.parametrize("method", ["GET", "HEAD"])
+def test_a_get_or_head_with_a_body_is_refused_where_rules_judge(
+    method: str, headers: tuple[tuple[str, str], ...], allowed: bool
+) -> None:
+    """CL.0 smuggling: an endpoint that ignores a GET's length reads its body (`DELETE /x HTTP/1.1...`) as the
+    next request, which no rule judged. Where every request is allowed anyway (no rules), nothing is gained."""
+    ro = (HttpRule(READ_ONLY, None, Origin("p", 1)),)
+    d = decide_request(ro, "h.test", method, "/x", headers)
+    assert d.allowed == allowed and (allowed or "CL.0 request smuggling" in d.reason)
+    assert decide_request(None, "h.test", method, "/x", headers).allowed
+
+
 def test_the_query_string_never_widens_a_path_rule() -> None:
     only = (HttpRule(frozenset({"POST"}), ("/ok",), Origin("p", 1)),)
     assert decide_request(only, "h.test", "POST", "/ok?x=/../evil").allowed
