@@ -195,6 +195,7 @@ class Inspected:
                 await client.send(answers.TOO_LARGE if too_large else answers.bad_request(got.status, got.why))
                 if too_large:
                     self._refused("head", got.why)
+                await peek.linger(self.conn)  # a client still sending must read the answer, not a reset
                 return None
 
     def _refused(self, limit: Limit, why: str) -> None:
