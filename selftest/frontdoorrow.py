@@ -11,9 +11,6 @@ mitmproxy that teaches the run HTTP/1.1, then every request on a new connection,
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +18,7 @@ from selftest import markers
 from selftest.hostrows import FRONT_DOOR
 from selftest.inspectnet import GIT_HOST, OTHER_HOST, REPO_PATH
 from selftest.judge import Row, canary_hits
-from selftest.passes import Pass, base_env, sandbox_view
+from selftest.passes import Pass, base_env, side_output, side_run, side_tree
 from selftest.world import World
 
 CONTEXT = "child"  # the command itself: what the front door serves is the same for every process
@@ -82,26 +79,11 @@ def front_door_row(w: World, p: Pass, base: Path, home: Path, secret: str, token
     pol = base / "frontdoor.yaml"
     pol.write_text(policy)
     pol.chmod(0o644)
-    audit = ws / AUDIT_FRONT_DOOR  # like the probe run's: never under a home sandgate may not know
-    audit.touch()
-    for path in (ws, audit):
-        os.lchown(path, p.uid, p.gid)
+    audit = side_tree(p, ws, AUDIT_FRONT_DOOR)
     mark = markers.mark("frontdoor", p.identity)
+    # the git host's certificate comes from the world's CA
     cmd = [
-        sys.executable,
-        "-m",
-        "launcher.cli",
-        "run",
-        "-q",
-        *p.run_args,
-        *sandbox_view(),
-        "--policy",
-        str(pol),
-        "--audit-log",
-        str(audit),
-        "--upstream-ca",  # the git host's certificate comes from the world's CA
-        str(w.ca_pem),
-        "--",
+        *side_run(p, audit, "--policy", str(pol), "--upstream-ca", str(w.ca_pem)),
         p.python,
         "-c",
         FRONT_DOOR_SCRIPT,
@@ -110,12 +92,7 @@ def front_door_row(w: World, p: Pass, base: Path, home: Path, secret: str, token
         markers.http_path(mark, FRONT_DOOR),
         OTHER_HOST,
     ]
-    try:
-        r = w.run(cmd, cwd=ws, env=base_env(home, secret, token), timeout=90)
-        out, err = r.stdout, r.stderr
-    except subprocess.TimeoutExpired as e:
-        said = e.stderr if isinstance(e.stderr, str) else ""  # text mode: str, or None
-        out, err = str(e.stdout or ""), f"timed out after 90 s; {said}"
+    out, err = side_output(w, cmd, ws, base_env(home, secret, token))
     observed, evidence = verdict(out, err, upstream_hits(w, mark))
     return Row("network", FRONT_DOOR, CONTEXT, "blocked", observed, observed == "blocked", evidence, p.identity)
 

@@ -97,6 +97,32 @@ def sandbox_view() -> list[str]:
     return ["--write", str(REPO)] if str(REPO).startswith("/tmp/") else []
 
 
+def side_run(p: Pass, audit: Path, *flags: str) -> list[str]:
+    """`sandgate run` for a row of its own beside the probe run (untrusted, front door), up to and with `--`."""
+    return [sys.executable, "-m", "launcher.cli", "run", "-q", *p.run_args, *sandbox_view(), *flags,
+            "--audit-log", str(audit), "--"]  # fmt: skip
+
+
+def side_tree(p: Pass, ws: Path, audit_name: str, *owned: Path) -> Path:
+    """Such a row's workspace (made, with `owned` files in it, the pass's own) and its audit log, which lives
+    there like the probe run's: never under a home sandgate may not know."""
+    audit = ws / audit_name
+    audit.touch()
+    for path in (ws, *owned, audit):
+        os.lchown(path, p.uid, p.gid)
+    return audit
+
+
+def side_output(w: World, cmd: list[str], ws: Path, env: dict[str, str]) -> tuple[str, str]:
+    """Such a row's command run: its stdout and stderr (a timeout said in the latter)."""
+    try:
+        r = w.run(cmd, cwd=ws, env=env, timeout=90)
+        return r.stdout, r.stderr
+    except subprocess.TimeoutExpired as e:
+        said = e.stderr if isinstance(e.stderr, str) else ""  # text mode: str, or None
+        return str(e.stdout or ""), f"timed out after 90 s; {said}"
+
+
 def _make_tree(base: Path, secret: str, p: Pass) -> tuple[Path, Path, Path]:
     """The pass's workspace (a git checkout), fake home with a fake key, and an outside directory."""
     ws, home, outside = base / "ws", base / "home", base / "outside"

@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 from selftest import markers
 from selftest.fakenet import BLOCKED, BLOCKED_HOST, SECRET_ENV, VISIBLE_ENV
 from selftest.hostrows import UNTRUSTED
 from selftest.judge import Row, canary_hits
-from selftest.passes import Pass, base_env, sandbox_view
+from selftest.passes import Pass, base_env, side_output, side_run, side_tree
 from selftest.world import World
 
 AUDIT_UNTRUSTED = "audit-untrusted.jsonl"
@@ -62,22 +59,10 @@ def untrusted_row(w: World, p: Pass, base: Path, home: Path, secret: str, token:
     ws = base / "untrusted"
     ws.mkdir()
     (ws / ".sandgate.yaml").write_text(UNTRUSTED_POLICY)
-    audit = ws / AUDIT_UNTRUSTED  # like the probe run's: never under a home sandgate may not know
-    audit.touch()
-    for path in (ws, ws / ".sandgate.yaml", audit):
-        os.lchown(path, p.uid, p.gid)
+    audit = side_tree(p, ws, AUDIT_UNTRUSTED, ws / ".sandgate.yaml")
     mark = markers.mark("untrusted", p.identity)
     cmd = [
-        sys.executable,
-        "-m",
-        "launcher.cli",
-        "run",
-        "-q",
-        *p.run_args,
-        *sandbox_view(),
-        "--audit-log",
-        str(audit),
-        "--",
+        *side_run(p, audit),
         p.python,
         "-c",
         UNTRUSTED_SCRIPT,
@@ -87,12 +72,7 @@ def untrusted_row(w: World, p: Pass, base: Path, home: Path, secret: str, token:
         secret,
         VISIBLE_ENV,
     ]
-    try:
-        r = w.run(cmd, cwd=ws, env=base_env(home, secret, token), timeout=90)
-        out, err = r.stdout, r.stderr
-    except subprocess.TimeoutExpired as e:
-        said = e.stderr if isinstance(e.stderr, str) else ""  # text mode: str, or None
-        out, err = str(e.stdout or ""), f"timed out after 90 s; {said}"
+    out, err = side_output(w, cmd, ws, base_env(home, secret, token))
     observed, evidence = _verdict(w, mark, out, err)
     return Row("filesystem", UNTRUSTED, "child", "blocked", observed, observed == "blocked", evidence, p.identity)
 

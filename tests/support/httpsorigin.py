@@ -16,12 +16,11 @@ import os
 import socket
 import ssl
 import tempfile
-import threading
 from pathlib import Path
 
 from selftest.certs import CA
 
-from .tcpfake import serve_in_threads
+from .httpfake import HttpOrigin
 
 BODY = b"hello, world\n"
 NAMES = ("insp.test", "other.test")  # other.test: a name a fronting request asks for, on the same server
@@ -43,25 +42,17 @@ ANSWERS: dict[str, tuple[bytes, tuple[bytes, ...], bool]] = {
 }
 
 
-class HttpsOrigin:
-    """An HTTPS/1.1 server on 127.0.0.1 for NAMES; `got` holds each request (head + decoded body) in order."""
+class HttpsOrigin(HttpOrigin):
+    """An HTTPS/1.1 server on 127.0.0.1 for NAMES; `got` holds each request (head + decoded body) in order.
+    httpfake.HttpOrigin's listener and bookkeeping; its own TLS and request loop (`_serve`)."""
 
     def __init__(self, wait: float = 5.0) -> None:
-        self.wait = wait
         self.ca = CA("sandgate test origin CA")
         self.ca_pem = self.ca.cert_pem.decode()
         self.trusted = _context(self.ca)
         self.untrusted = _context(CA("sandgate test impostor CA"))  # the same names from a CA nobody trusts
         self.ctx = self.trusted
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.port = int(self.sock.getsockname()[1])
-        self.got: list[bytes] = []
-        self.conns = 0
-        self._lock = threading.Lock()
-        serve_in_threads(self.sock, self._serve)
-
-    def close(self) -> None:
-        self.sock.close()
+        super().__init__(wait)  # starts serving: everything _serve reads is set above
 
     def _serve(self, raw: socket.socket) -> None:
         raw.settimeout(self.wait)
