@@ -171,17 +171,17 @@ class FrontDoor:
             self.deciding.discard(task)  # from now on the fallback's owner cuts it
             self._hand_over(conn)
 
-    def _hand_over(self, conn: socket.socket, as_if: socket.socket | None = None) -> None:
+    def _hand_over(self, conn: socket.socket, as_if: tuple[Any, Any] | None = None) -> None:
         """mitmproxy's handler on `conn` as asyncio.start_server would have started it: no loop turn more
         (the handler's task starts as the transport connects; nothing was read from the socket).
 
-        `as_if`: `conn` is one end of a socketpair bridging that client's tunnel (tlshttp.tunnel, through
-        `_bridge`): mitmproxy sees the client's own addresses."""
+        `as_if`: `conn` is one end of a socketpair bridging a client's tunnel (tlshttp.tunnel, through `_bridge`):
+        mitmproxy sees that client's own (peer, local) addresses."""
 
         async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             try:
                 if as_if is not None:  # asyncio keeps a transport's addresses in _extra, read by get_extra_info
-                    writer.transport._extra.update(peername=as_if.getpeername(), sockname=as_if.getsockname())  # type: ignore[attr-defined]
+                    writer.transport._extra.update(peername=as_if[0], sockname=as_if[1])  # type: ignore[attr-defined]
                 await self._fallback(reader, writer)
             finally:
                 self._give()
@@ -198,11 +198,15 @@ class FrontDoor:
     def _bridge(self, theirs: socket.socket, client: socket.socket) -> bool:
         """mitmproxy's handler on `theirs` for `client`'s tunnel, as one more connection of its sandbox's share:
         the socketpair and mitmproxy's upstream are two more fds (fdlimit.PER_CONNECTION), never uncounted."""
+        try:
+            addresses = (client.getpeername(), client.getsockname())
+        except OSError:
+            return False  # the client has gone: nothing to bridge
         why = self._budget.admit(self._share) if self._budget is not None else None
         if why is not None:
             self._refused("connections", self._kind, why)
             return False
-        self._hand_over(theirs, as_if=client)  # its unit is given back when mitmproxy is done with it
+        self._hand_over(theirs, as_if=addresses)  # its unit is given back when mitmproxy is done with it
         return True
 
     # ---- the two listeners ----------------------------------------------------------------------

@@ -353,8 +353,8 @@ class Daemon:
     def _door_args(self, sb: Sandbox) -> dict[str, Any]:
         from netguard.daemon.mitmload import IDLE
 
-        limits = {"budget": self.budget, "share": sb.share, "refusals": sb.binding.refusals}
-        return {"idle": IDLE, "log": log, "tls": self.mitm.material, **limits}
+        shares = {"budget": self.budget, "share": sb.share, "refusals": sb.binding.refusals}
+        return {"idle": IDLE, "log": log, "tls": self.mitm.material, **shares}
 
     def _slot(self, binding: Binding) -> int:
         for _ in range(MAX_SLOT):
