@@ -302,12 +302,14 @@ class FrontDoor:
         head = connecthead.parse(data)
         if not isinstance(head, connecthead.Head) and (req := _takes(b, data, None)):
             return await self._plain_http(conn, b, req, None)
-        if isinstance(head, connecthead.Head) and (material := self._inspects(b, head.host, head.port)):
+        if not _FAST() or not isinstance(head, connecthead.Head):
+            return _HANDOVER
+        if not _plain(b, head.host, head.port):  # the common CONNECT is judged once; only the rest may be inspected
+            if (material := self._inspects(b, head.host, head.port)) is None:
+                return _HANDOVER
             st = Conn(b, _peer(conn), "connect")
             await _tlshttp().tunnel(conn, st, head, material, self._decider, self._idle, self._bridge)
             return None
-        if not _FAST() or not isinstance(head, connecthead.Head) or not _plain(b, head.host, head.port):
-            return _HANDOVER
         if len(conn.recv(head.size)) != head.size:  # the head only: it was all there (peeked)
             raise ConnectionError("the peeked request head could not be read")
         st = Conn(b, _peer(conn), "connect")
@@ -364,8 +366,7 @@ def _plain(b: Binding, host: str, port: int) -> bool:
         return False
     if b.inspection(name, port) is not None:  # inspected or a credential's host: mitmproxy terminates TLS
         return False
-    v = b.judge(host, port)
-    return v.decision.action == "allow" and v.by == "policy"
+    return b.allows_by_itself(host, port)
 
 
 def _takes(b: Binding, head: bytes, port: int | None) -> plainhead.Request | None:

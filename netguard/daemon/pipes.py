@@ -25,6 +25,9 @@ class Pipe(Protocol):
     def abort(self) -> None:
         """Shut the socket both ways now: a peer waiting on it stops waiting (the other side went away)."""
 
+    def idle_open(self) -> bool:
+        """A kept upstream connection that has neither closed nor sent anything unasked for: fit for the next request."""
+
 
 class SockPipe:
     """A plain non-blocking socket (the caller owns and closes it)."""
@@ -44,3 +47,12 @@ class SockPipe:
     def abort(self) -> None:
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)
+
+    def idle_open(self) -> bool:
+        try:
+            self._sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)  # b"": closed; bytes: an answer nobody asked for
+            return False
+        except (BlockingIOError, InterruptedError):
+            return True
+        except OSError:
+            return False

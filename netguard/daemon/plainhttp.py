@@ -100,7 +100,7 @@ class Client:
     async def _upstream(self, d: Decided) -> socket.socket | None:
         """The kept connection if it leads to this checked address and is still open; else a new one."""
         key = (d.host, d.port, d.verdict.ip)
-        if self._up is not None and (key != self._key or not _idle_open(self._up)):
+        if self._up is not None and (key != self._key or not SockPipe(self._up).idle_open()):
             self._drop()
         if self._up is None:
             self._up, self._key = await dial.connect(d), key
@@ -116,14 +116,3 @@ class Client:
     ) -> bool:
         sent = httpexchange.Sent(req.head, req.length, req.method, req.close)
         return await httpexchange.exchange(self._client, SockPipe(up), sent, moved, idle)
-
-
-def _idle_open(up: socket.socket) -> bool:
-    """A kept upstream connection that has neither closed nor sent anything unasked for."""
-    try:
-        up.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)  # b"": closed; bytes: an answer nobody asked for
-        return False
-    except (BlockingIOError, InterruptedError):
-        return True
-    except OSError:
-        return False

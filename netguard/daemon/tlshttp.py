@@ -35,7 +35,7 @@ from netguard.daemon.pipes import SockPipe
 from netguard.daemon.tlspipe import TlsError, TlsPipe
 from netguard.decision import answers, fronting, inspected, limits, tlsinspect
 from netguard.decision.binding import Binding
-from netguard.decision.decide import Conn, Decided, Decider, norm_key
+from netguard.decision.decide import Conn, Decided, Decider
 from netguard.decision.tlsinspect import Material
 
 HTTP1, _H2 = b"http/1.1", b"h2"
@@ -60,8 +60,7 @@ def takes(b: Binding, material: Material, host: str, port: int, hello: tlshello.
         return False  # h2 only (gRPC): mitmproxy's, which speaks h2 to the client
     if not known and (hello is None or _H2 in (hello.alpn or ())):
         return False
-    v = b.judge(host, port)
-    return v.decision.action == "allow" and v.by == "policy"
+    return b.allows_by_itself(host, port)
 
 
 async def tunnel(
@@ -136,7 +135,6 @@ class Inspected:
     ) -> None:  # fmt: skip
         self.conn, self.st, self.b, self.kind, self.material = conn, st, st.binding, st.kind, material
         self.name, self.port, self.decider, self.d = str(rules.normalise(name)), port, decider, d
-        self.served = 0
         self._up: TlsPipe | None = None
         self._pending: asyncio.Future[TlsPipe] | None = None  # an upstream begun early (prepare)
 
@@ -204,7 +202,6 @@ class Inspected:
 
     async def _one(self, client: TlsPipe, req: innerhead.Inner, idle: float) -> bool:
         """Judge one request, then forward it or refuse it; whether the connection may carry another."""
-        self.served += 1
         await asyncio.sleep(0)  # a loop turn per request: refused ones pipelined back to back would hold the loop
         if self.d is None or not self.d.allowed:  # a refused tunnel's decision answers its first request
             d = self.d or await self.decider.authorize(self.st, self.kind, self.name, self.port)
@@ -261,7 +258,7 @@ class Inspected:
             sent = httpexchange.Sent(req.head, req.body, req.method, req.close, switch=req.upgrade)
             ok = await httpexchange.exchange(client, up, sent, moved, idle)
         except TlsError as e:
-            failed = tlsinspect.upstream_failure(_name(self.name), self.port, str(e))
+            failed = tlsinspect.upstream_failure(self.name, self.port, str(e))
             await client.send(answers.bad_gateway(failed.removeprefix("sandgate: "), _SOURCE))
         except Unframed as e:
             failed = str(e)
@@ -332,7 +329,3 @@ class Inspected:
 def _close_made(task: asyncio.Future[TlsPipe]) -> None:
     if not task.cancelled() and task.exception() is None:
         task.result().sock.close()
-
-
-def _name(host: str) -> str:
-    return norm_key(host, 0)[0]

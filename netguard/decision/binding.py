@@ -49,6 +49,12 @@ class Binding:
         """The policy's verdict for `host:port` with this sandbox's learn and ask settings. Pure."""
         return verdict.judge(self.rules, host, port, learn=self.learn, ask_all=self.ask_all)
 
+    def allows_by_itself(self, host: str, port: int | None) -> bool:
+        """The policy allows `host:port` outright (no question, no learning): what the front door's own paths
+        may serve without mitmproxy. Pure."""
+        v = self.judge(host, port)
+        return v.decision.action == "allow" and v.by == "policy"
+
     async def verdict(
         self, host: str, port: int | None, ask: verdict.Asker, resolve: verdict.Resolver
     ) -> verdict.Verdict:
