@@ -274,7 +274,10 @@ class AuditLog:
             path.parent.mkdir(parents=True, exist_ok=True)
             # 0644 and owned by whoever runs sandgate (root for `run`): the user may read it, the
             # sandboxed task (running as the user) cannot rewrite its own record.
-            self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            # Windows (the proxy child's log): no O_CLOEXEC (os.open's fds are non-inheritable anyway, PEP 446),
+            # and O_BINARY, else the CRT writes each "\n" as "\r\n" (issue 28, win-py P6).
+            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+            self._fd = os.open(path, flags, 0o644)
 
     @classmethod
     def from_fd(cls, fd: int) -> AuditLog:

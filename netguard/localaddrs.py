@@ -17,6 +17,7 @@ import ipaddress
 import logging
 import socket
 import struct
+import sys
 import time
 from collections.abc import Callable, Iterator
 
@@ -44,6 +45,8 @@ _RTATTR = struct.Struct("=HH")
 
 def read_local() -> list[Network]:
     """Every address this host's kernel delivers locally, in this network namespace (OSError if unreadable)."""
+    if sys.platform == "win32":
+        return read_local_windows()
     with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, socket.NETLINK_ROUTE) as s:
         try:
             s.setsockopt(SOL_NETLINK, NETLINK_GET_STRICT_CHK, 1)
@@ -107,6 +110,21 @@ def _attrs(payload: bytes, head_size: int) -> dict[int, bytes]:
         out.setdefault(kind, payload[offset + _RTATTR.size : offset + length])
         offset += (length + 3) & ~3
     return out
+
+
+def read_local_windows() -> list[Network]:
+    """Windows has no netlink (socket.AF_NETLINK: the proxy child could not even start, win-py P6). There
+    getaddrinfo with an empty name returns "all registered addresses on the local computer" (getaddrinfo's
+    Remarks, learn.microsoft.com/windows/win32/api/ws2tcpip/nf-ws2tcpip-getaddrinfo); each is vetoed as a host
+    address. Local routes (AnyIP) have no counterpart read here. socket.gaierror is an OSError: refresh keeps
+    the last table."""
+    found: set[Network] = set()
+    for _, _, _, _, sockaddr in socket.getaddrinfo("", None, 0, socket.SOCK_STREAM):
+        try:
+            found.add(ipaddress.ip_network(str(sockaddr[0]).split("%", 1)[0]))
+        except ValueError:
+            continue
+    return sorted(found, key=lambda n: (n.version, int(n.network_address)))
 
 
 class LocalAddrs:

@@ -46,6 +46,11 @@ GUARD_SELF = 0x000D0040
 #: On the parent of every protected path, that object only: its children leave only by their own
 #: DELETE right, which the protected ones deny.
 GUARD_PARENT = FILE_DELETE_CHILD
+#: On every directory between a writable root and a deeper protected path (`.git\objects`,
+#: `.git\objects\info` above `alternates`), that object only: renaming one of them would carry the
+#: protected path's deny away and let a new one be made in its place (win-acl A2). The Windows
+#: counterpart of fsguard/mounts.py pinning the directories on the way.
+GUARD_CHAIN = 0x00010000 | FILE_DELETE_CHILD
 OICI: Literal["OICI"] = "OICI"  # inherited by files and subdirectories
 
 
@@ -169,13 +174,20 @@ def _is_commondir(path: str) -> bool:
 def _guard_steps(eff: fspolicy.Effective, protect: list[AclStep], sid: str, existing: frozenset[str]) -> list[AclStep]:
     """GUARD_SELF on each writable root and each existing `.git` among the protected paths'
     ancestors; GUARD_PARENT on the parent of each protected path inside a writable root (outside
-    them the sandbox user holds no grant of ours, and re-ACLing a profile folder walks all of it)."""
+    them the sandbox user holds no grant of ours, and re-ACLing a profile folder walks all of it);
+    GUARD_CHAIN on every directory between that root and the protected path ("to delete or rename
+    a file, you must have either delete permission on the file, or delete child permission in the
+    parent directory": DeleteFile docs, cited at the top). They exist when the guards are applied:
+    present, or made as the placeholder's parents by the protect step before them."""
     roots = [winpath.to_windows(p) for p in eff.write if _is_mapped(p)]
     masks: dict[str, int] = {r: GUARD_SELF for r in roots}
     for step in protect:
         parent = _parent(step.path)
         if parent is not None and any(_within(parent, r) for r in roots):
             masks[parent] = masks.get(parent, 0) | GUARD_PARENT
+        root = next((r for r in roots if _within(step.path, r) and not _within(r, step.path)), None)
+        for folder in _between(root, step.path) if root is not None else []:
+            masks[folder] = masks.get(folder, 0) | GUARD_CHAIN
         for gitdir in _git_ancestors(step.path):
             if winpath.key(gitdir) in existing:
                 masks[gitdir] = masks.get(gitdir, 0) | GUARD_SELF
@@ -189,6 +201,12 @@ def _guard_steps(eff: fspolicy.Effective, protect: list[AclStep], sid: str, exis
 def _parent(path: str) -> str | None:
     head, _, _ = path.rstrip("\\").rpartition("\\")
     return None if not head or head.endswith(":") else head
+
+
+def _between(root: str, path: str) -> list[str]:
+    """The directories strictly between `root` and `path` below it, outermost first."""
+    parts = path.rstrip("\\").split("\\")[len(root.rstrip("\\").split("\\")) : -1]
+    return ["\\".join([root.rstrip("\\"), *parts[: i + 1]]) for i in range(len(parts))]
 
 
 def _git_ancestors(path: str) -> list[str]:

@@ -1,21 +1,24 @@
 """Applying an ACL plan under the write-ahead journal, undoing it, and replaying what a crash left.
 
-Order for each step (acl.plan_acls puts denies first): [placeholder: journal it, create it as
-the kind the plan names, a directory or a file] -> read the DACL -> journal the entry (before
-and after) -> set the DACL. The journal line is durable before the change it records, so a
-killed sandgate leaves a record for every ACE it set (threat: a sandbox user keeping rights, or a
-protected path staying unwritable for the real user). Undo walks the entries newest first with acljournal.restore_action; a step that fails is
-reported and the journal is kept, so `sandgate cleanup` can finish the job later.
+First the owner check (nothing changes if a denied object is the sandbox user's). Then, in the
+plan's order (acl.plan_acls puts denies first): [placeholder: journal it, create it as the kind the
+plan names, a directory or a file] and, at a path's last step, all of its ACEs at once: read the
+DACL -> journal the entry (before and after) -> set the DACL. The journal line is durable before
+the change it records, so a killed sandgate leaves a record for every ACE it set (threat: a
+sandbox user keeping rights, or a protected path staying unwritable for the real user). Undo walks
+the entries newest first with acljournal.restore_action; a step that fails is reported and the
+journal is kept, so `sandgate cleanup` can finish the job later.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import ntpath
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from fsguard.windows import acljournal, sddl
+from fsguard.windows import acljournal, sddl, winpath
 from fsguard.windows.acl import AclPlan, AclStep
 from fsguard.windows.acljournal import JournalEntry
 from sgbase.windows import state
@@ -33,11 +36,40 @@ class Applied:
 
 def apply(api: FileApi, plan: AclPlan, sid: str, applied: Applied) -> None:
     """Every step of the plan, recorded into `applied` as it goes (the caller holds it, so its
-    teardown undoes exactly what was done when a step fails half-way)."""
-    for step in plan.steps:
+    teardown undoes exactly what was done when a step fails half-way).
+
+    All ACEs of one path go in with ONE SetNamedSecurityInfo, at that path's last step (win-acl A4):
+    each call rewrites the security descriptor of every object below a directory ("the system
+    automatically propagates any inheritable ACEs to existing child objects", SetNamedSecurityInfoW
+    docs), so the root's guard and grant as two calls were two walks of the whole workspace at
+    apply and two more at undo. The denies of other paths still come before the grants."""
+    check_owners(api, plan, sid)
+    last = {winpath.key(s.path): i for i, s in enumerate(plan.steps)}
+    due: dict[str, list[AclStep]] = {}
+    for i, step in enumerate(plan.steps):
         if step.placeholder:
             _placeholder(api, step, sid, applied)
-        _apply_step(api, step, sid, applied)
+        due.setdefault(winpath.key(step.path), []).append(step)
+        if last[winpath.key(step.path)] == i:
+            _apply_path(api, due.pop(winpath.key(step.path)), sid, applied)
+
+
+def check_owners(api: FileApi, plan: AclPlan, sid: str) -> None:
+    r"""Refuse, before anything changes, a plan whose denies sit on objects the sandbox user owns
+    (win-acl A3): "An object's owner implicitly has WRITE_DAC access to the object"
+    (https://learn.microsoft.com/en-us/windows/win32/secauthz/owner-of-a-new-object), which no deny
+    ACE takes back, so the command would reset that ACL and write `.git\hooks` anyway. Everything
+    the sandbox user made is its own: a repository cloned or `git init`ed inside an earlier run."""
+    for step in plan.steps:
+        if step.ace.kind != "deny" or step.placeholder:
+            continue  # a placeholder does not exist yet: sandgate makes it, as the real user
+        who = api.owner(step.path)
+        if who is not None and sddl.sid_of(who) == sddl.sid_of(sid):
+            raise WinApiError(
+                f"{step.path} belongs to the sandbox user (made inside an earlier run), which could change its "
+                f'ACL and undo its protection; take it back with: icacls "{step.path}" /setowner "%USERNAME%" '
+                "/T /C (or, as administrator, takeown /F <path> /R), then run again"
+            )
 
 
 def _placeholder(api: FileApi, step: AclStep, sid: str, applied: Applied) -> None:
@@ -61,18 +93,21 @@ def _placeholder(api: FileApi, step: AclStep, sid: str, applied: Applied) -> Non
             api.make_dir(made)
 
 
-def _apply_step(api: FileApi, step: AclStep, sid: str, applied: Applied) -> None:
-    before = api.dacl(step.path)
+def _apply_path(api: FileApi, steps: list[AclStep], sid: str, applied: Applied) -> None:
+    path = steps[0].path
+    before = api.dacl(path)
     if before is None:  # a writable root or grant that is not there: say so rather than run without it
-        raise WinApiError(f"{step.path} does not exist; create it or take it out of the policy's filesystem section")
+        raise WinApiError(f"{path} does not exist; create it or take it out of the policy's filesystem section")
     try:
-        entry = acljournal.entry_for(step.path, step.ace.sddl(), before, sid)
+        entry = acljournal.entry_for(path, steps[0].ace.sddl(), before, sid)
+        for step in steps[1:]:
+            entry = dataclasses.replace(entry, after_sddl=sddl.with_ace(entry.after_sddl, step.ace.sddl()))
     except sddl.SddlError as e:
-        raise WinApiError(f"{step.path}: its ACL cannot be changed safely ({e})") from None
+        raise WinApiError(f"{path}: its ACL cannot be changed safely ({e})") from None
     if entry.after_sddl == before:
-        return  # the ACE is there already (an earlier step): nothing to journal or undo
+        return  # the ACEs are there already: nothing to journal or undo
     _journal(api, applied, entry)  # write-ahead: on disk before the DACL changes
-    api.set_dacl(step.path, entry.after_sddl)
+    api.set_dacl(path, entry.after_sddl)
 
 
 def _journal(api: FileApi, applied: Applied, entry: JournalEntry) -> None:

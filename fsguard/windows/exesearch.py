@@ -47,10 +47,30 @@ def _candidates(word: str, env: Mapping[str, str], cwd: str) -> list[str]:
     return [ntpath.join(d, n) for d in dirs if ntpath.isabs(d) for n in names]
 
 
+def app_alias(path: str) -> bool:
+    """An App Execution Alias (`%LOCALAPPDATA%\\Microsoft\\WindowsApps\\python.exe`, on every default
+    user PATH): a link into a Store package installed for that user only, so it does not start as the
+    sandbox user (openai/codex#35871: "Windows refuses to launch that packaged binary")."""
+    parts = [p.casefold() for p in ntpath.normpath(path).split("\\")]
+    return parts[-5:-1] == ["appdata", "local", "microsoft", "windowsapps"]
+
+
 def resolve(argv: tuple[str, ...], env: Mapping[str, str], cwd: str, is_file: Callable[[str], bool]) -> Resolved:
     if not argv or not argv[0]:
         raise ExeSearchError("no command given")
-    found = next((c for c in _candidates(argv[0], env, cwd) if is_file(c)), None)
+    hits = (c for c in _candidates(argv[0], env, cwd) if is_file(c))
+    found, alias = None, None
+    for hit in hits:
+        if not app_alias(hit):
+            found = hit
+            break
+        alias = alias or hit  # a later PATH entry may hold the real program (python.org's, not the Store stub)
+    if found is None and alias is not None:
+        raise ExeSearchError(
+            f"{argv[0]}: only {alias} was found, a Microsoft Store alias that runs only for your own account; "
+            "install the tool for all users (e.g. python.org's installer, 'Install for all users') or give "
+            "its full path"
+        )
     if found is None and (ntpath.dirname(argv[0]) or ntpath.splitdrive(argv[0])[0]):
         raise ExeSearchError(f"{argv[0]}: no such program")
     if found is None:
@@ -83,6 +103,15 @@ def cmdline(argv: tuple[str, ...]) -> str:
     return " ".join(_quote(a) for a in argv)
 
 
+def _bat_arg(arg: str) -> str:
+    """One quoted batch argument. cmd.exe ignores backslashes, but a shim hands `%*` on to a program
+    that parses like the C runtime (node for npm.cmd), where `\\"` is a literal quote: trailing
+    backslashes are doubled so the closing quote stays one (as Rust's BatBadBut fix does)."""
+    stripped = arg.rstrip("\\")
+    doubled = "\\" * (2 * (len(arg) - len(stripped)))
+    return f'"{stripped}{doubled}"'
+
+
 def _batch(found: str, argv: tuple[str, ...], env: Mapping[str, str]) -> Resolved:
     bad = next((a for a in argv[1:] if BATCH_UNSAFE & set(a)), None)
     if bad is not None:
@@ -90,6 +119,8 @@ def _batch(found: str, argv: tuple[str, ...], env: Mapping[str, str]) -> Resolve
             f"{ntpath.basename(found)} is a batch file and the argument {bad!r} holds a character cmd.exe "
             'would expand (" % ! or a line break); call the program the script wraps directly'
         )
+    if BATCH_UNSAFE & set(found):  # cmd.exe expands %VAR% in the script's own path too
+        raise ExeSearchError(f"{found}: a batch file whose path holds % or ! cannot be run safely; move or rename it")
     comspec = _env(env, "ComSpec") or r"C:\Windows\System32\cmd.exe"
-    line = " ".join(f'"{a}"' for a in (found, *argv[1:]))
+    line = " ".join((f'"{found}"', *(_bat_arg(a) for a in argv[1:])))
     return Resolved(comspec, f'"{comspec}" /d /s /c "{line}"')

@@ -21,17 +21,21 @@ JOB_OBJECT_LIMIT_KILL_ON_JOB_CLOSE = 0x00002000
 BREAKAWAY_FLAGS = JOB_OBJECT_LIMIT_BREAKAWAY_OK | JOB_OBJECT_LIMIT_SILENT_BREAKAWAY_OK
 
 # JOBOBJECT_BASIC_UI_RESTRICTIONS: never set (issue 28, W4). A job with UI limits cannot take a
-# process that is already in a job (AssignProcessToJobObject; "Nested Jobs"), and
-# CreateProcessWithLogonW's processes are (the Secondary Logon service's job), as are sandgate's
-# own under CI agents and IDE terminals. What the limits were for (clipboard, other windows,
-# SendInput, hooks, atoms) is answered by the private window station and desktop (desktop.py).
+# process that is already in a job (AssignProcessToJobObject; "Nested Jobs"), and CMD may well be:
+# the Secondary Logon service makes sandgate CMD's parent process (it opens the caller with
+# PROCESS_CREATE_PROCESS), and a child starts in its parent's job, which sandgate has under CI agents
+# and IDE terminals. What the limits were for (clipboard, other windows, SendInput, hooks, atoms) is
+# answered by the private window station and desktop (desktop.py).
 JOB_OBJECT_UILIMIT_HANDLES = 0x00000001  # no USER handles of processes outside the job
 JOB_OBJECT_UILIMIT_READCLIPBOARD = 0x00000002  # the clipboard may hold the user's secrets
 JOB_OBJECT_UILIMIT_DESKTOP = 0x00000040  # no new desktops / switching
 
 # Process creation (CreateProcessWithLogonW dwCreationFlags).
 CREATE_SUSPENDED = 0x00000004
-CREATE_NEW_PROCESS_GROUP = 0x00000200  # Ctrl+Break is forwarded to CMD's group, not to sandgate's
+# CreateProcessWithLogonW acts as if CREATE_NEW_CONSOLE and CREATE_NEW_PROCESS_GROUP were always set:
+# CMD has a console of its own, so no Ctrl+C/Ctrl+Break of sandgate's console reaches it; Ctrl+C ends
+# the run through the sliced wait and the job (win32proc.wait_exit), never by a console event.
+CREATE_NEW_PROCESS_GROUP = 0x00000200
 CREATE_UNICODE_ENVIRONMENT = 0x00000400
 CREATE_BREAKAWAY_FROM_JOB = 0x01000000  # never set (and refused by the job anyway)
 LOGON_WITH_PROFILE = 0x00000001  # the sandbox user's own profile: its caches, not the real user's

@@ -38,8 +38,14 @@ def _under(value: str, home: str) -> bool:
     return v == h or v.startswith(h + "\\")
 
 
-def scrub(env: Mapping[str, str], real_home: str) -> dict[str, str]:
+def scrub(env: Mapping[str, str], real_home: str, keep_under: tuple[str, ...] = ()) -> dict[str, str]:
     """The environment without what names the real user's profile: its identity variables, and any
-    variable whose value is a path inside it (CARGO_HOME, XDG_CONFIG_HOME...: unreadable there)."""
+    variable whose value is a path inside it (CARGO_HOME, XDG_CONFIG_HOME...: unreadable there), unless
+    that path is inside one of `keep_under` (the run's workspace, usually itself in the profile: its
+    VIRTUAL_ENV or CARGO_TARGET_DIR is the sandbox user's to use)."""
     gone = {n.casefold() for n in (*PROFILE_VARS, *DROPPED)}
-    return {k: v for k, v in env.items() if k.casefold() not in gone and not _under(v, real_home)}
+
+    def unreadable(value: str) -> bool:
+        return _under(value, real_home) and not any(_under(value, keep) for keep in keep_under)
+
+    return {k: v for k, v in env.items() if k.casefold() not in gone and not unreadable(v)}

@@ -84,6 +84,15 @@ def applied(sd: str, edit: SdEdit) -> str:
     return head + sddl.with_ace(dacl, edit.ace) + tail
 
 
+def com_format_ok(sd: str) -> bool:
+    """Whether a DCOM limit can take our ACE. COM ACLs come in two formats that "must not mix
+    within a single ACL": COM_RIGHTS_EXECUTE alone (before XP SP2) or EXECUTE with LOCAL/REMOTE
+    bits, ours; a mixed ACL is an invalid descriptor, and in a machine-wide limit that breaks every
+    COM server. https://learn.microsoft.com/en-us/windows/win32/com/access-control-lists-for-com"""
+    _, dacl, _ = split(sd)
+    return all(sddl.parse_ace(a).mask & COM_LAUNCH_DENIED != COM_RIGHTS_EXECUTE for a in sddl.split_dacl(dacl)[1])
+
+
 def has(sd: str, edit: SdEdit) -> bool:
     _, dacl, _ = split(sd)
     want = sddl.parse_ace(edit.ace)

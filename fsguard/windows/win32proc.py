@@ -4,17 +4,20 @@ Every field comes from launch.Launch, decided and checked by the backend: this m
 marshals. Each choice answers a documented CreateProcessWithLogonW behaviour (issue 28):
 lpApplicationName always set (W5), lpDesktop the run's own (H1), STARTF_USESTDHANDLES with
 sandgate's pipes (W6), the block as exact UTF-16 bytes (M2), the wait in slices so Ctrl+C reaches
-Python between them (M5), and a failed start named with what to do (M14).
+Python between them (M5), and a failed start named with what to do (M14). Session 38: lpCommandLine
+within CreateProcessWithLogonW's 1024 characters (R1), and the window station named by Windows when
+an unelevated caller may not name it, lpDesktop read back (R16).
 """
 
 from __future__ import annotations
 
 import ctypes
-from ctypes import Structure, c_uint32, c_void_p
+from ctypes import Structure, c_int32, c_uint32, c_void_p, c_wchar_p
 from dataclasses import dataclass
 
-from fsguard.windows import desktop, envblock, job, launch
+from fsguard.windows import desktop, envblock, job, launch, sddl
 from sgbase.windows.win32 import (
+    DACL_SECURITY_INFORMATION,
     PROCESS_INFORMATION,
     SDDL_REVISION_1,
     STARTUPINFOW,
@@ -24,6 +27,11 @@ from sgbase.windows.win32 import (
 )
 
 HANDLE_FLAG_INHERIT = 0x1
+SE_WINDOW_OBJECT, UOI_NAME, ERROR_ACCESS_DENIED = 7, 2, 5  # accctrl.h, winuser.h, winerror.h
+READ_CONTROL, WRITE_DAC = 0x00020000, 0x00040000
+#: CreateWindowStationW: fail if the name exists. Without it an existing station of that name is opened
+#: and the security attributes are not applied (another process's station, with its DACL).
+CWF_CREATE_ONLY = 0x1
 WAIT_OBJECT_0, WAIT_TIMEOUT = 0, 0x102
 #: The wait's slice: a ctypes call is not interrupted by a signal; Python runs the Ctrl+C handler
 #: between two calls, so an INFINITE wait would make the run unstoppable (M5).
@@ -56,6 +64,7 @@ def _pipe(child_reads: bool) -> tuple[int, int]:
 def create_suspended(how: launch.Launch) -> Started:
     """CMD as the sandbox user, suspended (CREATE_SUSPENDED): not one instruction runs until the
     backend has put it in the job and resumes it (windowsbackend.py: assign, or terminate, then resume)."""
+    launch.check_cmdline(how.cmdline, how.argv[0] if how.argv else how.application)  # CPWL's bound: before any handle
     plan, block = job.plan_create(), envblock.utf16(envblock.build(how.env))
     si, pi = STARTUPINFOW(), PROCESS_INFORMATION()
     si.cb, si.lpDesktop = ctypes.sizeof(si), how.desktop  # never NULL: that is the user's desktop
@@ -99,33 +108,100 @@ def close(handle: int) -> None:
         fn("CloseHandle")(handle)
 
 
-def _attributes(sddl: str) -> tuple[SECURITY_ATTRIBUTES, c_void_p]:
+def _attributes(text: str) -> tuple[SECURITY_ATTRIBUTES, c_void_p]:
     sd = c_void_p()
-    ok = fn("ConvertStringSecurityDescriptorToSecurityDescriptorW")(sddl, SDDL_REVISION_1, ctypes.byref(sd), None)
+    ok = fn("ConvertStringSecurityDescriptorToSecurityDescriptorW")(text, SDDL_REVISION_1, ctypes.byref(sd), None)
     check("ConvertStringSecurityDescriptorToSecurityDescriptorW", ok)
     return SECURITY_ATTRIBUTES(ctypes.sizeof(SECURITY_ATTRIBUTES), sd, 0), sd
 
 
-def create_desktop(plan: desktop.DesktopPlan) -> tuple[int, int]:
-    """(window station, desktop) handles: held until the run ends (the objects die with them).
+def create_desktop(plan: desktop.DesktopPlan) -> tuple[int, int, str]:
+    """(window station, desktop, lpDesktop): held until the run ends (the objects die with them).
     CreateDesktopW makes a desktop in the caller's window station, so sandgate switches to the
     new one for that call only, and back whatever happens."""
     sa, sd = _attributes(plan.sddl)
     try:
-        station = fn("CreateWindowStationW")(plan.station, 0, desktop.WINSTA_ALL_ACCESS, ctypes.byref(sa))
-        check("CreateWindowStationW", station)
+        station, name = _station(plan, sa)
         own = fn("GetProcessWindowStation")()
-        check("GetProcessWindowStation", own)
         try:
+            check("GetProcessWindowStation", own)
             check("SetProcessWindowStation", fn("SetProcessWindowStation")(station))
             desk = fn("CreateDesktopW")(plan.desktop, None, None, 0, desktop.DESKTOP_ALL_ACCESS, ctypes.byref(sa))
             check("CreateDesktopW", desk)
         except BaseException:
-            fn("SetProcessWindowStation")(own)
+            if own:
+                fn("SetProcessWindowStation")(own)
             fn("CloseWindowStation")(station)
             raise
         check("SetProcessWindowStation", fn("SetProcessWindowStation")(own))
-        return int(station), int(desk)
+        return station, int(desk), f"{name}\\{plan.desktop}"
+    finally:
+        fn("LocalFree")(sd)
+
+
+def _station(plan: desktop.DesktopPlan, sa: SECURITY_ATTRIBUTES) -> tuple[int, str]:
+    """The run's window station and its name. Named (CWF_CREATE_ONLY: never someone else's) where
+    Windows lets us; else (access denied: "Only members of the Administrators group are allowed to
+    specify a name") the one Windows names after the logon session, which may exist already with
+    another DACL: then the sandbox user's ACE is added to it (desktop.DesktopPlan.station_grant)."""
+    station = fn("CreateWindowStationW")(plan.station, CWF_CREATE_ONLY, desktop.WINSTA_ALL_ACCESS, ctypes.byref(sa))
+    if station:
+        return int(station), plan.station
+    if getattr(ctypes, "get_last_error", lambda: 0)() != ERROR_ACCESS_DENIED:
+        check("CreateWindowStationW", station)
+    station = fn("CreateWindowStationW")(
+        None, 0, desktop.WINSTA_ALL_ACCESS | READ_CONTROL | WRITE_DAC, ctypes.byref(sa)
+    )
+    check("CreateWindowStationW", station)
+    try:
+        dacl = _window_dacl(station)
+        # a station that was there before us (sa not applied) and that does not let everyone in
+        if f";;;{plan.sandbox_sid})" not in dacl and "NO_ACCESS_CONTROL" not in dacl:
+            _set_window_dacl(station, sddl.with_ace(dacl, plan.station_grant))
+        return int(station), _object_name(station)
+    except BaseException:
+        fn("CloseWindowStation")(station)
+        raise
+
+
+def _object_name(handle: int) -> str:
+    buf, needed = ctypes.create_unicode_buffer(256), c_uint32()
+    ok = fn("GetUserObjectInformationW")(handle, UOI_NAME, buf, ctypes.sizeof(buf), ctypes.byref(needed))
+    check("GetUserObjectInformationW", ok)
+    if not buf.value:  # never an empty lpDesktop: that is the user's own desktop
+        raise Win32Error(0, "GetUserObjectInformationW gave the window station no name")
+    return buf.value
+
+
+def _window_dacl(handle: int) -> str:
+    sd, text = c_void_p(), c_wchar_p()
+    info = DACL_SECURITY_INFORMATION
+    err = fn("GetSecurityInfo")(handle, SE_WINDOW_OBJECT, info, None, None, None, None, ctypes.byref(sd))
+    if err:
+        raise Win32Error(err, f"GetSecurityInfo on the window station failed (error {err})")
+    try:
+        to_text = fn("ConvertSecurityDescriptorToStringSecurityDescriptorW")
+        check(
+            "ConvertSecurityDescriptorToStringSecurityDescriptorW",
+            to_text(sd, SDDL_REVISION_1, info, ctypes.byref(text), None),
+        )
+        value = text.value or ""
+        fn("LocalFree")(text)
+        return value
+    finally:
+        fn("LocalFree")(sd)
+
+
+def _set_window_dacl(handle: int, text: str) -> None:
+    sd, present, dacl, defaulted = c_void_p(), c_int32(), c_void_p(), c_int32()
+    ok = fn("ConvertStringSecurityDescriptorToSecurityDescriptorW")(text, SDDL_REVISION_1, ctypes.byref(sd), None)
+    check("ConvertStringSecurityDescriptorToSecurityDescriptorW", ok)
+    try:
+        ok = fn("GetSecurityDescriptorDacl")(sd, ctypes.byref(present), ctypes.byref(dacl), ctypes.byref(defaulted))
+        check("GetSecurityDescriptorDacl", ok)
+        err = fn("SetSecurityInfo")(handle, SE_WINDOW_OBJECT, DACL_SECURITY_INFORMATION, None, None, dacl, None)
+        if err:
+            raise Win32Error(err, f"SetSecurityInfo on the window station failed (error {err})")
     finally:
         fn("LocalFree")(sd)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import time
 
 CHUNK = 65536
 
@@ -40,7 +41,9 @@ class Relay:
             t.start()
 
     def finish(self, timeout: float = 5.0) -> None:
-        """After CMD exited: its last output is written before sandgate says anything more. A
-        grandchild still holding the pipe is killed with the job, which ends the copy."""
+        """After CMD exited: its last output is written before sandgate says anything more. A process
+        of the job that outlives CMD holding the pipes keeps the copies open until the teardown closes
+        the job, which comes after this: so `timeout` bounds both streams together, not each."""
+        deadline = time.monotonic() + timeout
         for t in self._out:
-            t.join(timeout)
+            t.join(max(0.0, deadline - time.monotonic()))

@@ -105,15 +105,17 @@ def open_process(pid: int) -> tuple[int, str] | None:
     h = fn("OpenProcess")(PROCESS_TERMINATE | PROCESS_QUERY_LIMITED_INFORMATION | SYNCHRONIZE, False, pid)
     if not h:
         return None
+    user = None
     try:
         code = c_uint32()
-        if not fn("GetExitCodeProcess")(h, ctypes.byref(code)) or code.value != STILL_ACTIVE:
+        if fn("GetExitCodeProcess")(h, ctypes.byref(code)) and code.value == STILL_ACTIVE:
+            user = token_user(h)
+    except Win32Error:
+        pass  # a token this user may not query (its DACL names its own user): not known to be ours (win-acl A6)
+    finally:
+        if user is None:
             close(h)
-            return None
-        return int(h), token_user(h)
-    except BaseException:
-        close(h)
-        raise
+    return None if user is None else (int(h), user)
 
 
 def token_user(process: int) -> str:

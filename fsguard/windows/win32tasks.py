@@ -186,9 +186,19 @@ def _principal_sid(task: _Com) -> str:
             principal.release()
     finally:
         definition.release()
+    return resolve(user)
+
+
+def resolve(user: str) -> str:
+    """A principal's UserId as a SID; "" when it names nobody this machine can resolve now. A lookup
+    that fails (a domain account with no domain controller in reach) must not abort the sweep: the
+    sandbox user's own name resolves locally, and its tasks also match by owner (win-acl A6)."""
     if not user or user.upper().startswith("S-1-"):
         return user
-    return account_sid(user) or ""
+    try:
+        return account_sid(user) or ""
+    except Win32Error:
+        return ""
 
 
 def _owner(task: _Com) -> str:

@@ -18,7 +18,8 @@ _HELPER = "([wmiclass]'root\\cimv2:Win32_SecurityDescriptorHelper')"
 
 def _ps(script: str) -> str:
     argv = ["powershell.exe", "-NoProfile", "-NonInteractive", "-Command", "$ErrorActionPreference='Stop'; " + script]
-    r = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    # errors="replace": a localized message in the OEM code page must not become a traceback
+    r = subprocess.run(argv, capture_output=True, text=True, errors="replace", timeout=120, check=False)
     if r.returncode != 0:
         raise Win32Error(r.returncode, (r.stderr.strip().splitlines() or ["PowerShell failed"])[-1])
     return r.stdout.strip()

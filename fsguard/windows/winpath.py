@@ -38,5 +38,7 @@ def to_windows(path: str) -> str:
 
 
 def key(path: str) -> str:
-    """NTFS names compare case-insensitively (`.GiT` is `.git`): the key plans deduplicate by."""
-    return path.casefold()
+    """NTFS names compare case-insensitively (`.GiT` is `.git`): the key plans deduplicate by. By
+    upper-casing one character at a time, as the volume's upcase table does (one-to-one mappings
+    only), not str.casefold(): `straße` and `strasse` are two objects on NTFS (win-acl A8)."""
+    return "".join(up if len(up := ch.upper()) == 1 else ch for ch in path)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import posixpath
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -43,7 +44,7 @@ ROOT_DIR = Path("/var/log/sandgate")
 
 def log_dir() -> Path:
     """The default directory: root's under /var/log, a user's in their state directory."""
-    if os.geteuid() == 0:
+    if sys.platform != "win32" and os.geteuid() == 0:  # Windows has no euid (win-py P9)
         return ROOT_DIR
     from launcher.config import userconfig
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import posixpath
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -36,6 +37,8 @@ class Checks:
     @classmethod
     def current(cls, *, allow_wide_cidr: bool = False, user: str | None = None) -> Checks:
         """Homes: $HOME, the user's, the sudo caller's and --user's (`~` in a policy means the one CMD runs as)."""
+        if sys.platform == "win32":  # no euid, sudo or pwd there (win-py P2); the ACL plan checks Windows paths
+            return cls(allow_wide_cidr, (), os.getcwd(), os.path.realpath, ())
         sudo = os.environ.get("SUDO_UID", "") if os.geteuid() == 0 else ""
         found = [os.environ.get("HOME", ""), *(_home(w) for w in (str(os.geteuid()), sudo, user or "") if w)]
         homes = [h for h in found if h.startswith("/")]

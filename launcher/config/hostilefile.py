@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import os
 import stat
+import sys
 from pathlib import Path
 
 try:  # CPython's own SHA-256 (HACL*): hashlib would load OpenSSL first (~4 ms on every run)
@@ -62,6 +63,8 @@ def read_file(path: Path, limit: int) -> bytes:
     first opened O_PATH, which does no I/O: a FIFO, a device or a directory is never really opened,
     so it can neither block nor act. Then that same inode is reopened through /proc/self/fd.
     """
+    if sys.platform == "win32":
+        return _read_windows(path, limit)
     try:
         pfd = os.open(path, os.O_PATH | os.O_CLOEXEC)
     except FileNotFoundError:
@@ -87,4 +90,28 @@ def read_file(path: Path, limit: int) -> bytes:
         os.close(pfd)
     if len(data) != st.st_size:  # a pseudo-file (its size is made up), or one being written right now
         raise Unreadable("it does not read as long as its size says (a pseudo-file, or being written?); try again")
+    return data
+
+
+def _read_windows(path: Path, limit: int) -> bytes:
+    """read_file on Windows, which has no O_PATH, O_NOCTTY, O_NONBLOCK nor O_CLOEXEC (win-py P3): the path's
+    kind checked by stat first (no FIFOs there; a device such as CON is refused unopened), then the same
+    file (volume and file index) opened in binary mode: without O_BINARY the CRT translates CRLF, and a
+    policy checked out with CRLF endings would read shorter than its size."""
+    flags = os.O_RDONLY | getattr(os, "O_BINARY", 0) | getattr(os, "O_NOINHERIT", 0)
+    try:
+        st = os.stat(path)
+        _check_regular(st, limit)
+        fd = os.open(path, flags)
+        with os.fdopen(fd, "rb") as f:
+            again = os.fstat(fd)
+            if (again.st_dev, again.st_ino) != (st.st_dev, st.st_ino) or not stat.S_ISREG(again.st_mode):
+                raise Unreadable("it was replaced while being opened; try again")
+            data = f.read(limit + 1)
+    except FileNotFoundError:
+        raise Unreadable("no such file; check the path given with --policy or include:") from None
+    except OSError as e:
+        raise Unreadable(f"cannot read: {e.strerror}") from None
+    if len(data) != st.st_size:
+        raise Unreadable("it does not read as long as its size says (being written?); try again")
     return data

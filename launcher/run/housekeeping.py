@@ -11,10 +11,12 @@ from typing import TYPE_CHECKING
 
 from launcher.errors import UsageError
 from launcher.forkserver import client as forkclient
-from launcher.run import daemonctl, runstate
 from launcher.run.options import resolve_user
-from netguard.daemon import control
 from netguard.daemon.status import Status
+
+if sys.platform != "win32":  # all three import fcntl; `sandgate cleanup` on Windows must import this module
+    from launcher.run import daemonctl, runstate
+    from netguard.daemon import control
 
 if TYPE_CHECKING:
     from fsguard.layerstore import RunEntry
@@ -52,6 +54,8 @@ def cleanup() -> int:
 
 def cache_clear(user_spec: str | None, wait: bool) -> int:
     """`sandgate cache clear`: forget what sandboxed runs wrote under ~ (caches, and anything else)."""
+    if sys.platform == "win32":  # one line, not a traceback from the fcntl-based modules
+        raise UsageError("'sandgate cache' is not on Windows: the sandbox user's caches are in its own profile")
     from fsguard import homeoverlay
 
     user = resolve_user(user_spec)  # --user, else the sudo caller, else you
@@ -85,6 +89,8 @@ def _sandboxes(live: list[RunEntry]) -> str:
 
 def daemon(action: str, as_json: bool) -> int:
     """`sandgate daemon status|stop|start`: the per-user proxy daemon that `sandgate run` starts on demand."""
+    if sys.platform == "win32":
+        raise UsageError("'sandgate daemon' is not on Windows: each 'sandgate run' starts and stops its own proxy")
     rt = runstate.runtime_dir()
     path = control.socket_path(rt)
     if action == "start":

@@ -115,7 +115,7 @@ def main(args: ProxyArgs, parse_addr: AddrParser) -> int:
         await proxy.serve([(listeners, binding)], ready=ready, stop=stop)
 
     try:
-        asyncio.run(serve())
+        asyncio.run(serve(), loop_factory=proxy.loop_factory())  # Windows: a selector loop (standalone.py)
     except proxy.ProxyError as e:
         raise UsageError(str(e)) from None
     finally:
@@ -165,7 +165,8 @@ def _inspection(
     ca = inspection.new_ca(task, inspection.inspected_names(pol.network))
     path = Path(args.ca_cert) if args.ca_cert else audit_path.with_suffix(".ca.pem")
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        nofollow = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)  # neither exists on Windows (win-py P6)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | nofollow, 0o644)
         with os.fdopen(fd, "w") as f:
             f.write(ca.cert)
     except OSError as e:

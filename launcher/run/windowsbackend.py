@@ -38,7 +38,7 @@ import ntpath
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from fsguard.windows import acl, aclapply, desktop, envblock, exesearch, profileenv, sweep, winpath
+from fsguard.windows import acl, aclapply, desktop, envblock, exesearch, launch, profileenv, sweep, winpath
 from fsguard.windows.launch import Launch
 from launcher.run.seam import PlatformName, SandboxRequest
 from launcher.run.windows import plan
@@ -49,6 +49,12 @@ from sgbase.windows import state
 from sgbase.windows.api import Proc, WinApiError
 
 PROXY_READY_TIMEOUT = 30.0  # the proxy imports mitmproxy: seconds, on a cold machine
+#: Why CMD may not join the run's job: it starts in sandgate's own job (its parent, for the Secondary
+#: Logon service), and jobs nest only "if ... neither job sets UI limits" (Nested Jobs).
+JOB_REFUSED = (
+    "the command could not join the run's job and was ended; if sandgate itself runs inside a job with "
+    "UI limits (some CI agents and sandboxed terminals), run it from an ordinary terminal"
+)
 
 
 @dataclass
@@ -63,6 +69,7 @@ class WinSandbox:
     proxy: Proc | None = None
     job: int | None = None
     desktop: int | None = None
+    lp_desktop: str = ""  # "station\\desktop" as Windows named them (create_desktop)
     proc: Proc | None = None
     capture: tp.Capture | None = None  # `--transparent` only: the redirect loop and its resolver
     mark: str | None = None  # the pending-sweep mark, set before CMD exists (sweep.marker)
@@ -110,7 +117,7 @@ class WindowsBackend:
             self._proxy(box)  # 3
             aclapply.apply(api, box.plan.acls, ready.record.sid, box.applied)  # 4
             box.job = api.create_job(box.plan.limits)  # 5 (limits passed job.check_job in plan_job)
-            box.desktop = api.create_desktop(box.desk)  # 5b (planned above: never the user's desktop)
+            box.desktop, box.lp_desktop = api.create_desktop(box.desk)  # 5b (never the user's desktop)
             if box.capture is not None:
                 tp.start(box.capture)  # 5c: before CMD exists, so none of its connects goes unseen
         except BaseException:
@@ -137,16 +144,20 @@ class WindowsBackend:
         box.proc = self.api.start_suspended(launch)  # 6
         try:
             self.api.assign(box.job, box.proc)  # 7
-        except WinApiError:
+        except WinApiError as e:
             self.api.terminate(box.proc)  # outside the job: never let one instruction run
-            raise
+            raise WinApiError(f"{e}; {JOB_REFUSED}") from None
         self.api.resume(box.proc)  # 8
 
     def wait(self, sandbox: object) -> int:
         box = _box(sandbox)
         if box.proc is None:
             raise WinApiError("wait before start")
-        return self.api.wait(box.proc)  # 9
+        code = self.api.wait(box.proc)  # 9
+        note = launch.exit_note(code)  # a start that failed inside CMD (its desktop): said, status kept
+        if note is not None:
+            self.warn(note)
+        return code
 
     def teardown(self, sandbox: object) -> None:
         box = _box(sandbox)
@@ -170,15 +181,21 @@ class WindowsBackend:
             box.notes.append(f"could not {what}: {e}")
 
     def _close_job(self, box: WinSandbox) -> None:
-        if box.job is not None:
-            job, box.job = box.job, None
-            self.api.close_job(job)  # KILL_ON_JOB_CLOSE: the whole tree, detached children too
-        if box.proc is not None:
-            proc, box.proc = box.proc, None
-            self.api.close_process(proc)
-        if box.desktop is not None:
-            desk, box.desktop = box.desktop, None
-            self.api.close_desktop(desk)
+        """Each piece closed even when the one before failed (a refused TerminateJobObject must not
+        keep the run's window station open: the job's last handle still kills on close)."""
+        try:
+            if box.job is not None:
+                job, box.job = box.job, None
+                self.api.close_job(job)  # KILL_ON_JOB_CLOSE: the whole tree, detached children too
+        finally:
+            try:
+                if box.proc is not None:
+                    proc, box.proc = box.proc, None
+                    self.api.close_process(proc)
+            finally:
+                if box.desktop is not None:
+                    desk, box.desktop = box.desktop, None
+                    self.api.close_desktop(desk)
 
     def _sweep(self, box: WinSandbox) -> None:
         """As the sandbox user, after the job closed: its tasks deleted, its escaped processes ended.
@@ -255,14 +272,15 @@ def _launch(api: WinApi, box: WinSandbox, run: plan.WindowsPlan) -> Launch:
     """CMD's start, all of it decided here: the block checked before Windows sees it (an
     EnvBlockError is the user's one line, not a traceback: W1), the executable found with the
     run's own PATH (W5), the private desktop (H1), sandgate's pipes as std handles (W6)."""
-    if box.desk is None:
+    if box.desk is None or box.desktop is None:
         raise WinApiError("start before the desktop was made")  # never the user's desktop
     request = box.request
-    env = envblock.overlay(profileenv.scrub(request.env, api.home()), run.env)
+    env = envblock.overlay(profileenv.scrub(request.env, api.home(), keep_under=(request.cwd,)), run.env)
     try:
         envblock.build(env)
         found = exesearch.resolve(request.cmd, env, request.cwd, api.exists)
-    except (envblock.EnvBlockError, exesearch.ExeSearchError) as e:
+        launch.check_cmdline(found.cmdline, request.cmd[0])  # CreateProcessWithLogonW's bound (R1)
+    except (envblock.EnvBlockError, exesearch.ExeSearchError, launch.LaunchError) as e:
         raise WinApiError(str(e)) from None
     record = box.ready.record
     return Launch(
@@ -273,5 +291,5 @@ def _launch(api: WinApi, box: WinSandbox, run: plan.WindowsPlan) -> Launch:
         request.cmd,
         request.cwd,
         env,
-        box.desk.lp_desktop,
+        box.lp_desktop,
     )

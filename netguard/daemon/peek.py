@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import select
 import socket
+import sys
 import threading
 from collections.abc import Callable
 
@@ -57,18 +58,29 @@ async def until(conn: socket.socket, done: Callable[[bytes], bool], wait: float)
                 if len(seen) == before:  # the low-water mark is capped at half the buffer: do not spin
                     await asyncio.sleep(0.05)
                 before = len(seen)
-                conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, len(seen) + 1)
+                _low_water(conn, len(seen) + 1)
             except (BlockingIOError, InterruptedError):
                 pass
             if not await _readable(loop, conn.fileno(), deadline):
                 return seen, True
     finally:
         if seen:
-            conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)
+            _low_water(conn, 1)
+
+
+def _low_water(conn: socket.socket, size: int) -> None:
+    """SO_RCVLOWAT, where there is one: Windows' TCP/IP provider fails it with WSAEINVAL
+    (learn.microsoft.com/windows/win32/winsock/sol-socket-socket-options), which would close every
+    connection; there the 50 ms pause in `until` is what stops a peeked socket from spinning (win-py P6)."""
+    if sys.platform != "win32":
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, size)
 
 
 def _hung_up(conn: socket.socket) -> bool:
-    """The client shut its sending side (or the connection failed): no more bytes can come."""
+    """The client shut its sending side (or the connection failed): no more bytes can come. Windows has
+    no select.poll nor POLLRDHUP: never known there, so a half-closed partial head waits for the deadline."""
+    if sys.platform == "win32":
+        return False
     p = select.poll()
     p.register(conn.fileno(), select.POLLRDHUP)
     return any(ev & (select.POLLRDHUP | select.POLLHUP | select.POLLERR) for _, ev in p.poll(0))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +25,14 @@ from netguard.relay import handoff, relaypool
 
 class ProxyError(Exception):
     """The proxy could not start (port in use, bad listener): reported as one line by the launcher."""
+
+
+def loop_factory(platform: str | None = None) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """The event loop `serve` needs; None: asyncio's default. On Windows the default is the ProactorEventLoop,
+    which has no add_reader (NotImplementedError: docs.python.org/3/library/asyncio-platforms.html#windows),
+    and every front door waits for its listener and its clients' first bytes with add_reader (win-py P6).
+    The SelectorEventLoop has it for sockets, and sockets are all this proxy waits on."""
+    return asyncio.SelectorEventLoop if (platform or sys.platform) == "win32" else None
 
 
 @dataclass(frozen=True)

@@ -111,6 +111,15 @@ def user_condition(sid: str) -> Condition:
     return Condition("user", f"O:LSD:(A;;CC;;;{sid})")
 
 
+def real_user_sid(sid: str) -> str:
+    """The real user's SID, checked before it is spliced into SDDL (the read grant, the port guard):
+    a local or domain account (S-1-5-21-...) or an Entra ID account (S-1-12-1-...: an AzureAD\\ user
+    of a cloud-joined machine is not a local account, and must still be able to run), digits only."""
+    if not sid.startswith(("S-1-5-21-", "S-1-12-1-")) or not all(p.isdigit() for p in sid[2:].split("-")):
+        raise WfpPlanError(f"{sid!r} is not a user account SID (S-1-5-21-... or S-1-12-1-...)")
+    return sid
+
+
 def _filter(
     sid: str,
     layer: LayerName,
@@ -145,15 +154,30 @@ def filter_sddl(reader_sid: str) -> str:
     """The security descriptor every persistent filter is added with: administrators and SYSTEM keep
     full control (setup, remove), the real user may read it (its runs check the filters unelevated)
     and nothing else: neither the real user nor the sandbox user may change or delete it."""
-    user_condition(reader_sid)  # the same check: one local account SID, nothing spliced into the SDDL
+    real_user_sid(reader_sid)  # one account SID, nothing spliced into the SDDL
     return f"O:BAD:(A;;GA;;;BA)(A;;GA;;;SY)(A;;0x{FWPM_ACTRL_READ | READ_CONTROL:x};;;{reader_sid})"
+
+
+#: Account aliases the conversion writes for the local account domain's built-in accounts
+#: (https://learn.microsoft.com/en-us/windows/win32/secauthz/sid-strings: "LA", DOMAIN_USER_RID_ADMIN;
+#: "LG", DOMAIN_USER_RID_GUEST): a real user that IS the built-in Administrator (an Azure VM's admin
+#: account) comes back as `LA`, never as its S-1-5-21-...-500 text.
+_ACCOUNT_ALIASES = {"LA": "500", "LG": "501"}
+
+
+def _same_trustee(trustee: str, sid: str) -> bool:
+    if trustee.upper() == sid.upper():
+        return True
+    rid = _ACCOUNT_ALIASES.get(trustee.upper())
+    return rid is not None and sid.startswith("S-1-5-21-") and sid.rsplit("-", 1)[-1] == rid
 
 
 def grants_read(sddl: str, sid: str) -> bool:
     """Whether a filter's descriptor (as ConvertSecurityDescriptorToStringSecurityDescriptorW
-    writes it: hex or tokens) has an allow ACE for `sid` with FWPM_ACTRL_READ (or GENERIC_ALL)."""
+    writes it: hex or tokens, the trustee as SID text or alias) has an allow ACE for `sid` with
+    FWPM_ACTRL_READ (or GENERIC_ALL)."""
     for rights, trustee in re.findall(r"\(A;[^;]*;([^;]*);[^;]*;[^;]*;([^)]*)\)", sddl):
-        if trustee != sid:
+        if not _same_trustee(trustee, sid):
             continue
         if rights.lower().startswith("0x"):
             mask = int(rights, 16)
@@ -231,7 +255,7 @@ def _port_guard(sid: str, owner: str, ports: tuple[int, ...]) -> list[WfpFilter]
     (the proxy child runs as it): a hard block at ALE_AUTH_RECV_ACCEPT whose ALE_USER_ID (the
     listener's token) is anyone else (deny ACE for the owner before Everyone's allow). Another user's
     service on 127.0.0.1:3128 then cannot become the way out when no policy (no proxy) is bound."""
-    user_condition(owner)
+    real_user_sid(owner)
     anyone_else = Condition("user", f"O:LSD:(D;;CC;;;{owner})(A;;CC;;;WD)")
     out: list[WfpFilter] = []
     for fam, loop in (("V4", "127.0.0.1"), ("V6", "::1")):

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from netguard.windows import owners, redirect, wfp
+from netguard.windows import divertpump, owners, redirect, wfp
 from netguard.windows.divertfilter import DivertFilters
 
 
@@ -46,25 +46,31 @@ def _platform() -> str:
 
 def open_handles(filters: DivertFilters) -> tuple[Handle, Handle]:
     """(network, socket_events): the NETWORK handle diverts outbound off-host TCP, the SOCKET
-    handle only sniffs connect events (SNIFF | RECV_ONLY: it can neither block nor inject).
-    https://reqrypt.org/windivert-doc.html#divert_open"""
+    handle only sniffs connect events (SNIFF | RECV_ONLY: it can neither block nor inject; RECV_ONLY
+    is that layer's mandatory flag). https://reqrypt.org/windivert-doc.html#divert_open
+    Each is pumped (divertpump.py): the pydivert Windows gets has no recv timeout. Any failure is one
+    DivertError: pydivert raises OSError from WinDivertOpen, TypeError when its DLL does not load, and
+    RuntimeError when a handle that never opened is closed, and none of that may be a traceback."""
     if _platform() != "win32":
         raise DivertError("the transparent path needs WinDivert, which exists only on Windows")
-    import pydivert  # lazily: its import loads nothing, its open() loads WinDivert's driver
-
-    events = pydivert.WinDivert(
-        filters.socket, layer=pydivert.Layer.SOCKET, flags=pydivert.Flag.SNIFF | pydivert.Flag.RECV_ONLY
-    )
-    network = pydivert.WinDivert(filters.network, layer=pydivert.Layer.NETWORK)
     try:
+        import pydivert  # lazily: its import loads nothing, its open() loads WinDivert's driver
+
+        events = pydivert.WinDivert(
+            filters.socket, layer=pydivert.Layer.SOCKET, flags=pydivert.Flag.SNIFF | pydivert.Flag.RECV_ONLY
+        )
+        network = pydivert.WinDivert(filters.network, layer=pydivert.Layer.NETWORK)
         events.open()
-        network.open()
-    except OSError as e:
-        events.close()
+        try:
+            network.open()
+        except BaseException:
+            events.close()  # opened: closing it is allowed (a never-opened one raises RuntimeError)
+            raise
+    except Exception as e:
         raise DivertError(
             f"WinDivert: {e}; transparent mode needs an elevated terminal and WinDivert's driver"
         ) from None
-    return network, events
+    return divertpump.Pumped(network, "network"), divertpump.Pumped(events, "events")
 
 
 @dataclass(frozen=True)

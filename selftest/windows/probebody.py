@@ -22,6 +22,10 @@ if TYPE_CHECKING:
     from launcher.run.windows.winapi import WinApi
 
 RESULT = "sandgate-probe.json"  # written by the probe in its working directory
+#: The body's script, written to the scratch workspace by verify and run from there: never `python -c
+#: SCRIPT`, because CreateProcessWithLogonW takes at most 1024 characters of command line ("The maximum
+#: length of this string is 1024 characters", lpCommandLine) and every body's script is longer.
+SCRIPT_FILE = "sandgate-probe.py"
 
 
 @dataclass(frozen=True)
@@ -37,14 +41,15 @@ class Verdict:
 class ProbeBody:
     name: str  # a key of probes.PROBES or a probes.WINDOWS_ONLY name
     group: str  # network, filesystem, process (verify --only)
-    script: str  # Python run as `python -c script NAME` inside the sandbox; writes RESULT
+    script: str  # Python run as `python -I SCRIPT_FILE NAME` inside the sandbox; writes RESULT
     judge: Callable[[int, dict[str, Any] | None], Verdict]  # (exit code, RESULT or None)
     #: made before the run (what the plan must find there, e.g. the repository probeacl attacks);
     #: returns what takes it away after the run
     prepare: Callable[[WinApi, str], Callable[[], None]] | None = None
 
-    def argv(self, python: str) -> tuple[str, ...]:
-        return (python, "-c", self.script, self.name)  # the name last: fakes and logs tell bodies apart
+    def argv(self, python: str, script_file: str) -> tuple[str, ...]:
+        """-I: neither the workspace (the script's folder) nor PYTHON* variables shape its imports."""
+        return (python, "-I", script_file, self.name)  # the name last: fakes and logs tell bodies apart
 
 
 def parse(data: bytes | None) -> dict[str, Any] | None:

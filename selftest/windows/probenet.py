@@ -8,7 +8,8 @@ through a service (issue 28, H3 and H4). Bodies only; each runs inside a real sa
 - wmi_process: Win32_Process.Create hands the command to WmiPrvSE, which starts it as the caller
   but outside the caller's job; an out-of-process COM server (ShellWindows: Explorer, as the real
   user) likewise. Blocked: both refused with access denied (setup's deny ACEs, servicedeny.py);
-  a process outside the job fails the row (the probe kills any it made), and so does a refusal
+  a process outside the run's job fails the row (the probe kills any it made; "the job" is the
+  probe's own immediate job, by its pid list: every process here is in some job), and so does a refusal
   for another reason (it says nothing about the denies). Permitted: its own child, which IS in
   the job (so the in-job check itself is shown to work).
 - smb_webdav: the SMB redirector (kernel, SYSTEM) and the WebClient service (LOCAL SERVICE) open
@@ -63,13 +64,19 @@ WMI = (
     + r"""
 k = ctypes.WinDLL("kernel32", use_last_error=True)
 k.OpenProcess.restype = ctypes.c_void_p
+class PIDS(ctypes.Structure):  # JOBOBJECT_BASIC_PROCESS_ID_LIST, room for 1024 ids
+    _fields_ = [("assigned", ctypes.c_uint32), ("listed", ctypes.c_uint32), ("ids", ctypes.c_size_t * 1024)]
+def own_job():
+    # NULL: "the immediate job of the calling process" (the run's job, nested in Secondary Logon's);
+    # not IsProcessInJob(h, NULL), which says "in ANY job" (WmiPrvSE's own job would pass it).
+    got = PIDS()
+    ok = k.QueryInformationJobObject(None, 3, ctypes.byref(got), ctypes.sizeof(got), None)
+    return set(got.ids[:got.listed]) if ok else set()
 def in_job(pid):
     h = k.OpenProcess(0x1001, False, pid)  # PROCESS_QUERY_LIMITED_INFORMATION | PROCESS_TERMINATE
     if not h:
         return None
-    flag = ctypes.c_int()
-    ok = k.IsProcessInJob(ctypes.c_void_p(h), None, ctypes.byref(flag))
-    return h, bool(ok and flag.value)
+    return h, pid in own_job()
 child = subprocess.Popen(["cmd", "/c", "ping -n 5 127.0.0.1 >nul"])
 control = in_job(child.pid)
 child.kill()

@@ -38,17 +38,23 @@ def select(only: str | None, found: tuple[ProbeBody, ...]) -> tuple[ProbeBody, .
 
 def run_body(api: WinApi, body: ProbeBody, workdir: str, warn: Callable[[str], None]) -> Verdict:
     """One body in its own run: no policy (no proxy; the network is WFP-blocked), its own result."""
-    result = ntpath.join(workdir, probebody.RESULT)
+    result, script = ntpath.join(workdir, probebody.RESULT), ntpath.join(workdir, probebody.SCRIPT_FILE)
     api.remove_file(result)
+    api.write_file(script, body.script.encode())  # a file: the command line holds 1024 characters at most
     pol = Policy(NetworkPolicy(), ())
     env, _ = fsenv.filter_env(api.environ(), pol.env)
-    request = seam.SandboxRequest(body.argv(api.python()), workdir, env, pol, uuid.uuid4().hex[:12])
-    undo = body.prepare(api, workdir) if body.prepare else None  # before the run: the plan must see it
+    request = seam.SandboxRequest(body.argv(api.python(), script), workdir, env, pol, uuid.uuid4().hex[:12])
+    try:
+        undo = body.prepare(api, workdir) if body.prepare else None  # before the run: the plan must see it
+    except BaseException:
+        api.remove_file(script)
+        raise
     try:
         code = seam.run_in(WindowsBackend(api, None, warn), request)
         return body.judge(code, probebody.parse(api.read_file(result)))
     finally:
         api.remove_file(result)
+        api.remove_file(script)
         if undo is not None:
             undo()
 

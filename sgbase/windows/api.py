@@ -50,6 +50,7 @@ class FileApi(Protocol):
     def remove_empty_dir(self, path: str) -> bool: ...  # False: not empty or gone (left alone)
     def dacl(self, path: str) -> str | None: ...  # SDDL "D:..."; None: the path does not exist
     def set_dacl(self, path: str, sddl: str) -> None: ...
+    def owner(self, path: str) -> str | None: ...  # the owner's SID; None: the path does not exist
 
     # processes: whose journal is a live run's (aclapply.replay_left)
     def pid_alive(self, pid: int) -> bool: ...

@@ -367,5 +367,27 @@ CALLS: tuple[Call, ...] = (
         (),
         HANDLE,
     ),
+    # the run's window station when Windows names it (unelevated): its name, its DACL (win32proc.py)
+    Call(
+        "user32",
+        "GetUserObjectInformationW",
+        DOCS + "winuser/nf-winuser-getuserobjectinformationw",
+        (HANDLE, c_int32, LPVOID, DWORD, POINTER(DWORD)),
+        BOOL,
+    ),
+    Call(
+        "advapi32",
+        "GetSecurityInfo",
+        DOCS + "aclapi/nf-aclapi-getsecurityinfo",
+        (HANDLE, c_int32, DWORD, LPVOID, LPVOID, LPVOID, LPVOID, POINTER(LPVOID)),
+        DWORD,
+    ),
+    Call(
+        "advapi32",
+        "SetSecurityInfo",
+        DOCS + "aclapi/nf-aclapi-setsecurityinfo",
+        (HANDLE, c_int32, DWORD, LPVOID, LPVOID, LPVOID, LPVOID),
+        DWORD,
+    ),
 )
 BY_NAME = {c.name: c for c in CALLS}

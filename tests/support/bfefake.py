@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from netguard.windows import win32wfp
+from netguard.windows import wfp, win32wfp
 from sgbase.windows import win32calls
 
 ACCESS_DENIED = 5
@@ -142,6 +142,8 @@ class Engine:
         f = flt._obj
         if not self.elevated:
             return ACCESS_DENIED
+        if not _valid_filter(f):
+            return 0x80320035  # FWP_E_INVALID_PARAMETER (the exact FWP_E_* code is not modelled)
         key = _guid(f.filterKey)
         if key in self.filters:
             return win32wfp.FWP_E_ALREADY_EXISTS
@@ -226,8 +228,35 @@ class Engine:
         return None
 
 
+#: Which of the conditions sandgate uses each layer offers (session 38): "The Windows Filtering
+#: Platform (WFP) filter engine supports a different set of filtering conditions at each of its
+#: filtering layers", https://learn.microsoft.com/en-us/windows/win32/fwp/filtering-conditions-available-at-each-filtering-layer
+#: (LISTEN: no IP_PROTOCOL, no remote side; RESOURCE_ASSIGNMENT: no remote side).
+_ALL = set(wfp.FIELDS.values())
+_BY_KIND = {
+    "ALE_AUTH_CONNECT": _ALL,
+    "ALE_AUTH_RECV_ACCEPT": _ALL,
+    "ALE_RESOURCE_ASSIGNMENT": {wfp.FIELDS["user"], wfp.FIELDS["protocol"], wfp.FIELDS["local_port"]},
+    "ALE_AUTH_LISTEN": {wfp.FIELDS["user"], wfp.FIELDS["local_port"]},
+}
+FIELDS_AT: dict[uuid.UUID, set[uuid.UUID]] = {key: _BY_KIND[name[:-3]] for name, key in wfp.LAYERS.items()}
+
+
+def _valid_filter(f: Any) -> bool:
+    """The documented shape of an FWPM_FILTER0: every condition offered at its layer (above), the
+    weight FWP_UINT8 0-15 (a weight range index), FWP_UINT64 or FWP_EMPTY
+    (https://learn.microsoft.com/en-us/windows/win32/api/fwpmtypes/ns-fwpmtypes-fwpm_filter0)."""
+    allowed = FIELDS_AT.get(uuid.UUID(_guid(f.layerKey)), set())
+    conds = [f.filterCondition[i] for i in range(int(f.numFilterConditions))]
+    if any(uuid.UUID(_guid(c.fieldKey)) not in allowed for c in conds):
+        return False
+    wtype = int(f.weight.type)
+    return wtype in (0, 4) or (wtype == 1 and int(f.weight.u.uint8) <= 15)
+
+
 def _as_windows_writes(sddl: str) -> str:
-    """Masks rendered as SDDL tokens where every bit has one, as the conversion does (0x20080: LORC)."""
+    """Masks rendered as SDDL tokens where every bit has one, as the conversion does (0x20080: LORC);
+    SIDs with an alias rendered as the alias."""
     tokens = {0x1: "CC", 0x2: "DC", 0x4: "LC", 0x8: "SW", 0x10: "RP", 0x20: "WP", 0x40: "DT", 0x80: "LO"}
     tokens |= {0x100: "CR", 0x10000: "SD", 0x20000: "RC", 0x40000: "WD", 0x80000: "WO"}
 
@@ -236,6 +265,10 @@ def _as_windows_writes(sddl: str) -> str:
         bits = [b for b in tokens if mask & b]
         return ";" + "".join(tokens[b] for b in bits) + ";" if sum(bits) == mask else m.group(0)
 
+    # The local built-in Administrator (RID 500) is written as its alias `LA`, as the conversion does
+    # for every SID with one (https://learn.microsoft.com/en-us/windows/win32/secauthz/sid-strings);
+    # the fake's machine holds only local accounts, so every S-1-5-21-...-500 is that account.
+    sddl = re.sub(r";S-1-5-21-\d+-\d+-\d+-500\)", ";LA)", sddl)
     return re.sub(r";(0x[0-9a-fA-F]+);", render, sddl)
 
 

@@ -22,6 +22,8 @@ FILE_ADD_SUBDIRECTORY = 0x4
 FILE_DELETE_CHILD = 0x40
 DELETE = 0x10000
 WRITE_DAC = 0x40000
+READ_CONTROL = 0x20000
+OWNER_RIGHTS = "S-1-3-4"
 _GENERIC = {0x10000000: 0x1F01FF, 0x80000000: 0x120089, 0x40000000: 0x120116, 0x20000000: 0x1200A0}
 #: The groups in a standard local user's token besides its own SID: Everyone, Authenticated Users, Users.
 GROUPS = ("S-1-1-0", "S-1-5-11", "S-1-5-32-545")
@@ -168,7 +170,16 @@ class Ntfs:
 
     def allowed(self, path: str, want: int) -> bool:
         left = want
-        for a in self._aces(path):
+        aces = self._aces(path)
+        if self.m.owners.get(path) in self.token and not any(a.sid == OWNER_RIGHTS for a in aces):
+            # "An object's owner implicitly has WRITE_DAC access to the object" (with READ_CONTROL),
+            # granted before the DACL is read, so no deny ACE takes it back; an OWNER RIGHTS ACE
+            # replaces it (https://learn.microsoft.com/en-us/windows/win32/secauthz/owner-of-a-new-object,
+            # MS-DTYP 2.5.3.2 https://learn.microsoft.com/en-us/openspecs/windows_protocols/ms-dtyp/4f1bbcbb-814a-4c70-a11e-2a5b8779a6f9)
+            left &= ~(READ_CONTROL | WRITE_DAC)
+            if not left:
+                return True
+        for a in aces:
             if a.sid not in self.token:
                 continue
             mask = a.mask
@@ -217,6 +228,16 @@ class Ntfs:
         if not self.allowed(parent, right):
             raise Denied(obj)
         self.m.dacls[obj] = "D:AI"  # inherits the rest
+        self.m.owners[obj] = self.token[0]  # "the default owner SID from the ... token of the creating process"
+
+    def set_dacl(self, path: str, text: str) -> None:
+        """SetNamedSecurityInfo(DACL_SECURITY_INFORMATION) as this user: WRITE_DAC, or the owner's."""
+        obj, _ = self.resolve(path)
+        if not self._exists(obj):
+            raise FileNotFoundError(path)
+        if not self.allowed(obj, WRITE_DAC):
+            raise Denied(path)
+        self.m.dacls[obj] = text
 
     def delete(self, path: str) -> None:
         """DeleteFile / RemoveDirectory: the object's DELETE or its parent's FILE_DELETE_CHILD."""
@@ -251,6 +272,7 @@ class Ntfs:
         m.dirs = {moved(p) for p in m.dirs}
         m.files = {moved(p): v for p, v in m.files.items()}
         m.dacls = {moved(p): v for p, v in m.dacls.items()}
+        m.owners = {moved(p): v for p, v in m.owners.items()}
 
 
 def _is_83(name: str) -> bool:

@@ -8,6 +8,8 @@ Mixed into winfake.FakeWinApi (which supplies `_hit`, `admin` and `m.sds`). Cont
   https://learn.microsoft.com/en-us/windows/win32/wmisdk/--systemsecurity-setsd
 - HKLM\SOFTWARE\Microsoft\Ole is writable by administrators only.
   https://learn.microsoft.com/en-us/windows/win32/sysinfo/registry-key-security-and-access-rights
+- A COM ACL grants COM_RIGHTS_EXECUTE in every ACE and never mixes the old (EXECUTE-only) and the
+  new format: https://learn.microsoft.com/en-us/windows/win32/com/access-control-lists-for-com
 - Every DACL written must be in canonical order (explicit deny, explicit allow, inherited deny,
   inherited allow): https://learn.microsoft.com/en-us/windows/win32/secauthz/order-of-aces-in-a-dacl
 - The access check walks the ACEs in order; the first deny of a wanted bit refuses, access is
@@ -62,6 +64,17 @@ def _check_wmi_sd(sd: str, namespace: str) -> str:
     return head + flags + "".join(a for a in aces if "ID" not in sddl.parse_ace(a).flags) + tail
 
 
+def _check_com_sd(sd: str, value: str) -> None:
+    """Windows: "COM_RIGHTS_EXECUTE must always be present" and "you must not mix the old format and the new
+    format within a single ACL": either every ACE grants EXECUTE alone, or every ACE EXECUTE with
+    LOCAL/REMOTE bits. https://learn.microsoft.com/en-us/windows/win32/com/access-control-lists-for-com"""
+    masks = [p.mask & servicedeny.COM_LAUNCH_DENIED for p in _parsed(servicedeny.split(sd)[1])]
+    if any(not m & servicedeny.COM_RIGHTS_EXECUTE for m in masks):
+        raise WinApiError(f"{value}: invalid COM security descriptor (an ACE without COM_RIGHTS_EXECUTE)")
+    if len({m == servicedeny.COM_RIGHTS_EXECUTE for m in masks}) > 1:
+        raise WinApiError(f"{value}: invalid COM security descriptor (old and new ACE formats mixed)")
+
+
 class ServiceSdFake:
     """WMI GetSD/SetSD and the Ole restriction values over `self.m.sds`."""
 
@@ -114,6 +127,7 @@ class ServiceSdFake:
         if not self.admin:
             raise WinApiError(f"RegSetValueExW(HKLM\\SOFTWARE\\Microsoft\\Ole\\{value}): access denied")
         _canonical(servicedeny.split(sd)[1], value)
+        _check_com_sd(sd, value)
         self._sds()["com:" + value] = sd
 
     # what the services decide, by the access check

@@ -70,7 +70,13 @@ class FakeWinDivert:
         self.opened = True
         return self
 
+    @property
+    def is_open(self) -> bool:
+        return self.opened and not self.closed
+
     def close(self) -> None:
+        if not self.opened:  # pydivert (3.1.3 and 4.0.1): closing a handle that never opened raises
+            raise RuntimeError("WinDivert handle is not open")
         with self.cv:
             self.closed = True
             self.cv.notify_all()

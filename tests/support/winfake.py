@@ -56,6 +56,7 @@ class Machine:
     sds: dict[str, str] = field(default_factory=default_sds)  # WMI namespaces, DCOM limits (H3)
     running: dict[int, Running] = field(default_factory=dict)  # processes in no job (sweepfake.py)
     tasks: dict[str, Task] = field(default_factory=dict)  # the Task Scheduler's store: path -> task
+    owners: dict[str, str] = field(default_factory=dict)  # path -> owner SID; absent: the real user
 
 
 def workspace() -> Machine:
@@ -302,6 +303,10 @@ class FakeWinApi(DivertFake, ServiceSdFake, SweepFake):
         sddl.split_dacl(text)  # a malformed DACL would be refused by Windows too
         self.m.dacls[path] = ntfsmodel.windows_spelling(text)  # M4: read back in Windows' own SDDL
 
+    def owner(self, path: str) -> str | None:
+        self._hit("owner", path)
+        return self.m.owners.get(path, REAL_SID) if self.exists(path) else None
+
     # processes
     def pid_alive(self, pid: int) -> bool:
         self._hit("pid_alive", pid)
@@ -326,12 +331,12 @@ class FakeWinApi(DivertFake, ServiceSdFake, SweepFake):
                 if self.m.procs.get(pid) in ("suspended", "running"):
                     self.m.procs[pid] = "killed"
 
-    def create_desktop(self, plan: DesktopPlan) -> int:
+    def create_desktop(self, plan: DesktopPlan) -> tuple[int, str]:
         self._hit("create_desktop", plan.lp_desktop)
         handle = self._id()
         self.m.desktops[handle] = plan.lp_desktop
         self.desktop_sddl[plan.lp_desktop] = plan.sddl
-        return handle
+        return handle, plan.lp_desktop
 
     def close_desktop(self, handle: int) -> None:
         self._hit("close_desktop", handle)
@@ -344,6 +349,7 @@ class FakeWinApi(DivertFake, ServiceSdFake, SweepFake):
         if "SeDenyInteractiveLogonRight" in self.m.denied_rights.get(self.m.users[launch.user][0], set()):
             raise WinApiError("ERROR_LOGON_TYPE_NOT_GRANTED")  # CreateProcessWithLogonW: an interactive logon
         winkernel.check_environment(launch.env, HOME)
+        winkernel.check_command_line(launch)
         winkernel.check_application(launch, self.exists, self.m.files)
         desk = winkernel.check_desktop(launch, set(self.m.desktops.values()), self.desktop_sddl, self.m.users)
         pid = self._id()

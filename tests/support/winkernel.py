@@ -23,6 +23,8 @@ NESTED = "https://learn.microsoft.com/windows/win32/procthread/nested-jobs"
 #: The Secondary Logon service's PATH: what it searches when lpApplicationName is NULL (CPWL).
 SERVICE_PATH = (r"C:\Windows\system32", r"C:\Windows")
 USER_DESKTOP = "WinSta0\\Default"
+CREATE_ONLY = 0x1  # CreateWindowStationW: CWF_CREATE_ONLY (winuser.h)
+LOGON_STATION = "Service-0x0-5a1c$"  # what Windows names an unnamed station: after the logon session
 PROFILE_VARS = ("USERPROFILE", "APPDATA", "LOCALAPPDATA", "TEMP", "TMP", "HOMEPATH", "HOME")
 
 
@@ -41,6 +43,19 @@ def check_environment(env: Mapping[str, str], real_home: str) -> None:
     for name, value in env.items():
         if name.upper() in PROFILE_VARS and ntpath.normcase(value).startswith(home):
             raise WinApiError(f"the sandbox user cannot read {value} ({name}): the real user's profile")
+
+
+#: CreateProcessWithLogonW, lpCommandLine: "The maximum length of this string is 1024 characters" (CPWL).
+CPWL_CMDLINE_MAX = 1024
+
+
+def check_command_line(how: launch.Launch) -> None:
+    """A longer command line is refused (`python -c <a probe body>` was: every verify row, D5)."""
+    if len(how.cmdline) > CPWL_CMDLINE_MAX:
+        raise WinApiError(
+            f"CreateProcessWithLogonW: error 87, a command line of {len(how.cmdline)} characters "
+            f"(at most {CPWL_CMDLINE_MAX}, {CPWL})"
+        )
 
 
 def check_application(how: launch.Launch, exists: Callable[[str], bool], files: Mapping[str, bytes]) -> None:
@@ -93,6 +108,9 @@ class FakeKernel:
         self.stations: set[int] = set()
         self.desktops: dict[int, tuple[int, str]] = {}
         self.jobs: dict[int, int] = {}  # job handle -> its UI restrictions
+        self.admin = False  # sandgate runs unelevated; `--transparent` runs elevated
+        self.sds: dict[int, str] = {}  # security descriptor "pointer" -> its SDDL
+        self.station_dacl: dict[int, str] = {}  # station handle -> its object's DACL
 
     def fn(self, name: str) -> Callable[..., Any]:
         f: Callable[..., Any] = getattr(self, name)
@@ -133,7 +151,13 @@ class FakeKernel:
         if not block.endswith("\0\0"):  # the block's terminator (CREATE_PROCESS, lpEnvironment)
             return self._fail(87)
         names = [e.split("=", 1)[0] for e in block[:-2].split("\0") if e] if block != "\0\0" else []
-        if len({n.casefold() for n in names}) != len(names) or names != sorted(names, key=str.casefold):
+        # "sorted alphabetically by name, case-insensitive, Unicode order" (Changing Environment
+        # Variables): Windows compares upcased names (RtlCompareUnicodeString), so HTTPS_PROXY sorts
+        # before HTTP_PROXY ('S' < '_'); casefold would put them the other way round.
+        if len({n.casefold() for n in names}) != len(names) or names != sorted(names, key=str.upper):
+            return self._fail(87)
+        # lpCommandLine: "The maximum length of this string is 1024 characters" (CPWL).
+        if len(line.value.encode("utf-16-le", "surrogatepass")) // 2 > CPWL_CMDLINE_MAX:
             return self._fail(87)
         if app is None:  # searched with the service's PATH, not the caller's (CPWL)
             word = line.value.split()[0].strip('"')
@@ -194,16 +218,61 @@ class FakeKernel:
     def ConvertStringSecurityDescriptorToSecurityDescriptorW(self, sddl: str, rev: int, psd: Any, size: Any) -> int:
         psd._obj.value = self._handle()
         self.sddl = sddl
+        self.sds[psd._obj.value] = sddl
         return 1
 
     def LocalFree(self, p: Any) -> None:
-        self.open.discard(int(p.value if hasattr(p, "value") else p or 0))
+        value = p.value if hasattr(p, "value") else p
+        if isinstance(value, int):  # a c_wchar_p's value is its text: nothing tracked to discard
+            self.open.discard(value)
 
-    def CreateWindowStationW(self, name: str, flags: int, access: int, sa: Any) -> int:
+    def CreateWindowStationW(self, name: str | None, flags: int, access: int, sa: Any) -> int:
+        # "Only members of the Administrators group are allowed to specify a name. If lpwinsta is NULL
+        # or an empty string, the system forms a window station name using the logon session
+        # identifier" (learn.microsoft.com/windows/win32/api/winuser/nf-winuser-createwindowstationw).
+        if name and not self.admin:
+            return self._fail(5)  # ERROR_ACCESS_DENIED
+        name = name or LOGON_STATION
+        # An existing name: without CWF_CREATE_ONLY "the function succeeds and returns a new handle to
+        # the existing window station" (its own DACL, not `sa`'s); with it, the call fails.
+        existing = [h for h, n in getattr(self, "station_names", {}).items() if n == name and h in self.stations]
+        if existing and flags & CREATE_ONLY:
+            return self._fail(183)  # ERROR_ALREADY_EXISTS
         h = self._handle()
+        if existing:
+            self.reopened = name
+            self.station_dacl[h] = self.station_dacl[existing[0]]
+        else:
+            self.station_dacl[h] = self.sds.get(sa._obj.lpSecurityDescriptor or 0, "D:(A;;GA;;;WD)") if sa else ""
         self.stations.add(h)
         self.station_names = {**getattr(self, "station_names", {}), h: name}
         return h
+
+    def GetUserObjectInformationW(self, h: int, index: int, buf: Any, size: int, needed: Any) -> int:
+        buf.value = self.station_names[h] if index == 2 else ""  # UOI_NAME
+        return 1
+
+    def GetSecurityInfo(self, h: int, kind: int, info: int, o: Any, g: Any, d: Any, s: Any, psd: Any) -> int:
+        psd._obj.value = self._handle()
+        self.sds[psd._obj.value] = self.station_dacl[h]
+        return 0
+
+    def ConvertSecurityDescriptorToStringSecurityDescriptorW(
+        self, sd: Any, rev: int, info: int, text: Any, n: Any
+    ) -> int:
+        text._obj.value = self.sds[int(sd.value)]
+        return 1
+
+    def GetSecurityDescriptorDacl(self, sd: Any, present: Any, dacl: Any, defaulted: Any) -> int:
+        present._obj.value, dacl._obj.value = 1, sd.value
+        return 1
+
+    def SetSecurityInfo(self, h: int, kind: int, info: int, o: Any, g: Any, dacl: Any, s: Any) -> int:
+        text = self.sds[int(dacl.value)]
+        for other, name in self.station_names.items():  # one object, every handle to it
+            if name == self.station_names[h]:
+                self.station_dacl[other] = text
+        return 0
 
     def GetProcessWindowStation(self) -> int:
         return self.station

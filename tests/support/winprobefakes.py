@@ -47,7 +47,10 @@ SIMULATIONS |= dict.fromkeys(("git_rename", "alternate_data_stream", "case_varia
 
 
 def program(api: Any, launch: Launch, desk: str) -> int:
-    """FakeWinApi.program: run the simulation of the probe named last in argv; write its RESULT."""
+    """FakeWinApi.program: run the simulation of the probe named last in argv; write its RESULT.
+    `python -I FILE NAME`: python exits 2 ("can't open file") when FILE is not there."""
+    if len(launch.argv) > 2 and launch.argv[1] == "-I" and launch.argv[2] not in api.m.files:
+        return 2
     sim = SIMULATIONS.get(launch.argv[-1])
     got = sim(api, launch, desk) if sim else None
     if got is not None:

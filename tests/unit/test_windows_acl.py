@@ -222,8 +222,21 @@ def test_guards_sit_on_git_its_parent_and_the_roots_only() -> None:
     guards = {s.path: s.ace for s in plan.steps if s.why == "guard"}
     assert guards[WS] == acl.Ace("deny", acl.GUARD_SELF, SID, "")  # root: no rename, no delete-child
     assert guards[WS + r"\.git"] == acl.Ace("deny", acl.GUARD_SELF, SID, "")  # not inherited: index stays writable
-    assert guards[WS + r"\.git\objects\info"].mask == acl.GUARD_PARENT
+    # the directories on the way to `alternates` cannot be renamed away either (win-acl A2)
+    assert guards[WS + r"\.git\objects\info"].mask == acl.GUARD_PARENT | acl.GUARD_CHAIN
+    assert guards[WS + r"\.git\objects"].mask == acl.GUARD_CHAIN
     assert not acl.GUARD_SELF & 0x2 and acl.GUARD_SELF & 0x10000 and acl.GUARD_SELF & 0x40
     assert HOME not in guards  # outside the writable roots: no re-ACL of the profile
     kinds = [s.ace.kind for s in plan.steps]
     assert kinds == sorted(kinds, key=lambda k: k != "deny")
+
+
+def test_plan_keys_compare_as_ntfs_does_not_as_unicode_case_folding() -> None:
+    """win-acl A8: NTFS upper-cases names one character at a time ($UpCase), so `.GiT` is `.git` but
+    `straße` and `strasse` are two folders; str.casefold() merged them and one root lost its guard."""
+    assert winpath.key(WS + r"\.GiT") == winpath.key(WS + r"\.git")
+    assert winpath.key(r"C:\straße") != winpath.key(r"C:\strasse")
+    fs = fspolicy.FsPolicy(write=(r"C:\straße", r"C:\strasse"))
+    plan = acl.plan_acls(fs, sid=SID, cwd=WS, home=HOME, existing=frozenset())
+    guarded = {s.path for s in plan.steps if s.why == "guard" and s.ace.mask == acl.GUARD_SELF}
+    assert {r"C:\straße", r"C:\strasse"} <= guarded

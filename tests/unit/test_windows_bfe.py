@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from launcher.run.windows.realapi import RealWinApi
-from netguard.windows import wfp, win32wfp
+from netguard.windows import wfp, wfpwire, win32wfp
 from sgbase.windows import win32calls
 from sgbase.windows.win32 import Win32Error
 from tests.support.bfefake import Engine
@@ -143,3 +143,53 @@ def test_grants_read_reads_hex_and_tokens() -> None:
     assert not wfp.grants_read(f"D:(A;;RC;;;{REAL})", REAL)
     assert not wfp.grants_read(f"D:(D;;LO;;;{REAL})", REAL)
     assert not wfp.grants_read(f"D:(A;;LO;;;{SANDBOX})", REAL)
+
+
+ADMIN_500 = "S-1-5-21-1111111111-2222222222-3333333333-500"
+
+
+def test_a_real_user_that_is_the_builtin_administrator_reads_its_grant_back_as_la(bfe: Engine) -> None:
+    """S1 (session 38): the conversion writes the machine's RID-500 account as `LA`; compared as text,
+    the grant was never found, so every run was refused "filters missing" and every setup reinstalled."""
+    bfe.caller = ADMIN_500
+    plan = wfp.plan_filters(SANDBOX, (3128,), owner=ADMIN_500)
+    win32wfp.install(plan)
+    bfe.elevated = False
+    assert win32wfp.installed(plan)
+    n = len(bfe.calls)
+    bfe.elevated = True
+    assert win32wfp.installed(plan)  # setup's check: present, nothing re-installed
+    assert "FwpmFilterAdd0" not in bfe.calls[n:]
+
+
+def test_grants_read_resolves_only_the_local_account_aliases() -> None:
+    assert wfp.grants_read("D:(A;;LORC;;;LA)", ADMIN_500)
+    assert wfp.grants_read("D:(A;;LORC;;;LG)", ADMIN_500[:-3] + "501")
+    assert not wfp.grants_read("D:(A;;LORC;;;LA)", REAL)  # LA is RID 500, not any user
+    assert not wfp.grants_read("D:(A;;LORC;;;BA)", ADMIN_500)  # a group alias is not the user
+
+
+def test_an_entra_id_user_reads_the_filters_its_setup_installed(bfe: Engine) -> None:
+    entra = "S-1-12-1-1111111111-2222222222-3333333333-4444444444"
+    bfe.caller = entra
+    plan = wfp.plan_filters(SANDBOX, (3128,), owner=entra)
+    win32wfp.install(plan)
+    bfe.elevated = False
+    assert win32wfp.installed(plan)
+
+
+def test_the_fake_refuses_a_condition_the_layer_does_not_offer(bfe: Engine) -> None:
+    """The fake enforces the per-layer condition lists (filtering-conditions-available-at-each-
+    filtering-layer): ALE_AUTH_LISTEN has no IP_PROTOCOL, ALE_RESOURCE_ASSIGNMENT no remote port.
+    Every filter of the real plan passes (the install tests above)."""
+    listen = wfp.WfpFilter(
+        wfp.derived_key("x"), "x", "ALE_AUTH_LISTEN_V4", "block", 0, (wfp.Condition("protocol", wfp.IPPROTO_TCP),)
+    )
+    assign = wfp.WfpFilter(
+        wfp.derived_key("y"), "y", "ALE_RESOURCE_ASSIGNMENT_V6", "block", 0, (wfp.Condition("remote_port", 53),)
+    )
+    engine = win32wfp.open_engine(dynamic=False)
+    for bad in (listen, assign):
+        with pytest.raises(Win32Error, match="FwpmFilterAdd0"):
+            win32wfp.add_filter(engine, wfpwire.wire(bad), _plan().provider_key, _plan().sublayer_key)
+    assert not bfe.filters and not bfe.live_sds  # refused, and nothing leaked

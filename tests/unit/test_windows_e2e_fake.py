@@ -133,7 +133,7 @@ def test_setup_and_run_transparent_capture_into_the_proxy_and_leave_nothing(
     names = machine.names()
     (proxy_argv,) = [args[0] for name, args in machine.calls if name == "start_proxy"]
     assert proxy_argv[-2:] == ("--transparent", transparent.LISTEN)  # type: ignore[index]
-    assert cli.build_parser().parse_args(list(proxy_argv[3:])).transparent == "0.0.0.0:3129"  # type: ignore[index]
+    assert cli.build_parser().parse_args(list(proxy_argv[4:])).transparent == "0.0.0.0:3129"  # type: ignore[index]
     order = ["serve_resolver", "start_proxy", "create_job", "divert_open", "wfp_open_dynamic", "start_suspended"]
     assert [names.index(n) for n in order] == sorted(names.index(n) for n in order)
     assert names.index("wfp_close_dynamic") < names.index("close_job") < names.index("stop_proxy")

@@ -35,7 +35,11 @@ WINDOWS_PATH = (
     "launcher.run.summary",
     "launcher.run.proxy",
     "netguard.daemon.standalone",
+    "netguard.localaddrs",  # the proxy child's veto table (win-py P6)
 )
+
+# Imports only: every call on the way is checked by test_windows_py_cli.py (the CLI on the fake machine) and
+# test_windows_py_proxy.py (the proxy child), in an interpreter without what Windows lacks (tests/support/winpython.py).
 
 WITHOUT_POSIX = """
 import os, sys

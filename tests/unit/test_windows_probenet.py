@@ -4,6 +4,13 @@ permitted control (scripts run only on Windows)."""
 
 from __future__ import annotations
 
+import ctypes
+import json
+import subprocess
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
 import pytest
 
 from selftest.windows import allbodies, probebody, probenet, probes, verifyrun
@@ -76,3 +83,64 @@ def test_a_known_gap_is_printed_on_every_run_never_passed_and_not_counted_as_a_f
     lines.clear()
     assert verifyrun.report([("a", bad), ("smb_webdav", gap)], 0, lines.append) == 1
     assert lines[0].startswith("  FAIL  a") and "0 passed, 1 failed, 1 known gaps" in lines[-1]
+
+
+class _Kernel32:
+    """What the WMI body asks kernel32, on a machine where every process is in SOME job: the run's
+    (the body, its own child) nested in Secondary Logon's, WmiPrvSE's for what WMI starts."""
+
+    def __init__(self, own_job: set[int], any_job: set[int]) -> None:
+        self.own, self.any, self.killed = own_job, any_job, list[int]()
+
+        def open_process(access: int, inherit: bool, pid: int) -> int:
+            return pid + 10000
+
+        def is_process_in_job(h: Any, job: object, flag: Any) -> int:
+            flag._obj.value = int(getattr(h, "value", h)) - 10000 in self.any  # NULL job: "any job"
+            return 1
+
+        def query(job: object, cls: int, buf: Any, size: int, ret: object) -> int:
+            assert job is None and cls == 3  # the caller's own immediate job, JobObjectBasicProcessIdList
+            got = buf._obj
+            got.assigned = got.listed = len(self.own)
+            for i, pid in enumerate(sorted(self.own)):
+                got.ids[i] = pid
+            return 1
+
+        def terminate(h: Any, code: int) -> int:
+            self.killed.append(int(getattr(h, "value", h)) - 10000)
+            return 1
+
+        self.OpenProcess, self.IsProcessInJob = open_process, is_process_in_job
+        self.QueryInformationJobObject, self.TerminateProcess = query, terminate
+
+
+def _run_wmi_body(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, k: _Kernel32) -> dict[str, Any]:
+    """probenet.WMI executed here, its Win32 and child processes faked: WMI made pid 600."""
+    child = SimpleNamespace(pid=500, kill=lambda: None)
+
+    def run(args: Any, **kw: Any) -> subprocess.CompletedProcess[str]:
+        text = "0 600" if "Invoke-CimMethod" in " ".join(args) else "SANDGATE-COM-MADE"
+        return subprocess.CompletedProcess(args, 0, text, "")
+
+    monkeypatch.setattr(ctypes, "WinDLL", lambda name, use_last_error=False: k, raising=False)
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **kw: child)
+    monkeypatch.setattr(subprocess, "run", run)
+    monkeypatch.chdir(tmp_path)
+    exec(compile(probenet.WMI, "wmi_process", "exec"), {"__name__": "__main__"})
+    got: dict[str, Any] = json.loads((tmp_path / probebody.RESULT).read_text())
+    return got
+
+
+def test_the_wmi_body_tells_the_runs_job_from_any_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """win-divert review: IsProcessInJob(h, NULL) answers "in any job", and what WMI starts sits in
+    WmiPrvSE's job: the body must ask its own job's pid list, or an escape reads as "in the job"."""
+    k = _Kernel32(own_job={500}, any_job={500, 600})
+    got = _run_wmi_body(tmp_path, monkeypatch, k)
+    assert got["control_in_job"] is True and got["pid"] == 600 and got["outside_job"] is True
+    assert k.killed == [600]  # never left behind
+    assert not probenet.judge_wmi(0, got).ok
+    # Control: a process WMI made inside the run's job is "in the job".
+    (tmp_path / probebody.RESULT).unlink()
+    k2 = _Kernel32(own_job={500, 600}, any_job={500, 600})
+    assert _run_wmi_body(tmp_path, monkeypatch, k2)["outside_job"] is False

@@ -147,7 +147,7 @@ def test_w6_h1_output_comes_back_and_cmd_is_not_on_the_users_desktop(api: FakeWi
     assert _run(winfake.TOOL) == 7
     launched, desk = _started(api)
     assert launched.stdio and api.stdout == [b"fake output\n"] and api.lost_output == []
-    assert desk != winkernel.USER_DESKTOP and desk.startswith("sandgate-") and desk.endswith("\\default")
+    assert desk != winkernel.USER_DESKTOP and desk.startswith("sandgate-") and desk.count("\\") == 1
     assert api.m.desktops == {}  # closed at teardown
     sandbox = winfake.sandbox_sid(api)
     assert f";;;{sandbox})" in api.desktop_sddl[desk] and api.desktop_sddl[desk].startswith("D:P(")
@@ -171,7 +171,7 @@ def test_w6_h1_m2_the_real_start_marshals_what_the_contracts_ask(monkeypatch: py
     winkernel.install(monkeypatch, kernel)
     got = win32proc.create_suspended(_launch())
     (start,) = kernel.started
-    assert start["app"] == r"C:\Tools\tool.exe" and start["desktop"] == "sandgate-t1\\default"
+    assert start["app"] == r"C:\Tools\tool.exe" and start["desktop"] == "sandgate-t1\\sandgate-t1"
     assert start["console"] == "pipes" and start["env"]["NAME"] == "snow \U0001f600 man"  # a non-BMP char intact
     assert start["flags"] & job.CREATE_SUSPENDED
     ours = (got.stdin, got.stdout, got.stderr)
@@ -203,10 +203,11 @@ def test_m14_a_failed_start_says_what_to_do(monkeypatch: pytest.MonkeyPatch) -> 
 def test_h1_the_desktop_is_made_in_its_own_station_and_sandgate_switches_back(monkeypatch: pytest.MonkeyPatch) -> None:
     kernel = winkernel.FakeKernel()
     winkernel.install(monkeypatch, kernel)
+    kernel.admin = True  # elevated: the station is named after the run (unelevated: test_windows_proc_findings)
     plan_ = desktop.plan_desktop("t1", winfake.REAL_SID, "S-1-5-21-1-2-3-1001")
-    station, desk = win32proc.create_desktop(plan_)
-    assert kernel.desktops[desk] == (station, "default") and kernel.station == 1  # back in its own
-    assert kernel.sddl == plan_.sddl
+    station, desk, where = win32proc.create_desktop(plan_)
+    assert kernel.desktops[desk] == (station, "sandgate-t1") and kernel.station == 1  # back in its own
+    assert kernel.sddl == plan_.sddl and where == "sandgate-t1\\sandgate-t1"
     win32proc.close_desktop(station, desk)
     assert not kernel.desktops and not kernel.stations
     with pytest.raises(ValueError):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from fsguard.windows import servicedeny
+from fsguard.windows import sddl, servicedeny
 from fsguard.windows.servicedeny import (
     COM_ACCESS_DENIED,
     WBEM_ENABLE,
@@ -147,3 +147,34 @@ def test_a_setup_failing_midway_through_the_denies_is_removed_whole(step: str) -
     setup.remove(api, lambda _line: None)
     assert api.m.sds == DEFAULT_SDS  # every deny ACE that went in came out; nobody else's touched
     assert api.m.users == {}
+
+
+OLD_FORMAT = "O:BAG:BAD:(A;;CC;;;BA)(A;;CC;;;WD)"  # before XP SP2: every ACE COM_RIGHTS_EXECUTE alone
+
+
+def test_setup_never_writes_a_mixed_format_com_acl() -> None:
+    """S4 (session 38): our deny is in the new format; added to an old-format limit it would make the
+    machine-wide descriptor invalid ("you must not mix the old format and the new format"), and every
+    COM server with it. Refused in one line, the value untouched, removable as usual."""
+    api = FakeWinApi()
+    api.m.sds["com:MachineLaunchRestriction"] = OLD_FORMAT
+    with pytest.raises(WinApiError, match="old COM ACL format") as e:
+        setup.setup(api, lambda _line: None)
+    assert "\n" not in str(e.value) and api.m.sds["com:MachineLaunchRestriction"] == OLD_FORMAT
+    setup.remove(api, lambda _line: None)
+    assert api.m.sds == {**DEFAULT_SDS, "com:MachineLaunchRestriction": OLD_FORMAT}
+
+
+def test_fake_refuses_an_invalid_com_acl() -> None:
+    api = FakeWinApi()
+    sid = "S-1-5-21-9-9-9-1001"
+    with pytest.raises(WinApiError, match="mixed"):
+        api.set_com_restriction_sd("MachineLaunchRestriction", f"O:BAG:BAD:(D;;0x1f;;;{sid})(A;;CC;;;WD)")
+    with pytest.raises(WinApiError, match="COM_RIGHTS_EXECUTE"):
+        api.set_com_restriction_sd("MachineAccessRestriction", f"O:BAG:BAD:(D;;0x6;;;{sid})(A;;CCDC;;;WD)")
+    assert servicedeny.com_format_ok(DEFAULT_SDS["com:MachineLaunchRestriction"])
+    assert servicedeny.com_format_ok(DEFAULT_SDS["com:MachineAccessRestriction"])
+    assert not servicedeny.com_format_ok(OLD_FORMAT)
+    for edit in servicedeny.plan(sid)[2:]:  # our own ACEs are the new format, EXECUTE included
+        mask = sddl.parse_ace(edit.ace).mask
+        assert mask & servicedeny.COM_RIGHTS_EXECUTE and mask != servicedeny.COM_RIGHTS_EXECUTE

@@ -280,3 +280,46 @@ def test_setup_remove_waits_for_a_live_run(api: FakeWinApi, capsys: pytest.Captu
         cli.main(["setup", "--remove"])
     assert "still running" in capsys.readouterr().err
     assert api.live(sid) == [pid] and api.m.users and "sweep_logon" not in api.names()
+
+
+# win-acl A6: one process or task the sweep cannot read must not make every later run refuse ------
+
+
+def test_a_process_whose_token_cannot_be_read_is_closed_and_not_counted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """OpenProcessToken checks the token's own DACL (its user and SYSTEM), which another user's
+    process keeps even when its process DACL lets the sandbox user open it: that is not an error of
+    the sweep, and not a process known to be the sandbox user's."""
+    from fsguard.windows import win32sweep
+    from sgbase.windows.win32 import Win32Error
+
+    closed: list[int] = []
+
+    def exit_code(h: int, code: object) -> int:
+        code._obj.value = win32sweep.STILL_ACTIVE  # type: ignore[attr-defined]
+        return 1
+
+    calls = {"OpenProcess": lambda access, inherit, pid: 0x70, "GetExitCodeProcess": exit_code}
+    monkeypatch.setattr(win32sweep, "fn", lambda name: calls[name])
+    monkeypatch.setattr(win32sweep, "close", closed.append)
+
+    def refused(process: int) -> str:
+        raise Win32Error(5, "OpenProcessToken failed (error 5)")
+
+    monkeypatch.setattr(win32sweep, "token_user", refused)
+    assert win32sweep.open_process(1234) is None and closed == [0x70]
+    monkeypatch.setattr(win32sweep, "token_user", lambda process: "S-1-5-21-1-2-3-1001")
+    assert win32sweep.open_process(1234) == (0x70, "S-1-5-21-1-2-3-1001") and closed == [0x70]  # kept open
+
+
+def test_a_task_principal_that_cannot_be_looked_up_is_nobody_not_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fsguard.windows import win32tasks
+    from sgbase.windows.win32 import Win32Error
+
+    def offline(name: str) -> str | None:
+        raise Win32Error(1789, "LookupAccountNameW failed (error 1789)")  # ERROR_TRUSTED_RELATIONSHIP_FAILURE
+
+    monkeypatch.setattr(win32tasks, "account_sid", offline)
+    assert win32tasks.resolve("CORP\\alice") == ""
+    assert win32tasks.resolve("S-1-5-18") == "S-1-5-18" and win32tasks.resolve("") == ""
+    monkeypatch.setattr(win32tasks, "account_sid", lambda name: "S-1-5-21-1-2-3-1001" if name == "box" else None)
+    assert win32tasks.resolve("box") == "S-1-5-21-1-2-3-1001" and win32tasks.resolve("gone") == ""

@@ -353,3 +353,16 @@ def test_membership_is_the_job_lists_and_an_unreadable_list_is_dropped() -> None
         "pass",
         "drop",
     ]
+
+
+def test_permits_that_cannot_be_removed_still_turn_the_privilege_off(
+    ready: FakeWinApi, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """win-divert M-b: the permits failing to go (the handles then stay open until the process exits,
+    fail closed by BFE's session end) must not leave SeDebugPrivilege enabled in sandgate's token."""
+    ready.fail = ("wfp_close_dynamic", 1)
+    cli.main(RUN)
+    err = capsys.readouterr().err
+    assert "could not stop the transparent capture" in err and "Traceback" not in err
+    assert [a for n, a in ready.calls if n == "debug_privilege"] == [(True,), (False,)]
+    assert not ready.debug_enabled

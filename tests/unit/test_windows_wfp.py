@@ -140,3 +140,23 @@ def test_only_the_real_users_listener_accepts_on_the_proxy_port() -> None:
         wfp.plan_filters(SID, (3128,), owner="S-1-1-0")  # Everyone as the owner would guard nothing
     # the guard's keys are the sandbox user's too: setup --remove finds them by derivation
     assert len({f.key for f in plan.filters}) == len(plan.filters)
+
+
+ENTRA = "S-1-12-1-1111111111-2222222222-3333333333-4444444444"  # an AzureAD\ user: not S-1-5-21
+
+
+def test_an_entra_id_real_user_gets_the_read_grant_and_the_port_guard() -> None:
+    """Session 38: the real user of a cloud-joined machine has an S-1-12-1 SID; refused as "not a
+    local account", setup and every run's check raised (a traceback) before anything was decided."""
+    plan = wfp.plan_filters(SID, (3128,), owner=ENTRA)
+    assert plan.reader_sid == ENTRA and wfp.filter_sddl(ENTRA).endswith(f"(A;;0x20080;;;{ENTRA})")
+    guard = next(f for f in plan.filters if f.name.startswith("sandgate guard proxy"))
+    assert guard.conditions[0].value == f"O:LSD:(D;;CC;;;{ENTRA})(A;;CC;;;WD)"
+    with pytest.raises(wfp.WfpPlanError):  # the sandbox user is still only ever a local account
+        wfp.plan_filters(ENTRA, (3128,))
+
+
+@pytest.mark.parametrize("owner", ["S-1-12-1-1-x", "S-1-12-2-1-2", "S-1-5-21-1)(A;;GA;;;WD", "S-1-12-1-"])
+def test_nothing_else_is_spliced_into_the_grant(owner: str) -> None:
+    with pytest.raises(wfp.WfpPlanError):
+        wfp.plan_filters(SID, (3128,), owner=owner)

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from netguard.windows import divertfilter, owners, wfp, win32divert
+from netguard.windows import divertfilter, divertpump, owners, wfp, win32divert
 from tests.support.windivertfake import NETWORK, RECV_ONLY, SNIFF, SOCKET, FakeWinDivert, connect_event, syn
 
 SID = "S-1-5-21-1111111111-2222222222-3333333333-1001"
@@ -199,9 +199,14 @@ def test_pydivert_is_opened_lazily_and_only_on_windows(
     assert fake_pydivert == []  # nothing opened off Windows
     monkeypatch.setattr(sys, "platform", "win32")
     net, ev = win32divert.open_handles(filters)
-    assert (ev.layer, ev.flags, ev.filter) == (SOCKET, SNIFF | RECV_ONLY, filters.socket)  # type: ignore[attr-defined]
-    assert (net.layer, net.flags, net.filter) == (NETWORK, 0, filters.network)  # type: ignore[attr-defined]
-    assert all(h.opened for h in fake_pydivert)
+    try:
+        assert isinstance(net, divertpump.Pumped) and isinstance(ev, divertpump.Pumped)  # pydivert 3.1.3: no timeout
+        assert (ev.inner.layer, ev.inner.flags, ev.inner.filter) == (SOCKET, SNIFF | RECV_ONLY, filters.socket)
+        assert (net.inner.layer, net.inner.flags, net.inner.filter) == (NETWORK, 0, filters.network)
+        assert all(h.opened for h in fake_pydivert)
+    finally:
+        net.close()
+        ev.close()
 
 
 def test_not_elevated_is_one_clear_error(fake_pydivert: list[FakeWinDivert], monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,7 +7,7 @@ on Linux (ctypes' Windows parts load on the first call), so mypy and the import 
 
 from __future__ import annotations
 
-import getpass
+import dataclasses
 import json
 import os
 import subprocess
@@ -16,11 +16,22 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import IO, Any
 
-from fsguard.windows import win32dcom, win32job, win32lsa, win32proc, win32profile, win32session, win32stdio, win32wmi
+from fsguard.windows import (
+    win32dcom,
+    win32job,
+    win32lsa,
+    win32proc,
+    win32profile,
+    win32session,
+    win32stdio,
+    win32sweep,
+    win32wmi,
+)
 from fsguard.windows.desktop import DesktopPlan
 from fsguard.windows.job import JobLimits
 from fsguard.windows.launch import Launch
 from launcher.run.windows import win32debug, win32owner
+from launcher.run.windows.realowner import RealOwnerApi
 from launcher.run.windows.realsweep import RealSweepApi
 from netguard.windows import firewall, win32divert, win32wfp
 from netguard.windows.divertfilter import DivertFilters
@@ -43,6 +54,21 @@ def _call(what: str, f: Callable[..., Any], *args: object) -> Any:
         raise WinApiError(f"{what}: {e}") from None
 
 
+def _own_sid() -> str:
+    """The SID of this process's token user (GetCurrentProcess: a pseudo-handle, nothing to close)."""
+    return win32sweep.token_user(win32.fn("GetCurrentProcess")())
+
+
+def _as_image(rule: FirewallRule) -> FirewallRule:
+    """The rule with the interpreter's process image as its program (S3, session 38): in a venv,
+    sys.executable is a redirector that starts the base python.exe as a child (bpo-35797), so the
+    proxy's listening socket belongs to sys._base_executable, the image the firewall matches."""
+    base = getattr(sys, "_base_executable", None) or sys.executable
+    if rule.program is None or os.path.normcase(rule.program) != os.path.normcase(sys.executable):
+        return rule
+    return dataclasses.replace(rule, program=base)
+
+
 def _ready_then_drain(stream: IO[bytes] | None, got: list[bytes], line: threading.Event) -> None:
     """The ready line, then every later byte read and dropped until the proxy exits (M9): a pipe
     nobody reads fills up and the proxy blocks on its next write, mid-run."""
@@ -55,7 +81,7 @@ def _ready_then_drain(stream: IO[bytes] | None, got: list[bytes], line: threadin
         pass
 
 
-class RealWinApi(RealSweepApi):
+class RealWinApi(RealSweepApi, RealOwnerApi):
     """WinApi on Windows. Child processes (the proxy) are kept by pid to stop them later; the
     teardown sweep's effects are RealSweepApi's (realsweep.py)."""
 
@@ -69,9 +95,11 @@ class RealWinApi(RealSweepApi):
         return bool(_call("IsUserAnAdmin", win32.is_admin))
 
     def current_user_sid(self) -> str:
-        sid: str | None = _call("LookupAccountNameW", win32.account_sid, getpass.getuser())
-        if sid is None:
-            raise WinApiError("cannot find your own account's SID")
+        """The user of sandgate's own token. Not USERNAME looked up by name (S2, session 38): a bare
+        name misses Entra ID accounts (AzureAD\\name) and, on a domain member, can resolve to a local
+        account of the same name, which setup would then grant the filters' read right and the
+        proxy-port guard's exception."""
+        sid: str = _call("GetTokenInformation(TokenUser)", _own_sid)
         return sid
 
     def session_user_sid(self) -> str | None:
@@ -159,8 +187,11 @@ class RealWinApi(RealSweepApi):
         _call("WFP remove", win32wfp.remove, plan)
 
     def _powershell(self, command: str) -> str:
-        argv = ["powershell.exe", "-NoProfile", "-NonInteractive", "-Command", command]
-        r = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+        # Stop: a cmdlet's non-terminating error fails the process (S6); errors="replace": PowerShell
+        # writes a pipe in the OEM code page, a localized message must not become a traceback (S5)
+        script = "$ErrorActionPreference='Stop'; " + command
+        argv = ["powershell.exe", "-NoProfile", "-NonInteractive", "-Command", script]
+        r = subprocess.run(argv, capture_output=True, text=True, errors="replace", timeout=120, check=False)
         if r.returncode != 0:
             raise WinApiError(f"firewall: {(r.stderr.strip().splitlines() or ['PowerShell failed'])[-1]}")
         return r.stdout
@@ -169,7 +200,7 @@ class RealWinApi(RealSweepApi):
         return self._powershell(firewall.ps_has(name)).strip() == "1"
 
     def firewall_add(self, rule: FirewallRule) -> None:
-        self._powershell(firewall.ps_add(rule))
+        self._powershell(firewall.ps_add(_as_image(rule)))
 
     def firewall_remove(self, name: str) -> None:
         self._powershell(firewall.ps_remove(name))
@@ -248,10 +279,10 @@ class RealWinApi(RealSweepApi):
     def close_job(self, job: int) -> None:
         _call("TerminateJobObject", win32job.close_job, job)
 
-    def create_desktop(self, plan: DesktopPlan) -> int:
-        station, desk = _call("CreateDesktopW", win32proc.create_desktop, plan)
+    def create_desktop(self, plan: DesktopPlan) -> tuple[int, str]:
+        station, desk, where = _call("CreateDesktopW", win32proc.create_desktop, plan)
         self._desktops[desk] = (station, desk)
-        return int(desk)
+        return int(desk), str(where)  # lpDesktop as Windows named it (unelevated: it names the station)
 
     def close_desktop(self, handle: int) -> None:
         station, desk = self._desktops.pop(handle, (0, 0))

@@ -72,13 +72,24 @@ def run(args: RunArgs) -> int:
         from launcher.run import summary
 
         print(summary.summary(Path(audit), task), file=sys.stderr)
-    return status
+    return exit_status(status)
+
+
+def exit_status(code: int) -> int:
+    """CMD's exit code (GetExitCodeProcess: a DWORD) as the C int os._exit takes: an NTSTATUS such as
+    0xC0000005 (a crash) or 0xC000013A (Ctrl+C) would raise OverflowError there (win-py P8). ExitProcess
+    takes a UINT, so the caller still sees CMD's exact 32 bits (PowerShell prints -1073741819)."""
+    code &= 0xFFFFFFFF
+    return code - (1 << 32) if code >= 1 << 31 else code
 
 
 def _proxy_argv(api: WinApi, args: RunArgs, task: str, audit: str) -> tuple[str, ...]:
     """`sandgate proxy` with the run's own policy flags: the same policy, parsed again by the child
     (the daemon's typed spec needs the unix control socket, which Windows' CPython lacks)."""
-    out = [api.python(), "-m", "launcher.cli", "proxy", "--ready-fd", "1", "-q", "--task", task, "--audit-log", audit]
+    # -P: `python -m` would put the current directory (the workspace, which the sandbox user may write) first on
+    # sys.path, and a json.py planted there would run as the real user in the proxy at the next run (win-py P7).
+    out = [api.python(), "-P", "-m", "launcher.cli", "proxy", "--ready-fd", "1", "-q", "--task", task]
+    out += ["--audit-log", audit]
     given = args.policy
     for flag, values in (("--policy", given.policy), ("--allow", given.allow), ("--deny", given.deny)):
         for value in values:

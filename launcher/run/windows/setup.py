@@ -119,6 +119,12 @@ def _deny_services(api: WinApi, sid: str, say: Callable[[str], None]) -> None:
                 f"{servicedeny.OLE_KEY}\\{edit.target} is missing; set the COM security limits once "
                 "(dcomcnfg: My Computer > Properties > COM Security > Edit Limits > OK) and run setup again"
             )
+        if edit.kind == "com" and not servicedeny.com_format_ok(sd):  # S4: never write a mixed COM ACL
+            raise WinApiError(
+                f"{servicedeny.OLE_KEY}\\{edit.target} is in the old COM ACL format (execute-only entries), "
+                "which sandgate's entry would make invalid for every COM server; re-save the limits once "
+                "(dcomcnfg: My Computer > Properties > COM Security > Edit Limits > OK) and run setup again"
+            )
         if not servicedeny.has(sd, edit):
             _set_sd(api, edit, servicedeny.applied(sd, edit))
             added += 1

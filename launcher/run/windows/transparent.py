@@ -148,10 +148,12 @@ def start(capture: Capture) -> None:
 def stop(capture: Capture) -> None:
     """Permits first, then the handles (idempotent; win32divert.TransparentPath.stop), then
     SeDebugPrivilege back off if this run enabled it (sandgate's token as the run found it)."""
-    capture.path.stop()
-    if capture.debug:
-        capture.debug = False
-        capture.api.debug_privilege(False)
+    try:
+        capture.path.stop()
+    finally:  # also when the permits could not be removed: the privilege is not kept for nothing
+        if capture.debug:
+            capture.debug = False
+            capture.api.debug_privilege(False)
 
 
 def close_resolver(capture: Capture) -> None:
