@@ -27,6 +27,11 @@ class Budget:
         self.sandboxes = 0  # bound right now: the fair share divides the budget among them
         self._away = away
 
+    @classmethod
+    def of(cls, limit: int) -> Budget:
+        """A budget of `limit` connections, whatever the fd limit (Windows' select() set: standalone.budget)."""
+        return cls(RESERVE + limit * PER_CONNECTION)
+
     @property
     def held(self) -> int:
         """Connections whose sockets this process holds."""

@@ -15,12 +15,20 @@ from typing import Any
 
 from mitmproxy.proxy.mode_servers import ServerInstance
 
+from netguard.daemon.fdlimit import Budget
 from netguard.daemon.frontdoor import FrontDoor, Mode
 from netguard.daemon.master import make_master
 from netguard.decision import dns, limits
 from netguard.decision.binding import Binding
 from netguard.decision.tlsinspect import TlsInspect
 from netguard.relay import handoff, relaypool
+
+#: Windows: the SelectorEventLoop (loop_factory) waits with select(), whose sets CPython builds there with
+#: FD_SETSIZE 512 (Modules/selectmodule.c); one socket more and select() raises "too many file descriptors in
+#: select()", the loop stops and every connection of the run with it. Each proxied connection holds two sockets
+#: (client, upstream): a sandbox's share of this budget keeps them, the listeners and DNS under the set's size,
+#: and a connection past it is refused and recorded, never a crash (issue 28).
+WINDOWS_BUDGET = 448  # connections; one sandbox may hold half (limits.share_cap): 224, i.e. 448 sockets
 
 
 class ProxyError(Exception):
@@ -33,6 +41,11 @@ def loop_factory(platform: str | None = None) -> Callable[[], asyncio.AbstractEv
     and every front door waits for its listener and its clients' first bytes with add_reader (win-py P6).
     The SelectorEventLoop has it for sockets, and sockets are all this proxy waits on."""
     return asyncio.SelectorEventLoop if (platform or sys.platform) == "win32" else None
+
+
+def budget(platform: str | None = None) -> Budget | None:
+    """The connection budget of this proxy: none on Linux (its epoll loop has no set size), select()'s on Windows."""
+    return Budget.of(WINDOWS_BUDGET) if (platform or sys.platform) == "win32" else None
 
 
 @dataclass(frozen=True)
@@ -141,6 +154,10 @@ async def serve(
     tls: TlsInspect = master.addons.get("tlsinspect")  # type: ignore[no-untyped-call]
     doors: list[FrontDoor] = []
     services: list[dns.DnsService] = []
+    fds = budget()
+    shares = {id(b): limits.Share() for b in bindings.values()}  # one per sandbox, whichever of its listeners
+    if fds is not None:
+        fds.sandboxes = len(shares)
     try:
         idle = float(master.options.tcp_timeout)
         for p in planned:
@@ -151,7 +168,7 @@ async def serve(
                 b.refusals = limits.Refusals(b.task, b.audit.write)
             door = FrontDoor(
                 sock, p.addr[1], p.mode, bindings, gate.decider, instance.handle_stream, idle=idle, refusals=b.refusals,
-                tls=tls.material,
+                tls=tls.material, budget=fds, share=shares[id(b)],
             )  # fmt: skip
             doors.append(door)
             door.start(1024)

@@ -21,6 +21,7 @@ import asyncio
 import errno
 import os
 import select
+import selectors
 import signal
 import socket
 import sys
@@ -137,8 +138,27 @@ class ProactorLikeLoop(asyncio.SelectorEventLoop):
         raise NotImplementedError("add_signal_handler: not on Windows' ProactorEventLoop")
 
 
+#: CPython on Windows builds select() with FD_SETSIZE 512 (Modules/selectmodule.c: "#if defined(MS_WINDOWS) &&
+#: !defined(FD_SETSIZE) #define FD_SETSIZE 512"); a set with more raises ValueError "too many file descriptors
+#: in select()". On Linux the limit is by fd number (1024), so it is enforced here by count, as there.
+WINDOWS_FD_SETSIZE = 512
+
+
+class WindowsSelectSelector(selectors.SelectSelector):
+    """selectors.DefaultSelector on Windows (no poll, no epoll): select() and its 512-socket sets."""
+
+    def _select(self, r: Any, w: Any, x: Any, timeout: float | None = None) -> Any:
+        if max(len(r), len(w), len(x)) > WINDOWS_FD_SETSIZE:
+            raise ValueError("too many file descriptors in select()")
+        return super()._select(r, w, x, timeout)  # type: ignore[misc]
+
+
 class SelectorLikeLoop(asyncio.SelectorEventLoop):
-    """Windows' SelectorEventLoop: add_reader on sockets, but no signal handlers (BaseEventLoop's NotImplementedError)."""
+    """Windows' SelectorEventLoop: add_reader on sockets, but no signal handlers (BaseEventLoop's NotImplementedError),
+    waiting with select() (WindowsSelectSelector)."""
+
+    def __init__(self, selector: selectors.BaseSelector | None = None) -> None:
+        super().__init__(selector or WindowsSelectSelector())
 
     def add_signal_handler(self, *args: Any) -> None:  # type: ignore[override]
         raise NotImplementedError("add_signal_handler: not on Windows")

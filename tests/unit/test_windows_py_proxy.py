@@ -15,12 +15,14 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from launcher.run.windows import runner
+from netguard.daemon import standalone
 from tests.support import winpython
 
 REPO = Path(__file__).resolve().parent.parent.parent
@@ -187,3 +189,66 @@ def test_a_module_planted_in_the_workspace_is_never_imported_by_the_proxy(tmp_pa
     argv.remove("-P")
     control = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert control.returncode != 0 and "sandgate-planted json.py ran as the real user" in control.stderr
+
+
+def _flood(port: int, n: int) -> list[socket.socket]:
+    """n silent clients: each one a socket the proxy waits on (its head deadline is seconds away)."""
+    return [socket.create_connection(("127.0.0.1", port), timeout=20) for _ in range(n)]
+
+
+@pytest.mark.parametrize("budgeted", [True, False], ids=["budget", "control-no-budget"])
+def test_more_connections_than_select_can_wait_on_are_refused_not_a_dead_proxy(tmp_path: Path, budgeted: bool) -> None:
+    """On Windows the proxy's loop waits with select(), 512 sockets a set (winpython.WindowsSelectSelector): 600
+    silent clients past it would stop the loop and the run's whole network. With the budget, connections past
+    the sandbox's share are closed at once and recorded, and the proxy still decides the next CONNECT; the
+    control (no budget, the proxy before) dies of select()'s ValueError, so the limit is what the test meets."""
+    port = _free_port()
+    extra = "" if budgeted else "from netguard.daemon import standalone; standalone.budget = lambda p=None: None; "
+    child = _start(tmp_path, port, extra)
+    clients: list[socket.socket] = []
+    answer = b""
+    try:
+        assert _ready(child) is not None
+        clients = _flood(port, 600)
+        deadline = time.monotonic() + (20 if budgeted else 3)
+        while time.monotonic() < deadline and child.poll() is None:  # the proxy takes them, or its loop stops
+            refused = sum(1 for c in clients if _closed(c))
+            if budgeted and refused >= 600 - standalone.WINDOWS_BUDGET // 2:
+                break
+            time.sleep(0.2)
+        alive = child.poll() is None
+        for c in clients:
+            c.close()
+        if alive:
+            time.sleep(0.5)  # the closed clients' sockets leave the proxy's sets
+            answer = _connect_denied(port)
+    finally:
+        err = _stop(child)
+    if not budgeted:  # the loop stopped: no answer, and select()'s own words in the log
+        assert not answer.startswith(b"HTTP/1.1 403") and "too many file descriptors in select()" in err, err[-3000:]
+        return
+    assert alive and answer.startswith(b"HTTP/1.1 403"), (answer, err[-3000:])
+    records = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_bytes().splitlines()]
+    limited = [r for r in records if r.get("event") == "limit"]
+    assert limited and "per-sandbox connection limit (224 open)" in json.dumps(limited), records[-3:]
+
+
+def _connect_denied(port: int) -> bytes:
+    """The proxy's answer to a CONNECT it must refuse; b"" when nobody answers (the control's stopped loop)."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=20) as c:
+            c.sendall(b"CONNECT denied.test:443 HTTP/1.1\r\nHost: denied.test:443\r\n\r\n")
+            return c.recv(4096)
+    except OSError:
+        return b""
+
+
+def _closed(c: socket.socket) -> bool:
+    """The proxy closed this client (refused at accept): a read returns end of file at once."""
+    c.setblocking(False)
+    try:
+        return c.recv(1) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
