@@ -37,7 +37,11 @@ READ_EXECUTE = 0x1200A9
 #: FILE_DELETE_CHILD|FILE_WRITE_ATTRIBUTES|DELETE|WRITE_DAC|WRITE_OWNER: no write, create, rename,
 #: delete, or re-ACL (alternate data streams are written through FILE_WRITE_DATA too).
 DENY_WRITE = 0x000D0156
-DENY_READ = 0x00000029  # FILE_READ_DATA (list)|FILE_READ_EA|FILE_EXECUTE (traverse)
+#: Every deny also names WRITE_DAC|WRITE_OWNER (r2-fixes F1): an allow the sandbox user holds (a
+#: CREATOR OWNER ACE inherited on a data volume, an ACE it added while it owned the object) would
+#: otherwise let it rewrite the DACL, or take the object back, and drop the deny.
+WRITE_DAC_OWNER = 0x000C0000
+DENY_READ = 0x00000029 | WRITE_DAC_OWNER  # FILE_READ_DATA (list)|FILE_READ_EA|FILE_EXECUTE (traverse)
 FILE_DELETE_CHILD = 0x40
 #: On `.git` and every writable root, that object only: no rename or delete of it (DELETE), no
 #: removing a protected child through it (FILE_DELETE_CHILD), no re-ACL or ownership change.
@@ -45,13 +49,20 @@ FILE_DELETE_CHILD = 0x40
 GUARD_SELF = 0x000D0040
 #: On the parent of every protected path, that object only: its children leave only by their own
 #: DELETE right, which the protected ones deny.
-GUARD_PARENT = FILE_DELETE_CHILD
+GUARD_PARENT = FILE_DELETE_CHILD | WRITE_DAC_OWNER
 #: On every directory between a writable root and a deeper protected path (`.git\objects`,
 #: `.git\objects\info` above `alternates`), that object only: renaming one of them would carry the
 #: protected path's deny away and let a new one be made in its place (win-acl A2). The Windows
 #: counterpart of fsguard/mounts.py pinning the directories on the way.
-GUARD_CHAIN = 0x00010000 | FILE_DELETE_CHILD
+GUARD_CHAIN = 0x00010000 | FILE_DELETE_CHILD | WRITE_DAC_OWNER
 OICI: Literal["OICI"] = "OICI"  # inherited by files and subdirectories
+#: OWNER RIGHTS (S-1-3-4), READ_CONTROL only, inherit-only, on every protected directory (r2-fixes F2):
+#: with such an ACE "the access check will use those entries ... to determine the owner's rights"
+#: (learn.microsoft.com/previous-versions/windows/it-pro/windows-vista/cc749445(v=ws.10)), so an object
+#: below it that the sandbox user made in an earlier run (`pre-commit install`: `.git\hooks\pre-commit`)
+#: no longer gives it the owner's implicit WRITE_DAC, which would drop the inherited deny and rewrite the
+#: hook. Inherit-only: the directory itself keeps its owner's rights (sandgate's teardown may need them).
+OWNER_RIGHTS, READ_CONTROL = "S-1-3-4", 0x00020000
 
 
 @dataclass(frozen=True)
@@ -59,7 +70,7 @@ class Ace:
     kind: Literal["allow", "deny"]
     mask: int
     sid: str
-    inherit: Literal["OICI", ""]
+    inherit: Literal["OICI", "OICIIO", ""]
 
     def sddl(self) -> str:
         return f"({'A' if self.kind == 'allow' else 'D'};{self.inherit};0x{self.mask:x};;;{self.sid})"
@@ -69,7 +80,7 @@ class Ace:
 class AclStep:
     path: str  # a Windows path
     ace: Ace
-    why: Literal["write", "read", "protect", "read_deny", "guard"]
+    why: Literal["write", "read", "protect", "read_deny", "guard", "owner"]
     placeholder: bool = False  # create it first (removed at teardown)
     #: the placeholder's kind, from the protected path's definition as on Linux (fsguard's trailing
     #: "/"): `.git\commondir` as a directory breaks every git command, the real user's too (W8)
@@ -141,7 +152,12 @@ def plan_acls(
         AclStep(p, Ace("allow", READ_EXECUTE, sid, OICI), "read") for p in _readable(read_grants, eff, home, existing)
     ]
     guards = _guard_steps(eff, deny_w, sid, existing)
-    return AclPlan(_dedupe([*deny_w, *guards, *deny_r, *grants, *reads]), tuple(dict.fromkeys(skipped)))
+    owner = [  # F2: below a protected directory, no owner's implicit WRITE_DAC (grants nobody anything)
+        AclStep(s.path, Ace("allow", READ_CONTROL, OWNER_RIGHTS, "OICIIO"), "owner")
+        for s in deny_w
+        if s.ace.inherit == OICI
+    ]
+    return AclPlan(_dedupe([*deny_w, *guards, *deny_r, *owner, *grants, *reads]), tuple(dict.fromkeys(skipped)))
 
 
 def _protect_steps(eff: fspolicy.Effective, sid: str, existing: frozenset[str]) -> list[AclStep]:

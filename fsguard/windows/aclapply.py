@@ -1,6 +1,6 @@
 """Applying an ACL plan under the write-ahead journal, undoing it, and replaying what a crash left.
 
-First the owner check (nothing changes if a denied object is the sandbox user's). Then, in the
+First the owners: a denied object the sandbox user owns is taken back, or the run refused. Then, in the
 plan's order (acl.plan_acls puts denies first): [placeholder: journal it, create it as the kind the
 plan names, a directory or a file] and, at a path's last step, all of its ACEs at once: read the
 DACL -> journal the entry (before and after) -> set the DACL. The journal line is durable before
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from fsguard.windows import acljournal, sddl, winpath
-from fsguard.windows.acl import AclPlan, AclStep
+from fsguard.windows.acl import OWNER_RIGHTS, READ_CONTROL, Ace, AclPlan, AclStep
 from fsguard.windows.acljournal import JournalEntry
 from sgbase.windows import state
 from sgbase.windows.api import FileApi, WinApiError
@@ -43,7 +43,7 @@ def apply(api: FileApi, plan: AclPlan, sid: str, applied: Applied) -> None:
     automatically propagates any inheritable ACEs to existing child objects", SetNamedSecurityInfoW
     docs), so the root's guard and grant as two calls were two walks of the whole workspace at
     apply and two more at undo. The denies of other paths still come before the grants."""
-    check_owners(api, plan, sid)
+    take_owners(api, plan, sid)
     last = {winpath.key(s.path): i for i, s in enumerate(plan.steps)}
     due: dict[str, list[AclStep]] = {}
     for i, step in enumerate(plan.steps):
@@ -54,22 +54,39 @@ def apply(api: FileApi, plan: AclPlan, sid: str, applied: Applied) -> None:
             _apply_path(api, due.pop(winpath.key(step.path)), sid, applied)
 
 
-def check_owners(api: FileApi, plan: AclPlan, sid: str) -> None:
-    r"""Refuse, before anything changes, a plan whose denies sit on objects the sandbox user owns
-    (win-acl A3): "An object's owner implicitly has WRITE_DAC access to the object"
-    (https://learn.microsoft.com/en-us/windows/win32/secauthz/owner-of-a-new-object), which no deny
-    ACE takes back, so the command would reset that ACL and write `.git\hooks` anyway. Everything
-    the sandbox user made is its own: a repository cloned or `git init`ed inside an earlier run."""
+def take_owners(api: FileApi, plan: AclPlan, sid: str) -> None:
+    r"""Before anything changes, every object the plan denies that the sandbox user owns (a repository
+    cloned or `git init`ed inside an earlier run) is taken back by the real user (r2-fixes F3): "An
+    object's owner implicitly has WRITE_DAC access to the object"
+    (https://learn.microsoft.com/en-us/windows/win32/secauthz/owner-of-a-new-object), which no deny ACE
+    takes away. The real user may make itself the owner where it holds WRITE_OWNER ("To set the owner,
+    the caller must have WRITE_OWNER access", SetNamedSecurityInfoW), as the profile's inherited Full
+    Control gives it; anywhere else the run is refused in one line. Left so at teardown, unjournalled:
+    giving it back needs SeRestorePrivilege and would reopen the hole; the denies name WRITE_DAC and
+    WRITE_OWNER, so no ACE the sandbox user kept lets it take the object again (acl.WRITE_DAC_OWNER)."""
     for step in plan.steps:
         if step.ace.kind != "deny" or step.placeholder:
             continue  # a placeholder does not exist yet: sandgate makes it, as the real user
-        who = api.owner(step.path)
-        if who is not None and sddl.sid_of(who) == sddl.sid_of(sid):
+        if not _sandbox_owned(api, step.path, sid):
+            continue
+        try:
+            api.set_owner(step.path)
+            still = _sandbox_owned(api, step.path, sid)
+        except WinApiError as e:
+            still, why = True, f" ({e})"
+        else:
+            why = ""
+        if still:
             raise WinApiError(
                 f"{step.path} belongs to the sandbox user (made inside an earlier run), which could change its "
-                f'ACL and undo its protection; take it back with: icacls "{step.path}" /setowner "%USERNAME%" '
-                "/T /C (or, as administrator, takeown /F <path> /R), then run again"
+                f"ACL and undo its protection, and it could not be taken back{why}; as administrator run: "
+                f'takeown /F "{step.path}" /R, then run again'
             )
+
+
+def _sandbox_owned(api: FileApi, path: str, sid: str) -> bool:
+    who = api.owner(path)
+    return who is not None and sddl.sid_of(who) == sddl.sid_of(sid)
 
 
 def _placeholder(api: FileApi, step: AclStep, sid: str, applied: Applied) -> None:
@@ -133,11 +150,19 @@ def _restore(api: FileApi, entry: JournalEntry) -> None:
     if action == "set_before":
         api.set_dacl(entry.path, entry.before_sddl)
     elif action == "remove_sid_aces" and current is not None:
-        api.set_dacl(entry.path, sddl.without_sid(current, entry.sid))
+        api.set_dacl(entry.path, _without_ours(current, entry.sid))
     elif action == "remove_placeholder":
         api.remove_empty_dir(entry.path)  # not empty: the real user put something there; kept
     elif action == "remove_placeholder_file" and api.read_file(entry.path) == entry.text.encode():
         api.remove_file(entry.path)  # still exactly what sandgate wrote; anything else is the real user's
+
+
+def _without_ours(current: str, sid: str) -> str:
+    """The sandbox SID's ACEs and the plan's OWNER RIGHTS ACE (acl.OWNER_RIGHTS, r2-fixes F2) taken out;
+    whatever else the real user changed during the run stays."""
+    head, aces = sddl.split_dacl(sddl.without_sid(current, sid))
+    ours = Ace("allow", READ_CONTROL, OWNER_RIGHTS, "OICIIO").sddl()
+    return head + "".join(a for a in aces if not sddl.same_ace(a, ours))
 
 
 def finish(api: FileApi, applied: Applied, on_error: Callable[[str], None]) -> None:

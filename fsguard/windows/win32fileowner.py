@@ -1,9 +1,9 @@
-"""A file's owner SID, for the ACL plan's owner check (aclapply.check_owners; win-acl A3).
+"""A file's owner SID, read and taken back, for the ACL plan's owners (aclapply.take_owners; win-acl A3, r2-fixes F3).
 
 Why it matters: "An object's owner implicitly has WRITE_DAC access to the object" (https://learn.microsoft.com/en-us/windows/win32/secauthz/owner-of-a-new-object),
 whatever deny ACE its DACL holds, so a deny on an object the sandbox user owns is no boundary.
-Only calls (GetNamedSecurityInfoW with OWNER_SECURITY_INFORMATION, ConvertSidToStringSidW), both in
-the documented call table; never run on Windows yet.
+Only calls (GetNamedSecurityInfoW / SetNamedSecurityInfoW with OWNER_SECURITY_INFORMATION,
+ConvertSidToStringSidW, ConvertStringSidToSidW), all in the documented call table; never run on Windows yet.
 """
 
 from __future__ import annotations
@@ -37,3 +37,18 @@ def owner_sid(path: str) -> str | None:
             fn("LocalFree")(text)
     finally:
         fn("LocalFree")(sd)  # the owner SID points into this descriptor: freed last
+
+
+def set_owner(path: str, sid: str) -> None:
+    """`sid` (the caller's own: without SeRestorePrivilege the owner "must be contained in the caller's
+    token") as the owner of `path`; needs WRITE_OWNER there ("To set the owner, the caller must have
+    WRITE_OWNER access to the object", learn.microsoft.com/windows/win32/api/aclapi/nf-aclapi-setnamedsecurityinfow).
+    OWNER_SECURITY_INFORMATION alone: the DACL is neither read nor set, nothing is propagated."""
+    psid = c_void_p()
+    check("ConvertStringSidToSidW", fn("ConvertStringSidToSidW")(sid, ctypes.byref(psid)))
+    try:
+        err = fn("SetNamedSecurityInfoW")(path, SE_FILE_OBJECT, OWNER_SECURITY_INFORMATION, psid, None, None, None)
+        if err:
+            raise Win32Error(err, f"SetNamedSecurityInfoW({path!r}, owner) failed (error {err})")
+    finally:
+        fn("LocalFree")(psid)  # ConvertStringSidToSidW's SID: "call the LocalFree function to free"

@@ -154,17 +154,17 @@ def _station(plan: desktop.DesktopPlan, sa: SECURITY_ATTRIBUTES) -> tuple[int, s
     )
     check("CreateWindowStationW", station)
     try:
-        dacl = _window_dacl(station)
+        dacl = window_dacl(station)
         # a station that was there before us (sa not applied) and that does not let everyone in
         if f";;;{plan.sandbox_sid})" not in dacl and "NO_ACCESS_CONTROL" not in dacl:
-            _set_window_dacl(station, sddl.with_ace(dacl, plan.station_grant))
-        return int(station), _object_name(station)
+            set_window_dacl(station, sddl.with_ace(dacl, plan.station_grant))
+        return int(station), object_name(station)
     except BaseException:
         fn("CloseWindowStation")(station)
         raise
 
 
-def _object_name(handle: int) -> str:
+def object_name(handle: int) -> str:
     buf, needed = ctypes.create_unicode_buffer(256), c_uint32()
     ok = fn("GetUserObjectInformationW")(handle, UOI_NAME, buf, ctypes.sizeof(buf), ctypes.byref(needed))
     check("GetUserObjectInformationW", ok)
@@ -173,12 +173,13 @@ def _object_name(handle: int) -> str:
     return buf.value
 
 
-def _window_dacl(handle: int) -> str:
+def window_dacl(handle: int, kind: int = SE_WINDOW_OBJECT) -> str:
+    """The object's DACL as SDDL (`kind`: SE_WINDOW_OBJECT for stations and desktops, SE_KERNEL_OBJECT)."""
     sd, text = c_void_p(), c_wchar_p()
     info = DACL_SECURITY_INFORMATION
-    err = fn("GetSecurityInfo")(handle, SE_WINDOW_OBJECT, info, None, None, None, None, ctypes.byref(sd))
+    err = fn("GetSecurityInfo")(handle, kind, info, None, None, None, None, ctypes.byref(sd))
     if err:
-        raise Win32Error(err, f"GetSecurityInfo on the window station failed (error {err})")
+        raise Win32Error(err, f"GetSecurityInfo failed (error {err})")
     try:
         to_text = fn("ConvertSecurityDescriptorToStringSecurityDescriptorW")
         check(
@@ -192,16 +193,16 @@ def _window_dacl(handle: int) -> str:
         fn("LocalFree")(sd)
 
 
-def _set_window_dacl(handle: int, text: str) -> None:
+def set_window_dacl(handle: int, text: str, kind: int = SE_WINDOW_OBJECT) -> None:
     sd, present, dacl, defaulted = c_void_p(), c_int32(), c_void_p(), c_int32()
     ok = fn("ConvertStringSecurityDescriptorToSecurityDescriptorW")(text, SDDL_REVISION_1, ctypes.byref(sd), None)
     check("ConvertStringSecurityDescriptorToSecurityDescriptorW", ok)
     try:
         ok = fn("GetSecurityDescriptorDacl")(sd, ctypes.byref(present), ctypes.byref(dacl), ctypes.byref(defaulted))
         check("GetSecurityDescriptorDacl", ok)
-        err = fn("SetSecurityInfo")(handle, SE_WINDOW_OBJECT, DACL_SECURITY_INFORMATION, None, None, dacl, None)
+        err = fn("SetSecurityInfo")(handle, kind, DACL_SECURITY_INFORMATION, None, None, dacl, None)
         if err:
-            raise Win32Error(err, f"SetSecurityInfo on the window station failed (error {err})")
+            raise Win32Error(err, f"SetSecurityInfo failed (error {err})")
     finally:
         fn("LocalFree")(sd)
 

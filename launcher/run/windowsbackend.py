@@ -5,16 +5,22 @@
             2. replay ACL journals left by dead runs (crash recovery)
             2b. sweep what a dead run's command left outside its job (sweep.py), unless another run
                is live; leftovers that survive refuse the run (they would share its grants)
-            3. the proxy: `sandgate proxy` as a child on the filters' loopback port, ready line awaited
+            3. the proxy: `sandgate proxy` as a child on the filters' loopback port, ready line awaited;
+               without a policy, that port bound by sandgate itself (nobody else's proxy: refused if taken);
+               inspecting: its CA written to the run's trust folder, made before the plan grants it
+               read (trust.py), and 3b. the bundle CMD's TLS clients are pointed at
             4. the ACL plan: each change journalled (write-ahead), then applied
             5. the job (job.check_job: kill on close, no breakaway, no UI limits: they cannot nest)
+            5a. the sandbox SID denied this session's window station and desktop and sandgate's and
+               the proxy's processes (logonreach.py: CMD's token likely holds the real user's logon SID)
             5b. the run's private window station and desktop (desktop.py: not the user's desktop)
             5c. `--transparent` only: the redirect loop started (transparent.py; its resolver
                listens before step 3, its check runs with step 1)
   start:    5d. the run's sweep marked pending (write-ahead: a killed sandgate leaves the mark)
             6. CMD suspended, as the sandbox user, on that desktop, its executable resolved here
                (exesearch.py), its std handles sandgate's pipes, with the env block (filtered env
-               without the real user's profile, plus the sandbox user's profile and proxy vars)
+               without the real user's profile, plus the sandbox user's profile and proxy vars,
+               git's safe.directory for the workspace (gitenv.py), the CA bundle's variables)
             7. into the job; refused -> terminated, never resumed
             8. resumed
   wait:     9. CMD's exit code
@@ -23,8 +29,8 @@
             sandbox user (sweep.py: its tasks deleted, its processes outside the job ended; one
             `sandgate: teardown: ...` line for anything that survived, the mark kept for the next
             run and `sandgate cleanup`), restore the DACLs and remove placeholders
-            (acljournal.restore_action), delete the journal, stop the proxy, close the loop's
-            resolver. A failure inside make tears down what make did before it is raised.
+            (acljournal.restore_action), delete the journal, stop the proxy (or free the held
+            port), remove the trust folder, close the loop's resolver. A failure inside make tears down what make did before it is raised.
 
 Why the proxy is a child: the per-user daemon's control socket is AF_UNIX, which CPython lacks on
 Windows; the standalone proxy (netguard/daemon/standalone.py) listens on 127.0.0.1 itself. Every
@@ -38,10 +44,11 @@ import ntpath
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from fsguard.windows import acl, aclapply, desktop, envblock, exesearch, launch, profileenv, sweep, winpath
+from fsguard.windows import acl, aclapply, desktop, envblock, exesearch, gitenv, launch, profileenv, sweep, winpath
 from fsguard.windows.launch import Launch
+from launcher.run import inspection
 from launcher.run.seam import PlatformName, SandboxRequest
-from launcher.run.windows import plan
+from launcher.run.windows import plan, trust
 from launcher.run.windows import setup as winsetup
 from launcher.run.windows import transparent as tp
 from launcher.run.windows.winapi import WinApi
@@ -54,6 +61,13 @@ PROXY_READY_TIMEOUT = 30.0  # the proxy imports mitmproxy: seconds, on a cold ma
 JOB_REFUSED = (
     "the command could not join the run's job and was ended; if sandgate itself runs inside a job with "
     "UI limits (some CI agents and sandboxed terminals), run it from an ordinary terminal"
+)
+
+#: A run without a policy found the proxy port taken (U4): the one port the filters let CMD reach
+#: would lead to another run's proxy (its allowlist) or another program.
+PORT_TAKEN = (
+    "another sandgate run (or another program) holds the port the sandbox may reach; "
+    "Windows runs one sandbox at a time per user: wait for that run to end, or stop that program"
 )
 
 
@@ -73,6 +87,9 @@ class WinSandbox:
     proc: Proc | None = None
     capture: tp.Capture | None = None  # `--transparent` only: the redirect loop and its resolver
     mark: str | None = None  # the pending-sweep mark, set before CMD exists (sweep.marker)
+    trust: str | None = None  # inspecting runs: the folder of the run's CA and bundle (trust.py, U2)
+    bundle: str | None = None  # the bundle CMD's TLS clients are pointed at
+    held: int | None = None  # a run without a policy: the proxy port, bound by us (U4)
     notes: list[str] = field(default_factory=list)  # teardown problems, said by the caller
 
 
@@ -110,13 +127,19 @@ class WindowsBackend:
         journal = state.journal_path(appdata, api.own_pid(), request.task)
         box = WinSandbox(request, ready, aclapply.Applied(journal))
         try:
-            box.plan = _plan(api, request, ready.record, appdata)
+            if self.proxy_argv is not None and inspection.needed(request.policy.network):
+                box.trust = trust.make_folder(api, appdata, request.task)  # U2: the CA readable to CMD
+            box.plan = _plan(api, request, ready.record, appdata, (box.trust,) if box.trust else ())
             box.desk = _desk(api, request, ready.record)
             if self.transparent:  # the resolver before the proxy (transparent.py)
                 box.capture = tp.prepare(api, ready.record, lambda: box.job, self.warn)
             self._proxy(box)  # 3
+            if box.trust is not None:  # 3b: the proxy wrote its CA; the bundle beside it, before the ACLs
+                box.bundle = trust.install(api, box.trust, request.env)
+                self.warn(f"TLS to inspected hosts is signed by this run's CA, trusted inside via {box.bundle}")
             aclapply.apply(api, box.plan.acls, ready.record.sid, box.applied)  # 4
             box.job = api.create_job(box.plan.limits)  # 5 (limits passed job.check_job in plan_job)
+            self._deny_reach(box)  # 5a: what the real user's logon SID would open to CMD (logonreach.py)
             box.desktop, box.lp_desktop = api.create_desktop(box.desk)  # 5b (never the user's desktop)
             if box.capture is not None:
                 tp.start(box.capture)  # 5c: before CMD exists, so none of its connects goes unseen
@@ -126,13 +149,30 @@ class WindowsBackend:
         return box
 
     def _proxy(self, box: WinSandbox) -> None:
-        if self.proxy_argv is None:
+        if self.proxy_argv is None:  # U4: the one port CMD may reach is ours, not another run's proxy
+            try:
+                box.held = self.api.hold_port(box.ready.record.port)
+            except WinApiError as e:
+                raise WinApiError(f"{e}; {PORT_TAKEN}") from None
             return
         argv = (*self.proxy_argv, "--listen", f"127.0.0.1:{box.ready.record.port}")
         if box.capture is not None:
             argv += ("--transparent", tp.LISTEN)
+        if box.trust is not None:  # not next to the audit log: sandgate's folder is denied to CMD
+            argv += ("--ca-cert", ntpath.join(box.trust, trust.CA_FILE))
         box.proxy = self.api.start_proxy(argv)
         self.api.await_proxy(box.proxy, PROXY_READY_TIMEOUT)
+
+    def _deny_reach(self, box: WinSandbox) -> None:
+        """The sandbox SID denied this session's window station and desktop and sandgate's own and the
+        proxy's processes, before CMD exists: its token likely holds the real user's logon SID
+        (logonreach.py). Said, not refused, when Windows will not take it: the private desktop stays
+        the first answer, and `sandgate verify`'s `logon_sid` row shows what CMD can still reach."""
+        pids = (self.api.own_pid(), *((box.proxy.pid,) if box.proxy is not None else ()))
+        try:
+            self.api.deny_logon_reach(box.ready.record.sid, pids)
+        except WinApiError as e:
+            self.warn(f"{e}; the command may reach this desktop and sandgate's memory (docs/windows.md, 'Known gaps')")
 
     def start(self, sandbox: object) -> None:
         box = _box(sandbox)
@@ -167,6 +207,9 @@ class WindowsBackend:
         self._step(box, "sweep the sandbox user's leftovers", self._sweep)  # after the job: what escaped it
         self._step(box, "restore the ACLs", lambda b: aclapply.finish(self.api, b.applied, b.notes.append))
         self._step(box, "stop the proxy", self._stop_proxy)
+        if box.trust is not None:  # after the ACLs and the proxy: the folder's grant is gone, the CA closed
+            where, box.trust, box.bundle = box.trust, None, None
+            self._step(box, "remove the run's CA folder", lambda _: trust.remove(self.api, where))
         if box.capture is not None:
             capture, box.capture = box.capture, None
             tp.close_resolver(capture)
@@ -216,6 +259,9 @@ class WindowsBackend:
         box.mark = None
 
     def _stop_proxy(self, box: WinSandbox) -> None:
+        if box.held is not None:
+            held, box.held = box.held, None
+            self.api.release_port(held)
         if box.proxy is not None:
             proxy, box.proxy = box.proxy, None
             self.api.stop_proxy(proxy)
@@ -244,14 +290,17 @@ def _box(sandbox: object) -> WinSandbox:
     return sandbox
 
 
-def _plan(api: WinApi, request: SandboxRequest, record: state.SetupRecord, appdata: str) -> plan.WindowsPlan:
-    """The run's plan; sandgate's own state (journals, sealed password, audit logs) denied to the SID."""
+def _plan(
+    api: WinApi, request: SandboxRequest, record: state.SetupRecord, appdata: str, grants: tuple[str, ...] = ()
+) -> plan.WindowsPlan:
+    """The run's plan; sandgate's own state (journals, sealed password, audit logs) denied to the SID;
+    `grants`: folders CMD must read besides its toolchain (the run's CA, trust.py)."""
     fs = request.policy.filesystem
     fs = dataclasses.replace(fs, read_deny=(*fs.read_deny, state.root(appdata)))
     policy = dataclasses.replace(request.policy, filesystem=fs)
     home = api.home()
     try:
-        reads = acl.toolchain_dirs(api.environ(), home)  # M6: per-user toolchains on the real user's PATH
+        reads = (*acl.toolchain_dirs(api.environ(), home), *grants)  # M6: per-user toolchains on the real user's PATH
         found = acl.candidates(fs, cwd=request.cwd, home=home, read_grants=reads)
         existing = frozenset(winpath.key(p) for p in found if api.exists(p))
         host = plan.Host(record.sid, request.cwd, home, existing, explicit_port=record.port, user=record.name)
@@ -268,6 +317,22 @@ def _desk(api: WinApi, request: SandboxRequest, record: state.SetupRecord) -> de
         raise WinApiError(str(e)) from None
 
 
+def _git_dirs(api: WinApi, cwd: str) -> tuple[str, ...]:
+    """Where the sandbox user's git may trust another owner (gitenv.py, r2-user U1): the workspace,
+    and the repository it lies in when that is higher up and its `.git` is the real user's (never a
+    `.git` another account planted above it, e.g. `C:\\.git`)."""
+    here = cwd
+    while not api.exists(ntpath.join(here, ".git")):
+        if ntpath.dirname(here) == here:
+            return (cwd,)  # in no repository: the workspace alone (a `git init` there is the user's)
+        here = ntpath.dirname(here)
+    try:
+        mine = here != cwd and api.owner(ntpath.join(here, ".git")) == api.current_user_sid()
+    except WinApiError:
+        mine = False  # an owner we cannot even read is not ours to vouch for
+    return (cwd, here) if mine else (cwd,)
+
+
 def _launch(api: WinApi, box: WinSandbox, run: plan.WindowsPlan) -> Launch:
     """CMD's start, all of it decided here: the block checked before Windows sees it (an
     EnvBlockError is the user's one line, not a traceback: W1), the executable found with the
@@ -277,6 +342,8 @@ def _launch(api: WinApi, box: WinSandbox, run: plan.WindowsPlan) -> Launch:
     request = box.request
     env = envblock.overlay(profileenv.scrub(request.env, api.home(), keep_under=(request.cwd,)), run.env)
     try:
+        env = gitenv.with_safe_directories(env, _git_dirs(api, request.cwd))  # U1: git trusts the workspace
+        env = envblock.overlay(env, trust.env(box.bundle) if box.bundle else ())  # U2: the run's CA
         envblock.build(env)
         found = exesearch.resolve(request.cmd, env, request.cwd, api.exists)
         launch.check_cmdline(found.cmdline, request.cmd[0])  # CreateProcessWithLogonW's bound (R1)

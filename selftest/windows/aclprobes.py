@@ -28,6 +28,7 @@ PROBE = "sandgate-probe"
 class FsOps(Protocol):
     """The file operations a probe takes, each raising OSError as the Win32 call fails."""
 
+    def read(self, path: str) -> bytes: ...
     def write(self, path: str, data: bytes) -> None: ...
     def mkdir(self, path: str) -> None: ...
     def rename(self, src: str, dst: str) -> None: ...
@@ -86,6 +87,32 @@ def _made(path: str) -> Callable[[FsOps], None]:
     return _delete(ntpath.join(head, tail.split(":")[0]))
 
 
+def _overwrite(path: str) -> tuple[Callable[[FsOps], None], Callable[[FsOps], None]]:
+    """An attack that rewrites an existing protected file, and the undo that puts its bytes back. On NTFS
+    `.GIT\\Config` and `GIT~1\\config` ARE `.git\\config` (names compare case-insensitively, an alias names
+    the same file): an attack that works must leave the repository's config as it found it."""
+    saved: list[bytes | None] = []
+
+    def attack(fs: FsOps) -> None:
+        try:
+            saved.append(fs.read(path))
+        except FileNotFoundError:
+            saved.append(None)  # the write would make it: the undo deletes it
+        except OSError:
+            pass  # unreadable: the write is still the attack; the undo then says it cannot restore
+        fs.write(path, b"sandgate probe\n")
+
+    def undo(fs: FsOps) -> None:
+        if not saved:
+            raise OSError(f"{path} was not readable before: its old contents are unknown")
+        if saved[0] is None:
+            fs.delete(path)
+        else:
+            fs.write(path, saved[0])
+
+    return attack, undo
+
+
 def _back(ws: str) -> Callable[[FsOps], None]:
     """Undo for a `.git` that got renamed away: put it back at once."""
     return _rename(ntpath.join(ws, f"{PROBE}-git"), ntpath.join(ws, ".git"))
@@ -128,7 +155,7 @@ def case_variant(ws: str) -> list[Check]:
         Check("write a workspace file", "allowed", _write(a)),
         Check("write it in upper case", "allowed", _write(upper), _cleanup(upper, a)),
         Check("write .GiT\\HOOKS\\<new hook>", "blocked", _write(hook), _made(hook)),
-        Check("write .GIT\\Config", "blocked", _write(ntpath.join(ws, ".GIT", "Config"))),
+        Check("write .GIT\\Config", "blocked", *_overwrite(ntpath.join(ws, ".GIT", "Config"))),
         Check(
             "rename .GiT away", "blocked", _rename(ntpath.join(ws, ".GiT"), ntpath.join(ws, f"{PROBE}-git")), _back(ws)
         ),
@@ -149,7 +176,7 @@ def short_name(ws: str, fs: FsOps) -> list[Check] | None:
         Check("write a workspace file", "allowed", _write(long)),
         Check(f"write it as {alias}", "allowed", _write(ntpath.join(ws, alias)), _delete(long)),
         Check(f"write {git_alias}\\hooks\\<new hook>", "blocked", _write(hook), _made(hook)),
-        Check(f"write {git_alias}\\config", "blocked", _write(ntpath.join(git, "config"))),
+        Check(f"write {git_alias}\\config", "blocked", *_overwrite(ntpath.join(git, "config"))),
         Check(f"rename {git_alias} away", "blocked", _rename(git, ntpath.join(ws, f"{PROBE}-git")), _back(ws)),
     ]
 

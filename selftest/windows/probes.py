@@ -114,6 +114,7 @@ PROBES: dict[str, tuple[Coverage, str]] = {
 #: Windows-only probes (Codex's smoke suite found most): bodies in allbodies.bodies(); the rest to write.
 WINDOWS_ONLY: tuple[str, ...] = (
     "private_desktop",  # SendInput / hooks / WinSta0 from the run (probedesktop.py)
+    "logon_sid",  # the real user's logon SID in CMD's token: their processes, WinSta0\\Default (probelogon.py)
     "git_rename",  # .git renamed away, a new one planted (issue 28 H2; probeacl.py)
     "alternate_data_stream",  # write protected:stream, .git::$INDEX_ALLOCATION (probeacl.py)
     "case_variant",  # .GiT\\hooks (probeacl.py)

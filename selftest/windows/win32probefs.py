@@ -11,6 +11,10 @@ import os
 class OsFsOps:
     """FsOps over the real Win32 calls (Python's own open/os map to CreateFileW/MoveFileExW)."""
 
+    def read(self, path: str) -> bytes:
+        with open(path, "rb") as f:
+            return f.read()
+
     def write(self, path: str, data: bytes) -> None:
         with open(path, "wb") as f:
             f.write(data)

@@ -389,5 +389,10 @@ CALLS: tuple[Call, ...] = (
         (HANDLE, c_int32, DWORD, LPVOID, LPVOID, LPVOID, LPVOID),
         DWORD,
     ),
+    Call(
+        "user32", "OpenWindowStationW", DOCS + "winuser/nf-winuser-openwindowstationw", (c_wchar_p, BOOL, DWORD), HANDLE
+    ),
+    Call("user32", "OpenDesktopW", DOCS + "winuser/nf-winuser-opendesktopw", (c_wchar_p, DWORD, BOOL, DWORD), HANDLE),
+    Call("user32", "GetThreadDesktop", DOCS + "winuser/nf-winuser-getthreaddesktop", (DWORD,), HANDLE),
 )
 BY_NAME = {c.name: c for c in CALLS}

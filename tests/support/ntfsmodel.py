@@ -22,6 +22,7 @@ FILE_ADD_SUBDIRECTORY = 0x4
 FILE_DELETE_CHILD = 0x40
 DELETE = 0x10000
 WRITE_DAC = 0x40000
+WRITE_OWNER = 0x80000
 READ_CONTROL = 0x20000
 OWNER_RIGHTS = "S-1-3-4"
 _GENERIC = {0x10000000: 0x1F01FF, 0x80000000: 0x120089, 0x40000000: 0x120116, 0x20000000: 0x1200A0}
@@ -239,6 +240,17 @@ class Ntfs:
             raise Denied(path)
         self.m.dacls[obj] = text
 
+    def set_owner(self, path: str) -> None:
+        """SetNamedSecurityInfo(OWNER_SECURITY_INFORMATION) with this user's own SID: "To set the owner,
+        the caller must have WRITE_OWNER access to the object" and without SeRestorePrivilege the SID
+        "must be contained in the caller's token" (learn.microsoft.com/windows/win32/api/aclapi/nf-aclapi-setnamedsecurityinfow)."""
+        obj, _ = self.resolve(path)
+        if not self._exists(obj):
+            raise FileNotFoundError(path)
+        if not self.allowed(obj, WRITE_OWNER):
+            raise Denied(path)
+        self.m.owners[obj] = self.token[0]
+
     def delete(self, path: str) -> None:
         """DeleteFile / RemoveDirectory: the object's DELETE or its parent's FILE_DELETE_CHILD."""
         obj, stream = self.resolve(path)
@@ -293,6 +305,16 @@ class ModelFsOps:
 
     def __init__(self, ntfs: Ntfs) -> None:
         self.ntfs = ntfs
+
+    def read(self, path: str) -> bytes:
+        obj, stream = self.ntfs.resolve(path)
+        if not self.ntfs._exists(obj):
+            raise FileNotFoundError(path)
+        if self.ntfs._is_dir(obj):
+            raise IsADirectoryError(path)
+        if not self.ntfs.allowed(obj, 0x1):  # FILE_READ_DATA; a stream shares its file's security
+            raise Denied(path)
+        return b"" if stream else self.ntfs.m.files.get(obj, b"")
 
     def write(self, path: str, data: bytes) -> None:
         self.ntfs.write(path, data)

@@ -32,6 +32,8 @@ from tests.support.windivertfake import DivertFake
 REAL_SID = "S-1-5-21-1111111111-2222222222-3333333333-1000"
 WS, HOME, APPDATA = r"C:\src\proj", r"C:\Users\me", r"C:\Users\me\AppData\Local"
 TOOL = r"C:\Tools\tool.exe"
+FAKE_ROOT = "-----BEGIN CERTIFICATE-----\nRkFLRVJPT1Q=\n-----END CERTIFICATE-----\n"  # the machine's store
+FAKE_CA = "-----BEGIN CERTIFICATE-----\nRkFLRUNB\n-----END CERTIFICATE-----\n"  # a run's inspection CA
 BASE_DACL = "D:AI(A;OICIID;FA;;;SY)(A;OICIID;FA;;;BA)(A;OICIID;FA;;;" + REAL_SID + ")"
 
 
@@ -95,6 +97,9 @@ class FakeWinApi(DivertFake, ServiceSdFake, SweepFake):
         self.violations: list[str] = []  # things the backend must never do
         self.session_sid: str | None = REAL_SID  # the terminal session's user (WTSQuerySessionInformationW)
         self.desktop_sddl: dict[str, str] = {}
+        self.reach_denied: dict[str, set[str]] = {}  # object -> SIDs denied on it (deny_logon_reach, U3)
+        self.bound: dict[int, int] = {}  # loopback port -> what binds it (a proxy's pid, a held port: U4)
+        self.unready: set[int] = set()  # proxies whose bind failed
         self.job_limits: dict[int, JobLimits] = {}
         self.nested: set[int] = set()  # pids already in another job (the Secondary Logon service's)
         self.launches: dict[int, tuple[Launch, str]] = {}  # pid -> its start, the desktop it runs on
@@ -307,6 +312,14 @@ class FakeWinApi(DivertFake, ServiceSdFake, SweepFake):
         self._hit("owner", path)
         return self.m.owners.get(path, REAL_SID) if self.exists(path) else None
 
+    def set_owner(self, path: str) -> None:
+        """The real user takes `path`: only with WRITE_OWNER by its DACL (the NTFS model's check, ntfsmodel.set_owner)."""
+        self._hit("set_owner", path)
+        try:
+            ntfsmodel.Ntfs(self.m, REAL_SID).set_owner(path)
+        except (ntfsmodel.Denied, FileNotFoundError) as e:
+            raise WinApiError(f"SetNamedSecurityInfoW({path!r}, owner) failed (error 5)") from e
+
     # processes
     def pid_alive(self, pid: int) -> bool:
         self._hit("pid_alive", pid)
@@ -341,6 +354,18 @@ class FakeWinApi(DivertFake, ServiceSdFake, SweepFake):
     def close_desktop(self, handle: int) -> None:
         self._hit("close_desktop", handle)
         self.m.desktops.pop(handle, None)
+
+    def deny_logon_reach(self, sid: str, pids: tuple[int, ...]) -> int:
+        """CreateProcessWithLogonW "uses the logon SID in the caller token" (learn.microsoft.com/windows/
+        win32/api/winbase/nf-winbase-createprocesswithlogonw, Remarks): modelled as CMD holding the real
+        user's logon SID, which the session's station and desktop and the real user's processes grant;
+        an explicit deny for `sid` beats that allow (winprobefakes.logon_sid reads `reach_denied`)."""
+        self._hit("deny_logon_reach", sid, pids)
+        objects = ("WinSta0", "WinSta0\\Default", *(f"pid:{p}" for p in pids))
+        added = [o for o in objects if sid not in self.reach_denied.setdefault(o, set())]
+        for o in added:
+            self.reach_denied[o].add(sid)
+        return len(added)
 
     def start_suspended(self, launch: Launch) -> Proc:
         self._hit("start_suspended", launch.user, launch.argv, launch.cwd, dict(launch.env))
@@ -396,14 +421,41 @@ class FakeWinApi(DivertFake, ServiceSdFake, SweepFake):
         self._hit("start_proxy", argv)
         pid = self._id()
         self.m.proxies.add(pid)
+        port = int(argv[argv.index("--listen") + 1].rsplit(":", 1)[1]) if "--listen" in argv else 0
+        if port in self.bound:  # its bind fails (WSAEADDRINUSE) and it exits before its ready line
+            self.unready.add(pid)
+        elif port:
+            self.bound[port] = pid
+        if "--ca-cert" in argv:  # an inspecting proxy writes its CA certificate there (launcher/run/proxy.py)
+            self.m.files[argv[argv.index("--ca-cert") + 1]] = FAKE_CA.encode()
         return Proc(pid, 0)
+
+    def system_roots(self) -> tuple[str, ...]:
+        self._hit("system_roots")
+        return (FAKE_ROOT,)
 
     def await_proxy(self, proc: Proc, timeout: float) -> None:
         self._hit("await_proxy")
+        if proc.pid in self.unready:
+            raise WinApiError(f"the proxy did not get ready in {timeout:.0f} s (port in use by another run?)")
 
     def stop_proxy(self, proc: Proc) -> None:
         self._hit("stop_proxy")
         self.m.proxies.discard(proc.pid)
+        self.bound = {port: who for port, who in self.bound.items() if who != proc.pid}
+
+    def hold_port(self, port: int) -> int:
+        """One holder per loopback port: a second bind fails (SO_EXCLUSIVEADDRUSE, learn.microsoft.com/
+        windows/win32/winsock/using-so-reuseaddr-and-so-exclusiveaddruse)."""
+        self._hit("hold_port", port)
+        if port in self.bound:
+            raise WinApiError(f"127.0.0.1:{port} is in use (WSAEADDRINUSE)")
+        self.bound[port] = handle = self._id()
+        return handle
+
+    def release_port(self, handle: int) -> None:
+        self._hit("release_port", handle)
+        self.bound = {port: who for port, who in self.bound.items() if who != handle}
 
 
 def set_up(api: FakeWinApi) -> None:

@@ -46,6 +46,27 @@ def acl_probe(api: Any, launch: Launch, desk: str) -> dict[str, Any] | None:
 SIMULATIONS |= dict.fromkeys(("git_rename", "alternate_data_stream", "case_variant", "short_name"), acl_probe)
 
 
+def logon_sid(api: Any, launch: Launch, desk: str) -> dict[str, Any]:
+    """probelogon.py (r2-user U3): CMD's token holds the real user's logon SID (winfake.deny_logon_reach's
+    model), so sandgate's process and WinSta0\\Default open unless the sandbox SID is denied there."""
+    from selftest.windows import probelogon
+
+    sid = api.m.users[launch.user][0]
+    pid = json.loads(api.m.files[ntpath.join(launch.cwd, probelogon.PID_FILE)])["pid"]
+
+    def step(obj: str) -> dict[str, Any]:
+        denied = sid in api.reach_denied.get(obj, set())
+        return {"ok": not denied, "error": 5 if denied else 0}
+
+    mine, station = {"ok": True, "error": 0}, step("WinSta0")
+    default = step("WinSta0\\Default") if station["ok"] else None
+    got = {"real_pid": pid, "own_pid": 1, "own_process": mine, "real_process": step(f"pid:{pid}")}
+    return got | {"own_desktop": mine, "own_attach": mine, "winsta0": station, "default": default}
+
+
+SIMULATIONS["logon_sid"] = logon_sid
+
+
 def program(api: Any, launch: Launch, desk: str) -> int:
     """FakeWinApi.program: run the simulation of the probe named last in argv; write its RESULT.
     `python -I FILE NAME`: python exits 2 ("can't open file") when FILE is not there."""

@@ -5,8 +5,10 @@ modify the object's discretionary access control list (DACL)"
 (https://learn.microsoft.com/en-us/windows/win32/secauthz/owner-of-a-new-object), and every object
 the sandbox user creates is its own: a repository cloned or `git init`ed inside an earlier run is.
 The NTFS model (tests/support/ntfsmodel.py) grants the owner that right as Windows does, so the
-attack is shown on it; the run refuses such a workspace in one line before anything changes, and
-runs once the real user took ownership back. Fake evidence only.
+attack is shown on it. Since r2-fixes F3 sandgate takes such objects back itself where the real user
+holds WRITE_OWNER (tests/unit/test_windows_r2fix_owner.py); where it does not (a drive-root DACL here)
+the run is refused in one line before anything changes, and runs once an administrator took ownership
+back. Fake evidence only.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ def _apply(api: FakeWinApi) -> None:
 
 def test_the_owner_resets_a_denied_acl_and_plants_a_hook_the_model_enforces_it(monkeypatch: pytest.MonkeyPatch) -> None:
     """Why the check exists: with the denies applied regardless, the owner undoes them."""
-    monkeypatch.setattr(aclapply, "check_owners", lambda *a: None)  # the plan without the check
+    monkeypatch.setattr(aclapply, "take_owners", lambda *a: None)  # the plan without the take-back
     for owner, planted in ((SID, True), (REAL_SID, False)):
         m = workspace()
         m.owners.update({p: owner for p in CLONED})
@@ -55,31 +57,38 @@ def test_the_owner_resets_a_denied_acl_and_plants_a_hook_the_model_enforces_it(m
         assert HOOK in api.m.files  # runs as the real user at their next checkout
 
 
-def test_apply_refuses_a_workspace_the_sandbox_user_owns_before_changing_anything() -> None:
+#: A workspace under C:\ (Windows 10/11's root ACL): the real user holds Authenticated Users' Modify, no
+#: WRITE_OWNER, on what the sandbox user made there, so it cannot take it back (r2-fixes F3).
+DRIVE_ROOT_DACL = "D:AI(A;OICIID;FA;;;SY)(A;OICIID;FA;;;BA)(A;OICIID;0x1301bf;;;AU)"
+
+
+def test_apply_refuses_a_workspace_the_sandbox_user_owns_it_cannot_take_back_before_changing_anything() -> None:
     m = workspace()
     m.owners.update({p: SID for p in CLONED})
+    m.dacls.update({p: DRIVE_ROOT_DACL for p in CLONED})
     api = FakeWinApi(m)
     before = api.snapshot()
     with pytest.raises(WinApiError) as e:
         _apply(api)
-    assert "belongs to the sandbox user" in str(e.value) and "icacls" in str(e.value) and "\n" not in str(e.value)
+    assert "belongs to the sandbox user" in str(e.value) and "takeown" in str(e.value) and "\n" not in str(e.value)
     assert "set_dacl" not in api.names() and "make_dir" not in api.names() and "append_line" not in api.names()
     assert api.m.dacls == before.dacls and api.m.files == before.files
 
 
-def test_a_run_in_a_repository_cloned_inside_an_earlier_run_is_refused_until_taken_back(
+def test_a_run_in_a_repository_cloned_inside_an_earlier_run_is_refused_until_taken_back_where_it_cannot_be_taken(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     api = winfake.installed(monkeypatch)
     sandbox = winfake.sandbox_sid(api)
     api.m.owners.update({p: sandbox for p in CLONED})
+    api.m.dacls.update({p: DRIVE_ROOT_DACL for p in CLONED})  # r2-fixes F3: else sandgate takes them back itself
     dacls = dict(api.m.dacls)
     with pytest.raises(SystemExit):
         cli.main(["run", "--allow", "example.test", "--", "tool"])
     err = capsys.readouterr().err
     assert "sandgate: error:" in err and "belongs to the sandbox user" in err and "Traceback" not in err
     assert "start_suspended" not in api.names() and api.m.dacls == dacls  # nothing ran, nothing left
-    api.m.owners.clear()  # icacls ... /setowner %USERNAME% /T: the real user's again
+    api.m.owners.clear()  # takeown /F ... /R as administrator: the real user's again
     api.calls.clear()
     assert cli.main(["run", "--allow", "example.test", "--", "tool"]) == api.exit_code  # the same run, permitted
     assert "start_suspended" in api.names() and api.m.dacls == dacls  # ran, and restored after

@@ -261,6 +261,9 @@ class _Posix:
     def __init__(self, ops: aclprobes.FsOps) -> None:
         self.ops = ops
 
+    def read(self, path: str) -> bytes:
+        return self.ops.read(path.replace("\\", "/"))
+
     def write(self, path: str, data: bytes) -> None:
         self.ops.write(path.replace("\\", "/"), data)
 

@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from fsguard.windows import acljournal
+from fsguard.windows import acl, acljournal
 from launcher import cli
 from launcher.run import windowsbackend as backend
 from launcher.run.windows import runner
@@ -101,8 +101,8 @@ def test_during_the_run_the_boundary_is_in_place(api: FakeWinApi) -> None:
     assert f"(A;OICI;0x1301bf;;;{sid})" in seen[WS]  # Modify on the workspace
     assert f"(D;OICI;0xd0156;;;{sid})" in seen[WS + r"\.git\hooks"]  # deny-write on hooks
     assert seen[WS + r"\.idea"]  # a placeholder for a protected name that did not exist
-    assert f"(D;OICI;0x29;;;{sid})" in seen[winfake.HOME + r"\.ssh"]  # deny-read on secrets
-    assert f"(D;OICI;0x29;;;{sid})" in seen[state.root(APPDATA)]  # sandgate's own state
+    assert f"(D;OICI;{acl.DENY_READ:#x};;;{sid})" in seen[winfake.HOME + r"\.ssh"]  # deny-read on secrets
+    assert f"(D;OICI;{acl.DENY_READ:#x};;;{sid})" in seen[state.root(APPDATA)]  # sandgate's own state
     assert WS + r"\.idea" not in api.m.dacls  # ...and gone again
 
 

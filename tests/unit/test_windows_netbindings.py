@@ -37,7 +37,7 @@ def _calls(tree: ast.AST) -> list[tuple[str, ast.Call]]:
 
 @pytest.mark.parametrize("module", MODULES)
 def test_every_call_is_in_the_table_with_its_declared_arity(module: str) -> None:
-    calls = _calls(ast.parse((ROOT / module).read_text()))
+    calls = _calls(ast.parse((ROOT / module).read_text(encoding="utf-8")))
     assert calls, module
     for name, call in calls:
         assert name in win32calls.BY_NAME, (module, name)

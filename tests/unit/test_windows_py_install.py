@@ -33,7 +33,7 @@ def _env(over: dict[str, str]) -> dict[str, str]:
 
 
 def _ours(env: dict[str, str]) -> list[Requirement]:
-    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]
     reqs = [Requirement(r) for r in (*project["dependencies"], *project["optional-dependencies"]["test"])]
     return [r for r in reqs if r.marker is None or r.marker.evaluate(env)]
 

@@ -22,7 +22,7 @@ WORKFLOW = REPO / ".github" / "workflows" / "windows.yml"
 
 
 def _steps() -> list[dict[str, Any]]:
-    doc = yaml.safe_load(WORKFLOW.read_text())
+    doc = yaml.safe_load(WORKFLOW.read_text(encoding="utf-8"))
     steps: list[dict[str, Any]] = doc["jobs"]["windows"]["steps"]
     return steps
 

@@ -33,6 +33,7 @@ from fsguard.windows.launch import Launch
 from launcher.run.windows import win32debug, win32owner
 from launcher.run.windows.realowner import RealOwnerApi
 from launcher.run.windows.realsweep import RealSweepApi
+from launcher.run.windows.win32runsession import RealSessionApi
 from netguard.windows import firewall, win32divert, win32wfp
 from netguard.windows.divertfilter import DivertFilters
 from netguard.windows.firewall import FirewallRule
@@ -81,7 +82,7 @@ def _ready_then_drain(stream: IO[bytes] | None, got: list[bytes], line: threadin
         pass
 
 
-class RealWinApi(RealSweepApi, RealOwnerApi):
+class RealWinApi(RealSweepApi, RealOwnerApi, RealSessionApi):
     """WinApi on Windows. Child processes (the proxy) are kept by pid to stop them later; the
     teardown sweep's effects are RealSweepApi's (realsweep.py)."""
 
@@ -337,7 +338,9 @@ class RealWinApi(RealSweepApi, RealOwnerApi):
         line = threading.Event()
         reader = threading.Thread(target=_ready_then_drain, args=(child.stdout, got, line), daemon=True)
         reader.start()
-        line.wait(timeout)
+        for _ in range(max(1, int(timeout * 10))):  # 0.1 s slices: a lock wait does not see Ctrl+C on Windows
+            if line.wait(0.1):
+                break
         try:
             ready = bool(got) and json.loads(got[0]).get("ready") is True
         except ValueError:
