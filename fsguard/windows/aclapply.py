@@ -1,6 +1,6 @@
 """Applying an ACL plan under the write-ahead journal, undoing it, and replaying what a crash left.
 
-First the owners: a denied object the sandbox user owns is taken back, or the run refused. Then, in the
+First the owners: a denied object the sandbox user owns gets an OWNER RIGHTS ACE (owner_rights). Then, in the
 plan's order (acl.plan_acls puts denies first): [placeholder: journal it, create it as the kind the
 plan names, a directory or a file] and, at a path's last step, all of its ACEs at once: read the
 DACL -> journal the entry (before and after) -> set the DACL. The journal line is durable before
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from fsguard.windows import acljournal, sddl, winpath
-from fsguard.windows.acl import OWNER_RIGHTS, READ_CONTROL, Ace, AclPlan, AclStep
+from fsguard.windows.acl import OICI, OWNER_RIGHTS, READ_CONTROL, Ace, AclPlan, AclStep
 from fsguard.windows.acljournal import JournalEntry
 from sgbase.windows import state
 from sgbase.windows.api import FileApi, WinApiError
@@ -43,7 +43,7 @@ def apply(api: FileApi, plan: AclPlan, sid: str, applied: Applied) -> None:
     automatically propagates any inheritable ACEs to existing child objects", SetNamedSecurityInfoW
     docs), so the root's guard and grant as two calls were two walks of the whole workspace at
     apply and two more at undo. The denies of other paths still come before the grants."""
-    take_owners(api, plan, sid)
+    plan, owned = owner_rights(api, plan, sid)
     last = {winpath.key(s.path): i for i, s in enumerate(plan.steps)}
     due: dict[str, list[AclStep]] = {}
     for i, step in enumerate(plan.steps):
@@ -51,37 +51,52 @@ def apply(api: FileApi, plan: AclPlan, sid: str, applied: Applied) -> None:
             _placeholder(api, step, sid, applied)
         due.setdefault(winpath.key(step.path), []).append(step)
         if last[winpath.key(step.path)] == i:
-            _apply_path(api, due.pop(winpath.key(step.path)), sid, applied)
+            try:
+                _apply_path(api, due.pop(winpath.key(step.path)), sid, applied)
+            except WinApiError as e:  # the sandbox user, as owner, may have shut the real user out
+                if winpath.key(step.path) in owned:
+                    raise _owned_refusal(step.path, e) from None
+                raise
 
 
-def take_owners(api: FileApi, plan: AclPlan, sid: str) -> None:
-    r"""Before anything changes, every object the plan denies that the sandbox user owns (a repository
-    cloned or `git init`ed inside an earlier run) is taken back by the real user (r2-fixes F3): "An
-    object's owner implicitly has WRITE_DAC access to the object"
-    (https://learn.microsoft.com/en-us/windows/win32/secauthz/owner-of-a-new-object), which no deny ACE
-    takes away. The real user may make itself the owner where it holds WRITE_OWNER ("To set the owner,
-    the caller must have WRITE_OWNER access", SetNamedSecurityInfoW), as the profile's inherited Full
-    Control gives it; anywhere else the run is refused in one line. Left so at teardown, unjournalled:
-    giving it back needs SeRestorePrivilege and would reopen the hole; the denies name WRITE_DAC and
-    WRITE_OWNER, so no ACE the sandbox user kept lets it take the object again (acl.WRITE_DAC_OWNER)."""
+def owner_rights(api: FileApi, plan: AclPlan, sid: str) -> tuple[AclPlan, frozenset[str]]:
+    r"""The plan with one more ACE on every object it denies that the sandbox user owns (a repository
+    cloned or `git init`ed inside an earlier run), and those objects' keys. "An object's owner implicitly
+    has WRITE_DAC access to the object" (learn.microsoft.com/windows/win32/secauthz/owner-of-a-new-object),
+    which no deny ACE takes away (win-acl A3); an OWNER RIGHTS ACE replaces the owner's implicit rights
+    with its own (learn.microsoft.com/previous-versions/windows/it-pro/windows-vista/cc749445(v=ws.10)),
+    so one granting READ_CONTROL alone leaves the owner no way to drop the deny. Added to the object itself
+    (and inherited below a directory), journalled and taken out at teardown with the rest.
+
+    Why not take the object back (make the real user its owner): git trusts a repository by its owner
+    (safe.directory, CVE-2022-24765); a `.git` the sandbox user made, its config and hooks written from
+    inside, must stay the sandbox user's, so the real user's git keeps refusing it until the user takes
+    it on purpose (`takeown`), instead of running its fsmonitor at their next `git status` (r3-new)."""
+    owned = {winpath.key(s.path) for s in plan.steps if s.ace.kind == "deny" and not s.placeholder}
+    owned = {k for k in owned if _sandbox_owned(api, _path_of(plan, k), sid)}
+    steps: list[AclStep] = []
+    added: set[str] = set()
     for step in plan.steps:
-        if step.ace.kind != "deny" or step.placeholder:
-            continue  # a placeholder does not exist yet: sandgate makes it, as the real user
-        if not _sandbox_owned(api, step.path, sid):
-            continue
-        try:
-            api.set_owner(step.path)
-            still = _sandbox_owned(api, step.path, sid)
-        except WinApiError as e:
-            still, why = True, f" ({e})"
-        else:
-            why = ""
-        if still:
-            raise WinApiError(
-                f"{step.path} belongs to the sandbox user (made inside an earlier run), which could change its "
-                f"ACL and undo its protection, and it could not be taken back{why}; as administrator run: "
-                f'takeown /F "{step.path}" /R, then run again'
-            )
+        steps.append(step)
+        key = winpath.key(step.path)
+        if key in owned and key not in added and step.ace.kind == "deny":
+            inherit: Literal["OICI", ""] = "OICI" if step.ace.inherit == OICI else ""
+            steps.append(AclStep(step.path, Ace("allow", READ_CONTROL, OWNER_RIGHTS, inherit), "owner"))
+            added.add(key)
+    # those objects first: where the owner shut the real user out, the run is refused before anything else changed
+    steps.sort(key=lambda s: winpath.key(s.path) not in owned)
+    return dataclasses.replace(plan, steps=tuple(steps)), frozenset(owned)
+
+
+def _path_of(plan: AclPlan, key: str) -> str:
+    return next(s.path for s in plan.steps if winpath.key(s.path) == key)
+
+
+def _owned_refusal(path: str, e: WinApiError) -> WinApiError:
+    return WinApiError(
+        f"{path} belongs to the sandbox user (made inside an earlier run) and its ACL cannot be changed ({e}); "
+        f'check what is in it, then take it as administrator: takeown /F "{path}" /R, and run again'
+    )
 
 
 def _sandbox_owned(api: FileApi, path: str, sid: str) -> bool:
@@ -124,7 +139,11 @@ def _apply_path(api: FileApi, steps: list[AclStep], sid: str, applied: Applied) 
     if entry.after_sddl == before:
         return  # the ACEs are there already: nothing to journal or undo
     _journal(api, applied, entry)  # write-ahead: on disk before the DACL changes
-    api.set_dacl(path, entry.after_sddl)
+    try:
+        api.set_dacl(path, entry.after_sddl)
+    except WinApiError:
+        applied.entries.pop()  # refused: nothing changed, nothing for teardown to undo here
+        raise
 
 
 def _journal(api: FileApi, applied: Applied, entry: JournalEntry) -> None:
@@ -158,11 +177,11 @@ def _restore(api: FileApi, entry: JournalEntry) -> None:
 
 
 def _without_ours(current: str, sid: str) -> str:
-    """The sandbox SID's ACEs and the plan's OWNER RIGHTS ACE (acl.OWNER_RIGHTS, r2-fixes F2) taken out;
-    whatever else the real user changed during the run stays."""
+    """The sandbox SID's ACEs and the plan's OWNER RIGHTS ACEs (acl.OWNER_RIGHTS: r2-fixes F2's inherit-only
+    one, owner_rights' on the object) taken out; whatever else the real user changed during the run stays."""
     head, aces = sddl.split_dacl(sddl.without_sid(current, sid))
-    ours = Ace("allow", READ_CONTROL, OWNER_RIGHTS, "OICIIO").sddl()
-    return head + "".join(a for a in aces if not sddl.same_ace(a, ours))
+    ours = [Ace("allow", READ_CONTROL, OWNER_RIGHTS, how).sddl() for how in ("OICIIO", "OICI", "")]
+    return head + "".join(a for a in aces if not any(sddl.same_ace(a, o) for o in ours))
 
 
 def finish(api: FileApi, applied: Applied, on_error: Callable[[str], None]) -> None:

@@ -151,6 +151,11 @@ class FakeWinApi(DivertFake, ServiceSdFake, SweepFake):
     def python(self) -> str:
         return r"C:\Python312\python.exe"
 
+    code: tuple[str, ...] = ()  # sandgate's code folders (selfprotect, r2-ci C3): none unless a test says
+
+    def code_dirs(self) -> tuple[str, ...]:
+        return self.code
+
     # the sandbox user
     def user_sid(self, name: str) -> str | None:
         self._hit("user_sid", name)
@@ -305,6 +310,11 @@ class FakeWinApi(DivertFake, ServiceSdFake, SweepFake):
 
     def set_dacl(self, path: str, text: str) -> None:
         self._hit("set_dacl", path, text)
+        owner = self.m.owners.get(path)
+        if owner not in (None, REAL_SID) and not ntfsmodel.Ntfs(self.m, REAL_SID).allowed(path, ntfsmodel.WRITE_DAC):
+            # SetNamedSecurityInfoW(DACL_SECURITY_INFORMATION) needs WRITE_DAC: an object another user owns
+            # grants it only by an ACE (learn.microsoft.com/windows/win32/secauthz/standard-access-rights)
+            raise WinApiError(f"SetNamedSecurityInfoW({path!r}) failed (error 5)")
         sddl.split_dacl(text)  # a malformed DACL would be refused by Windows too
         self.m.dacls[path] = ntfsmodel.windows_spelling(text)  # M4: read back in Windows' own SDDL
 

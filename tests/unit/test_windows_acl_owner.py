@@ -5,10 +5,10 @@ modify the object's discretionary access control list (DACL)"
 (https://learn.microsoft.com/en-us/windows/win32/secauthz/owner-of-a-new-object), and every object
 the sandbox user creates is its own: a repository cloned or `git init`ed inside an earlier run is.
 The NTFS model (tests/support/ntfsmodel.py) grants the owner that right as Windows does, so the
-attack is shown on it. Since r2-fixes F3 sandgate takes such objects back itself where the real user
-holds WRITE_OWNER (tests/unit/test_windows_r2fix_owner.py); where it does not (a drive-root DACL here)
-the run is refused in one line before anything changes, and runs once an administrator took ownership
-back. Fake evidence only.
+attack is shown on it. sandgate puts an OWNER RIGHTS ACE on such objects, which takes the owner's
+implicit rights away (aclapply.owner_rights; tests/unit/test_windows_r2fix_owner.py); where the real user
+cannot change their ACL (a drive-root DACL here: Modify, no WRITE_DAC) the run is refused in one line with
+nothing changed, and runs once an administrator took ownership. Fake evidence only.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def _apply(api: FakeWinApi) -> None:
 
 def test_the_owner_resets_a_denied_acl_and_plants_a_hook_the_model_enforces_it(monkeypatch: pytest.MonkeyPatch) -> None:
     """Why the check exists: with the denies applied regardless, the owner undoes them."""
-    monkeypatch.setattr(aclapply, "take_owners", lambda *a: None)  # the plan without the take-back
+    monkeypatch.setattr(aclapply, "owner_rights", lambda api, plan, sid: (plan, frozenset()))  # without the fix
     for owner, planted in ((SID, True), (REAL_SID, False)):
         m = workspace()
         m.owners.update({p: owner for p in CLONED})
@@ -62,7 +62,7 @@ def test_the_owner_resets_a_denied_acl_and_plants_a_hook_the_model_enforces_it(m
 DRIVE_ROOT_DACL = "D:AI(A;OICIID;FA;;;SY)(A;OICIID;FA;;;BA)(A;OICIID;0x1301bf;;;AU)"
 
 
-def test_apply_refuses_a_workspace_the_sandbox_user_owns_it_cannot_take_back_before_changing_anything() -> None:
+def test_apply_refuses_a_workspace_the_sandbox_user_owns_where_the_real_user_cannot_change_its_acl() -> None:
     m = workspace()
     m.owners.update({p: SID for p in CLONED})
     m.dacls.update({p: DRIVE_ROOT_DACL for p in CLONED})
@@ -71,17 +71,17 @@ def test_apply_refuses_a_workspace_the_sandbox_user_owns_it_cannot_take_back_bef
     with pytest.raises(WinApiError) as e:
         _apply(api)
     assert "belongs to the sandbox user" in str(e.value) and "takeown" in str(e.value) and "\n" not in str(e.value)
-    assert "set_dacl" not in api.names() and "make_dir" not in api.names() and "append_line" not in api.names()
-    assert api.m.dacls == before.dacls and api.m.files == before.files
+    assert "make_dir" not in api.names() and "write_file" not in api.names()  # refused on the first owned object
+    assert api.m.dacls == before.dacls
 
 
-def test_a_run_in_a_repository_cloned_inside_an_earlier_run_is_refused_until_taken_back_where_it_cannot_be_taken(
+def test_a_run_in_a_repository_cloned_inside_an_earlier_run_is_refused_where_its_acl_cannot_be_changed(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     api = winfake.installed(monkeypatch)
     sandbox = winfake.sandbox_sid(api)
     api.m.owners.update({p: sandbox for p in CLONED})
-    api.m.dacls.update({p: DRIVE_ROOT_DACL for p in CLONED})  # r2-fixes F3: else sandgate takes them back itself
+    api.m.dacls.update({p: DRIVE_ROOT_DACL for p in CLONED})  # else the real user may add the OWNER RIGHTS ACE
     dacls = dict(api.m.dacls)
     with pytest.raises(SystemExit):
         cli.main(["run", "--allow", "example.test", "--", "tool"])

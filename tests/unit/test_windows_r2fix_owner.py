@@ -1,9 +1,8 @@
-"""r2-fixes F1-F3: objects the sandbox user made in an earlier run, taken back and kept denied.
+"""r2-fixes F1-F3: objects the sandbox user made in an earlier run, kept denied.
 
-F3: a denied object the sandbox user owns is taken back by the real user ("To set the owner, the
-caller must have WRITE_OWNER access to the object", and without SeRestorePrivilege the new owner
-"must be contained in the caller's token": learn.microsoft.com/windows/win32/api/aclapi/nf-aclapi-setnamedsecurityinfow),
-which the profile's inherited Full Control gives it; where it holds no WRITE_OWNER the run is refused.
+F3 (as r3-new revised it): a denied object the sandbox user owns stays its own (git trusts a repository by
+its owner) and gets an OWNER RIGHTS ACE, which replaces the owner's implicit WRITE_DAC; where the real user
+cannot change its ACL the run is refused in one line.
 F1: every deny names WRITE_DAC and WRITE_OWNER, so an allow ACE the sandbox user kept (one it added while
 it owned the object) neither rewrites the DACL nor takes the object again. F2: below a protected
 directory an OWNER RIGHTS ACE takes away the owner's implicit WRITE_DAC. All judged by the NTFS model
@@ -12,13 +11,10 @@ directory an OWNER RIGHTS ACE takes away the owner's implicit WRITE_DAC. All jud
 
 from __future__ import annotations
 
-import ctypes
-from typing import Any
-
 import pytest
 
 from fsguard import policy as fspolicy
-from fsguard.windows import acl, aclapply, sddl, win32fileowner, winpath
+from fsguard.windows import acl, aclapply, sddl, winpath
 from sgbase.windows.api import WinApiError
 from tests.support import ntfsmodel
 from tests.support.winfake import APPDATA, BASE_DACL, HOME, REAL_SID, WS, FakeWinApi, workspace
@@ -52,18 +48,21 @@ def _apply(api: FakeWinApi) -> aclapply.Applied:
     return applied
 
 
-def test_denied_objects_the_sandbox_user_made_are_taken_back_before_any_acl_and_stay_so() -> None:
+def test_denied_objects_the_sandbox_user_made_stay_its_own_and_lose_the_owners_implicit_rights() -> None:
+    """r3-new: never taken back (git trusts a repository by its owner: a `.git` the sandbox user made must stay
+    untrusted for the real user's git); an OWNER RIGHTS ACE on each such object, first, journalled, and out at
+    teardown."""
     api = _machine()
     applied = _apply(api)
     for path in (GIT + r"\objects", GIT + r"\objects\info", GIT + r"\hooks", GIT + r"\config", WS + r"\.env"):
-        assert api.m.owners[path] == REAL_SID, path
-    assert api.m.owners[HOOK] == SID  # below a protected folder: not walked (F2 answers it)
-    names = api.names()
-    assert names.index("set_owner") < names.index("set_dacl") and names.index("set_owner") < names.index("append_line")
-    journal = (api.m.files[applied.journal]).decode()
-    assert "owner" not in journal.replace('"placeholder"', "")  # never journalled: nothing to give back
+        assert api.m.owners[path] == SID, path
+        rights = [sddl.parse_ace(a) for a in sddl.split_dacl(api.m.dacls[path])[1]]
+        assert any(a.sid == acl.OWNER_RIGHTS and "IO" not in a.flags for a in rights), path
+    assert "set_owner" not in api.names()
+    first = next(c for c in api.calls if c[0] == "set_dacl")
+    assert winpath.key(str(first[1][0])) in {winpath.key(p) for p in MADE}  # the owned objects before anything else
     aclapply.finish(api, applied, lambda e: pytest.fail(e))
-    assert applied.finished and api.m.owners[GIT + r"\config"] == REAL_SID  # not handed back at teardown
+    assert applied.finished and api.m.owners[GIT + r"\config"] == SID
     assert sddl.same_dacl(api.m.dacls[GIT + r"\objects"], TAKEN)  # the DACLs are restored as they were
 
 
@@ -113,59 +112,18 @@ def test_the_owner_rights_ace_goes_at_teardown_also_when_the_real_user_changed_t
     assert all(a.sid not in (SID, acl.OWNER_RIGHTS) for a in left) and any(a.sid == REAL_SID for a in left)
 
 
-def test_a_take_back_without_write_owner_refuses_the_run_in_one_line() -> None:
+def test_an_owned_object_the_real_user_cannot_change_refuses_the_run_in_one_line_with_nothing_changed() -> None:
     api = _machine()
-    api.m.dacls[GIT + r"\config"] = f"D:P(A;;FA;;;{SID})(A;;0x1301bf;;;{REAL_SID})"  # Modify: no WRITE_OWNER
+    api.m.dacls[GIT + r"\config"] = f"D:P(A;;FA;;;{SID})(A;;0x1301bf;;;{REAL_SID})"  # Modify: no WRITE_DAC
+    before = dict(api.m.dacls)
+    applied = aclapply.Applied(APPDATA + r"\sandgate-r2fix.jsonl")
+    fs = fspolicy.FsPolicy(read_deny=(".env",))
+    existing = frozenset(winpath.key(p) for p in acl.candidates(fs, cwd=WS, home=HOME) if api.exists(p))
+    plan = acl.plan_acls(fs, sid=SID, cwd=WS, home=HOME, existing=existing)
     with pytest.raises(WinApiError) as e:
-        _apply(api)
+        aclapply.apply(api, plan, SID, applied)
     text = str(e.value)
     assert "belongs to the sandbox user" in text and "takeown" in text and "\n" not in text
-    assert "set_dacl" not in api.names() and "append_line" not in api.names()
-
-
-def test_set_owner_passes_the_callers_sid_as_owner_only_and_frees_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The binding against the call table's prototypes (ctypes converts every argument as the real call)."""
-    from sgbase.windows.win32calls import CALLS
-
-    table = {c.name: c for c in CALLS}
-    seen: list[tuple[str, Any]] = []
-
-    def proto(name: str, impl: Any) -> Any:
-        call = table[name]
-        return ctypes.CFUNCTYPE(call.restype, *call.argtypes)(impl)
-
-    def to_sid(text: Any, out: Any) -> int:
-        assert ctypes.wstring_at(text) == REAL_SID
-        out[0] = 0x7000
-        return 1
-
-    def set_named(path: Any, kind: int, info: int, owner: Any, group: Any, dacl: Any, sacl: Any) -> int:
-        seen.append(("set", (ctypes.wstring_at(path), kind, info, owner, group, dacl, sacl)))
-        return 0
-
-    calls = {
-        "ConvertStringSidToSidW": proto("ConvertStringSidToSidW", to_sid),
-        "SetNamedSecurityInfoW": proto("SetNamedSecurityInfoW", set_named),
-        "LocalFree": lambda p: seen.append(("free", p.value)),
-    }
-    monkeypatch.setattr(win32fileowner, "fn", lambda name: calls[name])
-    win32fileowner.set_owner(GIT + r"\config", REAL_SID)
-    assert seen == [("set", (GIT + r"\config", 1, 1, 0x7000, None, None, None)), ("free", 0x7000)]
-
-
-def test_the_real_take_back_error_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
-    from fsguard.windows import win32sweep
-    from launcher.run.windows.realapi import RealWinApi
-    from sgbase.windows import win32
-    from sgbase.windows.win32 import Win32Error
-
-    def refused(path: str, sid: str) -> None:
-        assert sid == REAL_SID
-        raise Win32Error(5, "Access is denied")
-
-    monkeypatch.setattr(win32, "fn", lambda name: lambda: -1)
-    monkeypatch.setattr(win32sweep, "token_user", lambda h: REAL_SID)
-    monkeypatch.setattr(win32fileowner, "set_owner", refused)
-    with pytest.raises(WinApiError) as e:
-        RealWinApi().set_owner(GIT + r"\config")
-    assert "cannot take ownership" in str(e.value) and "\n" not in str(e.value)
+    aclapply.finish(api, applied, lambda err: pytest.fail(err))  # the run's teardown: only owned objects were touched
+    assert api.m.dacls == before and applied.finished
+    assert "make_dir" not in api.names() and "write_file" not in api.names()
