@@ -47,6 +47,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cache
 
+from fsguard import gitcmdenv
+
 #: Credential-looking names, in families first, then names the families miss.
 DEFAULT_ENV_DROP: tuple[str, ...] = (
     # families
@@ -280,4 +282,8 @@ def filter_env(env: Mapping[str, str], policy: EnvPolicy = EnvPolicy()) -> tuple
             kept[name] = value
         else:
             dropped.append(name)
+    if any(gitcmdenv.is_family(n) for n in dropped):  # git dies on a count without its keys: whole pairs only
+        whole = gitcmdenv.with_entries(kept, gitcmdenv.entries(kept))
+        dropped += [n for n in kept if n not in whole]
+        kept = whole
     return kept, sorted(dropped)

@@ -8,6 +8,7 @@ import io
 import json
 import os
 import re
+import subprocess
 from contextlib import redirect_stderr
 from pathlib import Path
 
@@ -465,3 +466,18 @@ def test_the_defaults_compiled_decide_as_before() -> None:
     finally:
         fe._COMPILED.clear()
         fe._defaults.cache_clear()
+
+
+def test_git_command_scope_config_is_kept_whole_or_not_at_all(tmp_path: Path) -> None:
+    """GIT_CONFIG_KEY_<n> is dropped (`*_KEY_*`); a count left without its keys makes git die on every
+    command ("missing config key GIT_CONFIG_KEY_0", r3-new): the count goes with them. Judged by real git."""
+    given = {"GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "core.pager", "GIT_CONFIG_VALUE_0": "cat"}
+    kept, dropped = fe.filter_env({**given, "PATH": os.environ["PATH"], "HOME": str(tmp_path)})
+    assert not any(n.startswith("GIT_CONFIG") for n in kept) and set(given) <= set(dropped)
+    run = subprocess.run(["git", "config", "--list"], env=kept, capture_output=True, text=True, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    count_only = {**kept, "GIT_CONFIG_COUNT": "1"}  # the control: what the filter kept before
+    run = subprocess.run(["git", "config", "--list"], env=count_only, capture_output=True, text=True, cwd=tmp_path)
+    assert run.returncode != 0 and "GIT_CONFIG_KEY_0" in run.stderr
+    kept, _ = fe.filter_env(given, fe.EnvPolicy(keep=("GIT_CONFIG_*",)))  # the user keeps them: whole, as given
+    assert kept == given
