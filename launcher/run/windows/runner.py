@@ -129,6 +129,9 @@ def cleanup(say: Callable[[str], None] = _say) -> int:
     api = make_api()
     try:
         appdata = api.local_appdata()
+        if sweep.pending(api, state.journal_dir(appdata))[1]:  # a live run: its ACEs are the same SID's (r3-day D9)
+            say("another sandgate run is live: nothing cleaned up; run 'sandgate cleanup' again when it has ended")
+            return 1
         done = aclapply.replay_left(api, appdata, lambda line: say(f"warning: {line}"))
         left = _sweep_left(api, appdata)
     except WinApiError as e:
