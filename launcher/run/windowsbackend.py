@@ -2,7 +2,7 @@
 
   make:     1. setup present (sandbox user, sealed password, persistent WFP filters): else refuse,
                fail closed, "run 'sandgate setup' as administrator"
-            2. replay ACL journals left by dead runs (crash recovery)
+            2. replay ACL journals left by dead runs (crash recovery), unless another run is live
             2b. sweep what a dead run's command left outside its job (sweep.py), unless another run
                is live; leftovers that survive refuse the run (they would share its grants)
             3. the proxy: `sandgate proxy` as a child on the filters' loopback port, ready line awaited;
@@ -55,6 +55,8 @@ from launcher.run.windows.winapi import WinApi
 from sgbase.windows import state
 from sgbase.windows.api import Proc, WinApiError
 
+#: CreateDirectoryW's limit (MAX_PATH less room for an 8.3 name): a plain name this long may be "not found"
+LONG_PATH = 248
 PROXY_READY_TIMEOUT = 30.0  # the proxy imports mitmproxy: seconds, on a cold machine
 #: Why CMD may not join the run's job: it starts in sandgate's own job (its parent, for the Secondary
 #: Logon service), and jobs nest only "if ... neither job sets UI limits" (Nested Jobs).
@@ -116,8 +118,9 @@ class WindowsBackend:
         if self.transparent:
             tp.check(api, self.proxy_argv is not None)
         appdata = api.local_appdata()
-        for line in aclapply.replay_left(api, appdata, self.warn):  # 2
-            self.warn(f"restored {line} left by a killed run")
+        if not sweep.pending(api, state.journal_dir(appdata))[1]:  # 2: never while another run lives (r3-day D9):
+            for line in aclapply.replay_left(api, appdata, self.warn):  # its ACEs are the same SID's, and a
+                self.warn(f"restored {line} left by a killed run")  # dead journal's undo would take them out
         left = sweep_left(api, ready, appdata)  # 2b: before anything of this run exists
         if left is not None and not left.clean:
             raise WinApiError(
@@ -130,6 +133,7 @@ class WindowsBackend:
             if self.proxy_argv is not None and inspection.needed(request.policy.network):
                 box.trust = trust.make_folder(api, appdata, request.task)  # U2: the CA readable to CMD
             box.plan = _plan(api, request, ready.record, appdata, (box.trust,) if box.trust else ())
+            winsetup.refuse_overlap(ready, box.plan.acls.steps)  # C3: no grant reaches sandgate's own code
             box.desk = _desk(api, request, ready.record)
             if self.transparent:  # the resolver before the proxy (transparent.py)
                 box.capture = tp.prepare(api, ready.record, lambda: box.job, self.warn)
@@ -302,12 +306,29 @@ def _plan(
     try:
         reads = (*acl.toolchain_dirs(api.environ(), home), *grants)  # M6: per-user toolchains on the real user's PATH
         found = acl.candidates(fs, cwd=request.cwd, home=home, read_grants=reads)
-        existing = frozenset(winpath.key(p) for p in found if api.exists(p))
+        existing = frozenset(winpath.key(p) for p in found if _exists(api, p))  # D3: by MAX_PATH too
         host = plan.Host(record.sid, request.cwd, home, existing, explicit_port=record.port, user=record.name)
         host = dataclasses.replace(host, read_grants=reads)
         return plan.plan(policy, host)
     except (winpath.WinPathError, ValueError) as e:
         raise WinApiError(str(e)) from None
+
+
+def _exists(api: WinApi, path: str) -> bool:
+    r"""Whether a candidate exists, refusing the run when only its `\\?\` name finds it (r3-day D3):
+    without the long-path opt-in a plain name of MAX_PATH (260) or more is "not found", so a
+    workspace of 251-258 characters had its `.git\HEAD` missed and every `.git\<x>` left unprotected,
+    while CMD writes there through `\\?\` (learn.microsoft.com/windows/win32/fileio/maximum-file-path-limitation)."""
+    if api.exists(path):
+        return True
+    if len(path) < LONG_PATH or path[1:3] != ":\\":
+        return False
+    if api.exists("\\\\?\\" + path):
+        raise WinApiError(
+            f"{path} is {len(path)} characters, over Windows' MAX_PATH, and long paths are not enabled here: "
+            "enable them (LongPathsEnabled, as administrator) or move the workspace to a shorter path"
+        )
+    return False
 
 
 def _desk(api: WinApi, request: SandboxRequest, record: state.SetupRecord) -> desktop.DesktopPlan:

@@ -83,7 +83,7 @@ def _dns_sockets(addr: tuple[str, int]) -> tuple[socket.socket, socket.socket]:
         raise ProxyError(f"cannot listen on dns@{_fmt(addr)}: {e.strerror or e}") from None
     try:
         udp.bind(sockaddr)
-        tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        _reuse_addr(tcp)
         tcp.bind(sockaddr)
         tcp.listen(128)
     except OSError as e:
@@ -91,6 +91,16 @@ def _dns_sockets(addr: tuple[str, int]) -> tuple[socket.socket, socket.socket]:
         tcp.close()
         raise ProxyError(f"cannot listen on dns@{_fmt(addr)}: {e.strerror or e} (address in use?)") from None
     return udp, tcp
+
+
+def _reuse_addr(sock: socket.socket) -> None:
+    """SO_REUSEADDR only where it means "rebind over TIME_WAIT" (POSIX). On Windows it lets a socket
+    "forcibly bind to a port in use by another socket" (learn.microsoft.com/windows/win32/winsock/
+    using-so-reuseaddr-and-so-exclusiveaddruse), listening or held: a second run's proxy would share
+    127.0.0.1:3128 with the first run's proxy or held port instead of being refused (r3-day D1).
+    CPython's asyncio leaves it off on Windows for the same reason."""
+    if sys.platform != "win32":
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 
 
 def _tcp_socket(spec: str, addr: tuple[str, int]) -> socket.socket:
@@ -103,7 +113,7 @@ def _tcp_socket(spec: str, addr: tuple[str, int]) -> socket.socket:
     except OSError as e:
         raise ProxyError(f"cannot listen on {spec}: {e.strerror or e}") from None
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        _reuse_addr(sock)
         sock.bind(sockaddr)
     except OSError as e:
         sock.close()

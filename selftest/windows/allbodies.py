@@ -6,9 +6,9 @@ and the record they share form no import circle; a new body module is added here
 
 from __future__ import annotations
 
-from selftest.windows import probeacl, probedesktop, probelogon, probenet
+from selftest.windows import probeacl, probedesktop, probelogon, probenet, probeself
 from selftest.windows.probebody import ProbeBody
 
 
 def bodies() -> tuple[ProbeBody, ...]:
-    return (*probedesktop.BODIES, *probelogon.BODIES, *probeacl.BODIES, *probenet.BODIES)
+    return (*probedesktop.BODIES, *probelogon.BODIES, *probeacl.BODIES, *probenet.BODIES, *probeself.BODIES)

@@ -5,7 +5,8 @@ likely holds the real user's logon SID, which the interactive window station and
 which the real user's default DACL commonly grants read on their processes. Blocked, each judged on
 ERROR_ACCESS_DENIED only (another error proves nothing): OpenProcess(PROCESS_VM_READ |
 PROCESS_QUERY_INFORMATION) on sandgate's own process (a process of the real user; its pid handed
-over in a file by `prepare`), and WinSta0 -> its Default desktop (OpenWindowStationW,
+over in a file by `prepare`), and WinSta0 itself (the run denies the station: its clipboard and
+global atoms are the station's, not a desktop's), then its Default desktop (OpenWindowStationW,
 SetProcessWindowStation, OpenDesktopW, SetThreadDesktop in a fresh thread). Permitted, in the same
 run: the same OpenProcess on CMD's own process, and the same desktop open + SetThreadDesktop on
 CMD's own desktop, so a probe that cannot run never passes.
@@ -100,11 +101,11 @@ def judge(code: int, got: dict[str, Any] | None) -> Verdict:
         return Verdict(False, f"opening sandgate's process failed, but not with access denied: {real}")
     if _worked(got.get("default")):
         return Verdict(False, "CMD opened WinSta0\\Default (hooks, windows): your logon SID is in its token")
-    if not (_refused(got.get("winsta0")) or _refused(got.get("default"))):
-        return Verdict(False, f"WinSta0\\Default failed, but not with access denied: {got.get('winsta0')}")
-    return Verdict(
-        True, "sandgate's process and WinSta0\\Default refused (access denied); its own process and desktop opened"
-    )
+    if _worked(got.get("winsta0")):  # the station alone holds the clipboard and the global atoms (r3-new N1)
+        return Verdict(False, "CMD opened WinSta0 (your clipboard, global atoms): your logon SID is in its token")
+    if not _refused(got.get("winsta0")):
+        return Verdict(False, f"WinSta0 failed, but not with access denied: {got.get('winsta0')}")
+    return Verdict(True, "sandgate's process and WinSta0 refused (access denied); its own process and desktop opened")
 
 
 def prepare(api: WinApi, workdir: str) -> Callable[[], None]:

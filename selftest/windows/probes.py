@@ -124,4 +124,5 @@ WINDOWS_ONLY: tuple[str, ...] = (
     "scheduled_task",  # schtasks /create as the sandbox user (probenet.py)
     "wmi_process",  # Win32_Process.Create: a process outside the job (probenet.py)
     "smb_webdav",  # \\host\share, \\host@port\DavWWWRoot: the redirector/WebClient connect (probenet.py)
+    "self_code",  # a file planted where sandgate loads its own code; a folder under the drive root (probeself.py)
 )

@@ -26,6 +26,9 @@ class SetupRecord:
     name: str  # the sandbox user's account name
     sid: str  # its SID: the key of every WFP filter and firewall rule
     port: int  # the proxy port the filters permit
+    #: (folder, "code"|"guard"): the deny ACEs on sandgate's own code folders (fsguard/windows/
+    #: selfprotect.py, r2-ci C3), recorded before any is added so `setup --remove` takes out exactly those
+    protected: tuple[tuple[str, str], ...] = ()
 
 
 def root(appdata: str) -> str:
@@ -66,15 +69,32 @@ def sandbox_user_name(real_sid: str) -> str:
 
 
 def encode(record: SetupRecord) -> bytes:
-    return json.dumps({"name": record.name, "sid": record.sid, "port": record.port}, sort_keys=True).encode()
+    doc: dict[str, object] = {"name": record.name, "sid": record.sid, "port": record.port}
+    if record.protected:  # absent when empty: a record of an older setup reads the same
+        doc["protected"] = [list(p) for p in record.protected]
+    return json.dumps(doc, sort_keys=True).encode()
 
 
 def decode(data: bytes) -> SetupRecord:
     try:
         raw = json.loads(data)
-        record = SetupRecord(raw["name"], raw["sid"], raw["port"])
-    except (ValueError, KeyError, TypeError):
+        record = SetupRecord(raw["name"], raw["sid"], raw["port"], _protected(raw.get("protected", [])))
+    except (ValueError, KeyError, TypeError, AttributeError):
         raise StateError("unreadable setup record") from None
     if not (isinstance(record.name, str) and isinstance(record.sid, str) and isinstance(record.port, int)):
         raise StateError("setup record with fields of the wrong type")
     return record
+
+
+def _protected(raw: object) -> tuple[tuple[str, str], ...]:
+    """[[folder, kind], ...] exactly: never guess which ACEs `setup --remove` takes out."""
+    if not isinstance(raw, list):
+        raise TypeError("protected")
+    out = []
+    for item in raw:
+        if not (
+            isinstance(item, list) and len(item) == 2 and isinstance(item[0], str) and item[1] in ("code", "guard")
+        ):
+            raise TypeError("protected")
+        out.append((item[0], str(item[1])))
+    return tuple(out)

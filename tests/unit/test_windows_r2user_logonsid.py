@@ -245,7 +245,7 @@ def _row(**steps: Any) -> dict[str, Any]:
     ("got", "passes", "says"),
     [
         (_row(), True, "refused (access denied)"),
-        (_row(winsta0={"ok": True, "error": 0}, default={"ok": False, "error": 5}), True, "refused"),
+        (_row(winsta0={"ok": True, "error": 0}, default={"ok": False, "error": 5}), False, "clipboard"),  # r3-new N1
         (_row(real_process={"ok": True, "error": 0}), False, "PROCESS_VM_READ"),
         (_row(real_process={"ok": False, "error": 87}), False, "not with access denied"),  # a wrong pid proves nothing
         (_row(winsta0={"ok": True, "error": 0}, default={"ok": True, "error": 0}), False, "WinSta0\\Default"),

@@ -30,7 +30,8 @@ from fsguard.windows import (
 from fsguard.windows.desktop import DesktopPlan
 from fsguard.windows.job import JobLimits
 from fsguard.windows.launch import Launch
-from launcher.run.windows import win32debug, win32owner
+from fsguard.windows.win32selfprotect import RealCodeDirs
+from launcher.run.windows import win32debug, win32owner, win32proxyjob
 from launcher.run.windows.realowner import RealOwnerApi
 from launcher.run.windows.realsweep import RealSweepApi
 from launcher.run.windows.win32runsession import RealSessionApi
@@ -82,7 +83,7 @@ def _ready_then_drain(stream: IO[bytes] | None, got: list[bytes], line: threadin
         pass
 
 
-class RealWinApi(RealSweepApi, RealOwnerApi, RealSessionApi):
+class RealWinApi(RealSweepApi, RealOwnerApi, RealSessionApi, RealCodeDirs):
     """WinApi on Windows. Child processes (the proxy) are kept by pid to stop them later; the
     teardown sweep's effects are RealSweepApi's (realsweep.py)."""
 
@@ -321,12 +322,7 @@ class RealWinApi(RealSweepApi, RealOwnerApi, RealSessionApi):
         win32.close(proc.handle)
 
     def start_proxy(self, argv: tuple[str, ...]) -> Proc:
-        try:
-            child = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, creationflags=CREATE_NO_WINDOW
-            )
-        except OSError as e:
-            raise WinApiError(f"cannot start the proxy: {e.strerror}") from None
+        child = win32proxyjob.start(argv)  # in a kill-on-close job: it dies with sandgate (r3-day D2)
         self._children[child.pid] = child
         return Proc(child.pid, 0)
 
@@ -350,13 +346,8 @@ class RealWinApi(RealSweepApi, RealOwnerApi, RealSessionApi):
 
     def stop_proxy(self, proc: Proc) -> None:
         child = self._children.pop(proc.pid, None)
-        if child is None:
-            return
-        child.terminate()
-        try:
-            child.wait(10)
-        except subprocess.TimeoutExpired:
-            child.kill()
+        if child is not None:
+            win32proxyjob.stop(child)
 
     # the optional transparent path (win32divert.py): pydivert, the dynamic WFP session, the resolver
     def divert_open(self, filters: DivertFilters) -> tuple[win32divert.Handle, win32divert.Handle]:

@@ -20,7 +20,7 @@ import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from fsguard.windows import logonrights, servicedeny, sweep
+from fsguard.windows import acl, logonrights, selfprotect, servicedeny, sweep, win32selfprotect
 from launcher.run.windows.winapi import WinApi
 from netguard.windows import firewall, wfp
 from sgbase.windows import state
@@ -41,6 +41,9 @@ class Ready:
 
     record: state.SetupRecord
     password: str
+    #: this interpreter's code folders on a drive, denied or not (selfprotect.code_folders): no run's
+    #: writable folder may reach them (refuse_overlap)
+    code: tuple[str, ...] = ()
 
 
 def _need_admin(api: WinApi, what: str) -> None:
@@ -73,9 +76,12 @@ def setup(api: WinApi, say: Callable[[str], None], *, transparent: bool = False)
     sid = _user(api, appdata, name, say)
     api.deny_logon_rights(sid, logonrights.DENIED)  # H3: no batch (tasks), service, network, RDP logon
     _deny_services(api, sid, say)  # H3: no Win32_Process.Create, no out-of-process COM server
-    record = state.SetupRecord(name, sid, state.PROXY_PORT)
+    edits = _self_edits(api, appdata, sid, say)
+    record = state.SetupRecord(name, sid, state.PROXY_PORT, selfprotect.to_record(edits))
     if api.read_file(state.setup_record(appdata)) != state.encode(record):
-        api.write_file(state.setup_record(appdata), state.encode(record))  # before any filter: removable
+        api.write_file(state.setup_record(appdata), state.encode(record))  # before any filter or ACE: removable
+    added = win32selfprotect.apply(api, sid, edits)  # C3: no code planted where sandgate loads its own
+    say(f"sandgate's own folders denied to the sandbox user: {added} added, {len(edits) - added} present")
     plan = wfp.plan_filters(sid, (record.port,), owner=api.current_user_sid())
     if api.wfp_installed(plan):
         say(f"WFP filters for {name}: present ({len(plan.filters)})")
@@ -93,6 +99,20 @@ def setup(api: WinApi, say: Callable[[str], None], *, transparent: bool = False)
         if not api.firewall_has(allow.name):
             api.firewall_add(allow)
         say(f"transparent mode: inbound TCP {TRANSPARENT_PORT} allowed for {api.python()} (this user only)")
+
+
+def _self_edits(api: WinApi, appdata: str, sid: str, say: Callable[[str], None]) -> tuple[selfprotect.Edit, ...]:
+    """This interpreter's deny edits, plus those an earlier setup recorded for this SID whose folder
+    still exists (another interpreter set up before: its runs stay protected, remove takes all out)."""
+    plan = win32selfprotect.make_plan(api)
+    for path, why in plan.skipped:
+        say(f"not denied to the sandbox user: {path} ({why})")
+    try:
+        old = _record(api, appdata)
+    except WinApiError:
+        old = None  # an unreadable record is rewritten below
+    kept = selfprotect.from_record(old.protected) if old is not None and old.sid == sid else ()
+    return selfprotect.merged(plan.edits, tuple(e for e in kept if api.dacl(e.path) is not None))
 
 
 def _sd(api: WinApi, edit: servicedeny.SdEdit) -> str | None:
@@ -195,6 +215,9 @@ def remove(api: WinApi, say: Callable[[str], None]) -> None:
             api.firewall_remove(allow.name)
         api.undeny_logon_rights(record.sid, logonrights.DENIED)  # LSA keeps rights by SID: no orphans
         _undeny_services(api, record.sid)
+        # by meaning (C3): the recorded ones, and this interpreter's in case the record was lost
+        edits = selfprotect.merged(selfprotect.from_record(record.protected), win32selfprotect.make_plan(api).edits)
+        win32selfprotect.remove(api, record.sid, edits)
         api.delete_profile(record.sid)  # NetUserDel would leave C:\Users\<name> and its hive (M10)
         if api.user_sid(record.name) is not None:
             api.delete_user(record.name)
@@ -250,8 +273,10 @@ def _record(api: WinApi, appdata: str) -> state.SetupRecord | None:
 
 
 def check(api: WinApi) -> Ready:
-    """Before a run touches anything: the user, its sealed password and every persistent filter
-    are there, or the run is refused (fail closed: without the filters CMD would have the network)."""
+    """Before a run touches anything: the user, its sealed password, every persistent filter and
+    the denies on sandgate's own folders are there, or the run is refused (fail closed: without the
+    filters CMD would have the network; without the denies it could plant code the next `sandgate`
+    runs as the real user)."""
     appdata = api.local_appdata()
     try:
         record = _record(api, appdata)
@@ -268,8 +293,36 @@ def check(api: WinApi) -> Ready:
         raise NotSetUp(f"{e}; {SETUP_HINT} again") from None  # e names the missing read right
     if not present:
         raise NotSetUp(f"the persistent WFP filters for {record.name} are missing or outdated; {SETUP_HINT}")
+    folders = _check_self(api, record)
     try:
         password = api.unprotect(sealed).decode()
     except (WinApiError, UnicodeDecodeError):
         raise NotSetUp(f"the sandbox user's sealed password cannot be read; {SETUP_HINT}") from None
-    return Ready(record, password)
+    return Ready(record, password, folders)
+
+
+def _check_self(api: WinApi, record: state.SetupRecord) -> tuple[str, ...]:
+    """C3: every deny this interpreter needs was recorded by setup and is still in its folder's DACL
+    (one read per folder, no walk). Returns the code folders for refuse_overlap."""
+    plan = win32selfprotect.make_plan(api)
+    new = selfprotect.missing(plan, selfprotect.from_record(record.protected))
+    if new:  # a venv made after setup, or a setup from before this layer
+        raise NotSetUp(
+            f"sandgate's own folder {new[0].path} is not protected from the sandbox user; {SETUP_HINT} again"
+        )
+    gone = win32selfprotect.absent(api, record.sid, plan.edits)
+    if gone is not None:
+        raise NotSetUp(f"the sandbox user's deny ACE on {gone} is missing; {SETUP_HINT} again")
+    return selfprotect.code_folders(plan)
+
+
+def refuse_overlap(ready: Ready, steps: tuple[acl.AclStep, ...]) -> None:
+    """C3: a run whose writable folder is or lies in sandgate's own code (an editable install's
+    checkout used as the workspace) could rewrite sandgate itself: refused before anything is applied."""
+    hit = selfprotect.overlap(tuple(s.path for s in steps if s.why == "write"), ready.code, _edits(ready))
+    if hit is not None:
+        raise WinApiError(f"{hit}; run from another folder (sandgate's code must stay out of the sandbox's reach)")
+
+
+def _edits(ready: Ready) -> tuple[selfprotect.Edit, ...]:
+    return selfprotect.from_record(ready.record.protected)
