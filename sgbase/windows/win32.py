@@ -21,6 +21,8 @@ from sgbase.windows.win32calls import CALLS as CALLS
 from sgbase.windows.win32calls import DOCS as DOCS
 
 HANDLE, DWORD, BOOL, LPVOID = c_void_p, c_uint32, c_int32, c_void_p
+#: c_uint64 stands for ULONG_PTR and VARIANT is laid out 24 bytes: right on x64 only (r3-sdk H1)
+POINTER_SIZE = ctypes.sizeof(c_void_p)
 
 
 SE_FILE_OBJECT, DACL_SECURITY_INFORMATION, SDDL_REVISION_1 = 1, 0x4, 1
@@ -37,6 +39,8 @@ def fn(name: str) -> Any:
     loader = getattr(ctypes, "WinDLL", None)
     if loader is None:
         raise Win32Error(f"{name}: not on Windows")
+    if POINTER_SIZE != 8:  # every layout here is x64's (checked against the SDK as x64): never marshal x86
+        raise Win32Error(f"{name}: sandgate on Windows needs a 64-bit Python (this one is 32-bit)")
     f = getattr(loader(call.dll, use_last_error=True), name)
     f.argtypes, f.restype = list(call.argtypes), call.restype
     return f

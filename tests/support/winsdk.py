@@ -18,6 +18,11 @@ do not carry (the test names them).
 
 Names the SDK does not know are ours (derived masks, our own limits): a first compile finds them and
 they are left out; `Report` lists what was checked, so a test can tell a check from a vacuous pass.
+
+Deeper (round three, r3-sdk): winsdkcalls.py compiles what a size cannot show (pointees, W vs A,
+result typedefs against the failure convention, DLL exports, what wrappers really passed);
+winscript.py runs the verify bodies' own ctypes; winmarshal.py drives every wrapper through ctypes'
+conversion and each documented failure. Tests: tests/unit/test_windows_r3sdk_*.py.
 """
 
 from __future__ import annotations
