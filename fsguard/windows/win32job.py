@@ -10,7 +10,7 @@ import ctypes
 from ctypes import Structure, c_size_t, c_uint64
 
 from fsguard.windows import job
-from sgbase.windows.win32 import DWORD, check, fn
+from sgbase.windows.win32 import BY_NAME, DWORD, Win32Error, check, fn
 
 JobObjectExtendedLimitInformation = 9  # JOBOBJECTINFOCLASS
 
@@ -53,7 +53,12 @@ def make_job(limits: job.JobLimits) -> int:
     info.BasicLimitInformation.LimitFlags = limits.limit_flags
     info.BasicLimitInformation.ActiveProcessLimit = limits.active_process_limit
     ok = fn("SetInformationJobObject")(h, JobObjectExtendedLimitInformation, ctypes.byref(info), ctypes.sizeof(info))
-    check("SetInformationJobObject", ok)
+    if not ok:
+        err = getattr(ctypes, "get_last_error", lambda: 0)()  # read before CloseHandle can change it
+        fn("CloseHandle")(h)  # not left open behind a refused run (r3-sdk S1)
+        raise Win32Error(
+            err, f"SetInformationJobObject failed (error {err}); see {BY_NAME['SetInformationJobObject'].doc}"
+        )
     # No JobObjectBasicUIRestrictions (W4): a job with UI limits cannot take CMD, which the
     # Secondary Logon service already put in a job; the private desktop answers those threats.
     return int(h)

@@ -238,6 +238,8 @@ def pid_alive(pid: int) -> bool:
         return getattr(ctypes, "get_last_error", lambda: 0)() == ERROR_ACCESS_DENIED  # exists, not ours
     try:
         code = DWORD()
-        return bool(fn("GetExitCodeProcess")(h, ctypes.byref(code))) and code.value == STILL_ACTIVE
+        if not fn("GetExitCodeProcess")(h, ctypes.byref(code)):
+            return True  # unknown is alive: a live run's journal must never be replayed (r3-sdk S3)
+        return code.value == STILL_ACTIVE
     finally:
         fn("CloseHandle")(h)

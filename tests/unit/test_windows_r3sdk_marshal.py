@@ -264,3 +264,24 @@ def test_a_32_bit_python_is_refused_before_any_call(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(win32, "POINTER_SIZE", 8)  # control: on x64 the DLL is loaded and the prototype set
     f = win32.fn("CloseHandle")
     assert loaded == ["kernel32"] and f.argtypes == [ctypes.c_void_p] and f.restype is ctypes.c_int32
+
+
+def test_a_job_whose_limits_are_refused_is_closed_not_left_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """r3-sdk S1: SetInformationJobObject refused -> the job handle closed, the refusal's own error raised."""
+    calls = _trace(next(c for c in CASES if c.name == "make_job"), tmp_path, monkeypatch).calls
+    dlls = winmarshal.Dlls(fail_at=calls.index("SetInformationJobObject"))
+    _install(monkeypatch, dlls)
+    with pytest.raises(OSError) as e:
+        win32job.make_job(job.plan_job())
+    assert e.value.errno == winmarshal.DENIED and dlls.calls[-1] == "CloseHandle"
+
+
+def test_a_process_whose_exit_code_cannot_be_read_counts_as_alive(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """r3-sdk S3: unknown is alive, so a live run's journal is never replayed on a failed read."""
+    dlls = winmarshal.Dlls(fail_at=1)  # OpenProcess succeeds, GetExitCodeProcess fails
+    _install(monkeypatch, dlls)
+    assert win32.pid_alive(42) is True and dlls.calls[:2] == ["OpenProcess", "GetExitCodeProcess"]
