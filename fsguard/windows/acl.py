@@ -238,6 +238,10 @@ def _within(path: str, root: str) -> bool:
 #: Profile folders too broad to open for reading even when PATH names them: they hold browser
 #: profiles, tokens and every per-user app's data (AppData) or the whole profile (home).
 _BROAD = ("", "AppData", "AppData\\Local", "AppData\\Roaming", "AppData\\LocalLow", "AppData\\Local\\Programs")
+#: App Execution Aliases (on every default user PATH): IO_REPARSE_TAG_APPEXECLINK entries that start only for
+#: their owner (exesearch.app_alias refuses them), so a grant there buys nothing, and pushing an inheritable
+#: ACE onto them is not known to succeed ("The file cannot be accessed by the system": r4-run N2).
+_ALIASES = "AppData\\Local\\Microsoft\\WindowsApps"
 
 
 def toolchain_dirs(environ: Mapping[str, str], home: str) -> tuple[str, ...]:
@@ -254,7 +258,8 @@ def toolchain_dirs(environ: Mapping[str, str], home: str) -> tuple[str, ...]:
             path = winpath.to_windows(winpath.to_posix(entry.strip().strip('"')))
         except winpath.WinPathError:
             continue  # relative, UNC or empty entries: nothing to grant
-        if _within(path, home) and not any(winpath.key(path) == winpath.key(_join(home, b)) for b in _BROAD):
+        broad = any(winpath.key(path) == winpath.key(_join(home, b)) for b in _BROAD)
+        if _within(path, home) and not broad and not _within(path, _join(home, _ALIASES)):
             out.append(path)
     return tuple(dict.fromkeys(out))
 

@@ -139,8 +139,8 @@ def _apply_path(api: FileApi, steps: list[AclStep], sid: str, applied: Applied) 
     if entry.after_sddl == before:
         return  # the ACEs are there already: nothing to journal or undo
     _journal(api, applied, entry)  # write-ahead: on disk before the DACL changes
-    try:
-        api.set_dacl(path, entry.after_sddl)
+    try:  # the walk below a directory only when something inheritable changed (sddl.same_inheritable)
+        api.set_dacl(path, entry.after_sddl, walk=not sddl.same_inheritable(before, entry.after_sddl))
     except WinApiError:
         applied.entries.pop()  # refused: nothing changed, nothing for teardown to undo here
         raise
@@ -166,10 +166,11 @@ def undo(api: FileApi, entries: list[JournalEntry], on_error: Callable[[str], No
 def _restore(api: FileApi, entry: JournalEntry) -> None:
     current = api.dacl(entry.path)
     action = acljournal.restore_action(entry, current)
-    if action == "set_before":
-        api.set_dacl(entry.path, entry.before_sddl)
+    if action == "set_before" and current is not None:
+        api.set_dacl(entry.path, entry.before_sddl, walk=not sddl.same_inheritable(current, entry.before_sddl))
     elif action == "remove_sid_aces" and current is not None:
-        api.set_dacl(entry.path, _without_ours(current, entry.sid))
+        after = _without_ours(current, entry.sid)
+        api.set_dacl(entry.path, after, walk=not sddl.same_inheritable(current, after))
     elif action == "remove_placeholder":
         api.remove_empty_dir(entry.path)  # not empty: the real user put something there; kept
     elif action == "remove_placeholder_file" and api.read_file(entry.path) == entry.text.encode():

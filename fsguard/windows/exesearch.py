@@ -52,7 +52,8 @@ def app_alias(path: str) -> bool:
     user PATH): a link into a Store package installed for that user only, so it does not start as the
     sandbox user (openai/codex#35871: "Windows refuses to launch that packaged binary")."""
     parts = [p.casefold() for p in ntpath.normpath(path).split("\\")]
-    return parts[-5:-1] == ["appdata", "local", "microsoft", "windowsapps"]
+    # in the folder or a package folder below it (`WindowsApps\<package>\winget.exe`: r4-run N2)
+    return any(parts[i : i + 4] == ["appdata", "local", "microsoft", "windowsapps"] for i in range(len(parts) - 4))
 
 
 def resolve(argv: tuple[str, ...], env: Mapping[str, str], cwd: str, is_file: Callable[[str], bool]) -> Resolved:

@@ -191,3 +191,18 @@ def same_dacl(a: str, b: str) -> bool:
 
 def _explicit(aces: list[str]) -> list[ParsedAce]:
     return [p for p in map(parse_ace, aces) if "ID" not in p.flags]
+
+
+def same_inheritable(a: str, b: str) -> bool:
+    """Nothing below the object changes between DACLs `a` and `b`: the same protection and the same
+    explicit ACEs that children inherit (OI/CI). Then the DACL may be written to the object alone
+    (win32.set_dacl_sddl(walk=False)), without the walk that rewrites every object below it."""
+    head_a, aces_a = split_dacl(a)
+    head_b, aces_b = split_dacl(b)
+    if ("P" in head_a.replace("NO_ACCESS_CONTROL", "")) != ("P" in head_b.replace("NO_ACCESS_CONTROL", "")):
+        return False
+    return _inheritable(aces_a) == _inheritable(aces_b)
+
+
+def _inheritable(aces: list[str]) -> list[ParsedAce]:
+    return [p for p in _explicit(aces) if p.flags & {"OI", "CI"}]

@@ -16,8 +16,10 @@ command as the real (often elevated) user, outside every boundary.
   copying the tree back under the old name with a `.pth` added needs only DELETE on that ancestor.
 - Skipped: folders inside the real user's profile (created with a DACL for SYSTEM, Administrators
   and the user only; the sandbox user cannot even read them), under %SystemRoot% (TrustedInstaller's;
-  administrators cannot change the DACL), and paths not on a drive letter (UNC). Ancestors at or
-  above the profile, %ProgramFiles% and %SystemRoot% are not guarded: non-admins hold no DELETE there.
+  administrators cannot change the DACL), in a Microsoft Store package (`...\WindowsApps\...`: the
+  same, and read-only to every user), and paths not on a drive letter (UNC). Ancestors at or
+  above the profile, %ProgramFiles%, %ProgramData% and %SystemRoot% are not guarded: non-admins hold no
+  DELETE there (nor FILE_DELETE_CHILD on the drive root above them).
 """
 
 from __future__ import annotations
@@ -31,6 +33,11 @@ from fsguard.windows import acl, sddl, winpath
 
 Kind = Literal["code", "guard"]
 _DRIVE_PATH = re.compile(r"^[A-Za-z]:\\")
+#: Store packages: `%ProgramFiles%\WindowsApps\<package>`, or `<drive>:\WindowsApps\<package>` for apps moved to
+#: another volume. TrustedInstaller's, read-only to every user: "These types of apps cannot normally write to
+#: their installation directory" (learn.microsoft.com/uwp/schemas/appxpackage/uapmanifestschema/
+#: element-uap10-installedlocationvirtualization).
+_STORE_ON_DRIVE = re.compile(r"^[A-Za-z]:\\WindowsApps(\\|$)", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -62,27 +69,32 @@ def within(path: str, root: str) -> bool:
     return p == r or p.startswith(r + "\\")
 
 
-def _skip(path: str, home: str, windows: tuple[str, ...]) -> str | None:
+def _skip(path: str, home: str, windows: tuple[str, ...], store: tuple[str, ...]) -> str | None:
     if not _DRIVE_PATH.match(path):
         return "a network path: not protected, keep sandgate on a local drive"
     if within(path, home):
         return "inside your profile (the sandbox user cannot read it)"
     if any(within(path, w) for w in windows):
         return "inside the Windows folder (administrators cannot change its ACL)"
+    if any(within(path, s) for s in store) or _STORE_ON_DRIVE.match(path):
+        # r4-setup R1: the Store's Python lives here; setting its ACL fails with error 5 (setup would never finish)
+        return "a Microsoft Store package (read-only to every user; administrators cannot change its ACL)"
     return None
 
 
 def plan(dirs: tuple[str, ...], home: str, system: tuple[str, ...]) -> SelfPlan:
     """`dirs`: the existing code folders (win32selfprotect.sources); `system`: %SystemRoot% first, then
-    %ProgramFiles% and %ProgramFiles(x86)% (empty entries ignored)."""
+    %ProgramFiles% and %ProgramFiles(x86)%, then optionally %ProgramData% (empty entries ignored): no
+    guard at or above any of them (r4-setup R6: a guard on %ProgramData% walks every OS subtree in it)."""
     code: dict[str, str] = {}
     skipped: list[tuple[str, str]] = []
     windows = tuple(s for s in system[:1] if s)
+    store = tuple(ntpath.join(s, "WindowsApps") for s in system[1:3] if s)
     for d in dirs:
         path = ntpath.normpath(d)
         if not (_DRIVE_PATH.match(path) or path.startswith("\\\\")):
             continue  # not a Windows path at all (the tests' POSIX interpreter): nothing to deny
-        why = _skip(path, home, windows)
+        why = _skip(path, home, windows, store)
         if why is not None:
             skipped.append((path, why))
         else:

@@ -12,6 +12,7 @@ an unelevated caller may not name it, lpDesktop read back (R16).
 from __future__ import annotations
 
 import ctypes
+import os
 from ctypes import Structure, c_int32, c_uint32, c_void_p, c_wchar_p
 from dataclasses import dataclass
 
@@ -36,6 +37,9 @@ WAIT_OBJECT_0, WAIT_TIMEOUT = 0, 0x102
 #: The wait's slice: a ctypes call is not interrupted by a signal; Python runs the Ctrl+C handler
 #: between two calls, so an INFINITE wait would make the run unstoppable (M5).
 WAIT_SLICE_MS = 100
+#: Handle values looked at before CMD starts (r4-run N3): Windows hands them out in steps of 4, and an
+#: inherited handle keeps its value, so the shell chain's reach well past a fresh process's few hundred.
+HANDLE_SCAN = range(4, 1 << 18, 4)
 
 
 class SECURITY_ATTRIBUTES(Structure):
@@ -61,11 +65,38 @@ def _pipe(child_reads: bool) -> tuple[int, int]:
     return int(child.value or 0), int(ours.value or 0)
 
 
+def uninherit_all() -> int:
+    """Every inheritable handle of sandgate's made non-inheritable; how many (r4-run N3). CPWL copies the
+    std handle values "unchanged to the child process" (its lpStartupInfo), so CMD inherits from
+    sandgate, and inheritance takes every inheritable handle: pip's launcher hands python.exe inheritable
+    copies of its std handles, the real user's console (WriteConsoleInputW types into their shell).
+    Python makes none itself (PEP 446); subprocess passes its own duplicates. Refused if one stays."""
+    get, put = getattr(os, "get_handle_inheritable", None), getattr(os, "set_handle_inheritable", None)
+    if get is None or put is None:
+        return 0  # not Windows: no handle table to look at
+    done = 0
+    for h in HANDLE_SCAN:
+        try:
+            if not get(h):
+                continue
+        except OSError:
+            continue  # no such handle
+        try:
+            put(h, False)
+        except OSError as e:  # an inherited handle CMD would get: never start it then
+            raise Win32Error(
+                e.errno or 0, f"cannot make handle {h} non-inheritable, so the command would get it"
+            ) from None
+        done += 1
+    return done
+
+
 def create_suspended(how: launch.Launch) -> Started:
     """CMD as the sandbox user, suspended (CREATE_SUSPENDED): not one instruction runs until the
     backend has put it in the job and resumes it (windowsbackend.py: assign, or terminate, then resume)."""
     launch.check_cmdline(how.cmdline, how.argv[0] if how.argv else how.application)  # CPWL's bound: before any handle
     plan, block = job.plan_create(), envblock.utf16(envblock.build(how.env))
+    uninherit_all()  # N3: CMD inherits its three pipe ends below, nothing else of sandgate's
     si, pi = STARTUPINFOW(), PROCESS_INFORMATION()
     si.cb, si.lpDesktop = ctypes.sizeof(si), how.desktop  # never NULL: that is the user's desktop
     pipes = [_pipe(True), _pipe(False), _pipe(False)] if how.stdio else []

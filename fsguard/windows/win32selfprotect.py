@@ -14,7 +14,7 @@ import os
 import sys
 from collections.abc import Callable, Mapping
 
-from fsguard.windows import selfprotect
+from fsguard.windows import sddl, selfprotect
 from fsguard.windows.sddl import SddlError
 from sgbase.windows.api import FileApi, WinApiError
 
@@ -33,14 +33,23 @@ def sources() -> tuple[str, ...]:
     if path and (path[0] in ("", ".") or _same(path[0], os.getcwd())):
         path = path[1:]
     wanted = [sys.base_prefix, sys.prefix, *path, os.path.join(sys.prefix, "Scripts")]
-    if sys.argv and sys.argv[0] and os.path.isfile(sys.argv[0]):
-        wanted.append(os.path.dirname(os.path.abspath(sys.argv[0])))
     for name in PACKAGES:
         spec = importlib.util.find_spec(name)
         if spec is not None and spec.origin:
             wanted.append(os.path.dirname(os.path.dirname(spec.origin)))
     out = [os.path.abspath(p) for p in wanted if p and os.path.isdir(p)]
+    if sys.argv and sys.argv[0] and os.path.isfile(sys.argv[0]):
+        here = os.path.dirname(os.path.abspath(sys.argv[0]))
+        # r4-setup R2: `python -m launcher.cli` names launcher\cli.py; a folder inside one already listed
+        # carries that one's inherited deny, and setup (run as sandgate.exe) never recorded it: never refuse for it
+        if not any(_inside(here, d) for d in out):
+            out.append(here)
     return tuple(dict.fromkeys(out))
+
+
+def _inside(path: str, folder: str) -> bool:
+    a, b = os.path.normcase(path), os.path.normcase(folder).rstrip("\\/")
+    return a == b or a.startswith(b + os.sep)
 
 
 def _same(a: str, b: str) -> bool:
@@ -55,7 +64,8 @@ def system_dirs(environ: Mapping[str, str]) -> tuple[str, str, str]:
 
 def make_plan(api: FileApi) -> selfprotect.SelfPlan:
     """The plan for the interpreter running sandgate (api.code_dirs: RealCodeDirs below, or a fake's)."""
-    return selfprotect.plan(api.code_dirs(), api.home(), system_dirs(api.environ()))
+    shared = {k.casefold(): v for k, v in api.environ().items()}.get("programdata", "")
+    return selfprotect.plan(api.code_dirs(), api.home(), (*system_dirs(api.environ()), shared))
 
 
 class RealCodeDirs:
@@ -67,14 +77,14 @@ class RealCodeDirs:
 
 def apply(api: FileApi, sid: str, edits: tuple[selfprotect.Edit, ...]) -> int:
     """Each edit's ACE where it is missing (idempotent); returns how many were added.
-    SetNamedSecurityInfo propagates the inherited ACE to the existing tree once, here."""
+    SetNamedSecurityInfo propagates a code folder's inherited ACE to the existing tree once, here."""
     added = 0
     for edit in edits:
         current = api.dacl(edit.path)
         if current is None:  # found a moment ago: never record a deny that is not there (fail closed)
             raise WinApiError(f"{edit.path} disappeared while setup ran; run 'sandgate setup' again")
         if not _has(current, edit, sid):
-            api.set_dacl(edit.path, _edited(selfprotect.applied, current, edit, sid))
+            _write(api, edit.path, current, _edited(selfprotect.applied, current, edit, sid))
             added += 1
     return added
 
@@ -84,7 +94,7 @@ def remove(api: FileApi, sid: str, edits: tuple[selfprotect.Edit, ...]) -> None:
     for edit in reversed(edits):
         current = api.dacl(edit.path)
         if current is not None and _has(current, edit, sid):
-            api.set_dacl(edit.path, _edited(selfprotect.undone, current, edit, sid))
+            _write(api, edit.path, current, _edited(selfprotect.undone, current, edit, sid))
 
 
 def absent(api: FileApi, sid: str, edits: tuple[selfprotect.Edit, ...]) -> str | None:
@@ -94,6 +104,13 @@ def absent(api: FileApi, sid: str, edits: tuple[selfprotect.Edit, ...]) -> str |
         if current is None or not _has(current, edit, sid):
             return edit.path
     return None
+
+
+def _write(api: FileApi, path: str, before: str, after: str) -> None:
+    """A guard (this folder only) is written without the walk: SetNamedSecurityInfo would rewrite every
+    object below C:\\hostedtoolcache for an ACE none of them inherits (r4-setup R3). A code folder's
+    inherited deny needs the walk, once, to reach the files already there."""
+    api.set_dacl(path, after, walk=not sddl.same_inheritable(before, after))
 
 
 def _has(dacl: str, edit: selfprotect.Edit, sid: str) -> bool:

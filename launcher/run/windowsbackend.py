@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 
 from fsguard.windows import acl, aclapply, desktop, envblock, exesearch, gitenv, launch, profileenv, sweep, winpath
 from fsguard.windows.launch import Launch
+from fsguard.windows.reparse import check as links_out
 from launcher.run import inspection
 from launcher.run.seam import PlatformName, SandboxRequest
 from launcher.run.windows import plan, trust
@@ -134,6 +135,7 @@ class WindowsBackend:
                 box.trust = trust.make_folder(api, appdata, request.task)  # U2: the CA readable to CMD
             box.plan = _plan(api, request, ready.record, appdata, (box.trust,) if box.trust else ())
             winsetup.refuse_overlap(ready, box.plan.acls.steps)  # C3: no grant reaches sandgate's own code
+            _refuse_links(api, box.plan)  # N1: no junction carries the grant out of the workspace
             box.desk = _desk(api, request, ready.record)
             if self.transparent:  # the resolver before the proxy (transparent.py)
                 box.capture = tp.prepare(api, ready.record, lambda: box.job, self.warn)
@@ -312,6 +314,14 @@ def _plan(
         return plan.plan(policy, host)
     except (winpath.WinPathError, ValueError) as e:
         raise WinApiError(str(e)) from None
+
+
+def _refuse_links(api: WinApi, run: plan.WindowsPlan) -> None:
+    """Before any ACE (r4-run N1): a link below a writable root that leads out of them all refuses the run."""
+    roots = tuple(dict.fromkeys(s.path for s in run.acls.steps if s.why == "write"))
+    line = links_out(api.reparse_points, roots)
+    if line is not None:
+        raise WinApiError(line)
 
 
 def _exists(api: WinApi, path: str) -> bool:

@@ -39,7 +39,7 @@ LAYERS: dict[LayerName, uuid.UUID] = {
     "ALE_AUTH_RECV_ACCEPT_V4": uuid.UUID("e1cd9fe7-f4b5-4273-96c0-592e487b8650"),
     "ALE_AUTH_RECV_ACCEPT_V6": uuid.UUID("a3b42c97-9f04-4672-b87e-cee9c483257f"),
 }
-FieldName = Literal["user", "remote_addr", "remote_port", "protocol", "local_port"]
+FieldName = Literal["user", "remote_addr", "remote_port", "protocol", "local_port", "flags"]
 #: FWPM_CONDITION_* keys (fwpmu.h).
 FIELDS: dict[FieldName, uuid.UUID] = {
     "user": uuid.UUID("af043a0a-b34d-4f86-979c-c90371af6e66"),  # ALE_USER_ID: an SD matched against the token
@@ -47,7 +47,11 @@ FIELDS: dict[FieldName, uuid.UUID] = {
     "remote_port": uuid.UUID("c35a604d-d22b-4e1a-91b4-68f674ee674b"),
     "protocol": uuid.UUID("3971ef2b-623e-4f9a-8cb1-6e79b806b9a7"),
     "local_port": uuid.UUID("0c1ba1af-5765-453f-af22-a8f791ac775b"),
+    "flags": uuid.UUID("632ce23b-5167-435c-86d7-e903684aa80c"),  # FWPM_CONDITION_FLAGS: FWP_UINT32 bit set
 }
+#: FWP_CONDITION_FLAG_IS_LOOPBACK (fwptypes.h), offered at ALE_AUTH_CONNECT_V4/V6
+#: (learn.microsoft.com/windows/win32/fwp/filtering-condition-flags-).
+FLAG_IS_LOOPBACK = 0x00000001
 IPPROTO_ICMP, IPPROTO_TCP, IPPROTO_ICMPV6 = 1, 6, 58
 #: Ports that are DNS whatever the policy says: never reachable, not even on loopback (the proxy
 #: resolves names itself; a DNS port in the permit set would be a resolver the sandbox talks to).
@@ -64,6 +68,8 @@ class WfpPlanError(ValueError):
 class Condition:
     field: FieldName
     value: str | int  # user: an SDDL security descriptor; remote_addr: an address; else a number
+    #: FWP_MATCH_EQUAL, or (flags only) FWP_MATCH_FLAGS_NONE_SET: none of the value's bits is set
+    match: Literal["equal", "none_set"] = "equal"
 
 
 @dataclass(frozen=True)
@@ -282,7 +288,8 @@ def transparent_permits(sid: str) -> tuple[WfpFilter, ...]:
     dynamic WFP session (FWPM_SESSION_FLAG_DYNAMIC) and vanish with its process; the persistent
     block then applies again. They are hard permits: the firewall's off-host block for the SID sits
     in a lower sublayer and would otherwise win, so in this mode the loop (reflect or drop), not
-    the firewall, is TCP's second line. DNS stays blocked above them (W_DNS > W_TRANSPARENT)."""
+    the firewall, is TCP's second line. DNS stays blocked above them (W_DNS > W_TRANSPARENT), and
+    loopback is excluded (FWP_CONDITION_FLAG_IS_LOOPBACK none set): there the persistent set decides."""
     return tuple(
         _filter(
             sid,
@@ -291,6 +298,10 @@ def transparent_permits(sid: str) -> tuple[WfpFilter, ...]:
             "permit",
             W_TRANSPARENT,
             Condition("protocol", IPPROTO_TCP),
+            # Never loopback: this hard permit outweighs `block all`, the only filter keeping the
+            # sandbox user off every loopback port but the proxy's, and loopback is never diverted
+            # (divertfilter): without this, every local service would be reachable, unaudited (r4 T1).
+            Condition("flags", FLAG_IS_LOOPBACK, "none_set"),
             persistent=False,
             hard=True,  # else the firewall's off-host block (a lower sublayer) would still win
         )

@@ -17,8 +17,9 @@ from netguard.windows import wfp
 FWP_UINT8, FWP_UINT16, FWP_UINT32 = 1, 2, 3
 FWP_BYTE_ARRAY16_TYPE = 11
 FWP_SECURITY_DESCRIPTOR_TYPE = 14
-# FWP_MATCH_TYPE
-FWP_MATCH_EQUAL = 0
+# FWP_MATCH_TYPE (fwptypes.h)
+FWP_MATCH_EQUAL, FWP_MATCH_FLAGS_NONE_SET = 0, 8
+MATCH_TYPES = {"equal": FWP_MATCH_EQUAL, "none_set": FWP_MATCH_FLAGS_NONE_SET}
 # FWP_ACTION_TYPE: the type | FWP_ACTION_FLAG_TERMINATING
 FWP_ACTION_FLAG_TERMINATING = 0x00001000
 FWP_ACTION_BLOCK = 0x00000001 | FWP_ACTION_FLAG_TERMINATING
@@ -36,6 +37,7 @@ class WireCondition:
     field_key: str  # the FWPM_CONDITION_* GUID, as text
     data_type: int
     value: int | bytes | str  # UINT8/16/32: int; BYTE_ARRAY16: 16 bytes; SECURITY_DESCRIPTOR: SDDL
+    match_type: int = FWP_MATCH_EQUAL  # FWPM_FILTER_CONDITION0.matchType
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,10 @@ class WireFilter:
 
 def condition(c: wfp.Condition) -> WireCondition:
     key = str(wfp.FIELDS[c.field])
+    if c.field == "flags":  # FWPM_CONDITION_FLAGS is FWP_UINT32, matched by bits
+        return WireCondition(key, FWP_UINT32, int(c.value), MATCH_TYPES[c.match])
+    if c.match != "equal":
+        raise wfp.WfpPlanError(f"{c.field}: only flags are matched by bits")
     if c.field == "user":
         return WireCondition(key, FWP_SECURITY_DESCRIPTOR_TYPE, str(c.value))
     if c.field == "protocol":

@@ -67,10 +67,30 @@ def open_handles(filters: DivertFilters) -> tuple[Handle, Handle]:
             events.close()  # opened: closing it is allowed (a never-opened one raises RuntimeError)
             raise
     except Exception as e:
-        raise DivertError(
-            f"WinDivert: {e}; transparent mode needs an elevated terminal and WinDivert's driver"
-        ) from None
+        raise DivertError(f"WinDivert: {e}; {open_hint(e)}") from None
     return divertpump.Pumped(network, "network"), divertpump.Pumped(events, "events")
+
+
+#: WinDivertOpen's documented errors (https://reqrypt.org/windivert-doc.html#divert_open) and what to
+#: do about each. 2 on a default Windows 11 is most likely Microsoft Defender (or another antivirus)
+#: having quarantined the WinDivert64.sys that pydivert bundles: it flags WinDivert as a hack tool.
+_OPEN_HINTS = {
+    2: "WinDivert64.sys is missing: an antivirus may have quarantined pydivert's bundled driver; "
+    "restore it (or allow it) and run again, or run without --transparent",
+    5: "WinDivert needs an elevated (administrator) terminal",
+    577: "WinDivert64.sys has no signature Windows accepts here; run without --transparent",
+    654: "another program loaded an incompatible WinDivert driver; close it (or reboot) and run again",
+    1275: "the WinDivert driver is blocked (security software, or a virtual machine without drivers); "
+    "run without --transparent",
+    1753: "the Base Filtering Engine service is disabled; start it (it is Windows' firewall) and run again",
+}
+
+
+def open_hint(error: BaseException) -> str:
+    """What to do when the handles cannot open, by WinDivertOpen's Windows error code (OSError.winerror)."""
+    code = getattr(error, "winerror", None)
+    hint = _OPEN_HINTS.get(code) if isinstance(code, int) else None
+    return hint or "transparent mode needs an elevated terminal and WinDivert's driver"
 
 
 @dataclass(frozen=True)

@@ -154,7 +154,7 @@ def open_engine(*, dynamic: bool) -> int:
 
 def _condition(c: wfpwire.WireCondition, keep: list[Any]) -> FWPM_FILTER_CONDITION0:
     """One condition; `keep` holds the buffers its pointers name until the call returns."""
-    out = FWPM_FILTER_CONDITION0(GUID.of(c.field_key), wfpwire.FWP_MATCH_EQUAL)
+    out = FWPM_FILTER_CONDITION0(GUID.of(c.field_key), c.match_type)
     out.conditionValue.type = c.data_type
     if c.data_type == wfpwire.FWP_SECURITY_DESCRIPTOR_TYPE:
         sd = _sd(str(c.value), keep)

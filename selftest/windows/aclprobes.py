@@ -4,8 +4,9 @@ streams, case variants, 8.3 short names (issue 28 H2; Codex's smoke list).
 Each probe runs INSIDE the sandbox (as the sandbox user, in the workspace) and pairs the attacks
 with the matching permitted action, so a probe that passes proves the refusal came from the
 protection and not from a workspace nobody can write. An attack passes only when Windows says
-access denied (PermissionError), or refuses the spelling as a name (ERROR_INVALID_NAME: then that
-spelling cannot get through either); any other failure is inconclusive, and an attack that works
+access denied (PermissionError whose Win32 code, where kept, is 5), or refuses the spelling as a
+name (ERROR_INVALID_NAME: then that spelling cannot get through either); any other failure is
+inconclusive (a sharing violation too), and an attack that works
 is undone at once and reported. The threat each answers: code planted where the real user's git
 or editor runs it later, through a spelling the ACL plan did not name: `.git` renamed away and a
 new one made with hooks; `config:stream`, `.git::$INDEX_ALLOCATION`; `.GiT\HOOKS`; `GIT~1`.
@@ -22,6 +23,7 @@ from typing import Literal, Protocol
 
 #: Windows' "The filename, directory name, or volume label syntax is incorrect".
 ERROR_INVALID_NAME = 123
+ERROR_ACCESS_DENIED = 5
 PROBE = "sandgate-probe"
 
 
@@ -194,8 +196,13 @@ def run(name: str, checks: list[Check], fs: FsOps) -> ProbeResult:
 def _one(check: Check, fs: FsOps) -> tuple[bool, str]:
     try:
         check.action(fs)
-    except PermissionError:
-        return check.expect == "blocked", "access denied"
+    except PermissionError as e:
+        # CPython maps ERROR_SHARING_VIOLATION (32) and ERROR_LOCK_VIOLATION (33) to PermissionError
+        # too: a handle open elsewhere, not the ACL. Calls that keep the Win32 code (os.rename, mkdir,
+        # remove) must say 5; open() goes through the CRT, which keeps none (winerror None).
+        if getattr(e, "winerror", None) in (None, ERROR_ACCESS_DENIED):
+            return check.expect == "blocked", "access denied"
+        return False, f"failed for another reason ({type(e).__name__}: {e})"
     except OSError as e:
         if check.expect == "blocked" and getattr(e, "winerror", None) == ERROR_INVALID_NAME:
             return True, "the spelling is not a valid name here"

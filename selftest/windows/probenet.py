@@ -28,8 +28,9 @@ from selftest.windows.probebody import RESULT, ProbeBody, Verdict
 _COMMON = f"""
 import ctypes, json, os, subprocess, sys, time, uuid
 def run(*a, timeout=60):
-    try:
-        r = subprocess.run(a, capture_output=True, text=True, timeout=timeout)
+    try:  # schtasks/powershell/sc write the OEM code page, text=True reads the ANSI one: never strict;
+        # backslashreplace, not replace: U+FFFD in a row's detail would not print to a cp1252 pipe
+        r = subprocess.run(a, capture_output=True, text=True, errors="backslashreplace", timeout=timeout)
         return [r.returncode, (r.stdout + r.stderr)[-300:]]
     except (OSError, subprocess.TimeoutExpired) as e:
         return [-1, str(e)[-300:]]
@@ -77,7 +78,7 @@ def in_job(pid):
     if not h:
         return None
     return h, pid in own_job()
-child = subprocess.Popen(["cmd", "/c", "ping -n 5 127.0.0.1 >nul"])
+child = subprocess.Popen([sys.executable, "-I", "-c", "import time; time.sleep(5)"])  # alive, no network
 control = in_job(child.pid)
 child.kill()
 ps = ("$r = Invoke-CimMethod -ClassName Win32_Process -MethodName Create "
@@ -91,10 +92,14 @@ if made[0] == 0 and len(parts) >= 2 and parts[-2] == "0" and parts[-1].isdigit()
     if seen:
         outside = not seen[1]
         k.TerminateProcess(ctypes.c_void_p(seen[0]), 1)  # never leave it behind
-# ShellWindows: served by Explorer, "RunAs Interactive User": the real user, outside every boundary
+# ShellWindows: served by Explorer, "RunAs Interactive User": the real user, outside every boundary.
+# The failure's HRESULT printed on one line of its own: PowerShell's error record puts it ~300
+# characters before the end (its position and category lines follow), past what `run` keeps.
 com = run("powershell", "-NoProfile", "-NonInteractive", "-Command",
           "$ErrorActionPreference='Stop'; $t = [type]::GetTypeFromCLSID('9BA05972-F6A8-11CF-A442-00A0C90A8F39'); "
-          "$o = [Activator]::CreateInstance($t); 'SANDGATE-COM-MADE'")
+          "try { $o = [Activator]::CreateInstance($t); 'SANDGATE-COM-MADE' } "
+          "catch { $e = $_.Exception; while ($e.InnerException) { $e = $e.InnerException }; "
+          "'SANDGATE-COM-FAILED 0x{0:X8} {1}' -f $e.HResult, $e.GetType().Name }")
 done({"control_in_job": bool(control and control[1]), "created": made, "pid": pid, "outside_job": outside,
       "com": com})
 """

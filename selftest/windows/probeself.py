@@ -47,8 +47,9 @@ def attempt(folder):
     for how in (make_file, make_dir):
         try:
             return ["wrote", how(folder)]
-        except PermissionError as e:  # ERROR_ACCESS_DENIED: the refusal asked for
-            seen.append(["denied", str(e)[-200:]])
+        except PermissionError as e:  # ERROR_ACCESS_DENIED: the refusal asked for; a sharing or lock
+            # violation maps to PermissionError too (CPython PC/errmap.h): os.mkdir keeps its code
+            seen.append(["denied" if getattr(e, "winerror", None) in (None, 5) else "error", str(e)[-200:]])
         except OSError as e:  # missing folder, full disk...: proves nothing
             seen.append(["error", str(e)[-200:]])
     return seen[0] if all(s[0] == "denied" for s in seen) else next(s for s in seen if s[0] != "denied")

@@ -36,6 +36,34 @@ def select(only: str | None, found: tuple[ProbeBody, ...]) -> tuple[ProbeBody, .
     return tuple(b for b in found if b.name in wanted or b.group in wanted)
 
 
+def _venv_home(cfg: bytes) -> str | None:
+    for line in cfg.decode("utf-8", "replace").splitlines():
+        key, eq, value = line.partition("=")
+        if eq and key.strip().lower() == "home" and value.strip():
+            return value.strip()
+    return None
+
+
+def interpreter(api: WinApi) -> str:
+    """The interpreter the bodies run with: the venv's base one when sandgate lives in a venv (pipx,
+    a project's). A venv's python.exe is a redirector, usually in the real user's profile, which the
+    sandbox user cannot read; the interpreter it starts is the one pyvenv.cfg's `home` names, beside
+    it or one folder up (CPython's getpath: "Override executable_dir ... with the value from 'home'").
+    The bodies need only the standard library (`-I`), so the base interpreter runs them as well."""
+    python = api.python()
+    here = ntpath.dirname(python)
+    for folder in (here, ntpath.dirname(here)):
+        try:
+            cfg = api.read_file(ntpath.join(folder, "pyvenv.cfg"))
+        except WinApiError:
+            cfg = None
+        home = _venv_home(cfg) if cfg is not None else None
+        if home is not None:
+            base = ntpath.join(home, ntpath.basename(python))
+            return base if api.exists(base) else python
+    return python
+
+
 def run_body(api: WinApi, body: ProbeBody, workdir: str, warn: Callable[[str], None]) -> Verdict:
     """One body in its own run: no policy (no proxy; the network is WFP-blocked), its own result."""
     result, script = ntpath.join(workdir, probebody.RESULT), ntpath.join(workdir, probebody.SCRIPT_FILE)
@@ -43,7 +71,7 @@ def run_body(api: WinApi, body: ProbeBody, workdir: str, warn: Callable[[str], N
     api.write_file(script, body.script.encode())  # a file: the command line holds 1024 characters at most
     pol = Policy(NetworkPolicy(), ())
     env, _ = fsenv.filter_env(api.environ(), pol.env)
-    request = seam.SandboxRequest(body.argv(api.python(), script), workdir, env, pol, uuid.uuid4().hex[:12])
+    request = seam.SandboxRequest(body.argv(interpreter(api), script), workdir, env, pol, uuid.uuid4().hex[:12])
     try:
         undo = body.prepare(api, workdir) if body.prepare else None  # before the run: the plan must see it
     except BaseException:
@@ -65,7 +93,8 @@ def run_rows(api: WinApi, chosen: tuple[ProbeBody, ...], warn: Callable[[str], N
     try:
         return [(b.name, run_body(api, b, workdir, warn)) for b in chosen]
     finally:
-        api.remove_empty_dir(workdir)
+        if not api.remove_empty_dir(workdir):  # an attack that worked and could not be undone stays there
+            warn(f"{workdir} is not empty: look at what a probe left there, then remove it")
 
 
 def report(rows: list[tuple[str, Verdict]], missing: int, out: Callable[[str], None]) -> int:

@@ -50,7 +50,7 @@ class FileApi(Protocol):
     def make_dir(self, path: str) -> None: ...  # one directory (its parent exists): nothing unjournalled
     def remove_empty_dir(self, path: str) -> bool: ...  # False: not empty or gone (left alone)
     def dacl(self, path: str) -> str | None: ...  # SDDL "D:..."; None: the path does not exist
-    def set_dacl(self, path: str, sddl: str) -> None: ...
+    def set_dacl(self, path: str, sddl: str, walk: bool = True) -> None: ...  # walk=False: this object only
     def owner(self, path: str) -> str | None: ...  # the owner's SID; None: the path does not exist
     def set_owner(self, path: str) -> None: ...  # the caller's own SID as owner (needs WRITE_OWNER there)
 

@@ -144,12 +144,20 @@ def dacl_sddl(path: str) -> str:
         fn("LocalFree")(sd)
 
 
-def set_dacl_sddl(path: str, sddl: str) -> None:
-    """Set a path's DACL from SDDL (applying a plan, restoring a journal entry)."""
+def set_dacl_sddl(path: str, sddl: str, walk: bool = True) -> None:
+    r"""Set a path's DACL from SDDL (applying a plan, restoring a journal entry). `walk`: with
+    SetNamedSecurityInfoW, which "imposes the current inheritance model on the ACLs of all objects in
+    the hierarchy below the target object" (learn.microsoft.com/windows/win32/secauthz/automatic-
+    propagation-of-inheritable-aces): a tree's worth of writes. Without: SetFileSecurityW, this object
+    only, for a DACL whose inheritable ACEs do not change (sddl.same_inheritable), where the walk
+    would rewrite every object below for nothing (the guard on C:\hostedtoolcache: the whole cache)."""
     sd, present, dacl, defaulted = LPVOID(), BOOL(), LPVOID(), BOOL()
     ok = fn("ConvertStringSecurityDescriptorToSecurityDescriptorW")(sddl, SDDL_REVISION_1, ctypes.byref(sd), None)
     check("ConvertStringSecurityDescriptorToSecurityDescriptorW", ok)
     try:
+        if not walk:
+            check("SetFileSecurityW", fn("SetFileSecurityW")(path, DACL_SECURITY_INFORMATION, sd))
+            return
         ok = fn("GetSecurityDescriptorDacl")(sd, ctypes.byref(present), ctypes.byref(dacl), ctypes.byref(defaulted))
         check("GetSecurityDescriptorDacl", ok)
         err = fn("SetNamedSecurityInfoW")(path, SE_FILE_OBJECT, DACL_SECURITY_INFORMATION, None, None, dacl, None)

@@ -394,5 +394,7 @@ CALLS: tuple[Call, ...] = (
     ),
     Call("user32", "OpenDesktopW", DOCS + "winuser/nf-winuser-opendesktopw", (c_wchar_p, DWORD, BOOL, DWORD), HANDLE),
     Call("user32", "GetThreadDesktop", DOCS + "winuser/nf-winuser-getthreaddesktop", (DWORD,), HANDLE),
+    # a DACL whose inheritable ACEs do not change, written without walking the tree (win32.set_dacl_sddl)
+    Call("advapi32", "SetFileSecurityW", SEC + "nf-securitybaseapi-setfilesecurityw", (c_wchar_p, DWORD, LPVOID), BOOL),
 )
 BY_NAME = {c.name: c for c in CALLS}

@@ -17,6 +17,7 @@ from fsguard.windows import sddl
 from fsguard.windows.desktop import DesktopPlan
 from fsguard.windows.job import JobLimits
 from fsguard.windows.launch import Launch
+from fsguard.windows.reparse import Link
 from netguard.windows import wfp
 
 if TYPE_CHECKING:
@@ -59,6 +60,7 @@ class Machine:
     running: dict[int, Running] = field(default_factory=dict)  # processes in no job (sweepfake.py)
     tasks: dict[str, Task] = field(default_factory=dict)  # the Task Scheduler's store: path -> task
     owners: dict[str, str] = field(default_factory=dict)  # path -> owner SID; absent: the real user
+    links: dict[str, str] = field(default_factory=dict)  # junction -> its target (r4-run N1)
 
 
 def workspace() -> Machine:
@@ -308,8 +310,14 @@ class FakeWinApi(DivertFake, ServiceSdFake, SweepFake):
         self._hit("dacl", path)
         return self.m.dacls.get(path)
 
-    def set_dacl(self, path: str, text: str) -> None:
-        self._hit("set_dacl", path, text)
+    def set_dacl(self, path: str, text: str, walk: bool = True) -> None:
+        self._hit("set_dacl" if walk else "set_dacl_here", path, text)
+        if not walk and path in self.m.dacls and not sddl.same_inheritable(self.m.dacls[path], text):
+            # SetFileSecurityW does not propagate: "The SetNamedSecurityInfo and SetSecurityInfo functions
+            # support automatic propagation of inheritable ACEs" (learn.microsoft.com/windows/win32/secauthz/
+            # automatic-propagation-of-inheritable-aces), it does not; this model inherits dynamically, so an
+            # inheritable change written without the walk would look applied below here and is refused instead
+            raise AssertionError(f"{path}: an inheritable ACE changed without the walk that propagates it")
         owner = self.m.owners.get(path)
         if owner not in (None, REAL_SID) and not ntfsmodel.Ntfs(self.m, REAL_SID).allowed(path, ntfsmodel.WRITE_DAC):
             # SetNamedSecurityInfoW(DACL_SECURITY_INFORMATION) needs WRITE_DAC: an object another user owns
@@ -317,6 +325,23 @@ class FakeWinApi(DivertFake, ServiceSdFake, SweepFake):
             raise WinApiError(f"SetNamedSecurityInfoW({path!r}) failed (error 5)")
         sddl.split_dacl(text)  # a malformed DACL would be refused by Windows too
         self.m.dacls[path] = ntfsmodel.windows_spelling(text)  # M4: read back in Windows' own SDDL
+        if walk:  # SetFileSecurityW (walk=False) walks nothing
+            self._through_links(path, text)
+
+    def _through_links(self, path: str, text: str) -> None:
+        """r4-run N1: whether SetNamedSecurityInfoW's propagation enters a junction below `path` is not
+        documented (learn.microsoft.com/windows/win32/secauthz/automatic-propagation-of-inheritable-aces):
+        the fake takes the worse reading and puts the inheritable ACEs on each junction's target."""
+        inheritable = [a for a in sddl.split_dacl(text)[1] if {"OI", "CI"} & sddl.parse_ace(a).flags]
+        for link, target in self.m.links.items():
+            if link.upper().startswith(path.upper().rstrip("\\") + "\\") and target in self.m.dacls:
+                for ace in inheritable:  # as inherited ACEs (ID) on the target
+                    self.m.dacls[target] = sddl.with_ace(self.m.dacls[target], ace.replace(";OICI;", ";OICIID;", 1))
+
+    def reparse_points(self, root: str) -> tuple[Link, ...]:
+        self._hit("reparse_points", root)
+        below = root.upper().rstrip("\\") + "\\"
+        return tuple(Link(p, "\\\\?\\" + t) for p, t in self.m.links.items() if p.upper().startswith(below))
 
     def owner(self, path: str) -> str | None:
         self._hit("owner", path)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import ntpath
+import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -139,6 +140,15 @@ class FakeKernel:
         self.pipes[int(h.value if hasattr(h, "value") else h)] = bool(flags & mask)
         return 1
 
+    def get_handle_inheritable(self, h: int) -> bool:  # os.get_handle_inheritable (GetHandleInformation)
+        if h not in self.open:
+            raise OSError(6, "The handle is invalid")  # ERROR_INVALID_HANDLE
+        return self.pipes.get(h, False)
+
+    def set_handle_inheritable(self, h: int, inheritable: bool) -> None:
+        self.get_handle_inheritable(h)
+        self.pipes[h] = inheritable
+
     def CloseHandle(self, h: int) -> int:
         self.open.discard(int(h))
         return 1
@@ -179,6 +189,9 @@ class FakeKernel:
                 "env": dict(e.split("=", 1) for e in block[:-2].split("\0") if e),
                 "user": user,
                 "cwd": cwd,
+                # CPWL copies the std handle values "unchanged": they are inherited, with every other
+                # inheritable handle of the caller (r4-run N3)
+                "inherited": sorted(h for h, i in self.pipes.items() if i and h in self.open),
             }
         )
         pi = ppi._obj
@@ -305,3 +318,5 @@ def install(monkeypatch: Any, kernel: FakeKernel) -> None:
     monkeypatch.setattr(win32proc, "fn", kernel.fn)
     monkeypatch.setattr(win32job, "fn", kernel.fn)
     monkeypatch.setattr(ctypes, "get_last_error", kernel.last_error, raising=False)
+    monkeypatch.setattr(os, "get_handle_inheritable", kernel.get_handle_inheritable, raising=False)
+    monkeypatch.setattr(os, "set_handle_inheritable", kernel.set_handle_inheritable, raising=False)

@@ -30,7 +30,7 @@ CONVENTIONS = {
     "QueryInformationJobObject": B, "OpenProcess": H, "ResumeThread": X, "TerminateProcess": B,
     "TerminateJobObject": B, "WaitForSingleObject": X, "GetExitCodeProcess": B, "CloseHandle": B, "LocalFree": F,
     "CreateProcessWithLogonW": B, "CryptProtectData": B, "CryptUnprotectData": B,
-    "GetNamedSecurityInfoW": S, "SetNamedSecurityInfoW": S,
+    "GetNamedSecurityInfoW": S, "SetNamedSecurityInfoW": S, "SetFileSecurityW": B,
     "ConvertSecurityDescriptorToStringSecurityDescriptorW": B,
     "ConvertStringSecurityDescriptorToSecurityDescriptorW": B, "GetSecurityDescriptorDacl": B,
     "FwpmEngineOpen0": S, "FwpmTransactionBegin0": S, "FwpmTransactionCommit0": S, "FwpmFilterAdd0": S,

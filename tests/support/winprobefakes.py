@@ -23,10 +23,14 @@ Simulation = Callable[[Any, Launch, str], dict[str, Any] | None]  # (FakeWinApi,
 def private_desktop(api: Any, launch: Launch, desk: str) -> dict[str, Any]:
     """The desktop CMD was put on (winkernel.check_desktop): the user's, or a private one."""
     shared = desk == winkernel.USER_DESKTOP
+    # WinSta0 grants the real user's logon SID, which CMD's token holds (probelogon's model): refused
+    # with ERROR_ACCESS_DENIED only where the run denied the sandbox SID there (winfake.deny_logon_reach)
+    opens = shared or api.m.users[launch.user][0] not in api.reach_denied.get("WinSta0", set())
     return {
         "station": desk.split("\\")[0],
         "desktop": desk.split("\\")[-1],
-        "winsta0": shared,  # the user's window station is open to a process started on it
+        "winsta0": opens,
+        "winsta0_error": 0 if opens else 5,
         "own_window": True,
         "sendinput": 2 if shared else 0,
     }

@@ -217,12 +217,12 @@ def test_a_failed_restore_keeps_the_journal_for_cleanup(api: FakeWinApi, capsys:
     real_set = api.set_dacl
     applied = 0
 
-    def set_dacl(path: str, text: str) -> None:
+    def set_dacl(path: str, text: str, walk: bool = True) -> None:
         nonlocal applied
         applied += 1
         if "close_job" in api.names() and applied % 2:
             raise WinApiError("access denied")  # some restores fail during teardown
-        real_set(path, text)
+        real_set(path, text, walk)
 
     api.set_dacl = set_dacl  # type: ignore[method-assign]
     assert _run() == 7  # CMD's status still reaches the caller

@@ -33,6 +33,7 @@ from fsguard.windows.launch import Launch
 from fsguard.windows.win32selfprotect import RealCodeDirs
 from launcher.run.windows import win32debug, win32owner, win32proxyjob
 from launcher.run.windows.realowner import RealOwnerApi
+from launcher.run.windows.realreparse import RealReparseApi
 from launcher.run.windows.realsweep import RealSweepApi
 from launcher.run.windows.win32runsession import RealSessionApi
 from netguard.windows import firewall, win32divert, win32wfp
@@ -83,7 +84,7 @@ def _ready_then_drain(stream: IO[bytes] | None, got: list[bytes], line: threadin
         pass
 
 
-class RealWinApi(RealSweepApi, RealOwnerApi, RealSessionApi, RealCodeDirs):
+class RealWinApi(RealSweepApi, RealOwnerApi, RealSessionApi, RealCodeDirs, RealReparseApi):
     """WinApi on Windows. Child processes (the proxy) are kept by pid to stop them later; the
     teardown sweep's effects are RealSweepApi's (realsweep.py)."""
 
@@ -264,8 +265,8 @@ class RealWinApi(RealSweepApi, RealOwnerApi, RealSessionApi, RealCodeDirs):
         out: str = _call(f"cannot read the ACL of {path}", win32.dacl_sddl, path)
         return out
 
-    def set_dacl(self, path: str, sddl: str) -> None:
-        _call(f"cannot set the ACL of {path}", win32.set_dacl_sddl, path, sddl)
+    def set_dacl(self, path: str, sddl: str, walk: bool = True) -> None:
+        _call(f"cannot set the ACL of {path}", win32.set_dacl_sddl, path, sddl, walk)
 
     # processes
     def pid_alive(self, pid: int) -> bool:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Protocol
 from fsguard.windows.desktop import DesktopPlan
 from fsguard.windows.job import JobLimits
 from fsguard.windows.launch import Launch
+from fsguard.windows.reparse import Link
 from fsguard.windows.sweep import SweepApi
 from netguard.windows.firewall import FirewallRule
 from netguard.windows.wfp import WfpFilter, WfpPlan
@@ -71,6 +72,9 @@ class WinApi(FileApi, SweepApi, Protocol):
     def hold_port(self, port: int) -> int: ...  # loopback port bound, not listening (a run without proxy, U4)
     def release_port(self, handle: int) -> None: ...
     def stop_proxy(self, proc: Proc) -> None: ...
+
+    # the links below a writable root, none followed (fsguard/windows/reparse.py: r4-run N1)
+    def reparse_points(self, root: str) -> tuple[Link, ...]: ...
 
     # the optional transparent path (`run --transparent`, win32divert.py): elevated only
     def divert_open(self, filters: DivertFilters) -> tuple[Handle, Handle]: ...  # (NETWORK, SOCKET sniff)
