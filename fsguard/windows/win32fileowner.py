@@ -37,18 +37,3 @@ def owner_sid(path: str) -> str | None:
             fn("LocalFree")(text)
     finally:
         fn("LocalFree")(sd)  # the owner SID points into this descriptor: freed last
-
-
-def set_owner(path: str, sid: str) -> None:
-    """`sid` (the caller's own: without SeRestorePrivilege the owner "must be contained in the caller's
-    token") as the owner of `path`; needs WRITE_OWNER there ("To set the owner, the caller must have
-    WRITE_OWNER access to the object", learn.microsoft.com/windows/win32/api/aclapi/nf-aclapi-setnamedsecurityinfow).
-    OWNER_SECURITY_INFORMATION alone: the DACL is neither read nor set, nothing is propagated."""
-    psid = c_void_p()
-    check("ConvertStringSidToSidW", fn("ConvertStringSidToSidW")(sid, ctypes.byref(psid)))
-    try:
-        err = fn("SetNamedSecurityInfoW")(path, SE_FILE_OBJECT, OWNER_SECURITY_INFORMATION, psid, None, None, None)
-        if err:
-            raise Win32Error(err, f"SetNamedSecurityInfoW({path!r}, owner) failed (error {err})")
-    finally:
-        fn("LocalFree")(psid)  # ConvertStringSidToSidW's SID: "call the LocalFree function to free"

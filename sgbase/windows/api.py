@@ -52,7 +52,6 @@ class FileApi(Protocol):
     def dacl(self, path: str) -> str | None: ...  # SDDL "D:..."; None: the path does not exist
     def set_dacl(self, path: str, sddl: str, walk: bool = True) -> None: ...  # walk=False: this object only
     def owner(self, path: str) -> str | None: ...  # the owner's SID; None: the path does not exist
-    def set_owner(self, path: str) -> None: ...  # the caller's own SID as owner (needs WRITE_OWNER there)
 
     # processes: whose journal is a live run's (aclapply.replay_left)
     def pid_alive(self, pid: int) -> bool: ...

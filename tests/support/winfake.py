@@ -347,15 +347,6 @@ class FakeWinApi(DivertFake, ServiceSdFake, SweepFake):
         self._hit("owner", path)
         return self.m.owners.get(path, REAL_SID) if self.exists(path) else None
 
-    def set_owner(self, path: str) -> None:
-        """The real user takes `path`: only with WRITE_OWNER by its DACL (the NTFS model's check, ntfsmodel.set_owner)."""
-        self._hit("set_owner", path)
-        try:
-            ntfsmodel.Ntfs(self.m, REAL_SID).set_owner(path)
-        except (ntfsmodel.Denied, FileNotFoundError) as e:
-            raise WinApiError(f"SetNamedSecurityInfoW({path!r}, owner) failed (error 5)") from e
-
-    # processes
     def pid_alive(self, pid: int) -> bool:
         self._hit("pid_alive", pid)
         return pid in self.alive

@@ -137,7 +137,6 @@ CASES = (
     Case("job_pids", lambda t: win32owner.job_pids(H)),
     Case("set_debug", lambda t: win32debug.set_debug(True)),
     Case("owner_sid", lambda t: win32fileowner.owner_sid(_file(t))),
-    Case("set_owner", lambda t: win32fileowner.set_owner(_file(t), SID)),
     Case("dcom_get", lambda t: win32dcom.get_sd("MachineLaunchRestriction")),
     Case("dcom_set", lambda t: win32dcom.set_sd("MachineLaunchRestriction", "O:BAD:(A;;GA;;;WD)")),
     Case("object_name", lambda t: win32proc.object_name(H)),
@@ -218,16 +217,6 @@ def test_the_harness_catches_each_kind_of_slip(tmp_path: Path, monkeypatch: pyte
     assert dlls.calls == ["TerminateProcess"] and "TerminateProcess" not in CLEANUP
 
 
-def test_the_real_owner_take_back_reports_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """realowner over the same fake: GetCurrentProcess' pseudo-handle converts, a failure is a WinApiError."""
-    ok = winmarshal.Dlls()
-    _install(monkeypatch, ok)
-    realowner.RealOwnerApi().set_owner(_file(tmp_path))
-    _install(monkeypatch, winmarshal.Dlls(fail_at=ok.calls.index("SetNamedSecurityInfoW")))
-    with pytest.raises(WinApiError, match="cannot take ownership"):
-        realowner.RealOwnerApi().set_owner(_file(tmp_path))
-
-
 def test_every_module_that_calls_win32_is_driven_here() -> None:
     """A new binding module must join MODULES and CASES (win32wfp and win32tasks have their own r3sdk tests)."""
     from fsguard.windows import win32tasks
@@ -259,7 +248,7 @@ def test_a_32_bit_python_is_refused_before_any_call(monkeypatch: pytest.MonkeyPa
     with pytest.raises(win32.Win32Error, match="needs a 64-bit Python"):
         win32.fn("CloseHandle")
     with pytest.raises(WinApiError, match="needs a 64-bit Python"):
-        realowner.RealOwnerApi().set_owner(_file(tmp_path))
+        realowner.RealOwnerApi().owner(_file(tmp_path))
     assert loaded == []
     monkeypatch.setattr(win32, "POINTER_SIZE", 8)  # control: on x64 the DLL is loaded and the prototype set
     f = win32.fn("CloseHandle")
