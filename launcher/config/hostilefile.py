@@ -79,11 +79,7 @@ def read_file(path: Path, limit: int) -> bytes:
             fd = os.open(f"/proc/self/fd/{pfd}", flags)
         except FileNotFoundError:  # no /proc: reopen by name, and make sure it is the same file
             fd = os.open(path, flags)
-        with os.fdopen(fd, "rb") as f:
-            again = os.fstat(fd)
-            if (again.st_dev, again.st_ino) != (st.st_dev, st.st_ino) or not stat.S_ISREG(again.st_mode):
-                raise Unreadable("it was replaced while being opened; try again")
-            data = f.read(limit + 1)
+        data = _read_same(fd, st, limit)
     except OSError as e:
         raise Unreadable(f"cannot read: {e.strerror}") from None
     finally:
@@ -91,6 +87,15 @@ def read_file(path: Path, limit: int) -> bytes:
     if len(data) != st.st_size:  # a pseudo-file (its size is made up), or one being written right now
         raise Unreadable("it does not read as long as its size says (a pseudo-file, or being written?); try again")
     return data
+
+
+def _read_same(fd: int, st: os.stat_result, limit: int) -> bytes:
+    """At most limit + 1 bytes of `fd` (closed after), which must still be the regular file `st` described."""
+    with os.fdopen(fd, "rb") as f:
+        again = os.fstat(fd)
+        if (again.st_dev, again.st_ino) != (st.st_dev, st.st_ino) or not stat.S_ISREG(again.st_mode):
+            raise Unreadable("it was replaced while being opened; try again")
+        return f.read(limit + 1)
 
 
 def _read_windows(path: Path, limit: int) -> bytes:
@@ -102,12 +107,7 @@ def _read_windows(path: Path, limit: int) -> bytes:
     try:
         st = os.stat(path)
         _check_regular(st, limit)
-        fd = os.open(path, flags)
-        with os.fdopen(fd, "rb") as f:
-            again = os.fstat(fd)
-            if (again.st_dev, again.st_ino) != (st.st_dev, st.st_ino) or not stat.S_ISREG(again.st_mode):
-                raise Unreadable("it was replaced while being opened; try again")
-            data = f.read(limit + 1)
+        data = _read_same(os.open(path, flags), st, limit)
     except FileNotFoundError:
         raise Unreadable("no such file; check the path given with --policy or include:") from None
     except OSError as e:
