@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+from collections.abc import Callable
 from ctypes import Structure, c_int32, c_uint32, c_void_p, c_wchar_p
 from dataclasses import dataclass
 
@@ -84,11 +85,23 @@ def uninherit_all() -> int:
         try:
             put(h, False)
         except OSError as e:  # an inherited handle CMD would get: never start it then
+            if not _still_inheritable(get, h):
+                continue  # r5-new: closed by another of sandgate's threads meanwhile (a proxy pipe, an accept)
             raise Win32Error(
                 e.errno or 0, f"cannot make handle {h} non-inheritable, so the command would get it"
             ) from None
         done += 1
     return done
+
+
+def _still_inheritable(get: Callable[[int], bool], h: int) -> bool:
+    """Whether `h` is still an inheritable handle: sandgate's other threads (the proxy's drain, the
+    transparent resolver's accept) open and close handles while the scan runs, and a handle closed
+    between the look and the change is refused with ERROR_INVALID_HANDLE: no reason to refuse the run."""
+    try:
+        return bool(get(h))
+    except OSError:
+        return False
 
 
 def create_suspended(how: launch.Launch) -> Started:

@@ -6,16 +6,33 @@ DirEntry.is_junction (3.12) and os.readlink read junctions and symlinks on Windo
 
 from __future__ import annotations
 
+import ntpath
 import os
 
 from fsguard.windows.reparse import Link
+
+#: The Win32 prefix that lifts MAX_PATH (r5-new): without it (and without LongPathsEnabled, off by
+#: default) FindFirstFileW fails on a folder of 260 characters or more, so a junction the command made
+#: deep enough would be skipped here while the ACL walk, which has no such limit, still reaches it
+#: (learn.microsoft.com/windows/win32/fileio/maximum-file-path-limitation).
+LONG = "\\\\?\\"
+
+
+def _long(path: str) -> str:
+    r"""A drive path in its `\\?\` form (taken literally: separators normalised first)."""
+    return LONG + ntpath.normpath(path) if path[1:3] in (":\\", ":/") else path
+
+
+def _plain(path: str) -> str:
+    """The name as the user and reparse.resolved know it (a relative target joins onto it)."""
+    return path[len(LONG) :] if path.startswith(LONG) and path[len(LONG) + 1 : len(LONG) + 3] == ":\\" else path
 
 
 def walk(root: str) -> tuple[Link, ...]:
     """Every directory junction and symlink below `root`, none followed (DirEntry.is_junction: 3.12).
     A folder the real user cannot list is skipped: the ACL propagation cannot enter it either."""
     out: list[Link] = []
-    todo = [root]
+    todo = [_long(root)]
     while todo:
         try:
             entries = list(os.scandir(todo.pop()))
@@ -24,7 +41,7 @@ def walk(root: str) -> tuple[Link, ...]:
         for entry in entries:
             try:
                 if entry.is_symlink() or entry.is_junction():
-                    out.append(Link(entry.path, _target(entry.path)))
+                    out.append(Link(_plain(entry.path), _target(entry.path)))
                 elif entry.is_dir(follow_symlinks=False):
                     todo.append(entry.path)
             except OSError:

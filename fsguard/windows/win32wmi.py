@@ -9,15 +9,19 @@ https://learn.microsoft.com/en-us/windows/win32/wmihelper/win32-securitydescript
 
 from __future__ import annotations
 
+import os
 import subprocess
 
+from sgbase.windows import systools
 from sgbase.windows.win32 import Win32Error
 
 _HELPER = "([wmiclass]'root\\cimv2:Win32_SecurityDescriptorHelper')"
 
 
 def _ps(script: str) -> str:
-    argv = ["powershell.exe", "-NoProfile", "-NonInteractive", "-Command", "$ErrorActionPreference='Stop'; " + script]
+    script = "$ErrorActionPreference='Stop'; " + script
+    # absolute: a bare name is looked for in the current directory first (r5-attack A5)
+    argv = [systools.powershell(os.environ), "-NoProfile", "-NonInteractive", "-Command", script]
     # errors="replace": a localized message in the OEM code page must not become a traceback
     r = subprocess.run(argv, capture_output=True, text=True, errors="replace", timeout=120, check=False)
     if r.returncode != 0:

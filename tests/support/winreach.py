@@ -36,7 +36,7 @@ def _fn(name: str) -> Any:
 
 def _tool(args: Any) -> str:
     first = args.split()[0] if isinstance(args, str) and args.strip() else args[0] if args else ""
-    base = os.path.basename(str(first)).lower()
+    base = os.path.basename(str(first).replace("\\", "/")).lower()  # a Windows absolute path too (r5-attack A5)
     return base[:-4] if base.endswith(".exe") else base
 
 

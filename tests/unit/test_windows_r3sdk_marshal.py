@@ -247,8 +247,8 @@ def test_a_32_bit_python_is_refused_before_any_call(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(win32, "POINTER_SIZE", 4)
     with pytest.raises(win32.Win32Error, match="needs a 64-bit Python"):
         win32.fn("CloseHandle")
-    with pytest.raises(WinApiError, match="needs a 64-bit Python"):
-        realowner.RealOwnerApi().owner(_file(tmp_path))
+    with pytest.raises(WinApiError, match="needs a 64-bit Python"):  # through the real API: one line
+        realapi.RealWinApi().pid_alive(42)
     assert loaded == []
     monkeypatch.setattr(win32, "POINTER_SIZE", 8)  # control: on x64 the DLL is loaded and the prototype set
     f = win32.fn("CloseHandle")

@@ -41,7 +41,7 @@ from netguard.windows.divertfilter import DivertFilters
 from netguard.windows.firewall import FirewallRule
 from netguard.windows.owners import Opened
 from netguard.windows.wfp import WfpFilter, WfpPlan
-from sgbase.windows import win32
+from sgbase.windows import systools, win32
 from sgbase.windows.api import Proc, WinApiError
 
 CREATE_NO_WINDOW = 0x08000000
@@ -193,7 +193,8 @@ class RealWinApi(RealSweepApi, RealOwnerApi, RealSessionApi, RealCodeDirs, RealR
         # Stop: a cmdlet's non-terminating error fails the process (S6); errors="replace": PowerShell
         # writes a pipe in the OEM code page, a localized message must not become a traceback (S5)
         script = "$ErrorActionPreference='Stop'; " + command
-        argv = ["powershell.exe", "-NoProfile", "-NonInteractive", "-Command", script]
+        # absolute: a bare name is looked for in the current directory first, a workspace (r5-attack A5)
+        argv = [systools.powershell(os.environ), "-NoProfile", "-NonInteractive", "-Command", script]
         r = subprocess.run(argv, capture_output=True, text=True, errors="replace", timeout=120, check=False)
         if r.returncode != 0:
             raise WinApiError(f"firewall: {(r.stderr.strip().splitlines() or ['PowerShell failed'])[-1]}")
