@@ -494,12 +494,12 @@ def set_up(api: FakeWinApi) -> None:
     api.calls.clear()
 
 
-def installed(monkeypatch: MonkeyPatch) -> FakeWinApi:
-    """A set-up machine as the Windows entry points' WinApi, with sys.platform = "win32": what
-    `sandgate run/setup/cleanup` on Windows see in the tests that drive them through the CLI."""
+def installed(monkeypatch: MonkeyPatch, fake: FakeWinApi | None = None) -> FakeWinApi:
+    """A set-up machine (`fake`, or a new one) as the Windows entry points' WinApi, with sys.platform =
+    "win32": what `sandgate run/setup/cleanup` on Windows see in the tests that drive them through the CLI."""
     from launcher.run.windows import runner
 
-    fake = FakeWinApi()
+    fake = fake or FakeWinApi()
     set_up(fake)
     monkeypatch.setattr("sys.platform", "win32")
     monkeypatch.setattr(runner, "make_api", lambda: fake)

@@ -320,3 +320,22 @@ def install(monkeypatch: Any, kernel: FakeKernel) -> None:
     monkeypatch.setattr(ctypes, "get_last_error", kernel.last_error, raising=False)
     monkeypatch.setattr(os, "get_handle_inheritable", kernel.get_handle_inheritable, raising=False)
     monkeypatch.setattr(os, "set_handle_inheritable", kernel.set_handle_inheritable, raising=False)
+
+
+def marshalled(kernel: FakeKernel) -> Callable[[str], Callable[..., Any]]:
+    """`fn` that first hands the arguments to a ctypes prototype of the call table's entry (argtypes,
+    restype), so ctypes converts each as the real call would (a wrong type raises ArgumentError),
+    then lets the fake kernel act on them."""
+    from sgbase.windows import win32calls
+
+    def fn(name: str) -> Callable[..., Any]:
+        call = win32calls.BY_NAME[name]
+        proto = ctypes.CFUNCTYPE(call.restype, *call.argtypes)(lambda *_: None if call.restype is None else 0)
+
+        def run(*args: Any) -> Any:
+            proto(*args)
+            return kernel.fn(name)(*args)
+
+        return run
+
+    return fn

@@ -8,8 +8,6 @@ from __future__ import annotations
 import ctypes
 import os
 import time
-from collections.abc import Callable
-from typing import Any
 
 import pytest
 
@@ -17,7 +15,7 @@ from fsguard.windows import desktop, envblock, exesearch, launch, profileenv, wi
 from fsguard.windows.launch import Launch
 from launcher import cli
 from launcher.run.windows import plan
-from sgbase.windows import state, win32calls
+from sgbase.windows import state
 from tests.support import winfake, winkernel
 from tests.support.winfake import HOME, WS, FakeWinApi
 
@@ -324,28 +322,10 @@ def test_r16_a_run_passes_the_name_windows_gave_as_lp_desktop(api: FakeWinApi, m
 # ---- every call of the start and the desktop through ctypes' own argument conversion ----------------
 
 
-def _marshalled(kernel: winkernel.FakeKernel) -> Callable[[str], Callable[..., Any]]:
-    """`fn` that first hands the arguments to a ctypes prototype of the call table's entry (argtypes,
-    restype), so ctypes converts each as the real call would (a wrong type raises ArgumentError),
-    then lets the fake kernel act on them."""
-
-    def fn(name: str) -> Callable[..., Any]:
-        call = win32calls.BY_NAME[name]
-        proto = ctypes.CFUNCTYPE(call.restype, *call.argtypes)(lambda *_: None if call.restype is None else 0)
-
-        def run(*args: Any) -> Any:
-            proto(*args)
-            return kernel.fn(name)(*args)
-
-        return run
-
-    return fn
-
-
 def test_the_start_and_both_desktop_paths_pass_ctypes_conversion(
     kernel: winkernel.FakeKernel, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(win32proc, "fn", _marshalled(kernel))
+    monkeypatch.setattr(win32proc, "fn", winkernel.marshalled(kernel))
     how = desktop.plan_desktop("t1", winfake.REAL_SID, SANDBOX_SID)
     first, desk, _ = win32proc.create_desktop(how)  # unelevated: the unnamed station, read back
     kernel.station_dacl[first] = "D:(A;;GA;;;WD)"  # kept open, with someone else's DACL now

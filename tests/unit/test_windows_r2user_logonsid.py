@@ -9,10 +9,8 @@ sandbox SID on sandgate's own station, desktop and processes, before CMD starts;
 
 from __future__ import annotations
 
-import ctypes
 import json
 import threading
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -21,7 +19,6 @@ from fsguard.windows import logonreach, sddl, win32logonreach, win32proc
 from launcher import cli
 from launcher.run.windowsbackend import WindowsBackend
 from selftest.windows import allbodies, probelogon, probes
-from sgbase.windows import win32calls
 from sgbase.windows.api import Proc
 from sgbase.windows.win32 import Win32Error
 from tests.support import winfake, winkernel
@@ -97,28 +94,12 @@ class SessionKernel(winkernel.FakeKernel):
         return super().SetSecurityInfo(h, kind, info, o, g, dacl, s)
 
 
-def _marshalled(kernel: winkernel.FakeKernel) -> Callable[[str], Callable[..., Any]]:
-    """Each call first through a ctypes prototype of its table entry (a wrong argument type raises)."""
-
-    def fn(name: str) -> Callable[..., Any]:
-        call = win32calls.BY_NAME[name]
-        proto = ctypes.CFUNCTYPE(call.restype, *call.argtypes)(lambda *_: None if call.restype is None else 0)
-
-        def run(*args: Any) -> Any:
-            proto(*args)
-            return kernel.fn(name)(*args)
-
-        return run
-
-    return fn
-
-
 @pytest.fixture
 def kernel(monkeypatch: pytest.MonkeyPatch) -> SessionKernel:
     k = SessionKernel()
     winkernel.install(monkeypatch, k)
-    monkeypatch.setattr(win32proc, "fn", _marshalled(k))
-    monkeypatch.setattr(win32logonreach, "fn", _marshalled(k))
+    monkeypatch.setattr(win32proc, "fn", winkernel.marshalled(k))
+    monkeypatch.setattr(win32logonreach, "fn", winkernel.marshalled(k))
     return k
 
 

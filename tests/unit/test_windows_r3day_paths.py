@@ -13,7 +13,6 @@ from __future__ import annotations
 import pytest
 
 from launcher import cli
-from launcher.run.windows import runner
 from sgbase.windows import state
 from tests.support import winfake
 from tests.support.winfake import WS, FakeWinApi, Machine
@@ -54,10 +53,7 @@ class NoLongPaths(LongWorkspace):
 
 
 def _install(api: FakeWinApi, monkeypatch: pytest.MonkeyPatch) -> FakeWinApi:
-    winfake.set_up(api)
-    monkeypatch.setattr("sys.platform", "win32")
-    monkeypatch.setattr(runner, "make_api", lambda: api)
-    return api
+    return winfake.installed(monkeypatch, api)
 
 
 def _run() -> int:

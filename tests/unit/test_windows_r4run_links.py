@@ -18,7 +18,6 @@ import pytest
 
 from fsguard.windows import reparse, win32reparse
 from launcher import cli
-from launcher.run.windows import runner
 from tests.support import winfake
 from tests.support.winfake import HOME, WS, FakeWinApi
 
@@ -26,11 +25,7 @@ STARTUP = HOME + r"\AppData\Roaming\Microsoft\Windows\Start Menu\Programs\Startu
 
 
 def _install(monkeypatch: pytest.MonkeyPatch) -> FakeWinApi:
-    api = FakeWinApi()
-    winfake.set_up(api)
-    monkeypatch.setattr("sys.platform", "win32")
-    monkeypatch.setattr(runner, "make_api", lambda: api)
-    return api
+    return winfake.installed(monkeypatch)
 
 
 def _run() -> int:
